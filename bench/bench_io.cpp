@@ -1,0 +1,1 @@
+// strata bench io: lands with the I/O engine

@@ -1,0 +1,102 @@
+// Errors in Strata take one of two paths (STYLE.md, habit 2):
+//  - A broken invariant is a bug: STRATA_CHECK aborts with the statement, file, line
+//    and rank.
+//  - A failure the caller can act on (a full tier, a full disk, an I/O error, a bad
+//    config) is thrown as a typed exception derived from strata::Error whose message
+//    names what, where and the numbers. The CLI turns it into one clear message.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace strata {
+
+// Base of every recoverable Strata error.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A configuration file, key or flag is wrong. The message names the key and the fix.
+class ConfigError : public Error {
+ public:
+  using Error::Error;
+};
+
+// An I/O operation failed. Carries the path, offset, length and errno.
+class IoError : public Error {
+ public:
+  IoError(const std::string& what, std::string path, uint64_t offset, uint64_t length, int err);
+  const std::string& path() const { return path_; }
+  uint64_t offset() const { return offset_; }
+  uint64_t length() const { return length_; }
+  int error_code() const { return err_; }
+
+ private:
+  std::string path_;
+  uint64_t offset_;
+  uint64_t length_;
+  int err_;
+};
+
+// Data read back does not match what was written (checksum mismatch).
+class CorruptionError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A tier (or a disk) cannot hold what was asked of it, even after eviction.
+class OutOfBudget : public Error {
+ public:
+  using Error::Error;
+};
+
+// A device or library the configuration asks for is not available here.
+class Unavailable : public Error {
+ public:
+  using Error::Error;
+};
+
+// Process rank used in fatal messages; set once by whoever knows it (MPI init).
+void set_process_rank(int rank);
+int process_rank();
+
+[[noreturn]] void fatal(const char* file, int line, std::string_view msg);
+
+// Formats "<call> failed: <detail> (<kind> code <code>)" for the generated checkers below.
+[[noreturn]] void fail_call(const char* kind, const char* call, long code, const std::string& detail,
+                            const char* file, int line);
+
+// Human-readable byte count: "1.50 GiB".
+std::string format_bytes(uint64_t bytes);
+
+}  // namespace strata
+
+#define STRATA_CHECK(cond, msg)                                                     \
+  do {                                                                              \
+    if (!(cond)) [[unlikely]]                                                       \
+      ::strata::fatal(__FILE__, __LINE__, std::string("check failed: " #cond ": ") + (msg)); \
+  } while (0)
+
+// One template for checking library calls (STYLE.md, habit 3). Each family supplies
+// how to tell success and how to describe the code; the macro reports the failing call
+// and where. Recoverable families (io_uring) throw from their own call sites instead.
+#define STRATA_DEFINE_CALL_CHECK(NAME, KIND, CODE_T, IS_OK, DESCRIBE)               \
+  namespace strata::detail {                                                        \
+  inline void NAME(CODE_T code, const char* call, const char* file, int line) {     \
+    if (!(IS_OK)) [[unlikely]]                                                      \
+      ::strata::fail_call(KIND, call, static_cast<long>(code), DESCRIBE, file, line); \
+  }                                                                                 \
+  }
+
+// POSIX calls returning -1 and setting errno; io_uring calls returning -errno.
+#include <cerrno>
+#include <cstring>
+STRATA_DEFINE_CALL_CHECK(check_errno_call, "errno", long, code >= 0, std::strerror(errno))
+STRATA_DEFINE_CALL_CHECK(check_neg_errno_call, "io_uring", long, code >= 0,
+                         std::strerror(static_cast<int>(-code)))
+#define STRATA_CHECK_ERRNO(expr) ::strata::detail::check_errno_call((expr), #expr, __FILE__, __LINE__)
+#define STRATA_CHECK_NEG_ERRNO(expr) \
+  ::strata::detail::check_neg_errno_call((expr), #expr, __FILE__, __LINE__)

@@ -1,0 +1,124 @@
+// The cpu backend: "device memory" is host RAM (budgeted by memory/DeviceArena), each
+// stream is one worker thread running an in-order queue, and an event is a HostEvent
+// that the worker completes when it reaches the record point.
+#include <sched.h>
+#include <sys/mman.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include <numa.h>
+
+#include "strata/core/device.hpp"
+#include "strata/core/error.hpp"
+
+namespace strata {
+
+namespace {
+
+class CpuStream final : public Stream {
+ public:
+  explicit CpuStream(std::string name) : name_(std::move(name)), worker_([this] { run(); }) {}
+  ~CpuStream() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+
+  void copy_async(void* dst, const void* src, size_t bytes) override {
+    push([=] { std::memcpy(dst, src, bytes); });
+  }
+  void host_task(std::function<void()> fn) override { push(std::move(fn)); }
+  void wait(const Event& e) override {
+    if (e.impl() == nullptr) return;
+    push([e] { e.wait(); });
+  }
+  Event record() override {
+    auto [ev, host] = HostEvent::make();
+    push([this, h = host] {
+      // Runs on the worker: hand the pending error (if any) to this event.
+      std::exception_ptr err = std::move(pending_error_);
+      pending_error_ = nullptr;
+      h->complete(err);
+    });
+    return ev;
+  }
+  void synchronize() override {
+    Event e = record();
+    e.wait();
+  }
+  const std::string& name() const override { return name_; }
+
+ private:
+  void push(std::function<void()> fn) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(fn));
+    }
+    cv_.notify_one();
+  }
+  void run() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stop_ and drained
+        fn = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      try {
+        fn();
+      } catch (...) {
+        if (!pending_error_) pending_error_ = std::current_exception();
+      }
+    }
+  }
+
+  std::string name_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool stop_ = false;
+  std::exception_ptr pending_error_;  // touched only by the worker
+  std::thread worker_;                // last: starts after the members above exist
+};
+
+class CpuDevice final : public Device {
+ public:
+  Backend backend() const override { return Backend::Cpu; }
+  std::string description() const override { return "cpu (host memory as device memory)"; }
+  void* allocate(size_t bytes) override {
+    // Page-aligned anonymous memory so large arenas are not carved from the heap.
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+      throw OutOfBudget("cpu device: cannot map " + format_bytes(bytes) + " of host memory: " +
+                        std::strerror(errno));
+    return p;
+  }
+  void deallocate(void* p, size_t bytes) override {
+    if (p) munmap(p, bytes);
+  }
+  bool register_host(void*, size_t) override { return true; }  // already host memory
+  void unregister_host(void*) override {}
+  std::unique_ptr<Stream> create_stream(const std::string& name) override {
+    return std::make_unique<CpuStream>(name);
+  }
+  int numa_node() const override {
+    if (numa_available() < 0) return -1;
+    int cpu = sched_getcpu();
+    return cpu < 0 ? -1 : numa_node_of_cpu(cpu);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Device> make_cpu_device() { return std::make_unique<CpuDevice>(); }
+
+}  // namespace strata

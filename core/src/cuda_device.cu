@@ -1,0 +1,184 @@
+// The cuda backend. NOTE: compiled and linked in CI; it has not yet run on a GPU.
+// Device memory comes from cudaMalloc (memory/DeviceArena takes one region up front
+// and sub-allocates it, which is the caching allocator), pinned memory is registered
+// with cudaHostRegister, streams and events are CUDA streams and events.
+#include <cuda_runtime.h>
+
+#include <mutex>
+#include <string>
+
+#include "strata/core/device.hpp"
+#include "strata/core/error.hpp"
+
+STRATA_DEFINE_CALL_CHECK(check_cuda_call, "cuda", cudaError_t, code == cudaSuccess,
+                         cudaGetErrorString(code))
+#define STRATA_CHECK_CUDA(expr) ::strata::detail::check_cuda_call((expr), #expr, __FILE__, __LINE__)
+
+namespace strata {
+
+namespace {
+
+class CudaEvent final : public detail::EventImpl {
+ public:
+  explicit CudaEvent(cudaStream_t s) {
+    STRATA_CHECK_CUDA(cudaEventCreateWithFlags(&ev_, cudaEventDisableTiming));
+    STRATA_CHECK_CUDA(cudaEventRecord(ev_, s));
+  }
+  ~CudaEvent() override { cudaEventDestroy(ev_); }
+  void wait() override {
+    STRATA_CHECK_CUDA(cudaEventSynchronize(ev_));
+    std::lock_guard<std::mutex> lock(mu_);
+    if (error_) std::rethrow_exception(error_);
+  }
+  bool ready() override { return cudaEventQuery(ev_) == cudaSuccess; }
+  cudaEvent_t handle() const { return ev_; }
+  void set_error(std::exception_ptr e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    error_ = e;
+  }
+
+ private:
+  cudaEvent_t ev_{};
+  std::mutex mu_;
+  std::exception_ptr error_;
+};
+
+struct HostCall {
+  std::function<void()> fn;
+  std::exception_ptr* sink;
+  std::mutex* mu;
+};
+
+void CUDART_CB run_host_call(void* arg) {
+  auto* call = static_cast<HostCall*>(arg);
+  try {
+    call->fn();
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(*call->mu);
+    if (!*call->sink) *call->sink = std::current_exception();
+  }
+  delete call;
+}
+
+class CudaStream final : public Stream {
+ public:
+  CudaStream(int ordinal, std::string name) : ordinal_(ordinal), name_(std::move(name)) {
+    STRATA_CHECK_CUDA(cudaSetDevice(ordinal_));
+    STRATA_CHECK_CUDA(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
+  }
+  ~CudaStream() override {
+    cudaStreamSynchronize(s_);
+    cudaStreamDestroy(s_);
+  }
+  void copy_async(void* dst, const void* src, size_t bytes) override {
+    STRATA_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s_));
+  }
+  void host_task(std::function<void()> fn) override {
+    auto* call = new HostCall{std::move(fn), &pending_error_, &mu_};
+    STRATA_CHECK_CUDA(cudaLaunchHostFunc(s_, run_host_call, call));
+  }
+  void wait(const Event& e) override {
+    if (e.impl() == nullptr) return;
+    if (auto* ce = dynamic_cast<CudaEvent*>(e.impl())) {
+      STRATA_CHECK_CUDA(cudaStreamWaitEvent(s_, ce->handle(), 0));
+    } else {
+      // A host-side event (I/O completion): block this stream in a host callback.
+      host_task([e] { e.wait(); });
+    }
+  }
+  Event record() override {
+    auto ev = std::make_shared<CudaEvent>(s_);
+    // Errors raised by host tasks before this point are handed to this event.
+    host_task([this, weak = std::weak_ptr<CudaEvent>(ev)] {
+      std::exception_ptr err;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        err = pending_error_;
+        pending_error_ = nullptr;
+      }
+      if (auto sp = weak.lock(); sp && err) sp->set_error(err);
+    });
+    return Event(ev);
+  }
+  void synchronize() override { record().wait(); }
+  const std::string& name() const override { return name_; }
+
+ private:
+  int ordinal_;
+  std::string name_;
+  cudaStream_t s_{};
+  std::mutex mu_;
+  std::exception_ptr pending_error_;
+};
+
+class CudaDevice final : public Device {
+ public:
+  explicit CudaDevice(int ordinal) : ordinal_(ordinal) {
+    STRATA_CHECK_CUDA(cudaSetDevice(ordinal_));
+    STRATA_CHECK_CUDA(cudaGetDeviceProperties(&props_, ordinal_));
+  }
+  Backend backend() const override { return Backend::Cuda; }
+  std::string description() const override {
+    return std::string("cuda:") + std::to_string(ordinal_) + " " + props_.name;
+  }
+  void* allocate(size_t bytes) override {
+    void* p = nullptr;
+    STRATA_CHECK_CUDA(cudaSetDevice(ordinal_));
+    cudaError_t rc = cudaMalloc(&p, bytes);
+    if (rc != cudaSuccess) {
+      cudaGetLastError();
+      throw OutOfBudget("cuda device " + std::to_string(ordinal_) + ": cudaMalloc of " +
+                        format_bytes(bytes) + " failed: " + cudaGetErrorString(rc) +
+                        "; lower strata.device_budget");
+    }
+    return p;
+  }
+  void deallocate(void* p, size_t) override {
+    if (p) cudaFree(p);
+  }
+  bool register_host(void* p, size_t bytes) override {
+    cudaError_t rc = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
+    if (rc != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return true;
+  }
+  void unregister_host(void* p) override { cudaHostUnregister(p); }
+  std::unique_ptr<Stream> create_stream(const std::string& name) override {
+    return std::make_unique<CudaStream>(ordinal_, name);
+  }
+  int numa_node() const override {
+    int node = -1;
+#if CUDART_VERSION >= 12000
+    if (cudaDeviceGetAttribute(&node, cudaDevAttrHostNumaId, ordinal_) != cudaSuccess) {
+      cudaGetLastError();
+      node = -1;
+    }
+#endif
+    return node;
+  }
+
+ private:
+  int ordinal_;
+  cudaDeviceProp props_{};
+};
+
+}  // namespace
+
+bool cuda_device_present(std::string* reason) {
+  int n = 0;
+  cudaError_t rc = cudaGetDeviceCount(&n);
+  if (rc != cudaSuccess || n == 0) {
+    if (reason)
+      *reason = rc != cudaSuccess ? std::string("no usable GPU: ") + cudaGetErrorString(rc)
+                                  : std::string("no GPU present");
+    cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
+std::unique_ptr<Device> make_cuda_device(int ordinal) { return std::make_unique<CudaDevice>(ordinal); }
+
+}  // namespace strata

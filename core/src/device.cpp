@@ -1,0 +1,56 @@
+#include "strata/core/device.hpp"
+
+#include "strata/core/error.hpp"
+
+namespace strata {
+
+std::unique_ptr<Device> make_cpu_device();
+#ifdef STRATA_HAVE_CUDA
+std::unique_ptr<Device> make_cuda_device(int ordinal);
+bool cuda_device_present(std::string* reason);
+#endif
+
+const char* to_string(Backend b) {
+  switch (b) {
+    case Backend::Cpu: return "cpu";
+    case Backend::Cuda: return "cuda";
+    case Backend::Sim: return "sim";
+  }
+  return "?";
+}
+
+Backend parse_backend(const std::string& name) {
+  if (name == "cpu") return Backend::Cpu;
+  if (name == "cuda") return Backend::Cuda;
+  if (name == "sim") return Backend::Sim;
+  throw ConfigError("unknown device backend '" + name + "': use one of cpu, cuda, sim");
+}
+
+bool cuda_available(std::string* reason) {
+#ifdef STRATA_HAVE_CUDA
+  return cuda_device_present(reason);
+#else
+  if (reason) *reason = "Strata was built without the cuda backend (no nvcc at configure time)";
+  return false;
+#endif
+}
+
+std::unique_ptr<Device> make_device(const DeviceOptions& opts) {
+  switch (opts.backend) {
+    case Backend::Cpu: return make_cpu_device();
+    case Backend::Cuda: {
+#ifdef STRATA_HAVE_CUDA
+      std::string why;
+      if (!cuda_device_present(&why)) throw Unavailable("cuda backend: " + why);
+      return make_cuda_device(opts.ordinal);
+#else
+      throw Unavailable("cuda backend: Strata was built without CUDA; rebuild with nvcc on PATH");
+#endif
+    }
+    case Backend::Sim:
+      throw Unavailable("sim backend is not built yet; use --backend cpu");
+  }
+  throw Unavailable("unknown backend");
+}
+
+}  // namespace strata

@@ -1,0 +1,1 @@
+// placeholder until the I/O engine lands

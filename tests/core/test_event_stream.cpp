@@ -1,0 +1,105 @@
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "strata/core/device.hpp"
+#include "strata/core/error.hpp"
+
+using namespace strata;
+
+TEST(HostEvent, CompletesAndRunsCallbacks) {
+  auto [ev, host] = HostEvent::make();
+  EXPECT_FALSE(ev.ready());
+  int called = 0;
+  host->then([&](std::exception_ptr e) { called += e ? 100 : 1; });
+  std::thread t([h = host] { h->complete(); });
+  ev.wait();
+  t.join();
+  EXPECT_TRUE(ev.ready());
+  EXPECT_EQ(called, 1);
+  host->then([&](std::exception_ptr) { called += 10; });  // already complete: runs now
+  EXPECT_EQ(called, 11);
+}
+
+TEST(HostEvent, ErrorIsRethrownOnWait) {
+  auto [ev, host] = HostEvent::make();
+  host->complete(std::make_exception_ptr(IoError("read", "/x", 4096, 8192, EIO)));
+  EXPECT_THROW(ev.wait(), IoError);
+  try {
+    ev.wait();
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.offset(), 4096u);
+    EXPECT_NE(std::string(e.what()).find("/x"), std::string::npos);
+  }
+}
+
+TEST(CpuStream, RunsInOrderAndCopies) {
+  auto dev = make_device({});
+  auto s = dev->create_stream("copy");
+  std::vector<int> order;
+  std::vector<char> a(1 << 20, 'a'), b(1 << 20, 'b');
+  s->copy_async(b.data(), a.data(), a.size());
+  s->host_task([&] { order.push_back(1); });
+  s->host_task([&] { order.push_back(2); });
+  Event e = s->record();
+  e.wait();
+  EXPECT_EQ(order, (std::vector<int>{1, 2}));
+  EXPECT_EQ(b[12345], 'a');
+  EXPECT_EQ(b.back(), 'a');
+}
+
+TEST(CpuStream, WaitOrdersAcrossStreams) {
+  auto dev = make_device({});
+  auto s1 = dev->create_stream("s1");
+  auto s2 = dev->create_stream("s2");
+  auto [gate, host] = HostEvent::make();
+  std::atomic<int> step{0};
+  s1->wait(gate);
+  s1->host_task([&] { step = step * 10 + 1; });
+  Event e1 = s1->record();
+  s2->wait(e1);
+  s2->host_task([&] { step = step * 10 + 2; });
+  Event e2 = s2->record();
+  EXPECT_FALSE(e2.ready());
+  host->complete();
+  e2.wait();
+  EXPECT_EQ(step.load(), 12);
+}
+
+TEST(CpuStream, TaskErrorFailsNextEventOnly) {
+  auto dev = make_device({});
+  auto s = dev->create_stream("s");
+  s->host_task([] { throw std::runtime_error("boom"); });
+  Event bad = s->record();
+  Event good = s->record();
+  EXPECT_THROW(bad.wait(), std::runtime_error);
+  EXPECT_NO_THROW(good.wait());
+}
+
+TEST(CpuStream, FailedWaitedEventPropagates) {
+  auto dev = make_device({});
+  auto s = dev->create_stream("s");
+  auto [gate, host] = HostEvent::make();
+  s->wait(gate);
+  Event after = s->record();
+  host->complete(std::make_exception_ptr(IoError("read", "/f", 0, 4096, EIO)));
+  EXPECT_THROW(after.wait(), IoError);
+}
+
+TEST(Device, BackendsAndCuda) {
+  EXPECT_EQ(parse_backend("cpu"), Backend::Cpu);
+  EXPECT_THROW(parse_backend("tpu"), ConfigError);
+  std::string why;
+  if (!cuda_available(&why)) {
+    EXPECT_FALSE(why.empty());
+    EXPECT_THROW(make_device({Backend::Cuda, 0}), Unavailable);
+  }
+}
+
+TEST(Format, Bytes) {
+  EXPECT_EQ(format_bytes(512), "512 B");
+  EXPECT_EQ(format_bytes(3ull << 30), "3.00 GiB");
+}
