@@ -1,16 +1,16 @@
-#include <functional>
-
+#include "strata/bench/commands.hpp"
 #include "strata/runtime/cli.hpp"
 
 namespace strata::cli {
 
 namespace {
-std::function<int()> g_selected;
+bench::Runner g_selected;
 }
 
 void add_bench(CLI::App& app) {
-  auto* bench = app.add_subcommand("bench", "Measure offload bandwidth against capacity");
-  bench->require_subcommand(1);
+  auto* b = app.add_subcommand("bench", "Measure offload bandwidth against capacity, beside a reference tool");
+  b->require_subcommand(1);
+  bench::add_io(*b, g_selected);
 }
 
 int run_selected(CLI::App&) { return g_selected ? g_selected() : 0; }

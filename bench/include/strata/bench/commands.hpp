@@ -1,0 +1,15 @@
+// The sub-benchmarks of `strata bench`. Each add_* registers its subcommand (and its
+// options) under `bench`, and sets `run` to its body when that subcommand is chosen.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace strata::bench {
+
+using Runner = std::function<int()>;
+
+void add_io(CLI::App& bench, Runner& run);  // bench/bench_io.cpp
+
+}  // namespace strata::bench
