@@ -4,6 +4,7 @@
 #include <sched.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -12,6 +13,7 @@
 
 #include <numa.h>
 
+#include "host_memory.hpp"
 #include "strata/core/device.hpp"
 #include "strata/core/error.hpp"
 
@@ -35,13 +37,29 @@ class CpuStream final : public Stream {
     push([=] { std::memcpy(dst, src, bytes); });
   }
   void host_task(std::function<void()> fn) override { push(std::move(fn)); }
+  void fill(float* dst, float value, size_t n) override {
+    push([=] { std::fill(dst, dst + n, value); });
+  }
+  void add(float* dst, const float* src, size_t n) override {
+    push([=] {
+      for (size_t i = 0; i < n; ++i) dst[i] += src[i];
+    });
+  }
+  void sum_squares(const float* src, size_t n, double* out) override {
+    push([=] {
+      double acc = 0;
+      for (size_t i = 0; i < n; ++i) acc += static_cast<double>(src[i]) * src[i];
+      *out += acc;
+    });
+  }
+  void compute(double, std::function<void()> fn) override { push(std::move(fn)); }
   void wait(const Event& e) override {
     if (e.impl() == nullptr) return;
     push([e] { e.wait(); });
   }
   Event record() override {
     auto [ev, host] = HostEvent::make();
-    push([this, h = host] {
+    push(/*is_record=*/true, [this, h = host] {
       // Runs on the worker: hand the pending error (if any) to this event.
       std::exception_ptr err = std::move(pending_error_);
       pending_error_ = nullptr;
@@ -56,25 +74,29 @@ class CpuStream final : public Stream {
   const std::string& name() const override { return name_; }
 
  private:
-  void push(std::function<void()> fn) {
+  void push(std::function<void()> fn) { push(false, std::move(fn)); }
+  void push(bool is_record, std::function<void()> fn) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back(std::move(fn));
+      queue_.push_back({std::move(fn), is_record});
     }
     cv_.notify_one();
   }
   void run() {
     for (;;) {
-      std::function<void()> fn;
+      Task task;
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
         if (queue_.empty()) return;  // stop_ and drained
-        fn = std::move(queue_.front());
+        task = std::move(queue_.front());
         queue_.pop_front();
       }
+      // After a failure, work up to the next record point depends on data that never
+      // arrived: skip it; the record point reports the failure.
+      if (pending_error_ && !task.is_record) continue;
       try {
-        fn();
+        task.fn();
       } catch (...) {
         if (!pending_error_) pending_error_ = std::current_exception();
       }
@@ -84,7 +106,11 @@ class CpuStream final : public Stream {
   std::string name_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
+  struct Task {
+    std::function<void()> fn;
+    bool is_record = false;
+  };
+  std::deque<Task> queue_;
   bool stop_ = false;
   std::exception_ptr pending_error_;  // touched only by the worker
   std::thread worker_;                // last: starts after the members above exist
@@ -115,6 +141,12 @@ class CpuDevice final : public Device {
     int cpu = sched_getcpu();
     return cpu < 0 ? -1 : numa_node_of_cpu(cpu);
   }
+  double now() const override { return detail::steady_seconds(); }
+  void* allocate_host(size_t bytes, int node, bool lock, bool* locked) override {
+    return detail::map_host_memory(bytes, node, lock, locked);
+  }
+  void deallocate_host(void* p, size_t bytes) override { detail::unmap_host_memory(p, bytes); }
+  void host_compute(double, const std::function<void()>& fn) override { fn(); }
 };
 
 }  // namespace

@@ -4,9 +4,11 @@
 // with cudaHostRegister, streams and events are CUDA streams and events.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <mutex>
 #include <string>
 
+#include "host_memory.hpp"
 #include "strata/core/device.hpp"
 #include "strata/core/error.hpp"
 
@@ -60,6 +62,30 @@ void CUDART_CB run_host_call(void* arg) {
   delete call;
 }
 
+__global__ void fill_kernel(float* dst, float v, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) dst[i] = v;
+}
+__global__ void add_kernel(float* dst, const float* src, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    dst[i] += src[i];
+}
+// One block-level partial sum per block, added atomically into a device double.
+__global__ void sum_squares_kernel(const float* src, size_t n, double* out) {
+  __shared__ double partial[256];
+  double acc = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    acc += double(src[i]) * src[i];
+  partial[threadIdx.x] = acc;
+  __syncthreads();
+  for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) partial[threadIdx.x] += partial[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) atomicAdd(out, partial[0]);
+}
+
+unsigned grid_for(size_t n) { return static_cast<unsigned>(std::min<size_t>((n + 255) / 256, 4096)); }
+
 class CudaStream final : public Stream {
  public:
   CudaStream(int ordinal, std::string name) : ordinal_(ordinal), name_(std::move(name)) {
@@ -77,6 +103,30 @@ class CudaStream final : public Stream {
     auto* call = new HostCall{std::move(fn), &pending_error_, &mu_};
     STRATA_CHECK_CUDA(cudaLaunchHostFunc(s_, run_host_call, call));
   }
+  void fill(float* dst, float value, size_t n) override {
+    if (n) fill_kernel<<<grid_for(n), 256, 0, s_>>>(dst, value, n);
+    STRATA_CHECK_CUDA(cudaGetLastError());
+  }
+  void add(float* dst, const float* src, size_t n) override {
+    if (n) add_kernel<<<grid_for(n), 256, 0, s_>>>(dst, src, n);
+    STRATA_CHECK_CUDA(cudaGetLastError());
+  }
+  void sum_squares(const float* src, size_t n, double* out) override {
+    // Reduce into a device double, then add it to the host total in stream order.
+    double* d = nullptr;
+    STRATA_CHECK_CUDA(cudaMallocAsync(&d, sizeof(double), s_));
+    STRATA_CHECK_CUDA(cudaMemsetAsync(d, 0, sizeof(double), s_));
+    if (n) sum_squares_kernel<<<grid_for(n), 256, 0, s_>>>(src, n, d);
+    auto* host = new double(0);
+    STRATA_CHECK_CUDA(cudaMemcpyAsync(host, d, sizeof(double), cudaMemcpyDeviceToHost, s_));
+    STRATA_CHECK_CUDA(cudaFreeAsync(d, s_));
+    host_task([host, out] {
+      *out += *host;
+      delete host;
+    });
+  }
+  // The model's kernels enqueue themselves; fn is called here, in stream order of issue.
+  void compute(double, std::function<void()> fn) override { fn(); }
   void wait(const Event& e) override {
     if (e.impl() == nullptr) return;
     if (auto* ce = dynamic_cast<CudaEvent*>(e.impl())) {
@@ -158,6 +208,13 @@ class CudaDevice final : public Device {
 #endif
     return node;
   }
+  double now() const override { return detail::steady_seconds(); }
+  // NUMA-placed, locked pages; register_host (cudaHostRegister) then pins them for DMA.
+  void* allocate_host(size_t bytes, int node, bool lock, bool* locked) override {
+    return detail::map_host_memory(bytes, node, lock, locked);
+  }
+  void deallocate_host(void* p, size_t bytes) override { detail::unmap_host_memory(p, bytes); }
+  void host_compute(double, const std::function<void()>& fn) override { fn(); }
 
  private:
   int ordinal_;

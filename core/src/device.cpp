@@ -47,8 +47,7 @@ std::unique_ptr<Device> make_device(const DeviceOptions& opts) {
       throw Unavailable("cuda backend: Strata was built without CUDA; rebuild with nvcc on PATH");
 #endif
     }
-    case Backend::Sim:
-      throw Unavailable("sim backend is not built yet; use --backend cpu");
+    case Backend::Sim: return make_sim_device(SimCostModel{});
   }
   throw Unavailable("unknown backend");
 }

@@ -1,11 +1,6 @@
 #include "strata/memory/tier.hpp"
 
-#include <sys/mman.h>
 #include <unistd.h>
-
-#include <cstring>
-#include <numa.h>
-#include <numaif.h>
 
 #include "strata/core/error.hpp"
 #include "strata/core/log.hpp"
@@ -36,16 +31,17 @@ TierPool::~TierPool() {
   if (release_) release_();
 }
 
-void* TierPool::try_allocate(uint64_t bytes, const std::string& owner) {
+void* TierPool::try_allocate(uint64_t bytes, const std::string& owner, Event* reuse_fence) {
   std::lock_guard<std::mutex> lock(mu_);
   auto off = ranges_.allocate(bytes);
   if (!off) return nullptr;
   owner_of_.emplace(*off, owner);
   by_owner_[owner] += ranges_.size_of(*off);
+  if (reuse_fence) *reuse_fence = fences_.covering(*off, ranges_.size_of(*off));
   return base_ + *off;
 }
 
-void TierPool::free(void* p) {
+void TierPool::free(void* p, Event fence) {
   if (!p) return;
   std::lock_guard<std::mutex> lock(mu_);
   STRATA_CHECK(static_cast<char*>(p) >= base_ && static_cast<char*>(p) < base_ + ranges_.capacity(),
@@ -59,6 +55,7 @@ void TierPool::free(void* p) {
     if (n == 0) by_owner_.erase(it->second);
     owner_of_.erase(it);
   }
+  fences_.add(off, len, std::move(fence));
   ranges_.free(off);
 }
 
@@ -92,38 +89,16 @@ std::unique_ptr<TierPool> make_pinned_pool(Device& device, const PinnedOptions& 
   uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   uint64_t bytes = (opts.budget + page - 1) / page * page;
   if (bytes == 0) throw ConfigError("pinned budget is 0 bytes: set strata.pinned_budget to at least 4 KiB");
-  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (base == MAP_FAILED)
-    throw OutOfBudget("pinned pool: cannot map " + format_bytes(bytes) + ": " + std::strerror(errno) +
-                      "; lower strata.pinned_budget");
   int node = opts.numa_node >= 0 ? opts.numa_node : nearest_numa_node(device);
-  if (node >= 0 && numa_available() >= 0 && numa_max_node() > 0) {
-    // Bind before first touch so pages land on the node nearest the device.
-    unsigned long mask = 1UL << node;
-    if (mbind(base, bytes, MPOL_BIND, &mask, sizeof(mask) * 8, 0) != 0)
-      log::warn_once("pinned-mbind", std::string("pinned pool: mbind to NUMA node ") + std::to_string(node) +
-                                         " refused (" + std::strerror(errno) + "); using the default policy");
-  }
   bool locked = false;
-  if (opts.lock) {
-    if (mlock(base, bytes) == 0) {
-      locked = true;
-    } else {
-      log::warn_once("pinned-mlock",
-                     "pinned pool: mlock of " + format_bytes(bytes) + " refused (" + std::strerror(errno) +
-                         "); using unlocked memory (raise `ulimit -l` for locked pages)");
-      // Touch the pages so later copies do not fault them in one by one.
-      std::memset(base, 0, bytes);
-    }
-  }
+  void* base = device.allocate_host(bytes, node, opts.lock, &locked);  // warns when locking is refused
   bool registered = device.register_host(base, bytes);
   if (!registered)
     log::warn_once("pinned-register", "pinned pool: the device refused to register host memory; copies will be slower");
   Device* dev = &device;
   return std::make_unique<TierPool>(Tier::Pinned, base, bytes, kTierAlignment, [=] {
     if (registered) dev->unregister_host(base);
-    if (locked) munlock(base, bytes);
-    munmap(base, bytes);
+    dev->deallocate_host(base, bytes);
   });
 }
 

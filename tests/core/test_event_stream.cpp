@@ -103,3 +103,34 @@ TEST(Format, Bytes) {
   EXPECT_EQ(format_bytes(512), "512 B");
   EXPECT_EQ(format_bytes(3ull << 30), "3.00 GiB");
 }
+
+TEST(CpuStream, ElementwiseOps) {
+  auto dev = make_device({});
+  auto s = dev->create_stream("s");
+  std::vector<float> a(1001), b(1001, 2.0f);
+  double ss = 1.0;
+  s->fill(a.data(), 0.5f, a.size());
+  s->add(a.data(), b.data(), a.size());
+  s->sum_squares(a.data(), a.size(), &ss);
+  s->synchronize();
+  EXPECT_FLOAT_EQ(a[0], 2.5f);
+  EXPECT_FLOAT_EQ(a[1000], 2.5f);
+  EXPECT_DOUBLE_EQ(ss, 1.0 + 1001 * 6.25);
+}
+
+TEST(CpuStream, WorkAfterAFailedWaitIsSkipped) {
+  auto dev = make_device({});
+  auto s = dev->create_stream("s");
+  auto [gate, host] = HostEvent::make();
+  std::vector<float> dst(16, 1.0f);
+  s->wait(gate);
+  s->fill(dst.data(), 7.0f, dst.size());  // depends on data that never arrives
+  Event failed = s->record();
+  s->fill(dst.data() + 8, 3.0f, 8);       // after the record point: runs
+  Event ok = s->record();
+  host->complete(std::make_exception_ptr(IoError("read", "/f", 0, 4096, EIO)));
+  EXPECT_THROW(failed.wait(), IoError);
+  ok.wait();
+  EXPECT_EQ(dst[0], 1.0f);
+  EXPECT_EQ(dst[8], 3.0f);
+}

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "strata/core/event.hpp"
+#include "strata/core/sim.hpp"
 
 namespace strata {
 
@@ -30,8 +31,20 @@ class Stream {
   virtual void copy_async(void* dst, const void* src, size_t bytes) = 0;
   // Runs fn on a host thread in stream order (cpu: the stream's worker; cuda: a host
   // callback). An exception thrown by fn (or by a failed event waited on) fails the
-  // next event recorded on the stream, and only that one.
+  // next event recorded on the stream, and only that one; the cpu backend skips the
+  // work queued between the failure and that record point.
   virtual void host_task(std::function<void()> fn) = 0;
+  // Element-wise float operations on device memory, in stream order. The engine's
+  // gradient accumulation and norms use these; the model's kernels live in model/.
+  virtual void fill(float* dst, float value, size_t n) = 0;
+  virtual void add(float* dst, const float* src, size_t n) = 0;  // dst[i] += src[i]
+  // *out += sum of src[i]^2, accumulated in double; out is host memory, written when
+  // the stream reaches this point. (sim: costs the read, leaves *out as it is.)
+  virtual void sum_squares(const float* src, size_t n, double* out) = 0;
+  // The model's kernels: work of `flops` floating-point operations, in stream order.
+  // cpu: runs fn on the stream's worker; cuda: calls fn now, on the calling thread, to
+  // enqueue its kernels; sim: takes flops over the device's peak, and fn does not run.
+  virtual void compute(double flops, std::function<void()> fn) = 0;
   // Later work on this stream starts only after e completes.
   virtual void wait(const Event& e) = 0;
   virtual Event record() = 0;
@@ -54,6 +67,24 @@ class Device {
   virtual std::unique_ptr<Stream> create_stream(const std::string& name) = 0;
   // NUMA node nearest this device, or -1 when unknown.
   virtual int numa_node() const = 0;
+
+  // Seconds on this device's clock: steady time on cpu and cuda, the calling thread's
+  // virtual now on sim. Engine timings and trace spans are in it.
+  virtual double now() const = 0;
+  // Host memory for the pinned tier: page-aligned, bound to numa_node (-1: the default
+  // policy), and mlock'ed when `lock` is set. A refused lock falls back to unlocked memory
+  // that is touched up front, with one warning; *locked says which it got.
+  // Throws OutOfBudget when the memory cannot be had. (sim: address space only.)
+  virtual void* allocate_host(size_t bytes, int numa_node, bool lock, bool* locked) = 0;
+  virtual void deallocate_host(void* p, size_t bytes) = 0;
+  // Host work over memory of this backend (the CPU optimizer, initialising shards),
+  // touching about `bytes`: runs fn on the calling thread. The sim backend does not run
+  // it (its memory has no bytes) and advances the calling thread's clock by bytes over
+  // the host bandwidth instead.
+  virtual void host_compute(double bytes, const std::function<void()>& fn) = 0;
+  // The cost model that times every operation on the sim backend; null on backends that
+  // run for real. Components with a simulated variant (the NVMe store) take it from here.
+  virtual const SimCostModel* cost_model() const { return nullptr; }
 };
 
 struct DeviceOptions {
@@ -62,7 +93,11 @@ struct DeviceOptions {
 };
 
 // Creates a device; throws Unavailable when the backend is not built or no device exists.
+// Backend::Sim gets the default cost model.
 std::unique_ptr<Device> make_device(const DeviceOptions& opts);
+// The sim backend with a given cost model (sim.hpp); throws ConfigError for a cost that
+// is not positive. Starts a new simulation: every thread's virtual clock reads 0.
+std::unique_ptr<Device> make_sim_device(const SimCostModel& cost);
 
 // True when the cuda backend was compiled in and a GPU is present. reason explains a false.
 bool cuda_available(std::string* reason);

@@ -20,6 +20,9 @@ class EventImpl {
   virtual ~EventImpl() = default;
   virtual void wait() = 0;    // blocks until complete; rethrows the error if it failed
   virtual bool ready() = 0;   // complete (successfully or not)
+  // The sim backend's events complete at a point of simulated time (seconds, >= 0) and
+  // are always ready in real time; events that complete in real time return -1.
+  virtual double virtual_time() { return -1.0; }
 };
 }  // namespace detail
 
@@ -32,6 +35,10 @@ class Event {
     if (impl_) impl_->wait();
   }
   bool ready() const { return !impl_ || impl_->ready(); }
+  // Waits in real time for completion and returns the error (null when it succeeded)
+  // without rethrowing. Unlike wait(), it does not advance the calling thread's clock on
+  // the sim backend: it asks how an operation ended, it does not depend on it.
+  std::exception_ptr result() const;
   detail::EventImpl* impl() const { return impl_.get(); }
 
  private:
@@ -60,6 +67,13 @@ class HostEvent final : public detail::EventImpl {
 };
 
 // An event that completes when all of the given events have; the first error wins.
+// Parts with nothing left to wait for (default events, real-time events that completed
+// without error) are dropped, and sim events are merged into one at the latest time, so
+// that joining again and again (a fence over many uses of one buffer) stays small.
 Event when_all(std::vector<Event> events);
+
+// Completes when e does, and never fails: for fences, which order uses of memory and
+// carry no data (a failed transfer still ends, and the memory is free after it).
+Event when_done(Event e);
 
 }  // namespace strata

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "strata/core/device.hpp"
+#include "strata/memory/fence_map.hpp"
 #include "strata/memory/range_allocator.hpp"
 
 namespace strata {
@@ -41,8 +42,11 @@ class TierPool {
   TierPool& operator=(const TierPool&) = delete;
 
   // nullptr when no free range is large enough (the caller may evict and retry).
-  void* try_allocate(uint64_t bytes, const std::string& owner);
-  void free(void* p);
+  // reuse_fence, when given, receives the fence of the memory handed out (fence_map.hpp):
+  // write it only after that event.
+  void* try_allocate(uint64_t bytes, const std::string& owner, Event* reuse_fence = nullptr);
+  // fence: the last work using [p, p+size) issued so far; the range is reused after it.
+  void free(void* p, Event fence = {});
 
   Tier tier() const { return tier_; }
   void* base() const { return base_; }
@@ -57,6 +61,7 @@ class TierPool {
   std::function<void()> release_;
   mutable std::mutex mu_;
   RangeAllocator ranges_;
+  FenceMap fences_;
   std::map<uint64_t, std::string> owner_of_;  // offset -> owner
   std::map<std::string, uint64_t> by_owner_;
 };
