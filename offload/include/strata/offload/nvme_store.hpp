@@ -6,11 +6,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "strata/core/event.hpp"
+#include "strata/core/sim.hpp"
 #include "strata/offload/aio_config.hpp"
+#include "strata/offload/io_engine.hpp"
 
 namespace strata {
 
@@ -23,6 +26,10 @@ struct NvmeStoreOptions {
   AioConfig aio;                   // block size, queue depth, rings, engine choice
   bool checksums = false;          // xxHash per extent, verified on every read
   std::shared_ptr<FaultPlan> faults;  // optional fault injection under the engine (tests)
+  // Set on the sim backend (Device::cost_model()): no files are made and no I/O is done;
+  // each transfer completes at the virtual time this model gives it, one channel per
+  // direction. Paths are not touched; extents, capacity and peak are kept as usual.
+  std::optional<SimCostModel> sim;
 };
 
 // A range of the swap space. Offsets and lengths are multiples of alignment().
@@ -48,13 +55,21 @@ class NvmeStore {
   // Writes `bytes` from src (aligned to alignment(); pinned-pool memory uses registered
   // buffers) into the extent. `bytes` may be less than e.bytes; it is padded up to the
   // alignment on disk. The event fails with IoError naming path, offset and length.
-  Event write(const Extent& e, const void* src, uint64_t bytes);
+  // The transfer starts once `after` completes (the source's data is in place, the
+  // destination is no longer in use); the real engine waits for it on the calling thread.
+  Event write(const Extent& e, const void* src, uint64_t bytes, const Event& after = {});
   // Reads back what was last written. On checksum mismatch the event fails with
   // CorruptionError; on any failure dst must not be taken as valid.
-  Event read(const Extent& e, void* dst, uint64_t bytes);
+  // For both: the buffer must hold `bytes` rounded up to alignment(), and stay valid
+  // until the event completes. With checksums on, a read of a written extent must ask
+  // for exactly the bytes last written (anything else is a bug and aborts); a read of an
+  // extent whose last write failed fails with CorruptionError.
+  Event read(const Extent& e, void* dst, uint64_t bytes, const Event& after = {});
 
   // Registers a pinned region for fixed-buffer I/O (READ_FIXED/WRITE_FIXED).
   void register_buffer(void* base, uint64_t bytes);
+  // Forgets a region given to register_buffer; call before releasing its memory.
+  void unregister_buffer(void* base);
 
   uint64_t alignment() const;       // bytes; O_DIRECT alignment probed from the file system
   uint64_t capacity() const;        // bytes
@@ -62,7 +77,9 @@ class NvmeStore {
   uint64_t peak() const;            // bytes
   uint64_t largest_free() const;    // bytes
   const std::vector<std::string>& files() const;  // swap file paths
-  std::string engine_name() const;  // "io_uring" or "threadpool"
+  std::string engine_name() const;  // "io_uring", "threadpool" or "sim"
+  uint64_t stripe_unit() const;     // bytes; consecutive units go to consecutive files
+  IoStats io_stats() const;         // requests, resubmissions, retries, bytes moved
 
  private:
   struct Impl;

@@ -1,0 +1,75 @@
+// The CPU optimizer: fused Adam/AdamW over fp32 shards (DESIGN.md, offload/).
+//
+// One pass over memory per step: for each element it reads the master weight, the
+// gradient and both moments, writes the weight and moments back, and, when asked,
+// writes the 16-bit working copy of the weight (bf16 or fp16) in the same pass. That is
+// 28 bytes per parameter (+2 for the copy), so the step runs at memory bandwidth; the
+// unfused torch.optim.Adam makes about ten passes.
+//
+// The element-wise math is strata::math::adam_update (core/math/adam.hpp), the same
+// function the cuda backend runs. Vector kernels (AVX-512, AVX2+FMA+F16C) are chosen at
+// run time from what the CPU supports, and give bit-identical results to the scalar
+// path, which also serves vector tails and other architectures. Results match
+// torch.optim.Adam / AdamW (tests/offload/test_cpu_adam.cpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "strata/core/math/adam.hpp"
+#include "strata/core/math/half.hpp"
+
+namespace strata {
+
+using math::AdamVariant;
+using math::HalfKind;
+
+// Adam's hyperparameters, in double like the Python floats torch.optim is given.
+using AdamConfig = math::AdamHyperparams;
+
+// Which kernel runs the step. Auto picks the widest the CPU supports.
+enum class CpuIsa { Auto, Scalar, Avx2, Avx512 };
+const char* to_string(CpuIsa isa);
+CpuIsa parse_cpu_isa(const std::string& name);  // throws ConfigError naming the choices
+bool cpu_supports(CpuIsa isa);                  // Auto and Scalar: always
+CpuIsa best_cpu_isa();
+
+struct CpuAdamOptions {
+  unsigned threads = 0;         // workers, the calling thread included; 0: hardware_concurrency
+  CpuIsa isa = CpuIsa::Auto;    // forcing one the CPU lacks throws Unavailable
+  size_t min_elements_per_thread = 1 << 16;  // below this a step uses fewer threads
+};
+
+class CpuAdam {
+ public:
+  explicit CpuAdam(const AdamConfig& config, const CpuAdamOptions& options = {});
+  CpuAdam(const AdamConfig& config, unsigned threads) : CpuAdam(config, CpuAdamOptions{threads}) {}
+  ~CpuAdam();
+  CpuAdam(const CpuAdam&) = delete;
+  CpuAdam& operator=(const CpuAdam&) = delete;
+
+  // Takes step t (t >= 1: the first step is 1, as torch counts after its increment) over
+  // one shard of n elements. params, exp_avg and exp_avg_sq ([n], fp32) are updated in
+  // place; grads ([n], fp32) is only read. When kind is not None, half_out ([n], bf16 or
+  // fp16 bits) receives the updated params rounded to nearest even. The arrays must not
+  // overlap. Blocks until the step is done; not reentrant (one step at a time).
+  void step(int64_t t, float* params, const float* grads, float* exp_avg, float* exp_avg_sq,
+            size_t n, void* half_out = nullptr, HalfKind kind = HalfKind::None);
+
+  const AdamConfig& config() const { return config_; }
+  void set_lr(double lr) { config_.lr = lr; }  // for learning-rate schedules
+  CpuIsa isa() const { return isa_; }          // never Auto
+  unsigned threads() const { return threads_; }
+
+ private:
+  class Pool;
+  AdamConfig config_;
+  CpuIsa isa_;
+  unsigned threads_;
+  size_t min_elements_per_thread_;
+  std::unique_ptr<Pool> pool_;
+};
+
+}  // namespace strata

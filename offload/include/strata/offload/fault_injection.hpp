@@ -1,0 +1,81 @@
+// Fault injection under the I/O engine (DESIGN.md, "How we know it works": faults).
+// A FaultPlan is a list of rules; the fault backend (a decorator of the raw backend,
+// io_engine.hpp) asks it about every op before the op reaches the real backend:
+//  - Fail: the op never reaches the disk and completes with -error (EIO, ENOSPC, or
+//    EAGAIN/EINTR to exercise retries).
+//  - Short: the op goes to the disk with fewer bytes (`fraction` of them, rounded down
+//    to 4 KiB so O_DIRECT accepts it) and completes short, as a real short transfer
+//    would; the engine must resubmit the rest.
+// Ops are counted per rule among the ops the rule matches (direction and predicate),
+// from 0, including the engine's own resubmissions. The first rule in order whose
+// window holds an op acts on it. Thread-safe: every ring of an engine shares a plan.
+#pragma once
+
+#include <cerrno>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <vector>
+
+#include "strata/offload/io_engine.hpp"
+
+namespace strata {
+
+enum class FaultTarget : uint8_t { Reads, Writes, Any };
+enum class FaultAction : uint8_t { Pass, Fail, Short };
+
+// What a rule's predicate sees of an op.
+struct FaultOpInfo {
+  IoDir dir = IoDir::Read;
+  unsigned file = 0;     // index among the engine's files
+  uint64_t offset = 0;   // bytes into the file
+  uint64_t length = 0;   // bytes
+};
+
+struct FaultRule {
+  static constexpr uint64_t kEveryOp = UINT64_MAX;
+  FaultTarget target = FaultTarget::Any;
+  std::function<bool(const FaultOpInfo&)> predicate;  // optional: only ops it accepts match
+  uint64_t first = 0;               // index of the first matching op to hit (0-based)
+  uint64_t count = 1;               // matching ops hit from `first` on; kEveryOp: all later ones
+  FaultAction action = FaultAction::Fail;
+  int error = EIO;                  // Fail: the op completes with -error
+  double fraction = 0.5;            // Short: share of the bytes that really move
+};
+
+struct FaultDecision {
+  FaultAction action = FaultAction::Pass;
+  int error = 0;        // Fail
+  uint32_t bytes = 0;   // Short: bytes to really move
+};
+
+struct FaultPlan {
+  // The nth matching op (0-based) fails with `error`.
+  FaultPlan& fail_nth(FaultTarget t, uint64_t n, int error = EIO);
+  // Every matching op from the nth on fails.
+  FaultPlan& fail_from(FaultTarget t, uint64_t n, int error = EIO);
+  // Every op the predicate accepts fails.
+  FaultPlan& fail_if(FaultTarget t, std::function<bool(const FaultOpInfo&)> pred, int error = EIO);
+  // The nth matching op moves only `fraction` of its bytes.
+  FaultPlan& short_nth(FaultTarget t, uint64_t n, double fraction = 0.5);
+  FaultPlan& add(FaultRule rule);
+
+  // Makes io_uring setup fail as if the kernel refused it (tests the fallback).
+  bool refuse_uring = false;
+
+  FaultDecision decide(const FaultOpInfo& op);  // called by the fault backend per op
+  uint64_t ops_seen() const;   // ops decided on
+  uint64_t injected() const;   // ops failed or shortened
+
+ private:
+  struct Live {
+    FaultRule rule;
+    uint64_t matched = 0;  // matching ops seen so far
+  };
+  mutable std::mutex mu_;
+  std::vector<Live> rules_;
+  uint64_t ops_ = 0;
+  uint64_t injected_ = 0;
+};
+
+}  // namespace strata

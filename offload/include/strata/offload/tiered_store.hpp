@@ -1,0 +1,223 @@
+// The tiered store: the memory manager that knows where every tensor is across device
+// memory, pinned host memory and NVMe, moves tensors between tiers asynchronously, and
+// never lets a tier exceed its budget.
+//
+// Model (DESIGN.md, "Memory manager contract"):
+//  - Every tensor has a home tier. Its home copy is reserved when the tensor is added
+//    and is never evicted; copies in other tiers are caches.
+//  - A copy is Absent, Filling (a move is in flight; the slot has an event) or Valid.
+//    When a copy is written (release with Access::Write) every other copy becomes stale:
+//    non-home copies are freed, the home copy is marked out of date until written back.
+//  - Moves return events. Readers wait on events; nothing polls.
+//  - When a tier is full, the store evicts cache copies that are not pinned: the one
+//    needed furthest in the future when a schedule is set, the least recently used
+//    otherwise. A copy that is the only valid one is first written back to its home.
+//    When nothing can be evicted, OutOfBudget names the tensor, the tier, its budget
+//    and the largest holders.
+//  - A failed move (I/O error, checksum mismatch) fails its event and leaves the
+//    destination invalid; the source copy is kept, so nothing already saved is lost.
+//  - Memory is reused only after its last user: each copy remembers the write that
+//    filled it and the moves that read it, a freed range keeps that as its fence
+//    (memory/fence_map.hpp), and whoever writes the range next waits for the fence. On
+//    the sim backend, where every event is complete in real time at once, this is what
+//    keeps simulated memory reuse honest; elsewhere the fences are complete already.
+//  - Completions are finished by background threads and also, before anything else,
+//    by every call into the store (all that are complete by then, in submission order),
+//    so that what a caller sees depends only on which events are complete, not on when
+//    the background threads ran: runs on the sim backend are deterministic.
+//
+// Thread-safety: every member may be called from any thread. Callers must not write a
+// tensor (acquire_for_overwrite, release with Access::Write) while another thread reads
+// or moves the same tensor; different tensors are independent.
+#pragma once
+
+#include <array>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "strata/core/device.hpp"
+#include "strata/core/event.hpp"
+#include "strata/memory/fence_map.hpp"
+#include "strata/memory/tier.hpp"
+#include "strata/offload/nvme_store.hpp"
+
+namespace strata {
+
+enum class DType : uint8_t { F32, F16, BF16, F64, I32, I64, U8 };
+size_t dtype_size(DType t);  // bytes per element
+const char* to_string(DType t);
+
+using TensorId = uint32_t;
+
+struct TensorSpec {
+  std::string name;        // for messages and traces, e.g. "block.3.params.shard"
+  uint64_t bytes = 0;      // payload bytes
+  DType dtype = DType::F32;
+  Tier home = Tier::Pinned;
+  std::string owner = "tensors";  // accounting group, e.g. "params", "optimizer"
+  // Scratch: no home copy is reserved at add(); space is taken by acquire_for_overwrite
+  // and given back by discard(). For transient buffers (gathered parameters, gradients
+  // before reduction) that count against the budget only while they exist.
+  bool scratch = false;
+};
+
+struct TieredStoreOptions {
+  uint64_t device_budget = 0;   // bytes of device memory the store may hold
+  uint64_t pinned_budget = 0;   // bytes of pinned host memory
+  PinnedOptions pinned;         // NUMA placement and locking (its budget is ignored)
+  // NVMe tier; leave nvme.paths empty for a store without one.
+  NvmeStoreOptions nvme;
+};
+
+enum class Access { Read, Write };
+
+// A pinned copy of a tensor in a memory tier: data is usable once ready completes.
+struct Acquired {
+  void* data = nullptr;
+  Event ready;
+};
+
+struct StoreStats {
+  std::array<TierUsage, kTierCount> tiers;  // indexed by Tier
+  uint64_t moves = 0;                       // moves started
+  std::array<std::array<uint64_t, kTierCount>, kTierCount> bytes_moved{};  // [from][to], bytes
+  uint64_t evictions = 0;
+  uint64_t writebacks = 0;                  // evictions that wrote the only copy home first
+  uint64_t failed_moves = 0;
+};
+
+class TieredStore {
+ public:
+  TieredStore(Device& device, TieredStoreOptions opts);
+  ~TieredStore();
+  TieredStore(const TieredStore&) = delete;
+  TieredStore& operator=(const TieredStore&) = delete;
+
+  // Registers a tensor and reserves its home copy (contents undefined until written).
+  // Throws OutOfBudget, before any data moves, when the home tier cannot hold it even
+  // after evicting every cache copy, or when the tensor is larger than a tier it must
+  // pass through.
+  TensorId add(const TensorSpec& spec);
+  // Checks, before anything is allocated, that the tensors' home copies fit their tiers'
+  // budgets; throws OutOfBudget with the totals and the fix otherwise.
+  static void check_plan(const std::vector<TensorSpec>& specs, const TieredStoreOptions& opts);
+  void remove(TensorId id);  // waits for moves of this tensor; frees every copy
+
+  // Starts making a valid copy in `to` (no-op when there is one). Does not pin it.
+  Event fetch(TensorId id, Tier to);
+  // Pins a copy in a memory tier (Device or Pinned) against eviction, fetching it if
+  // needed. data is valid once ready completes (ready rethrows a failed move); ready
+  // also covers moves still reading the copy, so the holder may write it after ready.
+  Acquired acquire(TensorId id, Tier tier);
+  // Pins space in `tier` whose contents the caller will overwrite entirely; no fetch.
+  // Write it only after ready: the memory's previous users are done then.
+  Acquired acquire_for_overwrite(TensorId id, Tier tier);
+  // Unpins. Access::Write: this copy now holds the only valid data. `written`, when
+  // given, is the event of the (device) work that writes it: until it completes, the
+  // copy counts as being filled, and moves from it wait for it.
+  void release(TensorId id, Tier tier, Access access = Access::Read, Event written = {});
+  // Frees the copy in a non-home tier. When it is the only valid copy it first moves one
+  // tier down: to its home, or to pinned memory on the way to an NVMe home (drop that
+  // one in turn to reach NVMe). A copy still being filled by a stream copy or by device
+  // work is moved behind it without blocking. The event completes when the copy is gone.
+  Event drop(TensorId id, Tier tier);
+  // Writes the tensor home if the home copy is out of date.
+  Event flush(TensorId id);
+  // Frees every copy; the contents are gone (a scratch tensor can be filled again).
+  void discard(TensorId id);
+  // discard() once `after` completes (the last device work reading the tensor).
+  void discard_after(TensorId id, Event after);
+
+  // Eviction order: the tensors in the order they will be used (one step), and where in
+  // it the run now is. Without a schedule, least recently used goes first.
+  void set_schedule(std::vector<TensorId> order);
+  void set_position(size_t pos);
+
+  bool is_valid(TensorId id, Tier tier) const;  // a completed, valid copy exists there
+  const TensorSpec& spec(TensorId id) const;
+  StoreStats stats() const;
+  TierUsage usage(Tier t) const;
+  bool has_tier(Tier t) const;
+  NvmeStore* nvme() { return nvme_.get(); }
+  TierPool* pool(Tier t);
+
+  // Waits until every move started so far has finished (errors are not rethrown here;
+  // they were delivered through the moves' events).
+  void quiesce();
+
+ private:
+  struct Slot;
+  struct Record;
+  struct Move;
+
+  // When a copy's memory is idle: its previous users, its fill and its readers are done.
+  // Whoever writes the copy, or reuses its memory once it is freed, waits for this.
+  static Event idle(const Slot& s);
+  Record& rec(TensorId id);
+  const Record& rec(TensorId id) const;
+  Event fetch_locked(std::unique_lock<std::mutex>& lock, Record& r, Tier to);
+  Event start_move(std::unique_lock<std::mutex>& lock, Record& r, Tier from, Tier to);
+  void allocate_slot(std::unique_lock<std::mutex>& lock, Record& r, Tier t);
+  bool evict_one(std::unique_lock<std::mutex>& lock, Tier t, const Record& for_whom);
+  [[noreturn]] void throw_no_room(const Record& r, Tier t) const;
+  // fence: work on the copy's memory beyond what the slot knows of (discard_after).
+  void free_slot(Record& r, Tier t, Event fence = {});
+  void discard_locked(std::unique_lock<std::mutex>& lock, Record& r);
+  void invalidate_others(Record& r, Tier keep);
+  void finish_move(const std::shared_ptr<Move>& m, std::exception_ptr err);
+  void settle(Record& r, Tier t);
+  void wait_unlocked(std::unique_lock<std::mutex>& lock, const Event& e);
+  void reap_locked();  // finishes every completion whose event is complete (mu_ held)
+  void enqueue_completion(std::shared_ptr<Move> m);
+  void enqueue_deferred(Event ev, std::function<void()> fn);
+  void completer_loop();
+  uint64_t next_use(TensorId id) const;
+  Tier staging_tier(Tier from, Tier to) const;
+
+  Device& device_;
+  TieredStoreOptions opts_;
+  std::unique_ptr<TierPool> device_pool_;
+  std::unique_ptr<TierPool> pinned_pool_;
+  std::unique_ptr<NvmeStore> nvme_;
+  FenceMap nvme_fences_;  // fences of freed NVMe extents (guarded by mu_)
+  std::unique_ptr<Stream> to_device_;    // copies pinned -> device
+  std::unique_ptr<Stream> from_device_;  // copies device -> pinned
+
+  mutable std::mutex mu_;
+  std::condition_variable changed_;  // a move finished or a pin was released
+  std::unordered_map<TensorId, std::unique_ptr<Record>> records_;
+  TensorId next_id_ = 1;
+  uint64_t clock_ = 0;  // ticks for LRU
+  StoreStats stats_;
+  std::vector<TensorId> schedule_;
+  std::unordered_map<TensorId, std::vector<size_t>> schedule_pos_;
+  size_t position_ = 0;
+
+  // Completion: moves are finalized (source unpinned, destination marked valid or
+  // failed) by these threads as their events complete.
+  std::mutex cq_mu_;
+  std::condition_variable cq_cv_;
+  struct Completion {
+    std::shared_ptr<Move> move;   // a move to finish, or
+    Event ev;                     // an event to wait for, then
+    std::function<void()> fn;     // this to run under mu_
+    bool taken = false;           // a completer thread is waiting for ev
+  };
+  // Not yet finished, in submission order. An entry is finished by whoever removes it
+  // (under mu_, then cq_mu_): a completer once its event is complete, or reap_locked().
+  std::list<std::shared_ptr<Completion>> completions_;
+  uint64_t in_flight_ = 0;
+  bool stopping_ = false;
+  std::vector<std::thread> completers_;
+};
+
+}  // namespace strata

@@ -1,0 +1,188 @@
+// CpuAdam: picks the kernel for this CPU, splits a step over a persistent pool of
+// threads, and runs the scalar kernel where no vector one applies.
+#include "strata/offload/cpu_adam.hpp"
+
+#include <algorithm>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "cpu_adam_kernels.hpp"
+#include "strata/core/error.hpp"
+
+namespace strata {
+
+namespace detail {
+void adam_kernel_scalar(const math::AdamStepScalars& s, const AdamArrays& a, size_t n) {
+  adam_scalar_range(s, a, 0, n);
+}
+}  // namespace detail
+
+const char* to_string(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::Auto: return "auto";
+    case CpuIsa::Scalar: return "scalar";
+    case CpuIsa::Avx2: return "avx2";
+    case CpuIsa::Avx512: return "avx512";
+  }
+  return "?";
+}
+
+CpuIsa parse_cpu_isa(const std::string& name) {
+  for (CpuIsa isa : {CpuIsa::Auto, CpuIsa::Scalar, CpuIsa::Avx2, CpuIsa::Avx512})
+    if (name == to_string(isa)) return isa;
+  throw ConfigError("unknown CPU ISA '" + name + "': choose auto, scalar, avx2 or avx512");
+}
+
+bool cpu_supports(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::Auto:
+    case CpuIsa::Scalar: return true;
+#if defined(__x86_64__)
+    case CpuIsa::Avx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
+    case CpuIsa::Avx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#else
+    case CpuIsa::Avx2:
+    case CpuIsa::Avx512: return false;
+#endif
+  }
+  return false;
+}
+
+CpuIsa best_cpu_isa() {
+  for (CpuIsa isa : {CpuIsa::Avx512, CpuIsa::Avx2})
+    if (cpu_supports(isa)) return isa;
+  return CpuIsa::Scalar;
+}
+
+namespace {
+detail::AdamKernel kernel_for(CpuIsa isa) {
+  switch (isa) {
+#if defined(__x86_64__)
+    case CpuIsa::Avx512: return detail::adam_kernel_avx512;
+    case CpuIsa::Avx2: return detail::adam_kernel_avx2;
+#endif
+    default: return detail::adam_kernel_scalar;
+  }
+}
+
+// Chunk boundaries fall on multiples of this many elements: a 64-byte line of the
+// 16-bit copy, so no two threads write the same cache line of any array (given
+// line-aligned arrays).
+constexpr size_t kChunkAlign = 32;
+}  // namespace
+
+// Workers that wait for a step, each run one part of it, and report back. The calling
+// thread runs part 0, so `threads` workers means threads - 1 here.
+class CpuAdam::Pool {
+ public:
+  explicit Pool(unsigned extra_workers) {
+    for (unsigned w = 1; w <= extra_workers; ++w) threads_.emplace_back([this, w] { work(w); });
+  }
+  ~Pool() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    start_cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+  // Runs part(i) for i in [0, parts); returns when every part has.
+  template <typename Fn>
+  void run(unsigned parts, const Fn& part) {
+    const std::function<void(unsigned)> job = [&part](unsigned i) { part(i); };
+    if (parts > 1) {
+      std::lock_guard lock(mu_);
+      job_ = &job;
+      parts_ = parts;
+      pending_ = parts - 1;
+      ++generation_;
+    }
+    if (parts > 1) start_cv_.notify_all();
+    part(0);
+    if (parts > 1) {
+      std::unique_lock lock(mu_);
+      done_cv_.wait(lock, [this] { return pending_ == 0; });
+      job_ = nullptr;
+    }
+  }
+
+ private:
+  void work(unsigned index) {
+    uint64_t seen = 0;
+    for (;;) {
+      const std::function<void(unsigned)>* job;
+      {
+        std::unique_lock lock(mu_);
+        start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        if (index >= parts_) continue;
+        job = job_;
+      }
+      (*job)(index);
+      {
+        std::lock_guard lock(mu_);
+        if (--pending_ != 0) continue;
+      }
+      done_cv_.notify_one();
+    }
+  }
+
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable start_cv_;
+  std::condition_variable done_cv_;
+  const std::function<void(unsigned)>* job_ = nullptr;  // valid while run() waits
+  unsigned parts_ = 0;
+  unsigned pending_ = 0;  // parts not yet done, part 0 excluded
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+};
+
+CpuAdam::CpuAdam(const AdamConfig& config, const CpuAdamOptions& options)
+    : config_(config),
+      isa_(options.isa == CpuIsa::Auto ? best_cpu_isa() : options.isa),
+      threads_(options.threads ? options.threads : std::max(1u, std::thread::hardware_concurrency())),
+      min_elements_per_thread_(std::max<size_t>(options.min_elements_per_thread, kChunkAlign)) {
+  if (!cpu_supports(isa_))
+    throw Unavailable(std::string("CpuAdam: the ") + to_string(isa_) +
+                      " kernel was asked for, but this CPU does not support it (best here: " +
+                      to_string(best_cpu_isa()) + ")");
+  pool_ = std::make_unique<Pool>(threads_ - 1);
+}
+
+CpuAdam::~CpuAdam() = default;
+
+void CpuAdam::step(int64_t t, float* params, const float* grads, float* exp_avg, float* exp_avg_sq,
+                   size_t n, void* half_out, HalfKind kind) {
+  STRATA_CHECK(t >= 1, "Adam steps count from 1, got " + std::to_string(t));
+  STRATA_CHECK((half_out != nullptr) == (kind != HalfKind::None),
+               "a 16-bit output buffer goes with a 16-bit kind, and none with HalfKind::None");
+  if (n == 0) return;
+  STRATA_CHECK(params && grads && exp_avg && exp_avg_sq, "null array for a non-empty shard");
+
+  const math::AdamStepScalars scalars = math::adam_step_scalars(config_, t);
+  const detail::AdamArrays arrays{params, grads, exp_avg, exp_avg_sq, half_out, kind};
+  const detail::AdamKernel kernel = kernel_for(isa_);
+
+  const size_t by_size = std::max<size_t>(1, n / min_elements_per_thread_);
+  const unsigned parts = static_cast<unsigned>(std::min<size_t>(threads_, by_size));
+  // Equal parts, rounded up to the chunk alignment; the last part takes the remainder.
+  const size_t per_part = (n + parts - 1) / parts;
+  const size_t chunk = (per_part + kChunkAlign - 1) / kChunkAlign * kChunkAlign;
+  pool_->run(parts, [&](unsigned i) {
+    const size_t begin = std::min(n, i * chunk);
+    const size_t end = std::min(n, begin + chunk);
+    if (begin < end) kernel(scalars, arrays.offset(begin), end - begin);
+  });
+}
+
+}  // namespace strata

@@ -1,0 +1,95 @@
+// The AVX2 kernel of CpuAdam. Built with -mavx2 -mfma -mf16c and -ffp-contract=off
+// (offload/CMakeLists.txt); only called after the run-time check in cpu_adam.cpp. Same
+// operations, in the same order, as math::adam_update.
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+
+#include "cpu_adam_kernels.hpp"
+
+namespace strata::detail {
+
+namespace {
+
+struct Scalars256 {
+  __m256 beta1, one_minus_beta1, beta2, one_minus_beta2, neg_step_size, bias_correction2_sqrt, eps,
+      grad_decay, param_decay;
+  explicit Scalars256(const math::AdamStepScalars& s)
+      : beta1(_mm256_set1_ps(s.beta1)),
+        one_minus_beta1(_mm256_set1_ps(s.one_minus_beta1)),
+        beta2(_mm256_set1_ps(s.beta2)),
+        one_minus_beta2(_mm256_set1_ps(s.one_minus_beta2)),
+        neg_step_size(_mm256_set1_ps(s.neg_step_size)),
+        bias_correction2_sqrt(_mm256_set1_ps(s.bias_correction2_sqrt)),
+        eps(_mm256_set1_ps(s.eps)),
+        grad_decay(_mm256_set1_ps(s.grad_decay)),
+        param_decay(_mm256_set1_ps(s.param_decay)) {}
+};
+
+// float_to_bf16 on 8 lanes.
+inline __m128i to_bf16(__m256 x) {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  r = _mm256_blendv_epi8(r, _mm256_or_si256(u, _mm256_set1_epi32(0x00400000)), nan);
+  r = _mm256_srli_epi32(r, 16);
+  // packus works within 128-bit lanes: [r0..3 r0..3 | r4..7 r4..7]; gather qwords 0 and 2.
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+  return _mm256_castsi256_si128(packed);
+}
+
+// Elements [i, i + 8).
+template <math::HalfKind Kind>
+inline void update8(const Scalars256& s, const AdamArrays& a, uint16_t* half, size_t i) {
+  __m256 p = _mm256_loadu_ps(a.params + i);
+  __m256 g = _mm256_loadu_ps(a.grads + i);
+  __m256 m = _mm256_loadu_ps(a.exp_avg + i);
+  __m256 v = _mm256_loadu_ps(a.exp_avg_sq + i);
+  p = _mm256_mul_ps(p, s.param_decay);
+  g = _mm256_fmadd_ps(p, s.grad_decay, g);
+  m = _mm256_fmadd_ps(g, s.one_minus_beta1, _mm256_mul_ps(m, s.beta1));
+  v = _mm256_fmadd_ps(_mm256_mul_ps(s.one_minus_beta2, g), g, _mm256_mul_ps(v, s.beta2));
+  const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(v), s.bias_correction2_sqrt), s.eps);
+  p = _mm256_add_ps(p, _mm256_div_ps(_mm256_mul_ps(s.neg_step_size, m), denom));
+  _mm256_storeu_ps(a.params + i, p);
+  _mm256_storeu_ps(a.exp_avg + i, m);
+  _mm256_storeu_ps(a.exp_avg_sq + i, v);
+  if constexpr (Kind == math::HalfKind::Bf16) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(half + i), to_bf16(p));
+  } else if constexpr (Kind == math::HalfKind::Fp16) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(half + i),
+                     _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+}
+
+template <math::HalfKind Kind>
+void run(const math::AdamStepScalars& scalars, const AdamArrays& a, size_t n) {
+  const Scalars256 s(scalars);
+  uint16_t* half = static_cast<uint16_t*>(a.half_out);
+  size_t i = 0;
+  for (; i + kPrefetchAhead + 16 <= n; i += 16) {  // one cache line of each array
+    _mm_prefetch(reinterpret_cast<const char*>(a.params + i + kPrefetchAhead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(a.grads + i + kPrefetchAhead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(a.exp_avg + i + kPrefetchAhead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(a.exp_avg_sq + i + kPrefetchAhead), _MM_HINT_T0);
+    update8<Kind>(s, a, half, i);
+    update8<Kind>(s, a, half, i + 8);
+  }
+  for (; i + 8 <= n; i += 8) update8<Kind>(s, a, half, i);
+  adam_scalar_range(scalars, a, i, n);
+}
+
+}  // namespace
+
+void adam_kernel_avx2(const math::AdamStepScalars& s, const AdamArrays& a, size_t n) {
+  switch (a.kind) {
+    case math::HalfKind::None: return run<math::HalfKind::None>(s, a, n);
+    case math::HalfKind::Bf16: return run<math::HalfKind::Bf16>(s, a, n);
+    case math::HalfKind::Fp16: return run<math::HalfKind::Fp16>(s, a, n);
+  }
+}
+
+}  // namespace strata::detail
+
+#endif  // __x86_64__

@@ -1,0 +1,97 @@
+// The AVX-512 kernel of CpuAdam. Built with -mavx512f -mavx512bw -mavx512vl -mavx512dq
+// and -ffp-contract=off (offload/CMakeLists.txt); only called after the run-time check
+// in cpu_adam.cpp. Same operations, in the same order, as math::adam_update.
+#if defined(__x86_64__)
+
+// GCC 12's AVX-512 headers initialise undefined vectors from themselves (`__Y = __Y`),
+// which -Wmaybe-uninitialized reports at every inlined use (GCC bug 105593).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#include <immintrin.h>
+
+#include "cpu_adam_kernels.hpp"
+
+namespace strata::detail {
+
+namespace {
+
+struct Scalars512 {
+  __m512 beta1, one_minus_beta1, beta2, one_minus_beta2, neg_step_size, bias_correction2_sqrt, eps,
+      grad_decay, param_decay;
+  explicit Scalars512(const math::AdamStepScalars& s)
+      : beta1(_mm512_set1_ps(s.beta1)),
+        one_minus_beta1(_mm512_set1_ps(s.one_minus_beta1)),
+        beta2(_mm512_set1_ps(s.beta2)),
+        one_minus_beta2(_mm512_set1_ps(s.one_minus_beta2)),
+        neg_step_size(_mm512_set1_ps(s.neg_step_size)),
+        bias_correction2_sqrt(_mm512_set1_ps(s.bias_correction2_sqrt)),
+        eps(_mm512_set1_ps(s.eps)),
+        grad_decay(_mm512_set1_ps(s.grad_decay)),
+        param_decay(_mm512_set1_ps(s.param_decay)) {}
+};
+
+// float_to_bf16 on 16 lanes.
+inline __m256i to_bf16(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  r = _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x00400000));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+}
+
+// Elements [i, i + 16).
+template <math::HalfKind Kind>
+inline void update16(const Scalars512& s, const AdamArrays& a, uint16_t* half, size_t i) {
+  __m512 p = _mm512_loadu_ps(a.params + i);
+  __m512 g = _mm512_loadu_ps(a.grads + i);
+  __m512 m = _mm512_loadu_ps(a.exp_avg + i);
+  __m512 v = _mm512_loadu_ps(a.exp_avg_sq + i);
+  p = _mm512_mul_ps(p, s.param_decay);
+  g = _mm512_fmadd_ps(p, s.grad_decay, g);
+  m = _mm512_fmadd_ps(g, s.one_minus_beta1, _mm512_mul_ps(m, s.beta1));
+  v = _mm512_fmadd_ps(_mm512_mul_ps(s.one_minus_beta2, g), g, _mm512_mul_ps(v, s.beta2));
+  const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(v), s.bias_correction2_sqrt), s.eps);
+  p = _mm512_add_ps(p, _mm512_div_ps(_mm512_mul_ps(s.neg_step_size, m), denom));
+  _mm512_storeu_ps(a.params + i, p);
+  _mm512_storeu_ps(a.exp_avg + i, m);
+  _mm512_storeu_ps(a.exp_avg_sq + i, v);
+  if constexpr (Kind == math::HalfKind::Bf16) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(half + i), to_bf16(p));
+  } else if constexpr (Kind == math::HalfKind::Fp16) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(half + i),
+                        _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+}
+
+template <math::HalfKind Kind>
+void run(const math::AdamStepScalars& scalars, const AdamArrays& a, size_t n) {
+  const Scalars512 s(scalars);
+  uint16_t* half = static_cast<uint16_t*>(a.half_out);
+  size_t i = 0;
+  for (; i + kPrefetchAhead + 16 <= n; i += 16) {
+    _mm_prefetch(reinterpret_cast<const char*>(a.params + i + kPrefetchAhead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(a.grads + i + kPrefetchAhead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(a.exp_avg + i + kPrefetchAhead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(a.exp_avg_sq + i + kPrefetchAhead), _MM_HINT_T0);
+    update16<Kind>(s, a, half, i);
+  }
+  for (; i + 16 <= n; i += 16) update16<Kind>(s, a, half, i);
+  adam_scalar_range(scalars, a, i, n);
+}
+
+}  // namespace
+
+void adam_kernel_avx512(const math::AdamStepScalars& s, const AdamArrays& a, size_t n) {
+  switch (a.kind) {
+    case math::HalfKind::None: return run<math::HalfKind::None>(s, a, n);
+    case math::HalfKind::Bf16: return run<math::HalfKind::Bf16>(s, a, n);
+    case math::HalfKind::Fp16: return run<math::HalfKind::Fp16>(s, a, n);
+  }
+}
+
+}  // namespace strata::detail
+
+#endif  // __x86_64__

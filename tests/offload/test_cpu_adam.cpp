@@ -1,0 +1,390 @@
+// CpuAdam against PyTorch: every kernel (scalar, AVX2, AVX-512) must reproduce
+// torch.optim.Adam and torch.optim.AdamW (foreach=False) over several steps with weight
+// decay, on sizes that are not multiples of the vector widths. The reference file is
+// written by adam_reference.py (a CTest fixture that runs first); its path comes from
+// $STRATA_ADAM_REFERENCE. A missing file is a failure, never a skip.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "strata/core/error.hpp"
+#include "strata/offload/cpu_adam.hpp"
+
+namespace strata {
+
+// Test names and messages show the kernel by name.
+void PrintTo(CpuIsa isa, std::ostream* os) { *os << to_string(isa); }
+
+namespace {
+
+// Tolerance against torch: 1e-6 relative, each value against the magnitude of the terms
+// that make it (magnitudes() below), since a moment that sums gradients of both signs can
+// be near zero while its rounding error is not. Why 1e-6: the kernels use the fused
+// multiply-adds that torch's AVX2/AVX-512 kernels use, and against those the results are
+// bit-identical (the test prints every tensor that is not). Torch's baseline kernel
+// (ATEN_CPU_CAPABILITY=default, or a CPU without AVX2) rounds those multiply-adds twice;
+// against it the worst seen was 3e-7 for the moments and 8e-7 for the weights, at an
+// element where g + wd*p nearly cancels and Adam, which normalises the gradient, turns
+// that rounding into a full-size step. 1e-6 admits this and nothing coarser: putting eps
+// on the wrong side of the bias correction fails by more than 10x.
+constexpr double kRelTol = 1e-6;
+
+constexpr uint32_t kMagic = 0x4D414453;  // "SDAM"
+constexpr uint32_t kVersion = 1;
+
+struct Case {
+  AdamConfig config;
+  uint32_t steps = 0;
+  size_t n = 0;
+  std::vector<float> params0;          // [n]
+  std::vector<float> grads;            // [steps, n]
+  std::vector<float> params;           // [n] torch, after `steps` steps
+  std::vector<float> exp_avg;          // [n]
+  std::vector<float> exp_avg_sq;       // [n]
+  std::vector<uint16_t> params_bf16;   // [n] torch's p.to(bfloat16)
+  std::vector<uint16_t> params_fp16;   // [n] torch's p.to(float16)
+  std::string name() const {
+    return std::string(config.variant == AdamVariant::AdamW ? "AdamW" : "Adam") + " n=" + std::to_string(n) +
+           " steps=" + std::to_string(steps) + " wd=" + std::to_string(config.weight_decay);
+  }
+};
+
+struct Reference {
+  std::vector<Case> cases;
+  std::vector<float> special;             // [count] values exercising the conversions
+  std::vector<uint16_t> special_bf16;     // [count] torch's bits
+  std::vector<uint16_t> special_fp16;     // [count]
+};
+
+class Reader {
+ public:
+  explicit Reader(const std::string& path) : in_(path, std::ios::binary), path_(path) {}
+  bool is_open() const { return in_.is_open(); }
+  template <typename T>
+  T get() {
+    T x;
+    read(&x, sizeof x);
+    return x;
+  }
+  template <typename T>
+  std::vector<T> array(size_t count) {
+    std::vector<T> v(count);
+    read(v.data(), count * sizeof(T));
+    return v;
+  }
+  bool at_end() { return in_.peek() == std::char_traits<char>::eof(); }
+
+ private:
+  void read(void* dst, size_t bytes) {
+    in_.read(static_cast<char*>(dst), static_cast<std::streamsize>(bytes));
+    if (static_cast<size_t>(in_.gcount()) != bytes)
+      throw std::runtime_error(path_ + ": truncated (wanted " + std::to_string(bytes) + " bytes more)");
+  }
+  std::ifstream in_;
+  std::string path_;
+};
+
+std::string reference_path() {
+  const char* env = std::getenv("STRATA_ADAM_REFERENCE");
+  return env ? env : "";
+}
+
+// Loads the reference once; a missing or malformed file fails every test that needs it.
+const Reference& reference() {
+  static const Reference ref = [] {
+    const std::string path = reference_path();
+    if (path.empty())
+      throw std::runtime_error(
+          "STRATA_ADAM_REFERENCE is not set: run through ctest, which makes the reference with "
+          "tests/offload/adam_reference.py first, or set it to that script's --out file");
+    Reader r(path);
+    if (!r.is_open())
+      throw std::runtime_error(path + ": cannot open; it is written by tests/offload/adam_reference.py "
+                               "(needs /usr/bin/python3 with PyTorch)");
+    Reference out;
+    if (r.get<uint32_t>() != kMagic) throw std::runtime_error(path + ": bad magic number");
+    if (uint32_t v = r.get<uint32_t>(); v != kVersion)
+      throw std::runtime_error(path + ": version " + std::to_string(v) + ", expected " + std::to_string(kVersion));
+    const uint32_t count = r.get<uint32_t>();
+    r.get<uint32_t>();
+    for (uint32_t c = 0; c < count; ++c) {
+      Case k;
+      const uint32_t variant = r.get<uint32_t>();
+      k.config.variant = variant == 1 ? AdamVariant::AdamW : AdamVariant::Adam;
+      k.steps = r.get<uint32_t>();
+      k.n = r.get<uint64_t>();
+      k.config.lr = r.get<double>();
+      k.config.beta1 = r.get<double>();
+      k.config.beta2 = r.get<double>();
+      k.config.eps = r.get<double>();
+      k.config.weight_decay = r.get<double>();
+      k.params0 = r.array<float>(k.n);
+      k.grads = r.array<float>(size_t{k.steps} * k.n);
+      k.params = r.array<float>(k.n);
+      k.exp_avg = r.array<float>(k.n);
+      k.exp_avg_sq = r.array<float>(k.n);
+      k.params_bf16 = r.array<uint16_t>(k.n);
+      k.params_fp16 = r.array<uint16_t>(k.n);
+      out.cases.push_back(std::move(k));
+    }
+    const uint64_t special = r.get<uint64_t>();
+    out.special = r.array<float>(special);
+    out.special_bf16 = r.array<uint16_t>(special);
+    out.special_fp16 = r.array<uint16_t>(special);
+    if (!r.at_end()) throw std::runtime_error(path + ": unexpected bytes after the last record");
+    return out;
+  }();
+  return ref;
+}
+
+// Arrays with sentinels after the end, to catch a kernel writing past n (ggml's habit).
+template <typename T>
+class Guarded {
+ public:
+  static constexpr size_t kPad = 64;
+  explicit Guarded(size_t n, T fill = T{}) : n_(n), data_(n + kPad, fill) {
+    for (size_t i = n; i < n + kPad; ++i) std::memset(&data_[i], 0xA5, sizeof(T));
+  }
+  Guarded(const std::vector<T>& init) : Guarded(init.size()) { std::copy(init.begin(), init.end(), data_.begin()); }
+  T* data() { return data_.data(); }
+  T& operator[](size_t i) { return data_[i]; }
+  const T& operator[](size_t i) const { return data_[i]; }
+  bool sentinels_intact() const {
+    for (size_t i = n_; i < n_ + kPad; ++i) {
+      T s;
+      std::memset(&s, 0xA5, sizeof(T));
+      if (std::memcmp(&s, &data_[i], sizeof(T)) != 0) return false;
+    }
+    return true;
+  }
+
+ private:
+  size_t n_;
+  std::vector<T> data_;
+};
+
+struct State {
+  Guarded<float> params, exp_avg, exp_avg_sq;
+  explicit State(const Case& k) : params(k.params0), exp_avg(k.n), exp_avg_sq(k.n) {}
+};
+
+// Runs every step of a case, starting from zero moments as torch does.
+State run_case(const Case& k, CpuIsa isa, unsigned threads, void* half_out = nullptr,
+               HalfKind kind = HalfKind::None) {
+  // A small minimum per thread, so that the reference sizes are split over the threads.
+  CpuAdam adam(k.config, CpuAdamOptions{threads, isa, /*min_elements_per_thread=*/1000});
+  State s(k);
+  for (uint32_t t = 1; t <= k.steps; ++t)
+    adam.step(t, s.params.data(), k.grads.data() + size_t{t - 1} * k.n, s.exp_avg.data(),
+              s.exp_avg_sq.data(), k.n, half_out, kind);
+  return s;
+}
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+// The magnitude each result is built from, for the tolerance: what the same steps give
+// with every term taken by its absolute value.
+struct Magnitudes {
+  std::vector<double> params, exp_avg, exp_avg_sq;
+};
+Magnitudes magnitudes(const Case& k) {
+  Magnitudes mag{std::vector<double>(k.n), std::vector<double>(k.n), std::vector<double>(k.n)};
+  const AdamConfig& c = k.config;
+  for (size_t i = 0; i < k.n; ++i) {
+    double p = k.params0[i], ap = std::fabs(p), am = 0, av = 0;
+    for (uint32_t t = 1; t <= k.steps; ++t) {
+      const double g = k.grads[size_t{t - 1} * k.n + i];
+      if (c.variant == AdamVariant::AdamW) p *= 1 - c.lr * c.weight_decay;
+      const double ag = std::fabs(g) + (c.variant == AdamVariant::Adam ? std::fabs(c.weight_decay * p) : 0.0);
+      am = c.beta1 * am + (1 - c.beta1) * ag;
+      av = c.beta2 * av + (1 - c.beta2) * ag * ag;
+      // Adam's update is m / sqrt(v) scaled by the step size, whatever the size of the
+      // gradient: a gradient that nearly cancels (g + wd*p ~ 0) carries its rounding
+      // error into an update of full size. So each step may move p by up to its step size.
+      const double step_size = c.lr / (1 - std::pow(c.beta1, t));
+      p = std::fabs(p) + step_size;
+      ap = ap + step_size;
+    }
+    mag.params[i] = ap;
+    mag.exp_avg[i] = am;
+    mag.exp_avg_sq[i] = av;
+  }
+  return mag;
+}
+
+struct Comparison {
+  double worst = 0;        // largest |ours - torch| / magnitude
+  size_t worst_index = 0;
+  size_t bit_exact = 0;    // elements equal to torch's bits
+};
+Comparison compare(const Guarded<float>& ours, const std::vector<float>& torch, const std::vector<double>& mag) {
+  Comparison c;
+  for (size_t i = 0; i < torch.size(); ++i) {
+    if (bits(ours[i]) == bits(torch[i])) {
+      ++c.bit_exact;
+      continue;
+    }
+    const double scale = std::max({std::fabs(double{torch[i]}), mag[i], double{std::numeric_limits<float>::min()}});
+    const double err = std::isfinite(ours[i]) ? std::fabs(double{ours[i]} - torch[i]) / scale : INFINITY;
+    if (!(err <= c.worst)) {
+      c.worst = err;
+      c.worst_index = i;
+    }
+  }
+  return c;
+}
+
+std::vector<CpuIsa> kernels() { return {CpuIsa::Scalar, CpuIsa::Avx2, CpuIsa::Avx512}; }
+
+class cpu_adam : public ::testing::TestWithParam<CpuIsa> {
+ protected:
+  void SetUp() override {
+    if (!cpu_supports(GetParam()))
+      GTEST_SKIP() << "this CPU lacks " << to_string(GetParam()) << " (best here: " << to_string(best_cpu_isa()) << ")";
+  }
+};
+
+TEST_P(cpu_adam, MatchesTorch) {
+  const Reference& ref = reference();
+  ASSERT_FALSE(ref.cases.empty());
+  for (const Case& k : ref.cases) {
+    SCOPED_TRACE(k.name());
+    // A no-op or a zeroing kernel must not pass: torch's results moved away from the inputs.
+    size_t moved = 0;
+    for (size_t i = 0; i < k.n; ++i) moved += k.params[i] != k.params0[i] && k.exp_avg_sq[i] != 0;
+    ASSERT_GT(moved, k.n * 9 / 10);
+
+    const State s = run_case(k, GetParam(), 3);
+    EXPECT_TRUE(s.params.sentinels_intact() && s.exp_avg.sentinels_intact() && s.exp_avg_sq.sentinels_intact())
+        << "wrote past the end";
+    const Magnitudes mag = magnitudes(k);
+    const struct {
+      const char* name;
+      const Guarded<float>& ours;
+      const std::vector<float>& torch;
+      const std::vector<double>& mag;
+    } tensors[] = {{"params", s.params, k.params, mag.params},
+                   {"exp_avg", s.exp_avg, k.exp_avg, mag.exp_avg},
+                   {"exp_avg_sq", s.exp_avg_sq, k.exp_avg_sq, mag.exp_avg_sq}};
+    for (const auto& t : tensors) {
+      const Comparison c = compare(t.ours, t.torch, t.mag);
+      EXPECT_LE(c.worst, kRelTol) << t.name << "[" << c.worst_index << "]: ours " << t.ours[c.worst_index]
+                                  << ", torch " << t.torch[c.worst_index];
+      RecordProperty(std::string(t.name) + "_bit_exact_" + std::to_string(k.n), std::to_string(c.bit_exact));
+      if (c.bit_exact != k.n)
+        std::printf("  %s %s: %zu of %zu bit-exact, worst relative error %.3g at [%zu] (ours %.9g, torch %.9g)\n",
+                    k.name().c_str(), t.name, c.bit_exact, k.n, c.worst, c.worst_index, t.ours[c.worst_index],
+                    t.torch[c.worst_index]);
+    }
+  }
+}
+
+// Every kernel, with any number of threads, gives the scalar kernel's bits.
+TEST_P(cpu_adam, BitIdenticalToScalarOnAnyThreadCount) {
+  for (const Case& k : reference().cases) {
+    SCOPED_TRACE(k.name());
+    const State want = run_case(k, CpuIsa::Scalar, 1);
+    for (unsigned threads : {1u, 2u, 3u, 8u}) {
+      const State got = run_case(k, GetParam(), threads);
+      size_t differ = 0;
+      for (size_t i = 0; i < k.n; ++i)
+        differ += bits(got.params[i]) != bits(want.params[i]) || bits(got.exp_avg[i]) != bits(want.exp_avg[i]) ||
+                  bits(got.exp_avg_sq[i]) != bits(want.exp_avg_sq[i]);
+      EXPECT_EQ(differ, 0u) << threads << " threads";
+    }
+  }
+}
+
+// The 16-bit copy written in the same pass is the fp32 result rounded to nearest even,
+// and equals torch's own conversion of its result wherever the fp32 results agree.
+TEST_P(cpu_adam, HalfCopyIsRoundedResult) {
+  const Reference& ref = reference();
+  for (HalfKind kind : {HalfKind::Bf16, HalfKind::Fp16}) {
+    for (const Case& k : ref.cases) {
+      SCOPED_TRACE(k.name() + (kind == HalfKind::Bf16 ? " bf16" : " fp16"));
+      Guarded<uint16_t> half(k.n, 0);
+      const State s = run_case(k, GetParam(), 3, half.data(), kind);
+      EXPECT_TRUE(half.sentinels_intact()) << "wrote past the end of the 16-bit copy";
+      const std::vector<uint16_t>& torch_half = kind == HalfKind::Bf16 ? k.params_bf16 : k.params_fp16;
+      size_t wrong = 0, wrong_vs_torch = 0, compared = 0;
+      for (size_t i = 0; i < k.n; ++i) {
+        const float p = s.params[i];
+        wrong += half[i] != (kind == HalfKind::Bf16 ? math::float_to_bf16(p) : math::float_to_fp16(p));
+        if (bits(p) == bits(k.params[i])) {
+          ++compared;
+          wrong_vs_torch += half[i] != torch_half[i];
+        }
+      }
+      EXPECT_EQ(wrong, 0u);
+      EXPECT_EQ(wrong_vs_torch, 0u);
+      EXPECT_GT(compared, k.n / 2) << "too few fp32 results equal torch's to check its rounding";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(isa, cpu_adam, ::testing::ValuesIn(kernels()),
+                         [](const auto& info) { return std::string(to_string(info.param)); });
+
+// The conversion helpers against torch's own conversions of awkward values: ties, the
+// edges of the fp16 subnormal and normal ranges, overflow, infinities, NaN.
+TEST(cpu_adam_half, ConversionsMatchTorch) {
+  const Reference& ref = reference();
+  ASSERT_GT(ref.special.size(), 100u);
+  for (size_t i = 0; i < ref.special.size(); ++i) {
+    const float x = ref.special[i];
+    SCOPED_TRACE("value bits 0x" + [&] { char b[16]; std::snprintf(b, sizeof b, "%08x", bits(x)); return std::string(b); }());
+    const uint16_t b = math::float_to_bf16(x), h = math::float_to_fp16(x);
+    if (std::isnan(x)) {
+      EXPECT_TRUE(std::isnan(math::bf16_to_float(b)));
+      EXPECT_TRUE(std::isnan(math::fp16_to_float(h)));
+      continue;
+    }
+    EXPECT_EQ(b, ref.special_bf16[i]);
+    EXPECT_EQ(h, ref.special_fp16[i]);
+  }
+}
+
+// Every fp16 and bf16 value converts to float and back to itself (NaNs stay NaN).
+TEST(cpu_adam_half, RoundTripsEveryValue) {
+  for (uint32_t u = 0; u <= 0xFFFF; ++u) {
+    const uint16_t h = static_cast<uint16_t>(u);
+    const float f16 = math::fp16_to_float(h), b16 = math::bf16_to_float(h);
+    if (std::isnan(f16)) {
+      EXPECT_EQ(math::float_to_fp16(f16), h | 0x0200) << u;  // quietened, payload kept
+    } else {
+      EXPECT_EQ(math::float_to_fp16(f16), h) << u;
+    }
+    if (std::isnan(b16)) {
+      EXPECT_EQ(math::float_to_bf16(b16), h | 0x0040) << u;
+    } else {
+      EXPECT_EQ(math::float_to_bf16(b16), h) << u;
+    }
+  }
+  // Exact values: the smallest subnormal, the largest finite fp16, bf16's 1 + 2^-7.
+  EXPECT_EQ(math::fp16_to_float(0x0001), std::ldexp(1.0f, -24));
+  EXPECT_EQ(math::fp16_to_float(0x7BFF), 65504.0f);
+  EXPECT_EQ(math::bf16_to_float(0x3F81), 1.0f + std::ldexp(1.0f, -7));
+}
+
+TEST(cpu_adam_isa, ParsesNamesAndRefusesUnknown) {
+  EXPECT_EQ(parse_cpu_isa("avx512"), CpuIsa::Avx512);
+  EXPECT_EQ(parse_cpu_isa("scalar"), CpuIsa::Scalar);
+  EXPECT_THROW(parse_cpu_isa("avx1024"), ConfigError);
+  EXPECT_TRUE(cpu_supports(best_cpu_isa()));
+  EXPECT_NE(CpuAdam(AdamConfig{}, 1).isa(), CpuIsa::Auto);
+}
+
+}  // namespace
+}  // namespace strata

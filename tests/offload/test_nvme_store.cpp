@@ -1,0 +1,382 @@
+// The NVMe store over real swap files in temporary directories: round trips checked byte
+// by byte on both engines, striping checked by reading the swap files directly, extent
+// reuse, injected faults, corruption behind the store's back, and full disks.
+#include <gtest/gtest.h>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "strata/core/device.hpp"
+#include "strata/core/error.hpp"
+#include "strata/memory/tier.hpp"
+#include "strata/offload/fault_injection.hpp"
+#include "strata/offload/nvme_store.hpp"
+
+using namespace strata;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  TempDir() {
+    char tmpl[] = "/tmp/strata-nvme-test-XXXXXX";
+    path = mkdtemp(tmpl);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string path;
+};
+
+struct AlignedBuf {
+  explicit AlignedBuf(size_t n) : p(static_cast<uint8_t*>(std::aligned_alloc(4096, (n + 4095) / 4096 * 4096))) {}
+  ~AlignedBuf() { std::free(p); }
+  AlignedBuf(const AlignedBuf&) = delete;
+  uint8_t* p;
+};
+
+void fill_random(uint8_t* p, size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  for (size_t i = 0; i < n; ++i) p[i] = static_cast<uint8_t>(rng() >> 13);
+}
+
+long first_mismatch(const uint8_t* a, const uint8_t* b, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    if (a[i] != b[i]) return static_cast<long>(i);
+  return -1;
+}
+
+size_t count_swap_files(const std::string& dir) {
+  size_t n = 0;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().rfind("strata-swap-", 0) == 0) ++n;
+  return n;
+}
+
+NvmeStoreOptions opts(std::vector<std::string> paths, uint64_t capacity, IoEngineKind kind = IoEngineKind::Auto,
+                      bool checksums = true, std::shared_ptr<FaultPlan> faults = nullptr) {
+  NvmeStoreOptions o;
+  o.paths = std::move(paths);
+  o.capacity = capacity;
+  o.aio.engine = kind;
+  o.aio.block_size = 64 << 10;
+  o.aio.queue_depth = 8;
+  o.checksums = checksums;
+  o.faults = std::move(faults);
+  return o;
+}
+
+template <class E>
+E expect_failure(const Event& ev) {
+  try {
+    ev.wait();
+  } catch (const E& e) {
+    return e;
+  } catch (const std::exception& other) {
+    ADD_FAILURE() << "failed with the wrong error: " << other.what();
+    throw;
+  }
+  ADD_FAILURE() << "the event completed successfully; it must fail";
+  throw std::runtime_error("no error");
+}
+
+}  // namespace
+
+class NvmeStoreTest : public ::testing::TestWithParam<IoEngineKind> {};
+
+INSTANTIATE_TEST_SUITE_P(Backends, NvmeStoreTest, ::testing::Values(IoEngineKind::Uring, IoEngineKind::ThreadPool),
+                         [](const auto& info) { return info.param == IoEngineKind::Uring ? "io_uring" : "threadpool"; });
+
+TEST_P(NvmeStoreTest, RoundTripOfManyRandomSizesOverTwoPaths) {
+  TempDir a, b;
+  NvmeStore store(opts({a.path, b.path}, 64ull << 20, GetParam()));
+  EXPECT_EQ(store.engine_name(), GetParam() == IoEngineKind::Uring ? "io_uring" : "threadpool");
+  EXPECT_EQ(store.files().size(), 2u);
+  const uint64_t al = store.alignment();
+  std::mt19937_64 rng(1234);
+  struct T {
+    Extent e;
+    uint64_t bytes;
+    std::unique_ptr<AlignedBuf> src;
+  };
+  std::vector<T> ts;
+  std::vector<Event> evs;
+  for (int i = 0; i < 40; ++i) {
+    // Any byte count, including ones that are not a multiple of the alignment.
+    uint64_t bytes = 1 + rng() % (900u << 10);
+    T t{store.allocate(bytes), bytes, std::make_unique<AlignedBuf>(bytes + al)};
+    ASSERT_TRUE(t.e.valid());
+    EXPECT_EQ(t.e.offset % al, 0u);
+    EXPECT_GE(t.e.bytes, bytes);
+    fill_random(t.src->p, bytes, i);
+    evs.push_back(store.write(t.e, t.src->p, bytes));
+    ts.push_back(std::move(t));
+  }
+  for (auto& e : evs) e.wait();
+  evs.clear();
+  std::vector<std::unique_ptr<AlignedBuf>> dsts;
+  for (auto& t : ts) {
+    dsts.push_back(std::make_unique<AlignedBuf>(t.bytes + al));
+    std::memset(dsts.back()->p, 0xEE, t.bytes);
+    evs.push_back(store.read(t.e, dsts.back()->p, t.bytes));
+  }
+  for (size_t i = 0; i < ts.size(); ++i) {
+    evs[i].wait();
+    ASSERT_EQ(first_mismatch(ts[i].src->p, dsts[i]->p, ts[i].bytes), -1) << "extent " << i << ", " << ts[i].bytes;
+  }
+  for (auto& t : ts) store.free(t.e);
+  EXPECT_EQ(store.used(), 0u);
+}
+
+TEST(NvmeStore, StripesOneExtentOverEveryPathInStripeUnits) {
+  TempDir d0, d1, d2;
+  NvmeStore store(opts({d0.path, d1.path, d2.path}, 24ull << 20, IoEngineKind::Auto, false));
+  const uint64_t S = store.stripe_unit();
+  ASSERT_EQ(S, 64u << 10);
+  EXPECT_EQ(store.capacity(), 24ull << 20);
+  ASSERT_EQ(store.files().size(), 3u);
+  for (const auto& f : store.files()) {
+    struct stat st {};
+    ASSERT_EQ(stat(f.c_str(), &st), 0);
+    EXPECT_EQ(static_cast<uint64_t>(st.st_size), 8ull << 20);  // capacity / 3, preallocated
+    EXPECT_GE(static_cast<uint64_t>(st.st_blocks) * 512, 8ull << 20);
+    EXPECT_NE(f.find("strata-swap-" + std::to_string(getpid()) + "-"), std::string::npos) << f;
+  }
+  EXPECT_EQ(fs::path(store.files()[0]).parent_path(), fs::path(d0.path));
+  EXPECT_EQ(fs::path(store.files()[2]).parent_path(), fs::path(d2.path));
+
+  const uint64_t n = 7 * S;  // units 0..6: files 0,1,2,0,1,2,0
+  Extent e = store.allocate(n);
+  ASSERT_EQ(e.offset, 0u);
+  AlignedBuf src(n);
+  for (uint64_t k = 0; k < 7; ++k) std::memset(src.p + k * S, static_cast<int>(0x10 + k), S);
+  store.write(e, src.p, n).wait();
+  // Read each file behind the store's back: unit k must sit in file k % 3 at (k / 3) * S.
+  std::vector<uint8_t> unit(S);
+  for (uint64_t k = 0; k < 7; ++k) {
+    int fd = open(store.files()[k % 3].c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(pread(fd, unit.data(), S, static_cast<off_t>((k / 3) * S)), static_cast<ssize_t>(S));
+    close(fd);
+    EXPECT_EQ(unit[0], 0x10 + k) << "unit " << k;
+    EXPECT_EQ(unit[S - 1], 0x10 + k) << "unit " << k;
+  }
+}
+
+TEST(NvmeStore, FreedExtentsAreReusedAndAccounted) {
+  TempDir d;
+  NvmeStore store(opts({d.path}, 1 << 20));
+  EXPECT_EQ(store.capacity(), 1u << 20);
+  Extent a = store.allocate(300 << 10);
+  Extent b = store.allocate(300 << 10);
+  Extent c = store.allocate(300 << 10);
+  EXPECT_EQ(store.used(), 900u << 10);
+  EXPECT_FALSE(store.try_allocate(200 << 10).valid());
+  EXPECT_THROW(store.allocate(200 << 10), OutOfBudget);
+  store.free(b);
+  EXPECT_EQ(store.used(), 600u << 10);
+  EXPECT_EQ(store.peak(), 900u << 10);
+  Extent d2 = store.allocate(250 << 10);
+  EXPECT_EQ(d2.offset, b.offset);  // the hole left by b, not fresh space
+  store.free(a);
+  store.free(c);
+  store.free(d2);
+  EXPECT_EQ(store.used(), 0u);
+  EXPECT_EQ(store.largest_free(), 1u << 20);
+  Extent all = store.allocate(1 << 20);
+  EXPECT_EQ(all.offset, 0u);
+  try {
+    store.allocate(4096);
+    FAIL() << "allocation beyond capacity succeeded";
+  } catch (const OutOfBudget& err) {
+    std::string m = err.what();
+    EXPECT_NE(m.find("largest free"), std::string::npos) << m;
+  }
+}
+
+TEST(NvmeStore, ReusedExtentDoesNotInheritTheOldChecksum) {
+  TempDir d;
+  NvmeStore store(opts({d.path}, 1 << 20));
+  AlignedBuf a(8192), b(8192), out(8192);
+  fill_random(a.p, 8192, 1);
+  fill_random(b.p, 8192, 2);
+  Extent e = store.allocate(8192);
+  store.write(e, a.p, 8192).wait();
+  store.free(e);
+  Extent e2 = store.allocate(8192);
+  ASSERT_EQ(e2.offset, e.offset);
+  store.write(e2, b.p, 8192).wait();
+  store.read(e2, out.p, 8192).wait();
+  EXPECT_EQ(first_mismatch(b.p, out.p, 8192), -1);
+}
+
+TEST_P(NvmeStoreTest, ShortReadsAndWritesAreCompletedWithCorrectData) {
+  TempDir d0, d1;
+  auto plan = std::make_shared<FaultPlan>();
+  plan->short_nth(FaultTarget::Writes, 0, 0.5).short_nth(FaultTarget::Writes, 3, 0.3);
+  plan->short_nth(FaultTarget::Reads, 1, 0.5);
+  NvmeStore store(opts({d0.path, d1.path}, 8 << 20, GetParam(), true, plan));
+  const uint64_t n = 512 << 10;
+  AlignedBuf src(n), dst(n);
+  fill_random(src.p, n, 77);
+  Extent e = store.allocate(n);
+  store.write(e, src.p, n).wait();
+  std::memset(dst.p, 0xEE, n);
+  store.read(e, dst.p, n).wait();
+  EXPECT_EQ(first_mismatch(src.p, dst.p, n), -1);
+  EXPECT_EQ(plan->injected(), 3u);
+  EXPECT_EQ(store.io_stats().short_resubmits, 3u);
+}
+
+TEST_P(NvmeStoreTest, EioOnReadFailsTheEventNamingPathOffsetLength) {
+  TempDir d0, d1;
+  auto plan = std::make_shared<FaultPlan>();
+  plan->fail_nth(FaultTarget::Reads, 3, EIO);
+  NvmeStore store(opts({d0.path, d1.path}, 8 << 20, GetParam(), true, plan));
+  const uint64_t n = 512 << 10;
+  AlignedBuf src(n), dst(n);
+  fill_random(src.p, n, 8);
+  Extent e = store.allocate(n);
+  store.write(e, src.p, n).wait();
+  auto err = expect_failure<IoError>(store.read(e, dst.p, n));
+  EXPECT_EQ(err.error_code(), EIO);
+  EXPECT_TRUE(err.path() == store.files()[0] || err.path() == store.files()[1]) << err.path();
+  EXPECT_EQ(err.length(), 64u << 10);
+  std::string m = err.what();
+  EXPECT_NE(m.find(err.path()), std::string::npos) << m;
+  EXPECT_NE(m.find("offset " + std::to_string(err.offset())), std::string::npos) << m;
+  EXPECT_NE(m.find("length 65536"), std::string::npos) << m;
+  // The error was one op: reading again gives the data.
+  store.read(e, dst.p, n).wait();
+  EXPECT_EQ(first_mismatch(src.p, dst.p, n), -1);
+}
+
+TEST_P(NvmeStoreTest, FailedWritesSurfaceAndTheExtentIsNotReadAsValid) {
+  TempDir d;
+  auto plan = std::make_shared<FaultPlan>();
+  plan->fail_nth(FaultTarget::Writes, 2, ENOSPC);
+  plan->fail_nth(FaultTarget::Writes, 20, EIO);
+  NvmeStore store(opts({d.path}, 8 << 20, GetParam(), false, plan));
+  const uint64_t n = 512 << 10;  // 8 requests of 64 KiB
+  AlignedBuf src(n), dst(n);
+  fill_random(src.p, n, 9);
+  Extent e = store.allocate(n);
+
+  auto full = expect_failure<IoError>(store.write(e, src.p, n));
+  EXPECT_EQ(full.error_code(), ENOSPC);
+  EXPECT_EQ(full.path(), store.files()[0]);
+  EXPECT_EQ(full.offset(), e.offset + (128u << 10));
+  EXPECT_NE(std::string(full.what()).find("No space left"), std::string::npos) << full.what();
+  // The extent's contents are not valid after a failed write, even without checksums.
+  EXPECT_THROW(store.read(e, dst.p, n).wait(), CorruptionError);
+
+  // Depth 8: each write queues all 8 requests at once, so the first write used ops 0..7.
+  store.write(e, src.p, n).wait();  // ops 8..15 succeed
+  store.read(e, dst.p, n).wait();
+  EXPECT_EQ(first_mismatch(src.p, dst.p, n), -1);
+
+  auto eio = expect_failure<IoError>(store.write(e, src.p, n));  // op 20: its fifth request
+  EXPECT_EQ(eio.offset(), e.offset + (256u << 10));
+  EXPECT_EQ(eio.error_code(), EIO);
+  EXPECT_THROW(store.read(e, dst.p, n).wait(), CorruptionError);
+}
+
+TEST_P(NvmeStoreTest, CorruptionBehindTheStoresBackIsDetectedOnRead) {
+  TempDir d0, d1;
+  NvmeStore store(opts({d0.path, d1.path}, 8 << 20, GetParam(), true));
+  const uint64_t n = 300 << 10;
+  AlignedBuf src(n), dst(n);
+  fill_random(src.p, n, 10);
+  Extent e = store.allocate(n);
+  store.write(e, src.p, n).wait();
+  store.read(e, dst.p, n).wait();
+  ASSERT_EQ(first_mismatch(src.p, dst.p, n), -1);
+  // Flip one byte of the second stripe unit (file 1, offset 100) with a plain pwrite.
+  const std::string& victim = store.files()[1];
+  int fd = open(victim.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  uint8_t byte = 0;
+  ASSERT_EQ(pread(fd, &byte, 1, 100), 1);
+  byte ^= 0x5A;
+  ASSERT_EQ(pwrite(fd, &byte, 1, 100), 1);
+  fsync(fd);
+  close(fd);
+  auto err = expect_failure<CorruptionError>(store.read(e, dst.p, n));
+  std::string m = err.what();
+  EXPECT_NE(m.find("checksum mismatch"), std::string::npos) << m;
+  EXPECT_NE(m.find(victim + " at offset 0, length 65536"), std::string::npos) << m;
+}
+
+TEST(NvmeStore, PinnedPoolBuffersGoThroughRegisteredIo) {
+  TempDir d;
+  auto dev = make_device({});
+  auto pool = make_pinned_pool(*dev, {.budget = 4 << 20});
+  NvmeStore store(opts({d.path}, 8 << 20, IoEngineKind::Uring));
+  store.register_buffer(pool->base(), pool->capacity());
+  auto* src = static_cast<uint8_t*>(pool->try_allocate(1 << 20, "test"));
+  auto* dst = static_cast<uint8_t*>(pool->try_allocate(1 << 20, "test"));
+  ASSERT_TRUE(src && dst);
+  fill_random(src, 1 << 20, 12);
+  std::memset(dst, 0, 1 << 20);
+  Extent e = store.allocate(1 << 20);
+  store.write(e, src, 1 << 20).wait();
+  store.read(e, dst, 1 << 20).wait();
+  EXPECT_EQ(first_mismatch(src, dst, 1 << 20), -1);
+  IoStats s = store.io_stats();
+  EXPECT_EQ(s.requests, 32u);
+  EXPECT_EQ(s.fixed_requests, 32u);
+  store.unregister_buffer(pool->base());
+}
+
+TEST(NvmeStore, CapacityBeyondTheFreeSpaceIsOutOfBudgetBeforeAnyFileExists) {
+  TempDir d;
+  const uint64_t pib = 1ull << 50;
+  try {
+    NvmeStore store(opts({d.path}, pib));
+    FAIL() << "a 1 PiB store was created";
+  } catch (const OutOfBudget& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find(d.path), std::string::npos) << m;
+    EXPECT_NE(m.find("free"), std::string::npos) << m;
+    EXPECT_NE(m.find("1.00 PiB"), std::string::npos) << m;
+    EXPECT_NE(m.find("lower the NVMe budget"), std::string::npos) << m;
+  }
+  EXPECT_EQ(count_swap_files(d.path), 0u);
+}
+
+TEST(NvmeStore, BadPathsAreConfigErrorsNamingThePath) {
+  TempDir d;
+  const std::string missing = d.path + "/does-not-exist";
+  try {
+    NvmeStore store(opts({d.path, missing}, 1 << 20));
+    FAIL() << "created a store on a missing directory";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(missing), std::string::npos) << e.what();
+  }
+  const std::string file = d.path + "/plain-file";
+  close(open(file.c_str(), O_CREAT | O_WRONLY, 0600));
+  EXPECT_THROW(NvmeStore{opts({file}, 1 << 20)}, ConfigError);
+  EXPECT_THROW(NvmeStore{opts({}, 1 << 20)}, ConfigError);
+  EXPECT_THROW(NvmeStore{opts({d.path}, 0)}, ConfigError);
+  EXPECT_EQ(count_swap_files(d.path), 0u);
+}
+
+TEST(NvmeStore, SwapFilesAreRemovedOnDestruction) {
+  TempDir d0, d1;
+  std::vector<std::string> files;
+  {
+    NvmeStore store(opts({d0.path, d1.path}, 2 << 20));
+    files = store.files();
+    EXPECT_EQ(count_swap_files(d0.path), 1u);
+    EXPECT_EQ(count_swap_files(d1.path), 1u);
+  }
+  for (const auto& f : files) EXPECT_FALSE(fs::exists(f)) << f;
+}
