@@ -1,0 +1,116 @@
+// The run configuration: a JSON file whose keys follow DeepSpeed's names where the
+// concept is the same, plus a `strata` section for what DeepSpeed lacks (DESIGN.md,
+// "Configuration"). Unknown keys are an error naming the key and the nearest valid one;
+// command-line flags override the file (apply_override).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "strata/core/device.hpp"
+#include "strata/memory/tier.hpp"
+#include "strata/offload/aio_config.hpp"
+
+namespace strata {
+
+enum class OptimizerKind { Adam, AdamW };
+enum class OffloadDevice { None, Cpu, Nvme };  // DeepSpeed's "none", "cpu", "nvme"
+const char* to_string(OffloadDevice d);
+Tier home_tier(OffloadDevice d);  // None -> Device, Cpu -> Pinned, Nvme -> Nvme
+
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::AdamW;
+  float lr = 1e-3f;
+  float beta1 = 0.9f, beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+};
+
+struct OffloadConfig {
+  OffloadDevice device = OffloadDevice::None;
+  std::vector<std::string> nvme_path;  // directories; DeepSpeed's string or a list
+  bool pin_memory = true;
+};
+
+struct ZeroConfig {
+  int stage = 3;                                // 1, 2 or 3
+  OffloadConfig offload_param;                  // stage 3 only
+  OffloadConfig offload_optimizer;
+  uint64_t stage3_prefetch_bucket_size = 50'000'000;   // elements, as in DeepSpeed
+  uint64_t stage3_max_live_parameters = 1'000'000'000; // elements
+  uint64_t stage3_max_reuse_distance = 1'000'000'000;  // elements
+  uint64_t stage3_param_persistence_threshold = 100'000;  // elements
+  uint64_t sub_group_size = 1'000'000'000;      // elements per optimizer sub-group
+  uint64_t reduce_bucket_size = 500'000'000;    // elements
+  bool overlap_comm = true;
+};
+
+struct ActivationCheckpointingConfig {
+  bool enabled = false;              // strata extension: recompute each block in backward
+  bool partition_activations = false;
+  bool cpu_checkpointing = false;    // keep the checkpoints in pinned memory
+};
+
+struct ModelShape {
+  int layers = 4;
+  int d_model = 128;
+  int heads = 4;
+  int seq_len = 64;
+  int vocab = 256;
+};
+
+struct DataConfig {
+  std::string path;                  // a text file (byte-level) or an llm.c token file
+  std::string format = "auto";       // "auto", "text", "tokens"
+};
+
+struct StrataSection {
+  Backend backend = Backend::Cpu;
+  uint64_t device_budget = 1ull << 30;   // bytes
+  uint64_t pinned_budget = 1ull << 30;   // bytes
+  uint64_t nvme_budget = 0;              // bytes; 0: sized from the plan
+  bool checksums = false;                // xxHash per NVMe extent
+  uint64_t seed = 1234;
+  std::string trace;                     // Chrome trace output path ("" = off)
+  ModelShape model;
+  DataConfig data;
+  int steps = 100;
+  int checkpoint_every = 0;              // steps; 0 = off
+  std::string checkpoint_dir;
+};
+
+struct Config {
+  int train_micro_batch_size_per_gpu = 1;
+  int gradient_accumulation_steps = 1;
+  std::optional<int> train_batch_size;   // checked against micro * accum * world
+  float gradient_clipping = 0.0f;        // global norm; 0 = off
+  bool bf16 = false;
+  int steps_per_print = 1;
+  OptimizerConfig optimizer;
+  ZeroConfig zero;
+  AioConfig aio;
+  ActivationCheckpointingConfig activation_checkpointing;
+  StrataSection strata;
+
+  nlohmann::json raw;                    // the file as given, for checkpoints' manifests
+};
+
+// Parses and validates. Throws ConfigError naming the key, the problem and the fix.
+Config parse_config(const nlohmann::json& j);
+Config load_config(const std::string& path);  // a missing or malformed file is a ConfigError
+
+// Applies "a.b.c=value" (value parsed as JSON, else taken as a string) to the JSON
+// before parsing; used for command-line overrides. Unknown keys fail as in the file.
+void apply_override(nlohmann::json& j, const std::string& assignment);
+
+// Checks that depend on the world size (batch sizes); throws ConfigError.
+void validate_for_world(const Config& c, int world_size);
+
+// "512MiB", "2GB", "1e9", 4096 -> bytes. Throws ConfigError naming the key.
+uint64_t parse_bytes(const nlohmann::json& v, const std::string& key);
+
+}  // namespace strata

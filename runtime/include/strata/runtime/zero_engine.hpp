@@ -1,0 +1,179 @@
+// The ZeRO engine: shards parameters, gradients and optimizer states across ranks
+// (stages 1, 2 and 3) and keeps every shard in a tier of the TieredStore, moving it
+// ahead of need (DESIGN.md, "One ZeRO-3 training step").
+//
+// Per parameter group (a transformer block, the embeddings, ...), numel elements are
+// padded to a multiple of world size and alignment and cut into equal shards; rank r
+// owns shard r. Per shard the engine keeps, as TieredStore tensors:
+//   - the fp32 master weights and Adam moments, in sub-groups of at most
+//     sub_group_size elements, home = offload_optimizer's tier;
+//   - the gradient shard, in the same sub-groups and tier (accumulated over
+//     gradient_accumulation_steps micro-batches);
+//   - stage 3: the working parameter shard, home = offload_param's tier, gathered into
+//     a full device buffer when the model asks for it;
+//   - stages 1 and 2: the full working parameters, replicated on the device.
+// Stage 1 keeps full gradients on the device and all-reduces them at the step; stages 2
+// and 3 reduce-scatter each micro-batch's gradient into the shards as soon as it is ready.
+//
+// Initialisation never materialises a full group on any rank: each rank fills its own
+// shard from (seed, group, global element index), so the initial model is the same for
+// every world size.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/collectives/communicator.hpp"
+#include "strata/core/device.hpp"
+#include "strata/core/trace.hpp"
+#include "strata/model/weight_source.hpp"
+#include "strata/offload/cpu_adam.hpp"
+#include "strata/offload/tiered_store.hpp"
+#include "strata/runtime/config.hpp"
+
+namespace strata {
+
+enum class InitKind { Normal, Zeros, Ones };
+
+struct GroupSpec {
+  std::string name;          // e.g. "block.3"
+  uint64_t numel = 0;        // elements
+  InitKind init = InitKind::Normal;
+  float init_std = 0.02f;    // Normal
+  // Elements [begin, end) of the group that use another initialiser (e.g. a layer
+  // norm's gain inside a block): filled with `value`.
+  struct Constant {
+    uint64_t begin = 0, end = 0;
+    float value = 0.0f;
+  };
+  std::vector<Constant> constants;
+};
+
+struct EngineOptions {
+  int stage = 3;
+  Tier param_home = Tier::Device;      // stage 3: where parameter shards live
+  Tier optimizer_home = Tier::Device;  // master weights, moments, gradient shards
+  OptimizerConfig optimizer;
+  float gradient_clipping = 0.0f;      // global norm; 0 = off
+  int gradient_accumulation_steps = 1;
+  uint64_t prefetch_bucket_elems = 50'000'000;   // look-ahead budget, elements
+  uint64_t max_live_elems = 1'000'000'000;       // gathered parameters alive at once
+  uint64_t persistence_threshold_elems = 0;      // smaller groups stay gathered
+  uint64_t max_reuse_distance_elems = 0;         // keep gathered if reused this soon
+  uint64_t sub_group_elems = 1'000'000'000;      // optimizer sub-group size
+  bool prefetch = true;
+  uint64_t seed = 1234;
+  unsigned optimizer_threads = 0;      // 0: all cores
+  TieredStoreOptions store;
+  // Chrome trace (core/trace.hpp) written here when the engine is destroyed; "" = off.
+  // While the engine lives, every component records into it (strata.trace).
+  std::string trace_path;
+
+  // From a parsed configuration (budgets, tiers, NVMe paths, aio, ZeRO options).
+  static EngineOptions from_config(const Config& c);
+};
+
+// Times are seconds on the device's clock (Device::now()): wall time on cpu and cuda,
+// simulated time on sim.
+struct EngineStats {
+  double exposed_wait_s = 0;      // time the model waited for parameters and gradient
+                                  // buffers, summed over the run (not hidden)
+  double optimizer_s = 0;         // the last optimizer step, waits for states included
+  double optimizer_wait_s = 0;    // of optimizer_s, waiting for states to arrive
+  uint64_t gathers = 0;           // all_gathers started
+  uint64_t prefetched = 0;        // of which ahead of need
+  uint64_t trace_departures = 0;  // steps that left the recorded acquire order
+  double last_grad_norm = 0;      // before clipping, of the averaged gradient
+  StoreStats store;
+};
+
+class ZeroEngine final : public WeightSource {
+ public:
+  // comm serves device buffers (NCCL on cuda, MPI or self on cpu); host_comm serves
+  // host scalars (norms). They may be the same communicator. Throws ConfigError or
+  // OutOfBudget at start-up when the configuration cannot work.
+  ZeroEngine(Device& device, coll::Communicator& comm, coll::Communicator& host_comm, EngineOptions opts,
+             std::vector<GroupSpec> groups);
+  ~ZeroEngine() override;
+
+  // WeightSource
+  int num_groups() const override;
+  uint64_t group_numel(int g) const override;
+  const float* acquire_params(int g) override;
+  void release_params(int g) override;
+  float* gradient_buffer(int g) override;
+  void grads_ready(int g) override;
+
+  // The order in which the model will acquire groups in one micro-step (forward then
+  // backward). Without it, the order of the first micro-step is recorded and used.
+  void set_schedule(std::vector<int> order);
+  // Call before each micro-batch's forward (gradient_accumulation_steps per step).
+  void begin_micro_step();
+  // Call after the last micro-batch's backward: reduces what is left, clips, runs the
+  // optimizer over every shard and refreshes the working parameters. Returns true
+  // when it stepped (the clip norm is finite), false when it skipped the step.
+  bool step();
+
+  int64_t optimizer_steps() const { return step_count_; }
+  int micro_step() const { return micro_; }
+  EngineStats stats() const;
+  TieredStore& store() { return *store_; }
+  coll::Communicator& comm() { return comm_; }
+
+  // The full parameters of group g, gathered to host memory (tests, export).
+  std::vector<float> gather_full_params(int g);
+  // This rank's optimizer state for checkpoints: [master, exp_avg, exp_avg_sq] of its
+  // shard of group g, each shard_numel(g) floats.
+  uint64_t shard_numel(int g) const;
+  void read_optimizer_shard(int g, float* master, float* exp_avg, float* exp_avg_sq);
+  void write_optimizer_shard(int g, const float* master, const float* exp_avg, const float* exp_avg_sq,
+                             int64_t step_count);
+
+ private:
+  struct Chunk;
+  struct Group;
+
+  void init_shards();
+  void start_gather(int g, bool ahead);
+  void wait_gathered(Group& gr);
+  void prefetch_after(size_t pos);
+  void drop_full(Group& gr);
+  uint64_t reuse_distance(int g, size_t pos) const;
+  void reduce_group(int g);
+  void accumulate_chunks(Group& gr, const float* reduced, Event reduced_ready, bool first, bool last);
+  void adopt_schedule(std::vector<int> order);
+  void refresh_params();
+  double global_grad_norm();
+  void waited(double since, const char* what, const Group* gr);  // an exposed wait ended now
+
+  std::unique_ptr<trace::Recorder> trace_;  // set when opts_.trace_path is
+  trace::Recorder* outer_trace_ = nullptr;  // the recorder active before this engine's
+
+  Device& device_;
+  coll::Communicator& comm_;
+  coll::Communicator& host_comm_;
+  EngineOptions opts_;
+  std::unique_ptr<TieredStore> store_;
+  std::unique_ptr<CpuAdam> adam_;
+  std::unique_ptr<Stream> reduce_stream_;   // gradient accumulation and norms
+  Tier opt_compute_tier_ = Tier::Pinned;    // where the CPU optimizer reads its states
+  std::vector<Group> groups_;
+  int world_ = 1, rank_ = 0;
+
+  std::vector<int> schedule_;    // group order of one micro-step
+  std::vector<int> recording_;   // order seen in this micro-step
+  bool schedule_given_ = false;
+  bool departed_ = false;        // this micro-step left the schedule: on demand only
+  size_t pos_ = 0;               // index of the next acquire in schedule_
+  int micro_ = -1;               // index of the current micro-step; -1 before the first
+  uint64_t live_full_bytes_ = 0; // gathered parameters alive, bytes (persistent ones excluded)
+  uint64_t prefetch_room_ = 0;   // device bytes that gathered parameters may use
+  int64_t step_count_ = 0;
+  std::vector<double> norm_parts_;  // per-chunk squared norms of the last micro-step (host)
+  mutable EngineStats stats_;
+};
+
+}  // namespace strata

@@ -1,0 +1,783 @@
+#include "strata/runtime/zero_engine.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numbers>
+#include <sstream>
+
+#include "strata/core/error.hpp"
+#include "strata/core/log.hpp"
+
+namespace strata {
+
+namespace {
+
+// Shards are multiples of this many elements, so every tier allocation stays aligned
+// for O_DIRECT without padding of its own.
+constexpr uint64_t kShardAlignElems = 1024;
+
+uint64_t splitmix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// A standard normal value that depends only on (seed, group, element): every rank and
+// every world size computes the same initial model.
+float normal_at(uint64_t seed, uint64_t group, uint64_t index) {
+  uint64_t h = splitmix(splitmix(seed ^ (group * 0x632be59bd9b4e019ull)) + index);
+  uint64_t h2 = splitmix(h);
+  double u1 = (static_cast<double>(h >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+  double u2 = static_cast<double>(h2 >> 11) * 0x1.0p-53;         // [0, 1)
+  return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2));
+}
+
+float init_value(const GroupSpec& s, uint64_t seed, uint64_t group, uint64_t index) {
+  if (index >= s.numel) return 0.0f;  // padding
+  for (const auto& c : s.constants)
+    if (index >= c.begin && index < c.end) return c.value;
+  switch (s.init) {
+    case InitKind::Zeros: return 0.0f;
+    case InitKind::Ones: return 1.0f;
+    case InitKind::Normal: return s.init_std * normal_at(seed, group, index);
+  }
+  return 0.0f;
+}
+
+coll::ConstView floats(const void* p, uint64_t n) {
+  return coll::ConstView::elements(p, n, coll::DataType::F32);
+}
+coll::MutView floats_mut(void* p, uint64_t n) { return coll::MutView::elements(p, n, coll::DataType::F32); }
+
+}  // namespace
+
+struct ZeroEngine::Chunk {
+  uint64_t offset = 0;  // elements into the rank's shard
+  uint64_t n = 0;       // elements
+  TensorId master = 0, exp_avg = 0, exp_avg_sq = 0, grad = 0;
+  double sumsq = 0;     // squared norm of the accumulated gradient (written by reduce_stream_)
+};
+
+struct ZeroEngine::Group {
+  GroupSpec spec;
+  uint64_t padded = 0;   // elements, multiple of world * kShardAlignElems
+  uint64_t shard = 0;    // elements per rank
+  bool persistent = false;
+  TensorId full = 0;     // [padded] f32: stage 3 a scratch gather buffer, else replicated params
+  TensorId pshard = 0;   // stage 3: [shard] f32 working parameters, home offload_param
+  TensorId gfull = 0;    // [padded] f32 scratch: the model's gradient of one micro-batch
+  TensorId gacc = 0;     // stage 1: [padded] f32 accumulated gradient, home device
+  TensorId rs_out = 0;   // stages 2, 3: [shard] f32 scratch, reduce-scatter output
+  std::vector<Chunk> chunks;
+
+  enum class Full { Released, Gathering, Ready };
+  Full state = Full::Released;
+  Event gathered;
+  float* full_ptr = nullptr;
+  float* grad_ptr = nullptr;
+  Event grad_tail_zeroed;
+  Event grad_consumed;   // the last reduction that read gfull
+  Event reduced_consumed;  // the last accumulation that read rs_out
+  int holders = 0;
+  double gather_issued = 0;  // device clock, for the trace
+};
+
+EngineOptions EngineOptions::from_config(const Config& c) {
+  EngineOptions o;
+  o.stage = c.zero.stage;
+  o.param_home = home_tier(c.zero.offload_param.device);
+  o.optimizer_home = home_tier(c.zero.offload_optimizer.device);
+  o.optimizer = c.optimizer;
+  o.gradient_clipping = c.gradient_clipping;
+  o.gradient_accumulation_steps = c.gradient_accumulation_steps;
+  o.prefetch_bucket_elems = c.zero.stage3_prefetch_bucket_size;
+  o.max_live_elems = c.zero.stage3_max_live_parameters;
+  o.persistence_threshold_elems = c.zero.stage3_param_persistence_threshold;
+  o.max_reuse_distance_elems = c.zero.stage3_max_reuse_distance;
+  o.sub_group_elems = c.zero.sub_group_size;
+  o.seed = c.strata.seed;
+  o.store.device_budget = c.strata.device_budget;
+  o.store.pinned_budget = c.strata.pinned_budget;
+  std::vector<std::string> paths = c.zero.offload_optimizer.nvme_path;
+  for (const auto& p : c.zero.offload_param.nvme_path)
+    if (std::find(paths.begin(), paths.end(), p) == paths.end()) paths.push_back(p);
+  if (o.param_home == Tier::Nvme || o.optimizer_home == Tier::Nvme) {
+    o.store.nvme.paths = paths;
+    o.store.nvme.capacity = c.strata.nvme_budget;  // 0: sized by the engine from the plan
+  }
+  o.store.nvme.aio = c.aio;
+  o.store.nvme.checksums = c.strata.checksums;
+  o.trace_path = c.strata.trace;
+  return o;
+}
+
+ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communicator& host_comm, EngineOptions opts,
+                       std::vector<GroupSpec> groups)
+    : device_(device), comm_(comm), host_comm_(host_comm), opts_(std::move(opts)) {
+  world_ = comm_.size();
+  rank_ = comm_.rank();
+  if (opts_.stage < 1 || opts_.stage > 3)
+    throw ConfigError("zero_optimization.stage must be 1, 2 or 3, not " + std::to_string(opts_.stage));
+  if (opts_.gradient_accumulation_steps < 1)
+    throw ConfigError("gradient_accumulation_steps must be at least 1");
+  if (groups.empty()) throw ConfigError("the model has no parameter groups");
+  if (opts_.stage < 3) opts_.param_home = Tier::Device;  // stages 1 and 2 replicate parameters
+  opt_compute_tier_ = opts_.optimizer_home == Tier::Device ? Tier::Device : Tier::Pinned;
+  if (opt_compute_tier_ == Tier::Device && device_.backend() == Backend::Cuda)
+    throw ConfigError(
+        "zero_optimization.offload_optimizer.device 'none' needs a GPU optimizer, which Strata does not have yet "
+        "on the cuda backend: set it to 'cpu' or 'nvme'");
+
+  // Lay out groups: pad, shard, cut into optimizer sub-groups.
+  const uint64_t unit = static_cast<uint64_t>(world_) * kShardAlignElems;
+  const uint64_t sub = std::max<uint64_t>(kShardAlignElems, opts_.sub_group_elems / kShardAlignElems * kShardAlignElems);
+  groups_.resize(groups.size());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    Group& gr = groups_[g];
+    gr.spec = std::move(groups[g]);
+    if (gr.spec.numel == 0) throw ConfigError("parameter group '" + gr.spec.name + "' has no elements");
+    gr.padded = (gr.spec.numel + unit - 1) / unit * unit;
+    gr.shard = gr.padded / world_;
+    gr.persistent = opts_.stage == 3 && gr.spec.numel <= opts_.persistence_threshold_elems;
+    for (uint64_t off = 0; off < gr.shard; off += sub) gr.chunks.push_back({off, std::min(sub, gr.shard - off)});
+  }
+
+  // Check the plan before anything is allocated: every home copy must fit its tier,
+  // and the device must hold one group's working set on top.
+  std::vector<TensorSpec> specs;
+  uint64_t max_padded = 0, max_shard = 0, max_chunk = 0;
+  uint64_t persistent_bytes = 0;
+  for (const Group& gr : groups_) {
+    max_padded = std::max(max_padded, gr.padded);
+    max_shard = std::max(max_shard, gr.shard);
+    if (gr.persistent) persistent_bytes += gr.padded * 4;
+    if (opts_.stage < 3) specs.push_back({gr.spec.name + ".params", gr.padded * 4, DType::F32, Tier::Device});
+    if (opts_.stage == 1) specs.push_back({gr.spec.name + ".grad_acc", gr.padded * 4, DType::F32, Tier::Device});
+    if (opts_.stage == 3) specs.push_back({gr.spec.name + ".params.shard", gr.shard * 4, DType::F32, opts_.param_home});
+    for (const Chunk& c : gr.chunks) {
+      max_chunk = std::max(max_chunk, c.n);
+      for (const char* what : {".master", ".exp_avg", ".exp_avg_sq", ".grad"})
+        specs.push_back({gr.spec.name + what, c.n * 4, DType::F32, opts_.optimizer_home});
+    }
+  }
+  uint64_t nvme_need = 0;
+  for (const auto& s : specs)
+    if (s.home == Tier::Nvme) nvme_need += (s.bytes + kTierAlignment - 1) / kTierAlignment * kTierAlignment;
+  if (!opts_.store.nvme.paths.empty() && opts_.store.nvme.capacity == 0)
+    opts_.store.nvme.capacity = nvme_need + nvme_need / 8 + (64ull << 20);  // headroom for cache copies
+  uint64_t device_home = persistent_bytes;
+  for (const auto& s : specs)
+    if (s.home == Tier::Device) device_home += (s.bytes + kTierAlignment - 1) / kTierAlignment * kTierAlignment;
+  // One group in use: its gathered parameters, its gradient, the reduce-scatter output,
+  // its parameter shard and gradient sub-groups passing through.
+  const uint64_t working = opts_.stage == 3 ? max_padded * 4 * 2 + max_shard * 4 * 3 : max_padded * 4 + max_shard * 4 * 2;
+  if (device_home + working > opts_.store.device_budget) {
+    std::ostringstream os;
+    os << "the device budget of " << format_bytes(opts_.store.device_budget) << " is too small: the model needs "
+       << format_bytes(device_home) << " resident on the device";
+    if (opts_.stage < 3) os << " (stages 1 and 2 keep all parameters there)";
+    os << " plus " << format_bytes(working) << " for the largest group in use ('" << groups_[0].spec.name
+       << "'-sized groups of " << max_padded << " elements). Raise strata.device_budget to at least "
+       << format_bytes(device_home + working)
+       << (opts_.stage < 3 ? ", or use zero_optimization.stage 3 with offload_param" : ", or offload more") << ".";
+    throw OutOfBudget(os.str());
+  }
+  const uint64_t pinned_working = opts_.optimizer_home == Tier::Device ? max_shard * 4 : max_chunk * 4 * 8 + max_shard * 4;
+  uint64_t pinned_home = 0;
+  for (const auto& s : specs)
+    if (s.home == Tier::Pinned) pinned_home += (s.bytes + kTierAlignment - 1) / kTierAlignment * kTierAlignment;
+  if (pinned_home + pinned_working > opts_.store.pinned_budget)
+    throw OutOfBudget("the pinned budget of " + format_bytes(opts_.store.pinned_budget) + " is too small: " +
+                      format_bytes(pinned_home) + " of states live there and the optimizer needs " +
+                      format_bytes(pinned_working) + " of staging for its sub-groups (sub_group_size " +
+                      std::to_string(max_chunk) + " elements). Raise strata.pinned_budget to at least " +
+                      format_bytes(pinned_home + pinned_working) + " or lower sub_group_size.");
+  TieredStore::check_plan(specs, opts_.store);  // NVMe capacity and staging
+  prefetch_room_ = opts_.store.device_budget - device_home - working;
+
+  store_ = std::make_unique<TieredStore>(device_, opts_.store);
+  CpuAdamOptions ao;
+  ao.threads = opts_.optimizer_threads;
+  math::AdamHyperparams hp;
+  hp.lr = opts_.optimizer.lr;
+  hp.beta1 = opts_.optimizer.beta1;
+  hp.beta2 = opts_.optimizer.beta2;
+  hp.eps = opts_.optimizer.eps;
+  hp.weight_decay = opts_.optimizer.weight_decay;
+  hp.variant = opts_.optimizer.kind == OptimizerKind::AdamW ? AdamVariant::AdamW : AdamVariant::Adam;
+  adam_ = std::make_unique<CpuAdam>(hp, ao);
+  reduce_stream_ = device_.create_stream("reduce");
+
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    Group& gr = groups_[g];
+    const std::string& n = gr.spec.name;
+    if (opts_.stage == 3) {
+      gr.full = store_->add({n + ".params.full", gr.padded * 4, DType::F32, Tier::Device, "gathered", true});
+      gr.pshard = store_->add({n + ".params.shard", gr.shard * 4, DType::F32, opts_.param_home, "params"});
+      gr.rs_out = store_->add({n + ".grad.reduced", gr.shard * 4, DType::F32, Tier::Device, "gradients", true});
+    } else {
+      gr.full = store_->add({n + ".params", gr.padded * 4, DType::F32, Tier::Device, "params"});
+      if (opts_.stage == 2)
+        gr.rs_out = store_->add({n + ".grad.reduced", gr.shard * 4, DType::F32, Tier::Device, "gradients", true});
+      else
+        gr.gacc = store_->add({n + ".grad_acc", gr.padded * 4, DType::F32, Tier::Device, "gradients"});
+    }
+    gr.gfull = store_->add({n + ".grad.full", gr.padded * 4, DType::F32, Tier::Device, "gradients", true});
+    for (Chunk& c : gr.chunks) {
+      const uint64_t b = c.n * 4;
+      c.master = store_->add({n + ".master", b, DType::F32, opts_.optimizer_home, "optimizer"});
+      c.exp_avg = store_->add({n + ".exp_avg", b, DType::F32, opts_.optimizer_home, "optimizer"});
+      c.exp_avg_sq = store_->add({n + ".exp_avg_sq", b, DType::F32, opts_.optimizer_home, "optimizer"});
+      c.grad = store_->add({n + ".grad", b, DType::F32, opts_.optimizer_home, "gradients"});
+    }
+  }
+  init_shards();
+  // Last, so that a constructor that throws leaves no recorder active behind it. The
+  // trace starts with training; initialisation is not in it.
+  if (!opts_.trace_path.empty()) {
+    trace_ = std::make_unique<trace::Recorder>(rank_);
+    outer_trace_ = trace::set_active(trace_.get());
+  }
+}
+
+ZeroEngine::~ZeroEngine() {
+  try {
+    reduce_stream_->synchronize();
+  } catch (...) {
+  }
+  if (store_) store_->quiesce();
+  if (trace_) {
+    trace::set_active(outer_trace_);
+    try {
+      trace_->write_json(opts_.trace_path);
+    } catch (const std::exception& e) {
+      log::error(std::string("trace not written: ") + e.what());
+    }
+  }
+}
+
+void ZeroEngine::waited(double since, const char* what, const Group* gr) {
+  const double now = device_.now();
+  stats_.exposed_wait_s += now - since;
+  if (trace::Recorder* r = trace::active(); r && now > since)
+    r->record("wait", gr ? std::string(what) + " " + gr->spec.name : std::string(what), since, now);
+}
+
+int ZeroEngine::num_groups() const { return static_cast<int>(groups_.size()); }
+uint64_t ZeroEngine::group_numel(int g) const { return groups_.at(g).spec.numel; }
+uint64_t ZeroEngine::shard_numel(int g) const { return groups_.at(g).shard; }
+
+// ---------------------------------------------------------------------------------------
+// Initialisation: each rank fills its own shards only.
+
+void ZeroEngine::init_shards() {
+  const Tier t = opt_compute_tier_;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    Group& gr = groups_[g];
+    const uint64_t base = static_cast<uint64_t>(rank_) * gr.shard;  // global index of the shard
+    for (Chunk& c : gr.chunks) {
+      Acquired m = store_->acquire_for_overwrite(c.master, t);
+      Acquired a = store_->acquire_for_overwrite(c.exp_avg, t);
+      Acquired v = store_->acquire_for_overwrite(c.exp_avg_sq, t);
+      when_all({m.ready, a.ready, v.ready}).wait();
+      device_.host_compute(12.0 * c.n, [&] {
+        auto* mp = static_cast<float*>(m.data);
+        for (uint64_t i = 0; i < c.n; ++i) mp[i] = init_value(gr.spec, opts_.seed, g, base + c.offset + i);
+        std::memset(a.data, 0, c.n * 4);
+        std::memset(v.data, 0, c.n * 4);
+      });
+      for (TensorId id : {c.master, c.exp_avg, c.exp_avg_sq}) {
+        store_->release(id, t, Access::Write);
+        if (t != opts_.optimizer_home) store_->drop(id, t).wait();
+      }
+    }
+    if (opts_.stage == 3) {
+      Acquired p = store_->acquire_for_overwrite(gr.pshard, Tier::Pinned);
+      p.ready.wait();
+      device_.host_compute(4.0 * gr.shard, [&] {
+        auto* pp = static_cast<float*>(p.data);
+        for (uint64_t i = 0; i < gr.shard; ++i) pp[i] = init_value(gr.spec, opts_.seed, g, base + i);
+      });
+      store_->release(gr.pshard, Tier::Pinned, Access::Write);
+      if (opts_.param_home != Tier::Pinned) {
+        if (opts_.param_home == Tier::Device) store_->fetch(gr.pshard, Tier::Device).wait();
+        store_->drop(gr.pshard, Tier::Pinned).wait();
+      }
+    } else {
+      // Replicated parameters: fill this rank's slice, then gather the others.
+      Acquired f = store_->acquire(gr.full, Tier::Device);
+      f.ready.wait();
+      std::vector<float> slice(gr.shard);
+      device_.host_compute(4.0 * gr.shard, [&] {
+        for (uint64_t i = 0; i < gr.shard; ++i) slice[i] = init_value(gr.spec, opts_.seed, g, base + i);
+      });
+      auto* fp = static_cast<float*>(f.data);
+      reduce_stream_->copy_async(fp + base, slice.data(), gr.shard * 4);
+      Event copied = reduce_stream_->record();
+      comm_.all_gather(floats(fp + base, gr.shard), floats_mut(fp, gr.padded), copied).wait();
+      store_->release(gr.full, Tier::Device, Access::Write);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Parameters: gather ahead of need, release after use.
+
+void ZeroEngine::set_schedule(std::vector<int> order) {
+  for (int g : order)
+    if (g < 0 || g >= num_groups()) throw Error("set_schedule: unknown parameter group " + std::to_string(g));
+  schedule_given_ = true;
+  adopt_schedule(std::move(order));
+}
+
+void ZeroEngine::adopt_schedule(std::vector<int> order) {
+  schedule_ = std::move(order);
+  std::vector<TensorId> tensors;
+  for (int g : schedule_) tensors.push_back(opts_.stage == 3 ? groups_[g].pshard : groups_[g].full);
+  store_->set_schedule(std::move(tensors));
+}
+
+void ZeroEngine::begin_micro_step() {
+  if (micro_ + 1 >= opts_.gradient_accumulation_steps)
+    throw Error("begin_micro_step: " + std::to_string(opts_.gradient_accumulation_steps) +
+                " micro-steps (gradient_accumulation_steps) already ran; call step() first");
+  ++micro_;
+  // Learn the order from the micro-step just finished, or re-learn it after a departure.
+  if (!recording_.empty() && !schedule_given_ && (departed_ || schedule_.empty())) adopt_schedule(recording_);
+  recording_.clear();
+  departed_ = false;
+  pos_ = 0;
+}
+
+void ZeroEngine::start_gather(int g, bool ahead) {
+  Group& gr = groups_[g];
+  if (gr.state != Group::Full::Released) return;
+  Acquired ps = store_->acquire(gr.pshard, Tier::Device);
+  Acquired fb = store_->acquire_for_overwrite(gr.full, Tier::Device);
+  gr.full_ptr = static_cast<float*>(fb.data);
+  gr.gathered = comm_.all_gather(floats(ps.data, gr.shard), floats_mut(fb.data, gr.padded),
+                                 when_all({ps.ready, fb.ready}));
+  gr.gather_issued = device_.now();
+  gr.state = Group::Full::Gathering;
+  live_full_bytes_ += gr.persistent ? 0 : gr.padded * 4;
+  ++stats_.gathers;
+  if (ahead) ++stats_.prefetched;
+}
+
+void ZeroEngine::wait_gathered(Group& gr) {
+  if (gr.state != Group::Full::Gathering) return;
+  const double t0 = device_.now();
+  Event e = gr.gathered;
+  try {
+    e.wait();
+  } catch (...) {
+    waited(t0, "wait params", &gr);
+    store_->release(gr.pshard, Tier::Device);
+    store_->release(gr.full, Tier::Device);
+    store_->discard(gr.full);
+    gr.state = Group::Full::Released;
+    live_full_bytes_ -= gr.persistent ? 0 : gr.padded * 4;
+    throw;
+  }
+  waited(t0, "wait params", &gr);
+  if (trace::Recorder* r = trace::active())
+    r->record("gather", "all_gather " + gr.spec.name, gr.gather_issued, device_.now());
+  store_->release(gr.pshard, Tier::Device);
+  store_->release(gr.full, Tier::Device, Access::Write);
+  gr.state = Group::Full::Ready;
+}
+
+uint64_t ZeroEngine::reuse_distance(int g, size_t pos) const {
+  if (schedule_.empty() || departed_) return std::numeric_limits<uint64_t>::max();
+  uint64_t dist = 0;
+  for (size_t q = pos + 1; q < schedule_.size(); ++q) {
+    if (schedule_[q] == g) return dist;
+    dist += groups_[schedule_[q]].spec.numel;
+  }
+  return std::numeric_limits<uint64_t>::max();  // not again before the optimizer step
+}
+
+void ZeroEngine::prefetch_after(size_t pos) {
+  if (!opts_.prefetch || departed_) return;
+  uint64_t window = 0;
+  for (size_t q = pos + 1; q < schedule_.size(); ++q) {
+    int h = schedule_[q];
+    Group& hg = groups_[h];
+    window += hg.spec.numel;
+    if (window > opts_.prefetch_bucket_elems) break;
+    if (hg.state != Group::Full::Released) continue;
+    const uint64_t bytes = hg.persistent ? 0 : hg.padded * 4;
+    // Decided from sizes and the schedule alone, so every rank gathers in the same order.
+    if (live_full_bytes_ + bytes > prefetch_room_) break;
+    if ((live_full_bytes_ + bytes) / 4 > opts_.max_live_elems) break;
+    start_gather(h, true);
+  }
+}
+
+const float* ZeroEngine::acquire_params(int g) {
+  if (g < 0 || g >= num_groups()) throw Error("acquire_params: unknown parameter group " + std::to_string(g));
+  Group& gr = groups_[g];
+  recording_.push_back(g);
+  size_t here = pos_;
+  if (!departed_ && !schedule_.empty()) {
+    if (pos_ < schedule_.size() && schedule_[pos_] == g) {
+      ++pos_;
+    } else {
+      // The model left the known order: fetch on demand for the rest of this
+      // micro-step, and learn the new order from it.
+      departed_ = true;
+      ++stats_.trace_departures;
+      log::debug("acquire order departed from the schedule at group " + gr.spec.name);
+    }
+  }
+  if (!departed_ && !schedule_.empty()) store_->set_position(here);
+  if (opts_.stage == 3) {
+    start_gather(g, false);
+    if (!departed_ && !schedule_.empty()) prefetch_after(here);
+    wait_gathered(gr);
+  } else {
+    const double t0 = device_.now();
+    Acquired f = store_->acquire(gr.full, Tier::Device);
+    f.ready.wait();
+    waited(t0, "wait params", &gr);
+    gr.full_ptr = static_cast<float*>(f.data);
+  }
+  ++gr.holders;
+  return gr.full_ptr;
+}
+
+void ZeroEngine::drop_full(Group& gr) {
+  if (gr.state != Group::Full::Ready || gr.holders > 0) return;
+  store_->discard(gr.full);
+  gr.state = Group::Full::Released;
+  gr.full_ptr = nullptr;
+  live_full_bytes_ -= gr.persistent ? 0 : gr.padded * 4;
+}
+
+void ZeroEngine::release_params(int g) {
+  Group& gr = groups_.at(g);
+  if (gr.holders <= 0) throw Error("release_params: group '" + gr.spec.name + "' is not acquired");
+  --gr.holders;
+  if (opts_.stage < 3) {
+    store_->release(gr.full, Tier::Device);
+    return;
+  }
+  if (gr.holders > 0 || gr.persistent) return;
+  // Keep the gathered parameters when they are needed again soon, room permitting.
+  const size_t here = pos_ == 0 ? 0 : pos_ - 1;
+  if (reuse_distance(g, here) <= opts_.max_reuse_distance_elems && live_full_bytes_ <= prefetch_room_) return;
+  drop_full(gr);
+}
+
+// ---------------------------------------------------------------------------------------
+// Gradients: reduce as soon as they are ready, accumulate in the shard's sub-groups.
+
+float* ZeroEngine::gradient_buffer(int g) {
+  Group& gr = groups_.at(g);
+  if (gr.grad_ptr) throw Error("gradient_buffer: group '" + gr.spec.name + "' already has one outstanding");
+  Acquired a = store_->acquire_for_overwrite(gr.gfull, Tier::Device);
+  // The previous micro-batch's reduction may still be reading the buffer, and the memory
+  // may still be in use by whoever held it before.
+  const double t0 = device_.now();
+  when_all({a.ready, gr.grad_consumed}).wait();
+  waited(t0, "wait gradient buffer", &gr);
+  gr.grad_ptr = static_cast<float*>(a.data);
+  // The model writes [0, numel); the padding is zeroed here.
+  reduce_stream_->fill(gr.grad_ptr + gr.spec.numel, 0.0f, gr.padded - gr.spec.numel);
+  gr.grad_tail_zeroed = reduce_stream_->record();
+  return gr.grad_ptr;
+}
+
+void ZeroEngine::accumulate_chunks(Group& gr, const float* reduced, Event reduced_ready, bool first, bool last) {
+  for (Chunk& c : gr.chunks) {
+    Acquired a = first ? store_->acquire_for_overwrite(c.grad, Tier::Device) : store_->acquire(c.grad, Tier::Device);
+    auto* dst = static_cast<float*>(a.data);
+    reduce_stream_->wait(a.ready);
+    reduce_stream_->wait(reduced_ready);
+    if (first)
+      reduce_stream_->copy_async(dst, reduced + c.offset, c.n * 4);
+    else
+      reduce_stream_->add(dst, reduced + c.offset, c.n);
+    if (last) {
+      c.sumsq = 0;
+      reduce_stream_->sum_squares(dst, c.n, &c.sumsq);
+    }
+    Event done = reduce_stream_->record();
+    store_->release(c.grad, Tier::Device, Access::Write, done);
+    // Send it towards the optimizer's tier now, behind the accumulation, so that the
+    // device holds one group's gradient at a time.
+    if (opts_.optimizer_home != Tier::Device) store_->drop(c.grad, Tier::Device);
+  }
+}
+
+void ZeroEngine::grads_ready(int g) {
+  Group& gr = groups_.at(g);
+  if (!gr.grad_ptr) throw Error("grads_ready: group '" + gr.spec.name + "' has no gradient buffer");
+  if (micro_ < 0) throw Error("grads_ready before begin_micro_step()");
+  store_->release(gr.gfull, Tier::Device, Access::Write, gr.grad_tail_zeroed);
+  const bool last = micro_ == opts_.gradient_accumulation_steps - 1;
+  if (opts_.stage == 1) {
+    // Full gradients stay on the device and are all-reduced at the step.
+    Acquired acc = store_->acquire(gr.gacc, Tier::Device);
+    auto* ap = static_cast<float*>(acc.data);
+    reduce_stream_->wait(acc.ready);
+    reduce_stream_->wait(gr.grad_tail_zeroed);
+    if (micro_ == 0)
+      reduce_stream_->copy_async(ap, gr.grad_ptr, gr.padded * 4);
+    else
+      reduce_stream_->add(ap, gr.grad_ptr, gr.padded);
+    Event done = reduce_stream_->record();
+    store_->release(gr.gacc, Tier::Device, Access::Write, done);
+    store_->discard_after(gr.gfull, done);
+    gr.grad_consumed = done;
+  } else {
+    Acquired out = store_->acquire_for_overwrite(gr.rs_out, Tier::Device);
+    // Written only once the previous accumulation has read the last contents.
+    Event reduced = comm_.reduce_scatter(floats(gr.grad_ptr, gr.padded), floats_mut(out.data, gr.shard),
+                                         coll::ReduceOp::Sum,
+                                         when_all({gr.grad_tail_zeroed, gr.reduced_consumed, out.ready}));
+    store_->release(gr.rs_out, Tier::Device, Access::Write, reduced);
+    accumulate_chunks(gr, static_cast<const float*>(out.data), reduced, micro_ == 0, last);
+    gr.reduced_consumed = reduce_stream_->record();
+    store_->discard_after(gr.gfull, reduced);
+    store_->discard_after(gr.rs_out, gr.reduced_consumed);
+    gr.grad_consumed = reduced;
+  }
+  gr.grad_ptr = nullptr;
+}
+
+// ---------------------------------------------------------------------------------------
+// The optimizer step.
+
+double ZeroEngine::global_grad_norm() {
+  double local = 0;
+  for (const Group& gr : groups_)
+    for (const Chunk& c : gr.chunks) local += c.sumsq;
+  double total = local;
+  host_comm_.all_reduce(std::span<double>(&total, 1)).wait();
+  const double scale = static_cast<double>(world_) * opts_.gradient_accumulation_steps;
+  return std::sqrt(total) / scale;  // of the averaged gradient
+}
+
+bool ZeroEngine::step() {
+  if (micro_ + 1 != opts_.gradient_accumulation_steps)
+    throw Error("step() after " + std::to_string(micro_ + 1) + " micro-steps; gradient_accumulation_steps is " +
+                std::to_string(opts_.gradient_accumulation_steps));
+  for (const Group& gr : groups_)
+    if (gr.holders > 0 || gr.grad_ptr)
+      throw Error("step() while group '" + gr.spec.name + "' is still acquired or awaiting its gradient");
+  if (opts_.stage == 1) {
+    for (Group& gr : groups_) {
+      Acquired acc = store_->acquire(gr.gacc, Tier::Device);
+      auto* ap = static_cast<float*>(acc.data);
+      Event reduced = comm_.all_reduce(floats_mut(ap, gr.padded), coll::ReduceOp::Sum, acc.ready);
+      accumulate_chunks(gr, ap + static_cast<uint64_t>(rank_) * gr.shard, reduced, true, true);
+      store_->release(gr.gacc, Tier::Device, Access::Write, reduced);
+    }
+  }
+  const double t0 = device_.now();
+  reduce_stream_->synchronize();
+  waited(t0, "wait gradient reduction", nullptr);
+  const double norm = global_grad_norm();
+  stats_.last_grad_norm = norm;
+  micro_ = -1;
+  if (!std::isfinite(norm)) {
+    log::warn("gradient norm is not finite; skipping this optimizer step");
+    refresh_params();
+    return false;
+  }
+  double coef = 1.0;
+  if (opts_.gradient_clipping > 0) coef = std::min(1.0, opts_.gradient_clipping / (norm + 1e-6));
+  const float grad_scale =
+      static_cast<float>(coef / (static_cast<double>(world_) * opts_.gradient_accumulation_steps));
+  ++step_count_;
+
+  const double t_opt = device_.now();
+  stats_.optimizer_wait_s = 0;
+  const Tier t = opt_compute_tier_;
+  // Flatten the sub-groups so the next one's states can be fetched while this one is
+  // updated and the previous one is written back.
+  struct Item {
+    Group* gr;
+    Chunk* c;
+  };
+  std::vector<Item> items;
+  for (Group& gr : groups_)
+    for (Chunk& c : gr.chunks) items.push_back({&gr, &c});
+  auto prefetch = [&](size_t i) {
+    if (i >= items.size() || t == opts_.optimizer_home) return;
+    for (TensorId id : {items[i].c->master, items[i].c->exp_avg, items[i].c->exp_avg_sq, items[i].c->grad})
+      store_->fetch(id, t);
+  };
+  prefetch(0);
+  Group* open_group = nullptr;
+  Acquired params{};
+  auto close_group = [&] {
+    if (!open_group) return;
+    Group& gr = *open_group;
+    if (opts_.stage == 3) {
+      store_->release(gr.pshard, t, Access::Write);
+      if (opts_.param_home != t) store_->drop(gr.pshard, t);  // to device or towards NVMe
+    } else {
+      Event copied = reduce_stream_->record();
+      store_->release(gr.full, Tier::Device, Access::Write, copied);
+    }
+    open_group = nullptr;
+  };
+  for (size_t i = 0; i < items.size(); ++i) {
+    Group& gr = *items[i].gr;
+    Chunk& c = *items[i].c;
+    if (open_group != &gr) {
+      close_group();
+      open_group = &gr;
+      params = opts_.stage == 3 ? store_->acquire_for_overwrite(gr.pshard, t) : store_->acquire(gr.full, Tier::Device);
+      const double t0 = device_.now();
+      params.ready.wait();
+      const double t1 = device_.now();
+      stats_.optimizer_wait_s += t1 - t0;
+      if (trace::Recorder* r = trace::active(); r && t1 > t0) r->record("wait", "wait params " + gr.spec.name, t0, t1);
+    }
+    prefetch(i + 1);
+    Acquired m = store_->acquire(c.master, t);
+    Acquired a = store_->acquire(c.exp_avg, t);
+    Acquired v = store_->acquire(c.exp_avg_sq, t);
+    Acquired gd = store_->acquire(c.grad, t);
+    const double t0 = device_.now();
+    for (Acquired* x : {&m, &a, &v, &gd}) x->ready.wait();
+    const double t1 = device_.now();
+    stats_.optimizer_wait_s += t1 - t0;
+    // One fused pass: 28 bytes per parameter (read weight, gradient and both moments,
+    // write weight and moments), plus the gradient's scaling and the copy to the shard.
+    const double bytes = 28.0 * c.n + (grad_scale != 1.0f ? 8.0 * c.n : 0.0) + (opts_.stage == 3 ? 8.0 * c.n : 0.0);
+    device_.host_compute(bytes, [&] {
+      auto* grad = static_cast<float*>(gd.data);
+      if (grad_scale != 1.0f)
+        for (uint64_t k = 0; k < c.n; ++k) grad[k] *= grad_scale;
+      adam_->step(step_count_, static_cast<float*>(m.data), grad, static_cast<float*>(a.data),
+                  static_cast<float*>(v.data), c.n);
+      if (opts_.stage == 3) std::memcpy(static_cast<float*>(params.data) + c.offset, m.data, c.n * 4);
+    });
+    if (trace::Recorder* r = trace::active()) {
+      if (t1 > t0) r->record("wait", "wait optimizer states " + gr.spec.name, t0, t1);
+      r->record("optimizer", "adam " + gr.spec.name + " [" + std::to_string(c.offset) + ", " +
+                                 std::to_string(c.offset + c.n) + ")",
+                t1, device_.now());
+    }
+    if (opts_.stage != 3) {
+      auto* full = static_cast<float*>(params.data) + static_cast<uint64_t>(rank_) * gr.shard + c.offset;
+      reduce_stream_->copy_async(full, m.data, c.n * 4);
+      reduce_stream_->synchronize();  // the master copy may move once released
+    }
+    for (TensorId id : {c.master, c.exp_avg, c.exp_avg_sq}) {
+      store_->release(id, t, Access::Write);
+      if (t != opts_.optimizer_home) store_->drop(id, t);  // write back behind the next update
+    }
+    store_->release(c.grad, t, Access::Write);  // scaled in place; the old copies go
+    if (t != opts_.optimizer_home) store_->drop(c.grad, t);
+  }
+  close_group();
+  stats_.optimizer_s = device_.now() - t_opt;
+  refresh_params();
+  return true;
+}
+
+void ZeroEngine::refresh_params() {
+  if (opts_.stage == 3) {
+    // Gathered copies hold the old values.
+    for (Group& gr : groups_) drop_full(gr);
+    return;
+  }
+  // Replicated parameters: every rank updated its slice; gather the rest.
+  for (Group& gr : groups_) {
+    Acquired f = store_->acquire(gr.full, Tier::Device);
+    auto* fp = static_cast<float*>(f.data);
+    const uint64_t base = static_cast<uint64_t>(rank_) * gr.shard;
+    Event ev = comm_.all_gather(floats(fp + base, gr.shard), floats_mut(fp, gr.padded), f.ready);
+    ev.wait();
+    store_->release(gr.full, Tier::Device, Access::Write);
+  }
+}
+
+EngineStats ZeroEngine::stats() const {
+  EngineStats s = stats_;
+  s.store = store_->stats();
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------
+// Whole-group and shard access for tests, export and checkpoints.
+
+std::vector<float> ZeroEngine::gather_full_params(int g) {
+  Group& gr = groups_.at(g);
+  std::vector<float> out(gr.spec.numel);
+  if (opts_.stage == 3) {
+    const bool was_ready = gr.state != Group::Full::Released;
+    start_gather(g, false);
+    wait_gathered(gr);
+    device_.host_compute(8.0 * gr.spec.numel, [&] { std::memcpy(out.data(), gr.full_ptr, gr.spec.numel * 4); });
+    if (!was_ready && !gr.persistent) drop_full(gr);
+  } else {
+    Acquired f = store_->acquire(gr.full, Tier::Device);
+    f.ready.wait();
+    device_.host_compute(8.0 * gr.spec.numel, [&] { std::memcpy(out.data(), f.data, gr.spec.numel * 4); });
+    store_->release(gr.full, Tier::Device);
+  }
+  return out;
+}
+
+void ZeroEngine::read_optimizer_shard(int g, float* master, float* exp_avg, float* exp_avg_sq) {
+  Group& gr = groups_.at(g);
+  const Tier t = opt_compute_tier_;
+  for (Chunk& c : gr.chunks) {
+    TensorId ids[3] = {c.master, c.exp_avg, c.exp_avg_sq};
+    float* outs[3] = {master, exp_avg, exp_avg_sq};
+    for (int k = 0; k < 3; ++k) {
+      Acquired a = store_->acquire(ids[k], t);
+      a.ready.wait();
+      device_.host_compute(8.0 * c.n, [&] { std::memcpy(outs[k] + c.offset, a.data, c.n * 4); });
+      store_->release(ids[k], t);
+      if (t != opts_.optimizer_home) store_->drop(ids[k], t).wait();
+    }
+  }
+}
+
+void ZeroEngine::write_optimizer_shard(int g, const float* master, const float* exp_avg, const float* exp_avg_sq,
+                                       int64_t step_count) {
+  Group& gr = groups_.at(g);
+  const Tier t = opt_compute_tier_;
+  for (Chunk& c : gr.chunks) {
+    TensorId ids[3] = {c.master, c.exp_avg, c.exp_avg_sq};
+    const float* ins[3] = {master, exp_avg, exp_avg_sq};
+    for (int k = 0; k < 3; ++k) {
+      Acquired a = store_->acquire_for_overwrite(ids[k], t);
+      a.ready.wait();
+      device_.host_compute(8.0 * c.n, [&] { std::memcpy(a.data, ins[k] + c.offset, c.n * 4); });
+      store_->release(ids[k], t, Access::Write);
+      if (t != opts_.optimizer_home) store_->drop(ids[k], t).wait();
+    }
+  }
+  // The working parameters follow the master weights.
+  if (opts_.stage == 3) {
+    Acquired p = store_->acquire_for_overwrite(gr.pshard, Tier::Pinned);
+    p.ready.wait();
+    device_.host_compute(8.0 * gr.shard, [&] { std::memcpy(p.data, master, gr.shard * 4); });
+    store_->release(gr.pshard, Tier::Pinned, Access::Write);
+    if (opts_.param_home != Tier::Pinned) store_->drop(gr.pshard, Tier::Pinned).wait();
+    drop_full(gr);
+  } else {
+    Acquired f = store_->acquire(gr.full, Tier::Device);
+    f.ready.wait();
+    auto* fp = static_cast<float*>(f.data);
+    const uint64_t base = static_cast<uint64_t>(rank_) * gr.shard;
+    reduce_stream_->copy_async(fp + base, master, gr.shard * 4);
+    Event copied = reduce_stream_->record();
+    comm_.all_gather(floats(fp + base, gr.shard), floats_mut(fp, gr.padded), copied).wait();
+    store_->release(gr.full, Tier::Device, Access::Write);
+  }
+  step_count_ = step_count;
+}
+
+}  // namespace strata

@@ -1,0 +1,112 @@
+// Trains the residual MLP under the ZeRO engine with a given stage and offload, so that
+// runs at different world sizes and settings can be compared step by step.
+#pragma once
+
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "strata/collectives/communicator.hpp"
+#include "strata/core/device.hpp"
+#include "strata/model/mlp.hpp"
+#include "strata/runtime/zero_engine.hpp"
+
+namespace strata::testing_engine {
+
+struct RunSpec {
+  int stage = 3;
+  OffloadDevice param = OffloadDevice::None;
+  OffloadDevice optimizer = OffloadDevice::None;
+  int accum = 1;
+  float clip = 0.0f;
+  bool give_schedule = true;  // else the engine learns the order from the first step
+  uint64_t sub_group = 1u << 30;
+  std::string label() const {
+    return "stage " + std::to_string(stage) + ", params " + to_string(param) + ", optimizer " + to_string(optimizer) +
+           ", accum " + std::to_string(accum) + (clip > 0 ? ", clipped" : "") + (give_schedule ? "" : ", traced");
+  }
+};
+
+struct RunResult {
+  std::vector<double> losses;                // global mean loss per step
+  std::vector<std::vector<float>> weights;   // final full parameters per group
+  EngineStats stats;
+};
+
+constexpr int kLayers = 4, kWidth = 32, kGlobalBatch = 8;
+
+// Inputs and targets of one micro-batch row: a fixed nonlinear map the MLP can learn.
+inline void make_row(int step, int micro, int row, float* x, float* y) {
+  std::mt19937 rng(static_cast<uint32_t>(step * 7919 + micro * 104729 + row * 1299709 + 17));
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (int j = 0; j < kWidth; ++j) x[j] = u(rng);
+  for (int j = 0; j < kWidth; ++j) y[j] = 0.5f * std::sin(2.0f * x[j] + x[(j + 1) % kWidth]);
+}
+
+inline RunResult train(coll::Communicator& comm, coll::Communicator& host, const RunSpec& spec, int steps,
+                       const std::string& nvme_dir) {
+  auto device = make_device({});
+  ResidualMlp model(kLayers, kWidth);
+  EngineOptions o;
+  o.stage = spec.stage;
+  o.param_home = home_tier(spec.param);
+  o.optimizer_home = home_tier(spec.optimizer);
+  o.optimizer.kind = OptimizerKind::AdamW;
+  o.optimizer.lr = 3e-3f;
+  o.optimizer.weight_decay = 0.01f;
+  o.gradient_clipping = spec.clip;
+  o.gradient_accumulation_steps = spec.accum;
+  o.sub_group_elems = spec.sub_group;
+  o.prefetch_bucket_elems = 3 * model.group_numel();
+  o.max_reuse_distance_elems = 0;
+  o.optimizer_threads = 1;
+  o.seed = 42;
+  o.store.device_budget = 2 << 20;
+  o.store.pinned_budget = 2 << 20;
+  if (spec.param == OffloadDevice::Nvme || spec.optimizer == OffloadDevice::Nvme) {
+    o.store.nvme.paths = {nvme_dir};
+    o.store.nvme.checksums = true;
+  }
+  std::vector<GroupSpec> groups;
+  for (int b = 0; b < kLayers; ++b)
+    groups.push_back({"block." + std::to_string(b), model.group_numel(), InitKind::Normal, 0.1f, {}});
+  ZeroEngine engine(*device, comm, host, o, groups);
+  if (spec.give_schedule) engine.set_schedule(model.schedule());
+
+  const int world = comm.size(), rank = comm.rank();
+  const int local = kGlobalBatch / world;
+  std::vector<float> x(static_cast<size_t>(local) * kWidth), y(x.size());
+  RunResult r;
+  for (int step = 0; step < steps; ++step) {
+    double loss = 0;
+    for (int m = 0; m < spec.accum; ++m) {
+      for (int i = 0; i < local; ++i) make_row(step, m, rank * local + i, &x[i * kWidth], &y[i * kWidth]);
+      engine.begin_micro_step();
+      loss += model.forward_backward(engine, x.data(), y.data(), local);
+    }
+    host.all_reduce(std::span<double>(&loss, 1)).wait();
+    r.losses.push_back(loss / (world * spec.accum));
+    engine.step();
+  }
+  for (int g = 0; g < kLayers; ++g) r.weights.push_back(engine.gather_full_params(g));
+  r.stats = engine.stats();
+  return r;
+}
+
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const std::string& tag) {
+    path = std::filesystem::temp_directory_path() / ("strata-" + tag + "-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+}  // namespace strata::testing_engine
