@@ -11,5 +11,7 @@ namespace strata::bench {
 using Runner = std::function<int()>;
 
 void add_io(CLI::App& bench, Runner& run);  // bench/bench_io.cpp
+void add_optimizer(CLI::App& bench, Runner& run);  // bench/bench_optimizer.cpp
+void add_collectives(CLI::App& bench, Runner& run);  // bench/bench_collectives.cpp
 
 }  // namespace strata::bench

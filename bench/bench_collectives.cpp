@@ -1,0 +1,337 @@
+// strata bench collectives: all_gather and reduce_scatter bus bandwidth against
+// message size, laid out as nccl-tests lays it out, beside a reference.
+//
+//   mpirun -np 2 strata bench collectives [--min-bytes 1K --max-bytes 64M --iters 20]
+//
+// Sizes follow nccl-tests: `size` is the bytes of the whole buffer (all_gather's
+// output, reduce_scatter's input), `count` its elements; each rank holds size/n.
+// algbw = size / time and busbw = algbw * (n-1)/n for both collectives (the bytes each
+// rank must receive, over the time). `time` is the mean per operation over --iters
+// back-to-back operations, each waited for before the next is called, on the slowest
+// rank. `#wrong` counts elements that differ from the exact expected result in a
+// checked run before the timed ones.
+//
+// References (mpi backend), timed on the MPI thread itself: the same collective as one
+// blocking MPI call (MPI_Allgather, MPI_Reduce_scatter_block: `ref`), and as the
+// non-blocking call Strata posts followed at once by MPI_Wait (`ref-nb`). Strata
+// against ref-nb is what Strata's queue, progress thread and events cost; ref-nb
+// against ref is what Open MPI's non-blocking algorithms cost against its blocking ones.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "strata/bench/commands.hpp"
+#include "strata/collectives/communicator.hpp"
+#include "strata/collectives/mpi_backend.hpp"
+#include "strata/collectives/nccl.hpp"
+#include "strata/core/device.hpp"
+#include "strata/core/error.hpp"
+
+namespace strata::bench {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct CollectivesOptions {
+  std::string backend = "mpi";  // mpi (host buffers) | nccl (device buffers)
+  uint64_t min_bytes = 1024;
+  uint64_t max_bytes = uint64_t{64} << 20;
+  unsigned step_factor = 2;
+  unsigned iters = 20;
+  unsigned warmup = 5;
+  bool reference = true;
+  std::string json;
+};
+
+enum class Collective { AllGather, ReduceScatter };
+const char* name_of(Collective c) { return c == Collective::AllGather ? "all_gather" : "reduce_scatter"; }
+
+struct Row {
+  Collective coll;
+  uint64_t bytes = 0;   // whole buffer
+  uint64_t count = 0;   // elements of the whole buffer
+  double time_us = 0;   // slowest rank's mean per operation
+  double algbw = 0;     // GB/s
+  double busbw = 0;     // GB/s
+  uint64_t wrong = 0;   // summed over ranks
+  double ref_time_us = -1;  // < 0: no reference; blocking MPI call
+  double ref_busbw = 0;
+  double nb_time_us = -1;  // non-blocking MPI call + MPI_Wait
+  double nb_busbw = 0;
+};
+
+// Buffers for one size: host vectors, or device memory with host staging for checks.
+class Buffers {
+ public:
+  Buffers(Device* dev, size_t send_count, size_t recv_count)
+      : dev_(dev), send_host_(send_count), recv_host_(recv_count) {
+    if (dev_) {
+      send_dev_ = dev_->allocate(std::max<size_t>(1, send_count) * sizeof(float));
+      recv_dev_ = dev_->allocate(std::max<size_t>(1, recv_count) * sizeof(float));
+      stream_ = dev_->create_stream("bench-collectives");
+    }
+  }
+  ~Buffers() {
+    if (dev_) {
+      dev_->deallocate(send_dev_, std::max<size_t>(1, send_host_.size()) * sizeof(float));
+      dev_->deallocate(recv_dev_, std::max<size_t>(1, recv_host_.size()) * sizeof(float));
+    }
+  }
+  std::vector<float>& send_host() { return send_host_; }
+  std::vector<float>& recv_host() { return recv_host_; }
+  coll::ConstView send() {
+    if (!dev_) return send_host_;
+    return coll::ConstView::elements(send_dev_, send_host_.size(), coll::DataType::F32);
+  }
+  coll::MutView recv() {
+    if (!dev_) return recv_host_;
+    return coll::MutView::elements(recv_dev_, recv_host_.size(), coll::DataType::F32);
+  }
+  void upload() {
+    if (!dev_) return;
+    stream_->copy_async(send_dev_, send_host_.data(), send_host_.size() * sizeof(float));
+    stream_->copy_async(recv_dev_, recv_host_.data(), recv_host_.size() * sizeof(float));
+    stream_->synchronize();
+  }
+  void download() {
+    if (!dev_) return;
+    stream_->copy_async(recv_host_.data(), recv_dev_, recv_host_.size() * sizeof(float));
+    stream_->synchronize();
+  }
+
+ private:
+  Device* dev_;
+  std::vector<float> send_host_, recv_host_;
+  void* send_dev_ = nullptr;
+  void* recv_dev_ = nullptr;
+  std::unique_ptr<Stream> stream_;
+};
+
+Event start(coll::Communicator& comm, Collective c, Buffers& b) {
+  return c == Collective::AllGather ? comm.all_gather(b.send(), b.recv())
+                                    : comm.reduce_scatter(b.send(), b.recv(), coll::ReduceOp::Sum);
+}
+
+// Fills send with values whose sums are exact in float, runs once, counts mismatches.
+uint64_t check(coll::Communicator& comm, Collective c, Buffers& b, size_t per_rank) {
+  const int n = comm.size(), r = comm.rank();
+  auto& s = b.send_host();
+  for (size_t i = 0; i < s.size(); ++i) s[i] = static_cast<float>((i % 1024) + 3 * r);
+  std::fill(b.recv_host().begin(), b.recv_host().end(), -1.0f);
+  b.upload();
+  start(comm, c, b).wait();
+  b.download();
+  uint64_t wrong = 0;
+  const auto& out = b.recv_host();
+  for (size_t j = 0; j < out.size(); ++j) {
+    float expect;
+    if (c == Collective::AllGather) {
+      const size_t src = j / per_rank, i = j % per_rank;
+      expect = static_cast<float>((i % 1024) + 3 * src);
+    } else {
+      const size_t i = static_cast<size_t>(r) * per_rank + j;
+      expect = static_cast<float>(n * (i % 1024) + 3 * (n * (n - 1) / 2));
+    }
+    wrong += out[j] != expect;
+  }
+  return wrong;
+}
+
+double max_over_ranks(coll::Communicator& host, double v) {
+  std::vector<double> x{v};
+  host.all_reduce(x, coll::ReduceOp::Max).wait();
+  return x[0];
+}
+
+// Mean time of one blocking MPI call, on the MPI thread; the slowest rank's.
+double reference_us(coll::Communicator& host, Collective c, bool nonblocking, Buffers& b, size_t per_rank,
+                    unsigned warmup, unsigned iters) {
+  double us = 0;
+  coll::run_on_mpi_thread(host, [&](MPI_Comm comm) {
+    float* send = b.send_host().data();
+    float* recv = b.recv_host().data();
+    const int n = static_cast<int>(per_rank);
+    auto once = [&] {
+      int rc;
+      if (nonblocking) {
+        MPI_Request req;
+        rc = c == Collective::AllGather ? MPI_Iallgather(send, n, MPI_FLOAT, recv, n, MPI_FLOAT, comm, &req)
+                                        : MPI_Ireduce_scatter_block(send, recv, n, MPI_FLOAT, MPI_SUM, comm, &req);
+        if (rc == MPI_SUCCESS) rc = MPI_Wait(&req, MPI_STATUS_IGNORE);
+      } else {
+        rc = c == Collective::AllGather ? MPI_Allgather(send, n, MPI_FLOAT, recv, n, MPI_FLOAT, comm)
+                                        : MPI_Reduce_scatter_block(send, recv, n, MPI_FLOAT, MPI_SUM, comm);
+      }
+      if (rc != MPI_SUCCESS) throw Error(std::string("bench collectives: reference ") + name_of(c) + " failed");
+    };
+    for (unsigned i = 0; i < warmup; ++i) once();
+    MPI_Barrier(comm);
+    const auto t0 = Clock::now();
+    for (unsigned i = 0; i < iters; ++i) once();
+    us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / iters;
+  }).wait();
+  return max_over_ranks(host, us);
+}
+
+Row measure(coll::Communicator& comm, coll::Communicator& host, Device* dev, Collective c, uint64_t bytes,
+            const CollectivesOptions& o) {
+  const int n = comm.size();
+  const size_t per_rank = bytes / sizeof(float) / n;
+  const size_t total = per_rank * n;
+  Row row{c, total * sizeof(float), total};
+  Buffers b(dev, c == Collective::AllGather ? per_rank : total, c == Collective::AllGather ? total : per_rank);
+
+  std::vector<int64_t> wrong{static_cast<int64_t>(check(comm, c, b, per_rank))};
+  host.all_reduce(wrong).wait();
+  row.wrong = static_cast<uint64_t>(wrong[0]);
+
+  for (unsigned i = 0; i < o.warmup; ++i) start(comm, c, b).wait();
+  host.barrier().wait();
+  const auto t0 = Clock::now();
+  for (unsigned i = 0; i < o.iters; ++i) start(comm, c, b).wait();
+  const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / o.iters;
+  row.time_us = max_over_ranks(host, us);
+  row.algbw = static_cast<double>(row.bytes) / (row.time_us * 1e3);  // bytes/us = 1e-3 GB/s
+  row.busbw = row.algbw * (n - 1) / n;
+  if (o.reference && host.backend() == coll::CommBackend::Mpi && dev == nullptr) {
+    row.ref_time_us = reference_us(host, c, false, b, per_rank, o.warmup, o.iters);
+    row.ref_busbw = static_cast<double>(row.bytes) / (row.ref_time_us * 1e3) * (n - 1) / n;
+    row.nb_time_us = reference_us(host, c, true, b, per_rank, o.warmup, o.iters);
+    row.nb_busbw = static_cast<double>(row.bytes) / (row.nb_time_us * 1e3) * (n - 1) / n;
+  }
+  return row;
+}
+
+void print_header(const coll::Communicator& comm, const CollectivesOptions& o, const std::string& library,
+                  bool reference) {
+  std::printf("# strata bench collectives: backend %s, %d rank(s) (%d on this host), float, iters %u, warmup %u\n",
+              to_string(comm.backend()), comm.size(), comm.local_size(), o.iters, o.warmup);
+  if (!library.empty()) std::printf("# MPI: %s\n", library.c_str());
+  std::printf("# time: mean per operation, each waited for, slowest rank; algbw = size/time; "
+              "busbw = algbw*(n-1)/n\n");
+  if (reference)
+    std::printf("# ref: one blocking MPI call; ref-nb: the non-blocking call + MPI_Wait; both on the MPI thread\n");
+  if (comm.size() == 1)
+    std::printf("# one rank: nothing moves between ranks and busbw is 0; run under mpirun -np N\n");
+}
+
+void print_table(Collective c, const std::vector<Row>& rows, bool reference) {
+  std::printf("#\n# %s\n", name_of(c));
+  std::printf("# %12s %12s %6s %6s %10s %8s %8s %7s", "size", "count", "type", "redop", "time", "algbw", "busbw",
+              "#wrong");
+  if (reference) std::printf(" %10s %8s %10s %8s", "ref time", "ref bus", "ref-nb", "ref-nb");
+  std::printf("\n# %12s %12s %6s %6s %10s %8s %8s %7s", "(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", "");
+  if (reference) std::printf(" %10s %8s %10s %8s", "(us)", "(GB/s)", "(us)", "(GB/s)");
+  std::printf("\n");
+  for (const Row& r : rows) {
+    if (r.coll != c) continue;
+    std::printf("  %12llu %12llu %6s %6s %10.1f %8.3f %8.3f %7llu", static_cast<unsigned long long>(r.bytes),
+                static_cast<unsigned long long>(r.count), "float", c == Collective::AllGather ? "none" : "sum",
+                r.time_us, r.algbw, r.busbw, static_cast<unsigned long long>(r.wrong));
+    if (reference) std::printf(" %10.1f %8.3f %10.1f %8.3f", r.ref_time_us, r.ref_busbw, r.nb_time_us, r.nb_busbw);
+    std::printf("\n");
+  }
+}
+
+int run_collectives(const CollectivesOptions& o) {
+  if (o.min_bytes == 0 || o.max_bytes < o.min_bytes)
+    throw ConfigError("bench collectives: need 0 < --min-bytes <= --max-bytes");
+  // MPI starts here, and only here: other benchmarks never touch it.
+  auto host = coll::make_host_communicator();
+  std::unique_ptr<coll::Communicator> device_comm;
+  std::unique_ptr<Device> dev;
+  if (o.backend == "nccl") {
+    dev = make_device({Backend::Cuda, host->local_rank()});
+    device_comm = coll::make_nccl_communicator(*host, host->local_rank());
+  } else if (o.backend != "mpi") {
+    throw ConfigError("bench collectives: --backend must be mpi or nccl, not '" + o.backend + "'");
+  }
+  coll::Communicator& comm = device_comm ? *device_comm : *host;
+  const bool reference = o.reference && host->backend() == coll::CommBackend::Mpi && !device_comm;
+  const std::string library = host->backend() == coll::CommBackend::Mpi ? coll::mpi_info().library : "";
+
+  std::vector<Row> rows;
+  std::vector<uint64_t> sizes;
+  for (uint64_t s = o.min_bytes; s <= o.max_bytes; s *= std::max(2u, o.step_factor)) sizes.push_back(s);
+  for (Collective c : {Collective::AllGather, Collective::ReduceScatter})
+    for (uint64_t s : sizes)
+      if (s / sizeof(float) / comm.size() > 0) rows.push_back(measure(comm, *host, dev.get(), c, s, o));
+
+  uint64_t wrong = 0;
+  for (const Row& r : rows) wrong += r.wrong;
+  if (comm.rank() == 0) {
+    print_header(comm, o, library, reference);
+    print_table(Collective::AllGather, rows, reference);
+    print_table(Collective::ReduceScatter, rows, reference);
+    std::printf("# wrong elements: %llu\n", static_cast<unsigned long long>(wrong));
+    std::fflush(stdout);
+    if (!o.json.empty()) {
+      nlohmann::json j;
+      j["benchmark"] = "collectives";
+      j["backend"] = to_string(comm.backend());
+      j["ranks"] = comm.size();
+      j["ranks_per_host"] = comm.local_size();
+      j["mpi_library"] = library;
+      j["type"] = "float";
+      j["iters"] = o.iters;
+      j["warmup"] = o.warmup;
+      j["results"] = nlohmann::json::array();
+      for (const Row& r : rows) {
+        nlohmann::json x{{"collective", name_of(r.coll)},
+                         {"size_bytes", r.bytes},
+                         {"count", r.count},
+                         {"type", "float"},
+                         {"redop", r.coll == Collective::AllGather ? "none" : "sum"},
+                         {"time_us", r.time_us},
+                         {"algbw_gbps", r.algbw},
+                         {"busbw_gbps", r.busbw},
+                         {"wrong", r.wrong}};
+        if (r.ref_time_us >= 0) {
+          x["ref_time_us"] = r.ref_time_us;
+          x["ref_busbw_gbps"] = r.ref_busbw;
+          x["ref_nb_time_us"] = r.nb_time_us;
+          x["ref_nb_busbw_gbps"] = r.nb_busbw;
+        }
+        j["results"].push_back(x);
+      }
+      std::ofstream out(o.json);
+      out << j.dump(2) << "\n";
+      if (!out) throw IoError("bench collectives: cannot write the JSON report", o.json, 0, 0, errno);
+    }
+  }
+  return wrong == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+void add_collectives(CLI::App& bench, Runner& run) {
+  auto opts = std::make_shared<CollectivesOptions>();
+  auto* cmd = bench.add_subcommand(
+      "collectives", "all_gather and reduce_scatter bus bandwidth against size (run under mpirun -np N)");
+  cmd->add_option("--backend", opts->backend, "mpi (host buffers) or nccl (device buffers)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"mpi", "nccl"}));
+  cmd->add_option("--min-bytes", opts->min_bytes, "smallest whole-buffer size (bytes; K, M, G allowed)")
+      ->capture_default_str()
+      ->transform(CLI::AsSizeValue(false));
+  cmd->add_option("--max-bytes", opts->max_bytes, "largest whole-buffer size (bytes; K, M, G allowed)")
+      ->capture_default_str()
+      ->transform(CLI::AsSizeValue(false));
+  cmd->add_option("--step-factor", opts->step_factor, "size multiplier between rows")
+      ->capture_default_str()
+      ->check(CLI::Range(2u, 1024u));
+  cmd->add_option("--iters", opts->iters, "timed operations per size")->capture_default_str()->check(CLI::Range(1u, 100000u));
+  cmd->add_option("--warmup", opts->warmup, "untimed operations per size")->capture_default_str();
+  cmd->add_flag("!--no-reference", opts->reference, "skip the plain-MPI reference columns");
+  cmd->add_option("--json", opts->json, "also write the results as JSON to this file (rank 0)");
+  cmd->callback([&run, opts] { run = [opts] { return run_collectives(*opts); }; });
+}
+
+}  // namespace strata::bench

@@ -1,0 +1,419 @@
+// strata bench optimizer: the fused CPU Adam against PyTorch's Adam and against the
+// memory bandwidth the machine gives (a STREAM triad), interleaved in one run.
+//
+// Each repetition times, in turn: one CpuAdam step, one torch.optim.Adam step with
+// foreach=False and one with foreach=True (in a PyTorch process that stays up for the
+// whole run, bench/ref/torch_adam.py, which times its own steps), and one triad pass
+// a[i] = b[i] + s*c[i] over doubles with the same number of threads. Interleaving keeps
+// slow drifts of the machine (other tenants, frequency) from favouring one of them.
+//
+// Adam moves 28 bytes per parameter (reads p, g, m, v: 16; writes p, m, v: 12), +2 for
+// a 16-bit copy; the triad moves 24 bytes per element, counted as STREAM counts them
+// (the read-for-ownership of `a` is not counted). Its arrays hold as many bytes as
+// Adam's state, both far beyond the caches at the default size.
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <spawn.h>
+#include <unistd.h>
+
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "strata/bench/commands.hpp"
+#include "strata/core/error.hpp"
+#include "strata/offload/cpu_adam.hpp"
+
+extern char** environ;
+
+#ifndef STRATA_TORCH_ADAM_SCRIPT
+#define STRATA_TORCH_ADAM_SCRIPT "bench/ref/torch_adam.py"
+#endif
+
+namespace strata::bench {
+
+namespace {
+
+constexpr double kAdamBytesPerParam = 28;  // read p, g, m, v; write p, m, v (fp32)
+constexpr double kTriadBytesPerElement = 24;  // read b, c; write a (fp64)
+
+struct OptimizerOptions {
+  uint64_t params = uint64_t{1} << 26;  // elements; 64M = 1 GiB of fp32 state
+  unsigned threads = 0;                 // 0: hardware_concurrency
+  unsigned reps = 7;
+  std::string isa = "auto";
+  std::string variant = "adam";  // adam | adamw
+  std::string half = "none";     // none | bf16 | fp16
+  bool hugepages = false;
+  bool torch = true;
+  std::string python = "/usr/bin/python3";
+  std::string torch_script = STRATA_TORCH_ADAM_SCRIPT;
+  std::string json;
+};
+
+// Anonymous memory taken with mmap, as the pinned pool takes it (4 KiB pages unless
+// asked for transparent huge pages), and touched before any timing.
+class HostBuffer {
+ public:
+  HostBuffer(size_t bytes, bool hugepages) : bytes_(bytes) {
+    ptr_ = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (ptr_ == MAP_FAILED) throw OutOfBudget("bench optimizer: cannot map " + format_bytes(bytes) + ": " + std::strerror(errno));
+    if (hugepages && madvise(ptr_, bytes, MADV_HUGEPAGE) != 0)
+      std::fprintf(stderr, "bench optimizer: madvise(MADV_HUGEPAGE) refused: %s\n", std::strerror(errno));
+  }
+  ~HostBuffer() { munmap(ptr_, bytes_); }
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  template <typename T>
+  T* as() const { return static_cast<T*>(ptr_); }
+
+ private:
+  void* ptr_;
+  size_t bytes_;
+};
+
+// Runs fn(begin, end) over [0, n) split into `threads` equal parts, one thread each.
+template <typename Fn>
+void parallel_parts(size_t n, unsigned threads, const Fn& fn) {
+  const size_t chunk = (n / threads + 63) / 64 * 64;
+  std::vector<std::thread> workers;
+  for (unsigned t = 1; t < threads; ++t)
+    workers.emplace_back([&, t] { fn(std::min(n, t * chunk), t + 1 == threads ? n : std::min(n, (t + 1) * chunk)); });
+  fn(0, threads == 1 ? n : std::min(n, chunk));
+  for (auto& w : workers) w.join();
+}
+
+void triad_range(double* __restrict a, const double* __restrict b, const double* __restrict c, double s,
+                 size_t begin, size_t end) {
+  for (size_t i = begin; i < end; ++i) a[i] = b[i] + s * c[i];
+}
+
+// The same with non-temporal stores, which skip reading `a` before writing it.
+void triad_range_streaming(double* a, const double* b, const double* c, double s, size_t begin, size_t end) {
+#if defined(__x86_64__)
+  size_t i = begin;
+  const __m128d vs = _mm_set1_pd(s);
+  for (; i + 2 <= end; i += 2)
+    _mm_stream_pd(a + i, _mm_add_pd(_mm_load_pd(b + i), _mm_mul_pd(vs, _mm_load_pd(c + i))));
+  _mm_sfence();
+  triad_range(a, b, c, s, i, end);
+#else
+  triad_range(a, b, c, s, begin, end);
+#endif
+}
+
+// bench/ref/torch_adam.py in a child process, spoken to over a socket pair: one command
+// line in, one JSON line out.
+class TorchAdam {
+ public:
+  TorchAdam(const OptimizerOptions& o, unsigned threads) {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+      throw Unavailable(std::string("bench optimizer: socketpair: ") + std::strerror(errno));
+    fd_ = sv[0];
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, sv[1], 0);
+    posix_spawn_file_actions_adddup2(&actions, sv[1], 1);
+    std::vector<std::string> args = {o.python, o.torch_script, "--params", std::to_string(o.params),
+                                     "--threads", std::to_string(threads)};
+    if (o.variant == "adamw") args.push_back("--adamw");
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const int err = posix_spawn(&pid_, o.python.c_str(), &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    close(sv[1]);
+    if (err != 0) {
+      close(fd_);
+      throw Unavailable("bench optimizer: cannot start " + o.python + ": " + std::strerror(err));
+    }
+    const nlohmann::json ready = reply();
+    if (!ready.value("ready", false)) throw Unavailable("bench optimizer: the PyTorch reference did not start: " + ready.dump());
+    info_ = ready;
+  }
+  ~TorchAdam() {
+    const char quit[] = "quit\n";
+    (void)!send(fd_, quit, sizeof quit - 1, MSG_NOSIGNAL);
+    close(fd_);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+  }
+  TorchAdam(const TorchAdam&) = delete;
+  TorchAdam& operator=(const TorchAdam&) = delete;
+
+  const nlohmann::json& info() const { return info_; }
+
+  // Per-step seconds of `steps` steps of one variant ("default" or "foreach").
+  std::vector<double> time(const std::string& variant, unsigned steps) {
+    const std::string cmd = "time " + variant + " " + std::to_string(steps) + "\n";
+    if (send(fd_, cmd.data(), cmd.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(cmd.size()))
+      throw Unavailable(std::string("bench optimizer: the PyTorch reference went away: ") + std::strerror(errno));
+    const nlohmann::json r = reply();
+    if (!r.contains("seconds")) throw Unavailable("bench optimizer: the PyTorch reference failed: " + r.dump());
+    return r["seconds"].get<std::vector<double>>();
+  }
+
+ private:
+  nlohmann::json reply() {
+    std::string line;
+    for (;;) {
+      if (auto nl = buffer_.find('\n'); nl != std::string::npos) {
+        line = buffer_.substr(0, nl);
+        buffer_.erase(0, nl + 1);
+        break;
+      }
+      char chunk[4096];
+      const ssize_t got = recv(fd_, chunk, sizeof chunk, 0);
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0)
+        throw Unavailable("bench optimizer: the PyTorch reference exited without answering (its error is above; "
+                          "it needs a Python with torch, see --python, or run with --no-torch)");
+      buffer_.append(chunk, static_cast<size_t>(got));
+    }
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) throw Unavailable("bench optimizer: unreadable reply from the PyTorch reference: " + line);
+    if (j.contains("error"))
+      throw Unavailable("bench optimizer: PyTorch reference: " + j["error"].get<std::string>() +
+                        " (--python names another Python; --no-torch measures without it)");
+    return j;
+  }
+
+  int fd_ = -1;
+  pid_t pid_ = -1;
+  std::string buffer_;
+  nlohmann::json info_;
+};
+
+struct Series {
+  std::string name;
+  double bytes_per_pass;    // bytes counted per timed pass
+  double params_per_pass;   // Adam parameters per pass; 0 for the triad
+  std::vector<double> seconds;
+
+  double median() const {
+    std::vector<double> s = seconds;
+    std::sort(s.begin(), s.end());
+    const size_t n = s.size();
+    return n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+  }
+  double min() const { return *std::min_element(seconds.begin(), seconds.end()); }
+  double max() const { return *std::max_element(seconds.begin(), seconds.end()); }
+  double gbps() const { return bytes_per_pass / median() / 1e9; }
+  double params_per_s() const { return params_per_pass / median(); }
+};
+
+// The 1-minute load average: other work on the machine skews every number here.
+double load_average() {
+  double load = -1;
+  if (std::FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf", &load) != 1) load = -1;
+    std::fclose(f);
+  }
+  return load;
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown";
+}
+
+HalfKind parse_half(const std::string& s) {
+  if (s == "none") return HalfKind::None;
+  if (s == "bf16") return HalfKind::Bf16;
+  if (s == "fp16") return HalfKind::Fp16;
+  throw ConfigError("--half '" + s + "': choose none, bf16 or fp16");
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+int run_optimizer(const OptimizerOptions& o) {
+  const unsigned threads = o.threads ? o.threads : std::max(1u, std::thread::hardware_concurrency());
+  const size_t n = o.params;
+  const HalfKind half = parse_half(o.half);
+  AdamConfig config;
+  config.lr = 1e-3;
+  config.weight_decay = 0.01;
+  config.variant = o.variant == "adamw" ? AdamVariant::AdamW : AdamVariant::Adam;
+  CpuAdam adam(config, CpuAdamOptions{threads, parse_cpu_isa(o.isa)});
+
+  // Adam's state, and triad arrays of the same total size.
+  HostBuffer p(n * 4, o.hugepages), g(n * 4, o.hugepages), m(n * 4, o.hugepages), v(n * 4, o.hugepages);
+  std::unique_ptr<HostBuffer> half_copy;
+  if (half != HalfKind::None) half_copy = std::make_unique<HostBuffer>(n * 2, o.hugepages);
+  const size_t triad_n = n * 16 / kTriadBytesPerElement;
+  HostBuffer ta(triad_n * 8, o.hugepages), tb(triad_n * 8, o.hugepages), tc(triad_n * 8, o.hugepages);
+  // First touch from the threads that will use the memory, values far from denormals.
+  parallel_parts(n, threads, [&](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) {
+      p.as<float>()[i] = 0.5f - static_cast<float>(i % 1000) * 1e-3f;
+      g.as<float>()[i] = 1e-2f * (static_cast<float>(i % 77) - 38.0f) + 1e-3f;
+      m.as<float>()[i] = 0.0f;
+      v.as<float>()[i] = 0.0f;
+    }
+  });
+  parallel_parts(triad_n, threads, [&](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) {
+      ta.as<double>()[i] = 0.0;
+      tb.as<double>()[i] = 1.0;
+      tc.as<double>()[i] = 2.0;
+    }
+  });
+
+  std::unique_ptr<TorchAdam> torch;
+  if (o.torch) torch = std::make_unique<TorchAdam>(o, threads);
+
+  const double adam_bytes = static_cast<double>(n) * (kAdamBytesPerParam + (half != HalfKind::None ? 2 : 0));
+  const double triad_bytes = static_cast<double>(triad_n) * kTriadBytesPerElement;
+  const std::string strata_name = std::string("strata CpuAdam (") + to_string(adam.isa()) + ")";
+  std::vector<Series> series = {{strata_name, adam_bytes, double(n), {}},
+                                {"STREAM triad", triad_bytes, 0, {}},
+                                {"STREAM triad, streaming stores", triad_bytes, 0, {}}};
+  if (torch) {
+    const std::string cls = config.variant == AdamVariant::AdamW ? "AdamW" : "Adam";
+    series.push_back({"torch " + cls + " (foreach=False)", double(n) * kAdamBytesPerParam, double(n), {}});
+    series.push_back({"torch " + cls + " (foreach=True)", double(n) * kAdamBytesPerParam, double(n), {}});
+  }
+
+  const double load_before = load_average();
+  int64_t t = 0;
+  auto one_round = [&](bool record) {
+    auto start = std::chrono::steady_clock::now();
+    adam.step(++t, p.as<float>(), g.as<float>(), m.as<float>(), v.as<float>(), n,
+              half_copy ? half_copy->as<void>() : nullptr, half);
+    const double strata_s = seconds_since(start);
+    std::vector<double> torch_default, torch_foreach;
+    if (torch) {
+      torch_default = torch->time("default", 1);
+      torch_foreach = torch->time("foreach", 1);
+      // libgomp's workers spin for a while after each parallel region; let them go idle
+      // before the next timing, so they do not take cores from it.
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+    start = std::chrono::steady_clock::now();
+    parallel_parts(triad_n, threads, [&](size_t b, size_t e) {
+      triad_range(ta.as<double>(), tb.as<double>(), tc.as<double>(), 3.0, b, e);
+    });
+    const double triad_s = seconds_since(start);
+    start = std::chrono::steady_clock::now();
+    parallel_parts(triad_n, threads, [&](size_t b, size_t e) {
+      triad_range_streaming(ta.as<double>(), tb.as<double>(), tc.as<double>(), 3.0, b, e);
+    });
+    const double triad_nt_s = seconds_since(start);
+    if (!record) return;
+    series[0].seconds.push_back(strata_s);
+    series[1].seconds.push_back(triad_s);
+    series[2].seconds.push_back(triad_nt_s);
+    if (torch) {
+      series[3].seconds.push_back(torch_default[0]);
+      series[4].seconds.push_back(torch_foreach[0]);
+    }
+  };
+  one_round(false);  // warm-up: page tables, torch's first allocations
+  for (unsigned r = 0; r < o.reps; ++r) one_round(true);
+  const double load_after = load_average();
+
+  std::printf("strata bench optimizer: %s params (%s of fp32 state), %s, %u threads, %u reps, 16-bit copy: %s%s\n",
+              std::to_string(n).c_str(), format_bytes(n * 16).c_str(),
+              config.variant == AdamVariant::AdamW ? "AdamW" : "Adam", threads, o.reps, o.half.c_str(),
+              o.hugepages ? ", huge pages" : "");
+  std::printf("cpu: %s%s; load average %.2f before, %.2f after\n", cpu_model().c_str(),
+              torch ? (", torch " + torch->info().value("torch", std::string("?"))).c_str() : "", load_before,
+              load_after);
+  std::printf("%-34s %10s %10s %10s %8s %12s %8s\n", "", "median ms", "min ms", "max ms", "spread", "Mparams/s",
+              "GB/s");
+  for (const Series& s : series) {
+    std::printf("%-34s %10.2f %10.2f %10.2f %7.1f%% %12s %8.2f\n", s.name.c_str(), s.median() * 1e3, s.min() * 1e3,
+                s.max() * 1e3, 100.0 * (s.max() - s.min()) / s.median(),
+                s.params_per_pass ? std::to_string(static_cast<long>(s.params_per_s() / 1e6)).c_str() : "-", s.gbps());
+  }
+  nlohmann::json ratios;
+  ratios["strata_over_triad_bandwidth"] = series[0].gbps() / series[1].gbps();
+  ratios["strata_over_triad_streaming_bandwidth"] = series[0].gbps() / series[2].gbps();
+  std::printf("strata / triad bandwidth: %.2f (plain stores), %.2f (streaming stores)\n",
+              series[0].gbps() / series[1].gbps(), series[0].gbps() / series[2].gbps());
+  if (torch) {
+    ratios["strata_over_torch_default"] = series[3].median() / series[0].median();
+    ratios["strata_over_torch_foreach"] = series[4].median() / series[0].median();
+    std::printf("strata / torch: %.2fx (foreach=False), %.2fx (foreach=True)\n", series[3].median() / series[0].median(),
+                series[4].median() / series[0].median());
+  }
+
+  if (!o.json.empty()) {
+    nlohmann::json j;
+    j["benchmark"] = "optimizer";
+    j["params"] = n;
+    j["threads"] = threads;
+    j["reps"] = o.reps;
+    j["variant"] = config.variant == AdamVariant::AdamW ? "adamw" : "adam";
+    j["half"] = o.half;
+    j["isa"] = to_string(adam.isa());
+    j["hugepages"] = o.hugepages;
+    j["cpu"] = cpu_model();
+    j["load_average_before"] = load_before;
+    j["load_average_after"] = load_after;
+    j["adam_bytes_per_param"] = kAdamBytesPerParam + (half != HalfKind::None ? 2 : 0);
+    j["triad_bytes_per_element"] = kTriadBytesPerElement;
+    j["triad_elements"] = triad_n;
+    if (torch) j["torch"] = torch->info();
+    for (const Series& s : series) {
+      nlohmann::json r;
+      r["seconds"] = s.seconds;
+      r["median_s"] = s.median();
+      r["min_s"] = s.min();
+      r["max_s"] = s.max();
+      r["gb_per_s"] = s.gbps();
+      if (s.params_per_pass) r["params_per_s"] = s.params_per_s();
+      j["results"][s.name] = r;
+    }
+    j["ratios"] = ratios;
+    std::ofstream out(o.json);
+    out << j.dump(2) << "\n";
+    if (!out) throw IoError("bench optimizer: cannot write the JSON report", o.json, 0, 0, errno);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_optimizer(CLI::App& bench, Runner& run) {
+  auto opts = std::make_shared<OptimizerOptions>();
+  auto* cmd = bench.add_subcommand("optimizer", "Fused CPU Adam against PyTorch's Adam and a STREAM triad, in one run");
+  cmd->add_option("--params", opts->params, "parameters (elements) per step")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--threads", opts->threads, "threads for every contender; 0: all cores")->capture_default_str();
+  cmd->add_option("--reps", opts->reps, "timed repetitions of each")->capture_default_str()->check(CLI::Range(1u, 1000u));
+  cmd->add_option("--isa", opts->isa, "CpuAdam kernel: auto, scalar, avx2, avx512")->capture_default_str();
+  cmd->add_option("--variant", opts->variant, "adam (L2 decay) or adamw (decoupled)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"adam", "adamw"}));
+  cmd->add_option("--half", opts->half, "16-bit copy written by CpuAdam: none, bf16, fp16")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "bf16", "fp16"}));
+  cmd->add_flag("--hugepages", opts->hugepages, "ask for transparent huge pages for Strata's and the triad's arrays");
+  cmd->add_flag("!--no-torch", opts->torch, "skip the PyTorch reference");
+  cmd->add_option("--python", opts->python, "Python with PyTorch")->capture_default_str();
+  cmd->add_option("--torch-script", opts->torch_script, "the PyTorch reference script")->capture_default_str();
+  cmd->add_option("--json", opts->json, "also write the results as JSON to this file");
+  cmd->callback([&run, opts] { run = [opts] { return run_optimizer(*opts); }; });
+}
+
+}  // namespace strata::bench
