@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Configures and builds Strata. STRATA_SANITIZE=1 builds an ASan+UBSan tree in
+# build-asan (CPU only); otherwise build/ (with the cuda backend when nvcc is found).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [[ "${STRATA_SANITIZE:-0}" == 1 ]]; then
+  dir=build-asan
+  flags=(-DSTRATA_SANITIZE=ON -DSTRATA_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug)
+else
+  dir=build
+  flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo)
+fi
+# nvcc lives outside the default PATH on CUDA toolkit installs.
+[[ -d /usr/local/cuda/bin ]] && export PATH="/usr/local/cuda/bin:$PATH"
+cmake -S . -B "$dir" -G Ninja "${flags[@]}" >/dev/null
+cmake --build "$dir" -j"$(nproc)"
+echo "$dir"

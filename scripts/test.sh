@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Builds Strata and runs its whole test suite with CTest (the README's test command).
+# STRATA_SANITIZE=1 runs it under ASan+UBSan instead.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir=$(bash scripts/build.sh | tail -n 1)
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+# OpenMPI refuses root unless told; CI runs as root.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+ctest --test-dir "$dir" --output-on-failure -j2 --timeout 600
