@@ -12,6 +12,6 @@ else
 fi
 # nvcc lives outside the default PATH on CUDA toolkit installs.
 [[ -d /usr/local/cuda/bin ]] && export PATH="/usr/local/cuda/bin:$PATH"
-cmake -S . -B "$dir" -G Ninja "${flags[@]}" >/dev/null
-cmake --build "$dir" -j"$(nproc)"
-echo "$dir"
+cmake -S . -B "$dir" -G Ninja "${flags[@]}" >&2
+cmake --build "$dir" -j"$(nproc)" >&2
+echo "$dir"  # the only line on stdout: test.sh reads it
