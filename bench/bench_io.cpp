@@ -1,17 +1,555 @@
-// strata bench io: lands with the I/O engine (issue 2).
+// strata bench io: NVMe bandwidth through Strata's IoEngine, and (with --vs-fio) through
+// fio on the same file, with the same block size, depth, pattern and time, in the same
+// run. Strata and fio alternate, repetition by repetition, so drift of the disk (or of
+// the host under a virtual disk) falls on both alike.
+//
+// Both sides use O_DIRECT on a file that is written in full first (a preallocated but
+// unwritten extent reads back as zeros without touching the disk), larger than the
+// pinned buffers, so neither the page cache nor a buffer hit can help either side.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/statfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
 #include <cstdio>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include "strata/bench/commands.hpp"
+#include "strata/core/device.hpp"
+#include "strata/core/error.hpp"
+#include "strata/memory/tier.hpp"
+#include "strata/offload/io_engine.hpp"
+
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25  // Linux 6.1
+#endif
 
 namespace strata::bench {
 
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+constexpr long kTmpfsMagic = 0x01021994;
+
+struct IoBenchOptions {
+  std::string dir = ".";
+  std::string size = "1G";
+  std::vector<std::string> block_sizes{"64K", "256K", "1M", "4M"};
+  std::vector<unsigned> depths{1, 4, 16, 32};
+  std::vector<std::string> patterns{"read", "write", "randread", "randwrite"};
+  double seconds = 1.0;   // per run
+  std::string bytes;      // per run, instead of seconds
+  unsigned reps = 0;      // 0: 1 alone, 3 with --vs-fio
+  std::string json_path;
+  bool vs_fio = false;
+  std::string pinned = "256M";
+  std::string engine = "auto";
+  bool sqpoll = false;
+  std::string fio = "fio";
+  bool huge_pages = false;
+  std::string fio_extra;  // appended to every fio command line
+};
+
+struct Pattern {
+  std::string name;  // fio's rw= value
+  IoDir dir;
+  bool random;
+};
+
+// How much of [base, base+bytes) the kernel backs with 2 MiB pages, from /proc/self/smaps.
+std::string huge_page_note(const void* base, uint64_t bytes) {
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  bool in_pool = false;
+  uint64_t huge_kib = 0;
+  const auto start = reinterpret_cast<uintptr_t>(base);
+  while (std::getline(smaps, line)) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 && line.find(':') > line.find('-')) {
+      in_pool = lo >= start && hi <= start + bytes;
+      continue;
+    }
+    unsigned long kib = 0;
+    if (in_pool && std::sscanf(line.c_str(), "AnonHugePages: %lu kB", &kib) == 1) huge_kib += kib;
+  }
+  const uint64_t huge = huge_kib * 1024;
+  if (huge == 0) return "on 4 KiB pages";
+  return format_bytes(huge) + " of it on 2 MiB pages";
+}
+
+uint64_t parse_size(const std::string& flag, const std::string& s) {
+  if (s.empty()) throw ConfigError(flag + " is empty: give a size such as 64K, 1M or 1G");
+  size_t pos = 0;
+  unsigned long long v = 0;
+  try {
+    v = std::stoull(s, &pos);
+  } catch (...) {
+    throw ConfigError(flag + " '" + s + "' is not a size: use a number with an optional K, M, G or T (powers of 1024)");
+  }
+  std::string unit = s.substr(pos);
+  uint64_t mul = 1;
+  if (unit == "K" || unit == "k" || unit == "KiB") mul = 1ull << 10;
+  else if (unit == "M" || unit == "m" || unit == "MiB") mul = 1ull << 20;
+  else if (unit == "G" || unit == "g" || unit == "GiB") mul = 1ull << 30;
+  else if (unit == "T" || unit == "t" || unit == "TiB") mul = 1ull << 40;
+  else if (!unit.empty())
+    throw ConfigError(flag + " '" + s + "': unknown unit '" + unit + "'; use K, M, G or T (powers of 1024)");
+  return v * mul;
+}
+
+std::string short_size(uint64_t b) {
+  if (b >= (1ull << 30) && b % (1ull << 30) == 0) return std::to_string(b >> 30) + "G";
+  if (b >= (1ull << 20) && b % (1ull << 20) == 0) return std::to_string(b >> 20) + "M";
+  if (b >= (1ull << 10) && b % (1ull << 10) == 0) return std::to_string(b >> 10) + "K";
+  return std::to_string(b);
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// Runs a shell command; returns its exit status and stdout+stderr.
+int run_command(const std::string& cmd, std::string* output) {
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return -1;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0)
+    if (output) output->append(buf, n);
+  int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+struct Stats {
+  std::vector<double> runs;  // bytes/s
+  double median = 0, min = 0, max = 0;
+  double iops = 0;           // of the median run
+  void finish(uint64_t block) {
+    std::vector<double> s = runs;
+    std::sort(s.begin(), s.end());
+    if (s.empty()) return;
+    median = s.size() % 2 ? s[s.size() / 2] : (s[s.size() / 2 - 1] + s[s.size() / 2]) / 2;
+    min = s.front();
+    max = s.back();
+    iops = median / static_cast<double>(block);
+  }
+  json to_json() const {
+    return json{{"runs_bytes_per_s", runs}, {"median_bytes_per_s", median}, {"min_bytes_per_s", min},
+                {"max_bytes_per_s", max}, {"iops", iops}};
+  }
+};
+
+class ProgressLine {
+ public:
+  ProgressLine() : tty_(isatty(2)) {}
+  void show(const std::string& s) {
+    if (tty_)
+      std::fprintf(stderr, "\r%s\033[K", s.c_str());
+    else
+      std::fprintf(stderr, "%s\n", s.c_str());
+    std::fflush(stderr);
+  }
+  void done() {
+    if (tty_) std::fprintf(stderr, "\r\033[K");
+  }
+
+ private:
+  bool tty_;
+};
+
+// The scratch file: written in full before measuring, removed at the end.
+class BenchFile {
+ public:
+  BenchFile(const std::string& dir, uint64_t bytes) {
+    struct statfs sf {};
+    if (statfs(dir.c_str(), &sf) != 0)
+      throw ConfigError("--dir '" + dir + "': " + std::strerror(errno) + "; give an existing directory on the disk to test");
+    if (static_cast<long>(sf.f_type) == kTmpfsMagic)
+      throw ConfigError("--dir '" + dir + "' is on tmpfs (memory, not a disk); pass --dir on the disk to test");
+    const uint64_t avail = static_cast<uint64_t>(sf.f_bavail) * static_cast<uint64_t>(sf.f_bsize);
+    if (bytes > avail)
+      throw OutOfBudget("--dir '" + dir + "' has " + format_bytes(avail) + " free, the test file needs " +
+                        format_bytes(bytes) + "; lower --size or pick another --dir");
+    path_ = dir + (dir.ends_with('/') ? "" : "/") + "strata-bench-io-" + std::to_string(getpid()) + ".bin";
+    fd_ = open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC, 0600);
+    if (fd_ < 0)
+      throw ConfigError("cannot create '" + path_ + "' with O_DIRECT: " + std::strerror(errno) +
+                        "; pass --dir on a local disk");
+    if (fallocate(fd_, 0, 0, static_cast<off_t>(bytes)) != 0) {
+      int e = errno;
+      close(fd_);
+      unlink(path_.c_str());
+      throw OutOfBudget("preallocating " + format_bytes(bytes) + " for '" + path_ + "' failed: " + std::strerror(e));
+    }
+  }
+  ~BenchFile() {
+    close(fd_);
+    unlink(path_.c_str());
+  }
+  const std::string& path() const { return path_; }
+  int fd() const { return fd_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+struct Run {
+  uint64_t bytes = 0;
+  double seconds = 0;
+  double bps() const { return seconds > 0 ? static_cast<double>(bytes) / seconds : 0; }
+};
+
+// One timed run through the engine. Transfers of `batch` blocks are kept `window` deep,
+// so the engine always has more queued than its depth and never waits on this thread.
+// Each outstanding block has its own buffer, and no more: like fio's iodepth buffers,
+// the set stays small. On the virtual disk this was written on, cycling 64 KiB reads
+// through all 256 MiB of the pool instead was about 25% slower (A/B, same run): the host
+// copies into these pages, and how many pages and how scattered they are costs it time
+// that says nothing about the engine (docs/bench-io.md).
+Run run_strata(IoEngine& eng, const Pattern& pat, uint64_t bs, unsigned depth, uint64_t file_bytes, char* pool,
+               uint64_t pool_bytes, double seconds, uint64_t bytes_target, uint64_t seed) {
+  const uint64_t nblocks = file_bytes / bs;
+  const unsigned batch = std::max(1u, depth / 2);
+  const size_t window = 4;
+  const uint64_t nslots = std::clamp<uint64_t>(pool_bytes / bs, 1, batch * window);
+  std::mt19937_64 rng(seed);
+  uint64_t seq = 0, slot = 0, issued = 0;
+  std::deque<Event> inflight;
+  std::vector<IoSegment> segs(batch);
+  const auto t0 = Clock::now();
+  const auto deadline = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  for (;;) {
+    if (bytes_target ? issued >= bytes_target : Clock::now() >= deadline) break;
+    if (inflight.size() >= window) {
+      inflight.front().wait();
+      inflight.pop_front();
+    }
+    for (unsigned i = 0; i < batch; ++i) {
+      uint64_t blk = pat.random ? rng() % nblocks : seq++ % nblocks;
+      segs[i] = IoSegment{0, blk * bs, pool + (slot++ % nslots) * bs, bs};
+    }
+    inflight.push_back(eng.submit(pat.dir, segs));
+    issued += batch * bs;
+  }
+  while (!inflight.empty()) {
+    inflight.front().wait();
+    inflight.pop_front();
+  }
+  Run r;
+  r.bytes = issued;
+  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return r;
+}
+
+struct FioSetup {
+  std::string exe;
+  std::string extra;
+  std::string version;
+  bool fixedbufs = false;
+  bool sqpoll = false;
+};
+
+Run run_fio(const FioSetup& f, const std::string& file, uint64_t file_bytes, const Pattern& pat, uint64_t bs,
+            unsigned depth, double seconds, uint64_t bytes_target) {
+  char tmpl[] = "/tmp/strata-bench-fio-XXXXXX";
+  int tfd = mkstemp(tmpl);
+  if (tfd < 0) throw Error(std::string("cannot create a temporary file for fio's output: ") + std::strerror(errno));
+  close(tfd);
+  const std::string out = tmpl;
+  std::ostringstream cmd;
+  cmd << shell_quote(f.exe) << " --name=strata-vs-fio --filename=" << shell_quote(file)
+      << " --ioengine=io_uring --direct=1 --rw=" << pat.name << " --bs=" << bs << " --iodepth=" << depth
+      << " --size=" << file_bytes << " --norandommap=1 --randrepeat=0 --invalidate=0 --allow_file_create=0"
+      << " --registerfiles=1" << (f.fixedbufs ? " --fixedbufs=1" : "") << (f.sqpoll ? " --sqthread_poll=1" : "");
+  if (bytes_target)
+    cmd << " --io_size=" << bytes_target;
+  else
+    cmd << " --time_based=1 --runtime=" << std::max(1, static_cast<int>(seconds * 1000 + 0.5)) << "ms";
+  cmd << " --output-format=json --output=" << shell_quote(out);
+  if (!f.extra.empty()) cmd << " " << f.extra;
+  std::string log;
+  int rc = run_command(cmd.str(), &log);
+  std::ifstream in(out);
+  std::stringstream text;
+  text << in.rdbuf();
+  unlink(out.c_str());
+  if (rc != 0) throw Error("fio failed (exit " + std::to_string(rc) + "): " + cmd.str() + "\n" + log);
+  // fio may print notes before the JSON object.
+  std::string s = text.str();
+  size_t brace = s.find('{');
+  if (brace == std::string::npos) throw Error("fio wrote no JSON: " + cmd.str() + "\n" + log);
+  json j = json::parse(s.substr(brace));
+  const json& side = j.at("jobs").at(0).at(pat.dir == IoDir::Read ? "read" : "write");
+  Run r;
+  r.bytes = side.at("io_bytes").get<uint64_t>();
+  r.seconds = side.at("runtime").get<double>() / 1000.0;
+  if (side.contains("bw_bytes") && r.seconds > 0) {
+    // fio's own figure, for agreement with what fio prints.
+    double bw = side.at("bw_bytes").get<double>();
+    r.seconds = bw > 0 ? static_cast<double>(r.bytes) / bw : r.seconds;
+  }
+  return r;
+}
+
+int run_io(const IoBenchOptions& o, const std::string& command_line) {
+  // Inputs.
+  const uint64_t file_bytes = parse_size("--size", o.size);
+  const uint64_t pinned_bytes = parse_size("--pinned", o.pinned);
+  const uint64_t bytes_target = o.bytes.empty() ? 0 : parse_size("--bytes", o.bytes);
+  if (file_bytes < (1 << 20) || file_bytes % (1 << 20) != 0)
+    throw ConfigError("--size " + o.size + " must be a whole number of MiB, at least 1M");
+  if (pinned_bytes < (1 << 20)) throw ConfigError("--pinned " + o.pinned + " must be at least 1M");
+  std::vector<uint64_t> blocks;
+  for (const auto& b : o.block_sizes) {
+    uint64_t v = parse_size("--block-sizes", b);
+    if (v < 4096 || (v & (v - 1)) != 0 || v > (64ull << 20))
+      throw ConfigError("--block-sizes: " + b + " must be a power of two from 4K to 64M");
+    if (v > pinned_bytes) throw ConfigError("--block-sizes: " + b + " is larger than --pinned " + o.pinned);
+    if (v > file_bytes) throw ConfigError("--block-sizes: " + b + " is larger than --size " + o.size);
+    blocks.push_back(v);
+  }
+  for (unsigned d : o.depths)
+    if (d < 1 || d > 4096) throw ConfigError("--depths: " + std::to_string(d) + " must be from 1 to 4096");
+  std::vector<Pattern> patterns;
+  for (const auto& p : o.patterns) {
+    if (p == "read") patterns.push_back({p, IoDir::Read, false});
+    else if (p == "write") patterns.push_back({p, IoDir::Write, false});
+    else if (p == "randread") patterns.push_back({p, IoDir::Read, true});
+    else if (p == "randwrite") patterns.push_back({p, IoDir::Write, true});
+    else throw ConfigError("--patterns: unknown '" + p + "'; use read, write, randread, randwrite (fio's names)");
+  }
+  if (blocks.empty() || o.depths.empty() || patterns.empty())
+    throw ConfigError("--block-sizes, --depths and --patterns each need at least one value");
+  if (!bytes_target && !(o.seconds > 0)) throw ConfigError("--seconds must be positive");
+  if (file_bytes <= pinned_bytes)
+    std::fprintf(stderr, "strata bench io: note: --size %s is not larger than --pinned %s; reads may repeat buffers\n",
+                 o.size.c_str(), o.pinned.c_str());
+  IoEngineKind kind = IoEngineKind::Auto;
+  if (o.engine == "io_uring") kind = IoEngineKind::Uring;
+  else if (o.engine == "threadpool") kind = IoEngineKind::ThreadPool;
+  else if (o.engine != "auto") throw ConfigError("--engine: use auto, io_uring or threadpool");
+  const unsigned reps = o.reps ? o.reps : (o.vs_fio ? 3 : 1);
+
+  FioSetup fio;
+  if (o.vs_fio) {
+    std::string ver;
+    int rc = run_command(shell_quote(o.fio) + " --version", &ver);
+    if (rc != 0) {
+      std::fprintf(stderr,
+                   "strata bench io: --vs-fio needs fio, but '%s --version' failed (exit %d): %s"
+                   "install fio (e.g. apt-get install fio) or run without --vs-fio\n",
+                   o.fio.c_str(), rc, ver.c_str());
+      return 2;
+    }
+    fio.exe = o.fio;
+    fio.extra = o.fio_extra;
+    fio.version = ver.substr(0, ver.find('\n'));
+  }
+
+  // The file, the buffers, and one pass of writes so every block is really on disk.
+  BenchFile file(o.dir, file_bytes);
+  auto device = make_device({});
+  auto pool = make_pinned_pool(*device, {.budget = pinned_bytes});
+  char* buffers = static_cast<char*>(pool->try_allocate(pool->capacity(), "bench-io"));
+  STRATA_CHECK(buffers != nullptr, "the pinned pool could not give its whole capacity");
+  if (o.huge_pages) {
+    // The pool already asks for transparent huge pages; this makes the kernel collapse
+    // every range now, so the whole pool is on 2 MiB pages. fio's buffers stay on 4 KiB.
+    if (madvise(pool->base(), pool->capacity(), MADV_COLLAPSE) != 0)
+      std::fprintf(stderr, "strata bench io: --hugepages: the kernel refused MADV_COLLAPSE (%s)\n",
+                   std::strerror(errno));
+  }
+  {
+    std::mt19937_64 rng(1);
+    for (uint64_t i = 0; i + 8 <= pool->capacity(); i += 8) {
+      uint64_t v = rng();
+      std::memcpy(buffers + i, &v, 8);
+    }
+  }
+  const uint64_t align = probe_dio_alignment(file.fd());
+  auto make_engine = [&](uint64_t bs, unsigned depth) {
+    IoEngineOptions eo;
+    eo.aio.block_size = bs;
+    eo.aio.queue_depth = depth;
+    eo.aio.engine = kind;
+    eo.aio.use_sqpoll = o.sqpoll;
+    eo.files = {IoFile{file.path(), file.fd()}};
+    eo.alignment = align;
+    auto eng = std::make_unique<IoEngine>(std::move(eo));
+    eng->register_buffer(pool->base(), pool->capacity());
+    return eng;
+  };
+  ProgressLine progress;
+  std::string engine_name, engine_desc;
+  {
+    progress.show("strata bench io: writing " + format_bytes(file_bytes) + " to " + file.path() + " first");
+    auto eng = make_engine(1 << 20, 16);
+    Pattern fill{"write", IoDir::Write, false};
+    run_strata(*eng, fill, 1 << 20, 16, file_bytes, buffers, pool->capacity(), 0, file_bytes, 0);
+    if (fsync(file.fd()) != 0) throw IoError("fsync of the bench file failed", file.path(), 0, file_bytes, errno);
+    engine_name = eng->name();
+    fio.fixedbufs = eng->fixed_buffers();
+    fio.sqpoll = eng->config().use_sqpoll;
+    engine_desc = engine_name + (eng->fixed_buffers() ? ", registered buffers" : ", unregistered buffers") +
+                  (eng->config().use_sqpoll ? ", SQPOLL" : "");
+  }
+
+  // Measure.
+  json points = json::array();
+  const size_t total = patterns.size() * blocks.size() * o.depths.size();
+  size_t index = 0;
+  struct Row {
+    std::string pattern;
+    uint64_t bs;
+    unsigned depth;
+    Stats strata, fio;
+  };
+  std::vector<Row> rows;
+  for (const auto& pat : patterns) {
+    for (uint64_t bs : blocks) {
+      for (unsigned depth : o.depths) {
+        ++index;
+        Row row{pat.name, bs, depth, {}, {}};
+        auto eng = make_engine(bs, depth);
+        for (unsigned rep = 0; rep < reps; ++rep) {
+          char head[160];
+          std::snprintf(head, sizeof head, "[%zu/%zu] %s bs=%s qd=%u rep %u/%u", index, total, pat.name.c_str(),
+                        short_size(bs).c_str(), depth, rep + 1, reps);
+          // Alternate who goes first, so a slow drift favours neither.
+          for (int turn = 0; turn < (o.vs_fio ? 2 : 1); ++turn) {
+            bool strata_turn = o.vs_fio ? ((rep + turn) % 2 == 0) : true;
+            progress.show(std::string(head) + (strata_turn ? " strata" : " fio"));
+            if (strata_turn) {
+              Run r = run_strata(*eng, pat, bs, depth, file_bytes, buffers, pool->capacity(), o.seconds, bytes_target,
+                                 1000 * index + rep);
+              row.strata.runs.push_back(r.bps());
+            } else {
+              Run r = run_fio(fio, file.path(), file_bytes, pat, bs, depth, o.seconds, bytes_target);
+              row.fio.runs.push_back(r.bps());
+            }
+          }
+        }
+        row.strata.finish(bs);
+        row.fio.finish(bs);
+        json p{{"pattern", pat.name}, {"block_size", bs}, {"depth", depth}, {"strata", row.strata.to_json()}};
+        if (o.vs_fio) {
+          p["fio"] = row.fio.to_json();
+          p["ratio"] = row.fio.median > 0 ? row.strata.median / row.fio.median : 0.0;
+        }
+        points.push_back(p);
+        rows.push_back(std::move(row));
+      }
+    }
+  }
+  progress.done();
+
+  // Report.
+  const std::string page_note = huge_page_note(pool->base(), pool->capacity());
+  const double mib = 1024.0 * 1024.0;
+  std::string fio_note;
+  if (o.vs_fio) fio_note = ", alternating with " + fio.version + (fio.extra.empty() ? "" : " (" + fio.extra + ")");
+  std::printf("strata bench io: %s (%s), O_DIRECT, pinned pool %s (%s), engine %s\n", file.path().c_str(),
+              format_bytes(file_bytes).c_str(), format_bytes(pool->capacity()).c_str(), page_note.c_str(),
+              engine_desc.c_str());
+  if (bytes_target)
+    std::printf("%s per run, %u run(s) per point%s\n", format_bytes(bytes_target).c_str(), reps,
+                fio_note.c_str());
+  else
+    std::printf("%.1f s per run, %u run(s) per point%s\n", o.seconds, reps,
+                fio_note.c_str());
+  std::printf("bandwidth in MiB/s: median [min-max] over the runs\n\n");
+  if (o.vs_fio)
+    std::printf("%-10s %6s %5s  %-24s %9s  %-24s %10s\n", "pattern", "bs", "depth", "strata MiB/s", "IOPS",
+                "fio MiB/s", "strata/fio");
+  else
+    std::printf("%-10s %6s %5s  %-24s %9s\n", "pattern", "bs", "depth", "strata MiB/s", "IOPS");
+  for (const auto& r : rows) {
+    char s[64], f[64];
+    std::snprintf(s, sizeof s, "%.0f [%.0f-%.0f]", r.strata.median / mib, r.strata.min / mib, r.strata.max / mib);
+    if (o.vs_fio) {
+      std::snprintf(f, sizeof f, "%.0f [%.0f-%.0f]", r.fio.median / mib, r.fio.min / mib, r.fio.max / mib);
+      std::printf("%-10s %6s %5u  %-24s %9.0f  %-24s %10.3f\n", r.pattern.c_str(), short_size(r.bs).c_str(), r.depth, s,
+                  r.strata.iops, f, r.fio.median > 0 ? r.strata.median / r.fio.median : 0.0);
+    } else {
+      std::printf("%-10s %6s %5u  %-24s %9.0f\n", r.pattern.c_str(), short_size(r.bs).c_str(), r.depth, s,
+                  r.strata.iops);
+    }
+  }
+  if (!o.json_path.empty()) {
+    json doc{{"tool", "strata bench io"},
+             {"command", command_line},
+             {"file", file.path()},
+             {"file_bytes", file_bytes},
+             {"pinned_bytes", pool->capacity()},
+             {"pinned_pages", page_note},
+             {"engine", engine_name},
+             {"engine_description", engine_desc},
+             {"seconds_per_run", bytes_target ? json(nullptr) : json(o.seconds)},
+             {"bytes_per_run", bytes_target ? json(bytes_target) : json(nullptr)},
+             {"reps", reps},
+             {"vs_fio", o.vs_fio},
+             {"fio_version", o.vs_fio ? json(fio.version) : json(nullptr)},
+             {"fio_extra", o.fio_extra},
+             {"points", points}};
+    std::ofstream out(o.json_path);
+    if (!out) throw ConfigError("--json: cannot write '" + o.json_path + "'");
+    out << doc.dump(2) << "\n";
+    if (!out) throw Error("--json: writing '" + o.json_path + "' failed");
+    std::fprintf(stderr, "strata bench io: wrote %s\n", o.json_path.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
 void add_io(CLI::App& bench, Runner& run) {
   auto* io = bench.add_subcommand("io", "NVMe read/write bandwidth through the io_uring engine, beside fio");
-  io->callback([&run] {
-    run = [] {
-      std::fprintf(stderr, "strata bench io: the I/O engine is not built yet\n");
-      return 1;
-    };
+  auto o = std::make_shared<IoBenchOptions>();
+  io->add_option("--dir", o->dir, "Directory for the test file (on the disk to measure)")->capture_default_str();
+  io->add_option("--size", o->size, "Test file size (K/M/G/T); larger than --pinned")->capture_default_str();
+  io->add_option("--block-sizes", o->block_sizes, "Block sizes, comma-separated")->delimiter(',')->capture_default_str();
+  io->add_option("--depths", o->depths, "Queue depths, comma-separated")->delimiter(',')->capture_default_str();
+  io->add_option("--patterns", o->patterns, "read, write, randread, randwrite (comma-separated)")
+      ->delimiter(',')
+      ->capture_default_str();
+  auto* secs = io->add_option("--seconds", o->seconds, "Seconds per run")->capture_default_str();
+  io->add_option("--bytes", o->bytes, "Bytes per run instead of --seconds (K/M/G)")->excludes(secs);
+  io->add_option("--reps", o->reps, "Runs per point (default 1, or 3 with --vs-fio)");
+  io->add_option("--json", o->json_path, "Write results as JSON to this file");
+  io->add_flag("--vs-fio", o->vs_fio, "Run fio (io_uring, O_DIRECT) on each point too, alternating, and compare");
+  io->add_option("--fio", o->fio, "The fio executable")->capture_default_str();
+  io->add_option("--fio-extra", o->fio_extra, "Extra arguments for every fio run, e.g. \"--mem=shmhuge\"");
+  io->add_option("--pinned", o->pinned, "Pinned buffer budget (K/M/G)")->capture_default_str();
+  io->add_option("--engine", o->engine, "auto, io_uring or threadpool")->capture_default_str();
+  io->add_flag("--sqpoll", o->sqpoll, "Use SQPOLL (kernel-side submission) on both sides");
+  io->add_flag("--hugepages", o->huge_pages,
+               "Collapse the whole pinned pool into 2 MiB pages now (MADV_COLLAPSE); fio's buffers stay on 4 KiB pages");
+  io->callback([&run, o, io] {
+    std::string cmd = "strata bench io";
+    for (const auto* opt : io->get_options()) {
+      if (opt->count() == 0 || opt->get_name().empty() || opt->get_name() == "--help") continue;
+      cmd += " " + opt->get_name();
+      if (opt->get_type_size() != 0)
+        for (const auto& v : opt->results()) cmd += " " + v;
+    }
+    run = [o, cmd] { return run_io(*o, cmd); };
   });
 }
 

@@ -76,8 +76,8 @@ using BackendFactory = std::function<std::unique_ptr<IoBackend>(std::vector<std:
 
 class Ring {
  public:
-  Ring(unsigned index, const IoEngineOptions& opts, Counters& counters, BackendFactory make)
-      : opts_(opts), counters_(counters), depth_(opts.aio.queue_depth), index_(index) {
+  Ring(const IoEngineOptions& opts, Counters& counters, BackendFactory make)
+      : opts_(opts), counters_(counters), depth_(opts.aio.queue_depth) {
     std::promise<void> ready;
     auto started = ready.get_future();
     thread_ = std::thread([this, &ready, make = std::move(make)] { main(make, ready); });
@@ -200,29 +200,28 @@ class Ring {
   }
 
   // Takes what callers handed over; runs control tasks. Returns whether stop was asked.
+  // The vectors trade places with the shared ones, so no allocation in steady state.
   bool intake() {
-    std::deque<Part*> parts;
-    std::deque<std::function<void()>> tasks;
     bool stop;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      parts.swap(incoming_);
-      tasks.swap(tasks_);
+      taken_parts_.swap(incoming_);
+      taken_tasks_.swap(tasks_);
       stop = stop_;
     }
-    for (auto& t : tasks) t();
-    for (Part* p : parts) active_.push_back(p);
+    for (auto& t : taken_tasks_) t();
+    taken_tasks_.clear();
+    for (Part* p : taken_parts_) active_.push_back(p);
+    taken_parts_.clear();
     return stop;
   }
 
   // Queue: retries first (they hold slots already), then new pieces up to the depth.
-  // Submit: one batch for everything queued.
+  // The loop submits what is queued (issue() may submit earlier, see there).
   void fill() {
-    unsigned queued = 0;
     while (!retry_.empty()) {
       issue(retry_.front());
       retry_.pop_front();
-      ++queued;
     }
     if (opts_.aio.overlap_events || submitted_ == 0) {
       while (inflight_ < depth_ && !active_.empty()) {
@@ -237,11 +236,9 @@ class Ring {
         ++p->outstanding;
         ++inflight_;
         issue(s);
-        ++queued;
         if (p->next == p->pieces.size()) active_.pop_front();
       }
     }
-    (void)queued;
   }
 
   int buffer_index(const char* buf, uint32_t len) const {
@@ -383,7 +380,6 @@ class Ring {
   const IoEngineOptions& opts_;
   Counters& counters_;
   const unsigned depth_;
-  const unsigned index_;
   std::unique_ptr<IoBackend> backend_;
   std::vector<std::string> notes_;
   const char* name_ = "";
@@ -392,12 +388,14 @@ class Ring {
 
   // Shared with callers, under mu_.
   std::mutex mu_;
-  std::deque<Part*> incoming_;
-  std::deque<std::function<void()>> tasks_;
+  std::vector<Part*> incoming_;
+  std::vector<std::function<void()>> tasks_;
   bool waiting_ = false;  // the ring sleeps with room for more: a post must wake it
   bool stop_ = false;
 
   // The ring thread's own.
+  std::vector<Part*> taken_parts_;               // intake() scratch
+  std::vector<std::function<void()>> taken_tasks_;
   std::deque<Part*> active_;      // parts with pieces not yet issued, oldest first
   std::vector<Slot> slots_in_use_;  // [queue_depth]; the op tag is the slot index
   std::vector<uint32_t> free_;
@@ -454,7 +452,7 @@ IoEngine::IoEngine(IoEngineOptions opts) : impl_(std::make_unique<Impl>()) {
   IoEngineKind kind = aio.engine == IoEngineKind::ThreadPool ? IoEngineKind::ThreadPool : IoEngineKind::Uring;
   if (kind == IoEngineKind::Uring) {
     try {
-      m.rings.push_back(std::make_unique<Ring>(0, m.opts, m.counters, factory(kind)));
+      m.rings.push_back(std::make_unique<Ring>(m.opts, m.counters, factory(kind)));
     } catch (const Unavailable& e) {
       if (aio.engine == IoEngineKind::Uring) throw;
       log::warn_once("io-uring-refused", std::string("I/O engine: ") + e.what() +
@@ -463,7 +461,7 @@ IoEngine::IoEngine(IoEngineOptions opts) : impl_(std::make_unique<Impl>()) {
     }
   }
   while (m.rings.size() < aio.intra_op_parallelism)
-    m.rings.push_back(std::make_unique<Ring>(static_cast<unsigned>(m.rings.size()), m.opts, m.counters, factory(kind)));
+    m.rings.push_back(std::make_unique<Ring>(m.opts, m.counters, factory(kind)));
   m.name = m.rings[0]->backend_name();
   // Fault decorators report their inner backend's name, so the name is the engine's.
   m.notes = m.rings[0]->notes();

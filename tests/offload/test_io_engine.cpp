@@ -309,6 +309,24 @@ TEST(IoEngine, AutoFallsBackToTheThreadPoolWhenIoUringIsRefused) {
   EXPECT_THROW(IoEngine{options(f, IoEngineKind::Uring, 64 << 10, 4, plan)}, Unavailable);
 }
 
+TEST(IoEngine, SqpollWorksOrIsDroppedWhenRefused) {
+  ScratchFile f(4 << 20);
+  IoEngineOptions o = options(f, IoEngineKind::Uring, 64 << 10, 4);
+  o.aio.use_sqpoll = true;
+  IoEngine eng(std::move(o));
+  // Either the kernel took SQPOLL, or the engine says it dropped it.
+  bool noted = false;
+  for (const auto& n : eng.notes()) noted = noted || n.find("SQPOLL refused") != std::string::npos;
+  EXPECT_EQ(eng.config().use_sqpoll, !noted);
+  const uint64_t n = 1 << 20;
+  AlignedBuf a(n), b(n);
+  fill_random(a.p, n, 21);
+  std::memset(b.p, 0, n);
+  eng.write(0, 0, a.p, n).wait();
+  eng.read(0, 0, b.p, n).wait();
+  EXPECT_EQ(first_mismatch(a.p, b.p, n), -1);
+}
+
 TEST(IoEngine, RegisteredBuffersAreUsedAndSplitAtOneGiB) {
   ScratchFile f(kFileBytes);
   IoEngine eng(options(f, IoEngineKind::Uring, 256 << 10, 4));

@@ -103,7 +103,7 @@ TEST(ZeroEngine, LearnsTheOrderAndRecoversFromADeparture) {
   o.store.pinned_budget = 2 << 20;
   o.optimizer_threads = 1;
   std::vector<GroupSpec> groups;
-  for (int b = 0; b < kLayers; ++b) groups.push_back({"block." + std::to_string(b), model.group_numel()});
+  for (int b = 0; b < kLayers; ++b) groups.push_back({.name = "block." + std::to_string(b), .numel = model.group_numel()});
   ZeroEngine engine(*device, *comm, *comm, o, groups);
   std::vector<float> x(kGlobalBatch * kWidth), y(x.size());
   for (int i = 0; i < kGlobalBatch; ++i) make_row(0, 0, i, &x[i * kWidth], &y[i * kWidth]);
@@ -126,7 +126,7 @@ TEST(ZeroEngine, BudgetTooSmallForOneGroupFailsAtStart) {
   o.store.device_budget = 64 << 10;  // a group of 1 M floats needs 4 MiB gathered
   o.store.pinned_budget = 64 << 20;
   try {
-    ZeroEngine engine(*device, *comm, *comm, o, {{"big", 1u << 20}});
+    ZeroEngine engine(*device, *comm, *comm, o, {{.name = "big", .numel = 1u << 20}});
     FAIL() << "expected OutOfBudget";
   } catch (const OutOfBudget& e) {
     std::string m = e.what();
@@ -134,5 +134,5 @@ TEST(ZeroEngine, BudgetTooSmallForOneGroupFailsAtStart) {
     EXPECT_NE(m.find("strata.device_budget"), std::string::npos) << m;
   }
   o.stage = 4;
-  EXPECT_THROW(ZeroEngine(*device, *comm, *comm, o, {{"g", 10}}), ConfigError);
+  EXPECT_THROW(ZeroEngine(*device, *comm, *comm, o, {{.name = "g", .numel = 10}}), ConfigError);
 }

@@ -276,7 +276,7 @@ TEST(EngineTrace, TheCpuBackendRecordsTheEnginesSpans) {
     o.store.pinned_budget = 64ull << 20;
     o.trace_path = path.string();
     std::vector<GroupSpec> groups;
-    for (int g = 0; g < 4; ++g) groups.push_back({"block." + std::to_string(g), 1024});
+    for (int g = 0; g < 4; ++g) groups.push_back({.name = "block." + std::to_string(g), .numel = 1024});
     ZeroEngine engine(*device, *comm, *comm, o, groups);
     engine.set_schedule({0, 1, 2, 3, 3, 2, 1, 0});
     EXPECT_NE(trace::active(), nullptr);
