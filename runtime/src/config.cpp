@@ -529,8 +529,8 @@ Config parse_config(const json& j) {
   bool fp16_enabled = false;
   fp16.read("enabled", fp16_enabled);
   if (fp16_enabled)
-    throw ConfigError("fp16.enabled = true is not supported: Strata trains in bf16 (no loss scaling needed) or "
-                      "fp32; set bf16.enabled to true and remove the fp16 section (or set fp16.enabled to false)");
+    throw ConfigError("fp16.enabled = true is not supported: Strata has no loss scaling; it trains fp32 working "
+                      "parameters (a bf16 working copy is planned): set fp16.enabled to false");
 
   c.optimizer = parse_optimizer(top);
   c.zero = parse_zero(top);

@@ -86,6 +86,11 @@ struct ZeroEngine::Group {
 };
 
 EngineOptions EngineOptions::from_config(const Config& c) {
+  if (c.bf16)
+    throw ConfigError(
+        "bf16.enabled = true: the engine keeps fp32 working parameters and does not have a bf16 working copy "
+        "yet; set bf16.enabled to false (the CPU optimizer can already write bf16 copies, the engine does not "
+        "use them)");
   EngineOptions o;
   o.stage = c.zero.stage;
   o.param_home = home_tier(c.zero.offload_param.device);

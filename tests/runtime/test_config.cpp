@@ -466,7 +466,7 @@ TEST_F(ConfigTest, NvmeDirectoryThatIsNotWritable) {
 TEST(Config, Fp16IsRefusedWithTheFix) {
   std::string m = error_of(json::parse(R"({"fp16": {"enabled": true, "loss_scale": 0}})"));
   EXPECT_HAS(m, "fp16.enabled = true is not supported");
-  EXPECT_HAS(m, "set bf16.enabled to true");
+  EXPECT_HAS(m, "set fp16.enabled to false");
   // A DeepSpeed config with fp16 turned off parses.
   EXPECT_EQ(error_of(json::parse(R"({"fp16": {"enabled": false, "loss_scale_window": 1000, "hysteresis": 2}})")), "");
 }

@@ -136,3 +136,19 @@ TEST(ZeroEngine, BudgetTooSmallForOneGroupFailsAtStart) {
   o.stage = 4;
   EXPECT_THROW(ZeroEngine(*device, *comm, *comm, o, {{.name = "g", .numel = 10}}), ConfigError);
 }
+
+TEST(ZeroEngine, OptionsFromConfigRefuseWhatTheEngineLacks) {
+  Config c = parse_config(nlohmann::json::parse(R"({"bf16": {"enabled": true}})"));
+  try {
+    EngineOptions::from_config(c);
+    FAIL() << "bf16 working parameters were accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("set bf16.enabled to false"), std::string::npos) << e.what();
+  }
+  c = parse_config(nlohmann::json::parse(R"({"zero_optimization": {"stage": 2,
+      "offload_optimizer": {"device": "cpu"}}, "strata": {"device_budget": "8MiB"}})"));
+  EngineOptions o = EngineOptions::from_config(c);
+  EXPECT_EQ(o.stage, 2);
+  EXPECT_EQ(o.optimizer_home, Tier::Pinned);
+  EXPECT_EQ(o.store.device_budget, 8u << 20);
+}
