@@ -9,32 +9,6 @@
 
 namespace strata {
 
-size_t dtype_size(DType t) {
-  switch (t) {
-    case DType::F32: return 4;
-    case DType::F16: return 2;
-    case DType::BF16: return 2;
-    case DType::F64: return 8;
-    case DType::I32: return 4;
-    case DType::I64: return 8;
-    case DType::U8: return 1;
-  }
-  return 1;
-}
-
-const char* to_string(DType t) {
-  switch (t) {
-    case DType::F32: return "f32";
-    case DType::F16: return "f16";
-    case DType::BF16: return "bf16";
-    case DType::F64: return "f64";
-    case DType::I32: return "i32";
-    case DType::I64: return "i64";
-    case DType::U8: return "u8";
-  }
-  return "?";
-}
-
 namespace {
 constexpr int idx(Tier t) { return static_cast<int>(t); }
 constexpr std::array<Tier, 3> kTiers{Tier::Device, Tier::Pinned, Tier::Nvme};

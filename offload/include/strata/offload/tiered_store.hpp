@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "strata/core/device.hpp"
+#include "strata/core/dtype.hpp"
 #include "strata/core/event.hpp"
 #include "strata/memory/fence_map.hpp"
 #include "strata/memory/tier.hpp"
@@ -52,9 +53,6 @@
 
 namespace strata {
 
-enum class DType : uint8_t { F32, F16, BF16, F64, I32, I64, U8 };
-size_t dtype_size(DType t);  // bytes per element
-const char* to_string(DType t);
 
 using TensorId = uint32_t;
 
