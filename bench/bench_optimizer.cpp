@@ -398,7 +398,10 @@ int run_optimizer(const OptimizerOptions& o) {
 void add_optimizer(CLI::App& bench, Runner& run) {
   auto opts = std::make_shared<OptimizerOptions>();
   auto* cmd = bench.add_subcommand("optimizer", "Fused CPU Adam against PyTorch's Adam and a STREAM triad, in one run");
-  cmd->add_option("--params", opts->params, "parameters (elements) per step")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--params", opts->params, "parameters (elements) per step")->capture_default_str()->check(
+      CLI::Validator([](std::string& v) { return v != "0" && v.find('-') == std::string::npos ? std::string()
+                                                 : "--params must be at least 1 (elements per step)"; },
+                     "POSITIVE"));
   cmd->add_option("--threads", opts->threads, "threads for every contender; 0: all cores")->capture_default_str();
   cmd->add_option("--reps", opts->reps, "timed repetitions of each")->capture_default_str()->check(CLI::Range(1u, 1000u));
   cmd->add_option("--isa", opts->isa, "CpuAdam kernel: auto, scalar, avx2, avx512")->capture_default_str();

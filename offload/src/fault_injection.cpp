@@ -17,44 +17,20 @@ FaultPlan& FaultPlan::add(FaultRule rule) {
 }
 
 FaultPlan& FaultPlan::fail_nth(FaultTarget t, uint64_t n, int error) {
-  FaultRule r;
-  r.target = t;
-  r.first = n;
-  r.count = 1;
-  r.action = FaultAction::Fail;
-  r.error = error;
-  return add(std::move(r));
+  return add({.target = t, .first = n, .count = 1, .action = FaultAction::Fail, .error = error});
 }
 
 FaultPlan& FaultPlan::fail_from(FaultTarget t, uint64_t n, int error) {
-  FaultRule r;
-  r.target = t;
-  r.first = n;
-  r.count = FaultRule::kEveryOp;
-  r.action = FaultAction::Fail;
-  r.error = error;
-  return add(std::move(r));
+  return add({.target = t, .first = n, .count = FaultRule::kEveryOp, .action = FaultAction::Fail, .error = error});
 }
 
 FaultPlan& FaultPlan::fail_if(FaultTarget t, std::function<bool(const FaultOpInfo&)> pred, int error) {
-  FaultRule r;
-  r.target = t;
-  r.predicate = std::move(pred);
-  r.first = 0;
-  r.count = FaultRule::kEveryOp;
-  r.action = FaultAction::Fail;
-  r.error = error;
-  return add(std::move(r));
+  return add({.target = t, .predicate = std::move(pred), .first = 0, .count = FaultRule::kEveryOp,
+              .action = FaultAction::Fail, .error = error});
 }
 
 FaultPlan& FaultPlan::short_nth(FaultTarget t, uint64_t n, double fraction) {
-  FaultRule r;
-  r.target = t;
-  r.first = n;
-  r.count = 1;
-  r.action = FaultAction::Short;
-  r.fraction = fraction;
-  return add(std::move(r));
+  return add({.target = t, .first = n, .count = 1, .action = FaultAction::Short, .fraction = fraction});
 }
 
 FaultDecision FaultPlan::decide(const FaultOpInfo& op) {
