@@ -9,7 +9,8 @@ pkgs=(
   nlohmann-json3-dev libcli11-dev libxxhash-dev
   libgtest-dev libgmock-dev
   fio fortunes
-  python3 python3-numpy python3-matplotlib python3-torch
+  python3 python3-numpy python3-matplotlib python3-torch python3-venv python3-pip
+  pybind11-dev python3-pybind11 python3-dev
 )
 missing=()
 for p in "${pkgs[@]}"; do
@@ -20,3 +21,12 @@ if ((${#missing[@]})); then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+
+# PyPI packages Debian lacks (safetensors), in a venv beside the repository that also
+# sees Debian's PyTorch and numpy. Tests use it through CMake's STRATA_PYTHON.
+venv="$(cd "$(dirname "$0")/.." && pwd)/.venv"
+if [[ ! -x "$venv/bin/python" ]]; then
+  /usr/bin/python3 -m venv --system-site-packages "$venv"
+fi
+"$venv/bin/python" -c 'import safetensors' 2>/dev/null ||
+  "$venv/bin/pip" install -q --disable-pip-version-check 'safetensors>=0.4'

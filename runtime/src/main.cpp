@@ -7,6 +7,13 @@
 #include "strata/core/error.hpp"
 #include "strata/runtime/cli.hpp"
 
+namespace strata::cli {
+Runner& selected() {
+  static Runner r;
+  return r;
+}
+}  // namespace strata::cli
+
 int main(int argc, char** argv) {
   CLI::App app{"Strata: ZeRO-3 training with tiered offload (device, pinned host, NVMe)"};
   app.require_subcommand(1);
@@ -18,7 +25,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   try {
-    return strata::cli::run_selected(app);
+    return strata::cli::selected() ? strata::cli::selected()() : 0;
   } catch (const strata::ConfigError& e) {
     std::fprintf(stderr, "strata: configuration error: %s\n", e.what());
     return 2;

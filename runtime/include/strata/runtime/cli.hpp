@@ -1,12 +1,18 @@
-// Subcommands of the `strata` CLI. Each add_* registers its options; run_selected
-// runs whichever was chosen.
+// Subcommands of the `strata` CLI. Each add_* (one file per family: cli_bench.cpp,
+// cli_train.cpp, cli_plan.cpp, ...) registers its options and, when its subcommand is
+// chosen, sets selected() to its body; main() runs it.
 #pragma once
 
 #include <CLI/CLI.hpp>
 
+#include <functional>
+
 namespace strata::cli {
 
-void add_bench(CLI::App& app);
-int run_selected(CLI::App& app);
+using Runner = std::function<int()>;
+Runner& selected();  // the chosen subcommand's body (main.cpp)
+
+void add_bench(CLI::App& app);   // cli_bench.cpp
+// Further families add their declaration here and one call in main.cpp.
 
 }  // namespace strata::cli

@@ -13,6 +13,7 @@
 
 #include "strata/core/device.hpp"
 #include "strata/memory/tier.hpp"
+#include "strata/model/gpt_layout.hpp"
 #include "strata/offload/aio_config.hpp"
 
 namespace strata {
@@ -55,13 +56,7 @@ struct ActivationCheckpointingConfig {
   bool cpu_checkpointing = false;    // keep the checkpoints in pinned memory
 };
 
-struct ModelShape {
-  int layers = 4;
-  int d_model = 128;
-  int heads = 4;
-  int seq_len = 64;
-  int vocab = 256;
-};
+using ModelShape = GptShape;  // model/gpt_layout.hpp
 
 struct DataConfig {
   std::string path;                  // a text file (byte-level) or an llm.c token file
