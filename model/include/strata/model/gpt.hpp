@@ -1,0 +1,87 @@
+// The GPT-2-style decoder on the cpu backend: token and position embeddings, pre-LayerNorm
+// blocks (causal multi-head attention, GELU MLP), final LayerNorm, output head tied to
+// the token embedding, mean cross-entropy loss. Layout: model/gpt_layout.hpp.
+//
+// It knows nothing of sharding or tiers: it asks a WeightSource for each group's weights
+// just before use (in gpt_schedule's order) and hands back each group's gradient right
+// after that group's backward, so the engine can reduce and offload it while the rest of
+// backward runs. Matmuls are OpenBLAS sgemm; attention is computed block by block with
+// an online softmax (no more than one [block, block] tile of scores exists at a time,
+// forward or backward); the output head and loss run over row chunks, so no full
+// [tokens, vocab] logits tensor exists either.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "strata/model/gpt_layout.hpp"
+#include "strata/model/weight_source.hpp"
+
+namespace strata {
+
+enum class ActivationCheckpointing {
+  None,      // keep every block's activations from forward for backward
+  PerBlock,  // keep only each block's input; recompute the block in backward
+};
+
+struct GptOptions {
+  int micro_batch = 1;   // sequences per forward
+  ActivationCheckpointing checkpointing = ActivationCheckpointing::None;
+};
+
+class Gpt {
+ public:
+  Gpt(const GptShape& shape, const GptOptions& opts);
+  ~Gpt();
+  Gpt(const Gpt&) = delete;
+  Gpt& operator=(const Gpt&) = delete;
+
+  const GptShape& shape() const { return shape_; }
+  const GptOptions& options() const { return opts_; }
+
+  // One micro-batch: inputs and targets are [micro_batch, seq_len] token ids. Returns the
+  // mean cross-entropy loss; every group's gradient (of that mean) goes to ws.
+  double forward_backward(WeightSource& ws, const int32_t* inputs, const int32_t* targets);
+  // Loss only (evaluation): acquires 0, 1..L, L+1, 0 and releases them.
+  double forward_loss(WeightSource& ws, const int32_t* inputs, const int32_t* targets);
+  // The logits [vocab] after the last of `len` tokens (1 <= len <= seq_len) of one
+  // sequence: for sampling.
+  void next_token_logits(WeightSource& ws, const int32_t* tokens, int len, float* logits);
+
+  // Host bytes this model holds for activations and scratch at micro_batch x seq_len.
+  uint64_t activation_bytes() const;
+  // Activation bytes a configuration needs, without building it (the planner, start-up checks).
+  static uint64_t activation_bytes(const GptShape& shape, const GptOptions& opts);
+
+ private:
+  struct Impl;
+  GptShape shape_;
+  GptOptions opts_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// A WeightSource over plain host buffers, one per group (sampling from a checkpoint,
+// tests). Gradients land in host buffers the caller can read.
+class HostWeights final : public WeightSource {
+ public:
+  explicit HostWeights(std::vector<std::vector<float>> groups);
+  int num_groups() const override { return static_cast<int>(params_.size()); }
+  uint64_t group_numel(int g) const override { return params_.at(g).size(); }
+  const float* acquire_params(int g) override;
+  void release_params(int g) override;
+  float* gradient_buffer(int g) override;
+  void grads_ready(int g) override;
+  std::vector<float>& params(int g) { return params_.at(g); }
+  const std::vector<float>& grads(int g) const { return grads_.at(g); }
+
+ private:
+  std::vector<std::vector<float>> params_, grads_;
+  std::vector<int> held_;
+};
+
+// Measured fp32 matmul peak of this machine's cores (OpenBLAS sgemm on square matrices,
+// best of a few runs of about `seconds` in total), FLOP/s: the cpu backend's peak for MFU.
+double measure_cpu_matmul_peak(double seconds = 0.5);
+
+}  // namespace strata

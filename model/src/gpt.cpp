@@ -1,0 +1,403 @@
+#include "strata/model/gpt.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "attention_cpu.hpp"
+#include "parallel.hpp"
+#include "strata/core/error.hpp"
+#include "strata/core/math/gpt.hpp"
+
+namespace strata {
+
+using detail::parallel_for;
+
+namespace {
+
+constexpr uint64_t kLogitsChunkBytes = 32ull << 20;  // one chunk of [rows, vocab] logits
+
+// Y[M,N] = X[M,K] W[N,K]^T + b
+void linear(const float* X, const float* W, const float* bias, float* Y, long M, int N, int K) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(M), N, K, 1.0f, X, K, W, K, 0.0f, Y, N);
+  parallel_for(M, 256, [&](long r) {
+    float* y = Y + r * N;
+    for (int j = 0; j < N; ++j) y[j] += bias[j];
+  });
+}
+
+// Backward of linear: dX = dY W (beta: 0 overwrite, 1 accumulate), dW = dY^T X, db = colsum(dY).
+void linear_backward(const float* dY, const float* X, const float* W, float* dX, float* dW, float* db, long M, int N,
+                     int K, const std::vector<float>& ones) {
+  if (dX)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(M), K, N, 1.0f, dY, N, W, K, 0.0f, dX, K);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, K, static_cast<int>(M), 1.0f, dY, N, X, K, 0.0f, dW, K);
+  cblas_sgemv(CblasRowMajor, CblasTrans, static_cast<int>(M), N, 1.0f, dY, N, ones.data(), 1, 0.0f, db, 1);
+}
+
+void layernorm(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, long rows, int n) {
+  parallel_for(rows, 64, [&](long r) { math::layernorm_row(x + r * n, w, b, y + r * n, n, mean + r, rstd + r); });
+}
+
+// dx += LN backward of dy; dw, db overwritten with the parameter gradients.
+void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
+                        float* dx, float* dw, float* db, long rows, int n) {
+  const unsigned parts = detail::model_threads();
+  std::vector<float> partial(static_cast<size_t>(parts) * 2 * n, 0.0f);  // per part: dw, db
+  const long per = (rows + parts - 1) / parts;
+  parallel_for(parts, 1, [&](long p) {
+    float* pdw = partial.data() + p * 2 * n;
+    float* pdb = pdw + n;
+    const long end = std::min(rows, (p + 1) * per);
+    for (long r = p * per; r < end; ++r)
+      math::layernorm_row_backward(dy + r * n, x + r * n, w, mean[r], rstd[r], n, dx + r * n, pdw, pdb);
+  });
+  std::fill(dw, dw + n, 0.0f);
+  std::fill(db, db + n, 0.0f);
+  for (unsigned p = 0; p < parts; ++p)
+    for (int i = 0; i < n; ++i) {
+      dw[i] += partial[p * 2 * n + i];
+      db[i] += partial[p * 2 * n + n + i];
+    }
+}
+
+void check_tokens(const int32_t* t, long n, int vocab, const char* what) {
+  for (long i = 0; i < n; ++i)
+    if (t[i] < 0 || t[i] >= vocab)
+      throw Error(std::string(what) + " token " + std::to_string(t[i]) + " at position " + std::to_string(i) +
+                  " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+}
+
+}  // namespace
+
+// Activations one block keeps from forward for backward (all [rows = B*T] x width).
+struct BlockActs {
+  std::vector<float> ln1, mean1, rstd1;  // [BT, d], [BT], [BT]
+  std::vector<float> qkv;                // [BT, 3d]
+  std::vector<float> att, lse;           // [BT, d], [B, H, T]
+  std::vector<float> x2;                 // [BT, d]  residual after attention
+  std::vector<float> ln2, mean2, rstd2;  // [BT, d], [BT], [BT]
+  std::vector<float> fc, gel;            // [BT, 4d] before and after GELU
+  BlockActs(long bt, int d, int heads_x_t_per_row) {
+    ln1.resize(bt * d); mean1.resize(bt); rstd1.resize(bt);
+    qkv.resize(bt * 3 * d);
+    att.resize(bt * d); lse.resize(static_cast<size_t>(bt) * heads_x_t_per_row);
+    x2.resize(bt * d);
+    ln2.resize(bt * d); mean2.resize(bt); rstd2.resize(bt);
+    fc.resize(bt * 4 * d); gel.resize(bt * 4 * d);
+  }
+  static uint64_t floats(long bt, int d, int heads) { return static_cast<uint64_t>(bt) * (16ull * d + 4 + heads); }
+};
+
+struct Gpt::Impl {
+  GptShape s;
+  GptOptions o;
+  GptBlockLayout lay;
+  long bt_max;
+  std::vector<std::vector<float>> resid;  // [L+1][BT, d]: block inputs, then the final residual
+  std::vector<BlockActs> acts;            // L (no checkpointing) or 1 (recompute scratch)
+  std::vector<float> lnf, meanf, rstdf;   // [BT, d], [BT], [BT]
+  std::vector<float> dres, dsmall, dbig, dqkv;  // gradients: [BT, d], [BT, d], [BT, 4d], [BT, 3d]
+  std::vector<float> logits;              // [chunk rows, V]
+  std::vector<float> ones;                // [BT] for column sums
+  long chunk_rows;
+
+  Impl(const GptShape& shape, const GptOptions& opts) : s(shape), o(opts), lay(gpt_block_layout(shape.d_model)) {
+    validate(s);
+    if (o.micro_batch < 1) throw ConfigError("micro_batch = " + std::to_string(o.micro_batch) + " must be at least 1");
+    const int d = s.d_model;
+    bt_max = static_cast<long>(o.micro_batch) * s.seq_len;
+    resid.assign(s.layers + 1, std::vector<float>(bt_max * d));
+    const int nacts = o.checkpointing == ActivationCheckpointing::None ? s.layers : 1;
+    for (int i = 0; i < nacts; ++i) acts.emplace_back(bt_max, d, s.heads);
+    lnf.resize(bt_max * d); meanf.resize(bt_max); rstdf.resize(bt_max);
+    dres.resize(bt_max * d); dsmall.resize(bt_max * d); dbig.resize(bt_max * 4 * d); dqkv.resize(bt_max * 3 * d);
+    chunk_rows = std::clamp<long>(static_cast<long>(kLogitsChunkBytes / (4ull * s.vocab)), 1, bt_max);
+    logits.resize(static_cast<size_t>(chunk_rows) * s.vocab);
+    ones.assign(bt_max, 1.0f);
+  }
+
+  BlockActs& acts_for(int l) { return o.checkpointing == ActivationCheckpointing::None ? acts[l] : acts[0]; }
+
+  void embed(const float* w, const int32_t* tok, int B, int T) {
+    const int d = s.d_model;
+    const float* wte = w;
+    const float* wpe = w + static_cast<long>(s.vocab) * d;
+    float* x = resid[0].data();
+    parallel_for(static_cast<long>(B) * T, 64, [&](long r) {
+      const int t = static_cast<int>(r % T);
+      const float* e = wte + static_cast<long>(tok[r]) * d;
+      const float* p = wpe + static_cast<long>(t) * d;
+      for (int c = 0; c < d; ++c) x[r * d + c] = e[c] + p[c];
+    });
+  }
+
+  // x [BT, d] -> a's activations; writes x + block(x) to out when out is not null.
+  void block_forward(const float* w, const float* x, BlockActs& a, float* out, int B, int T) {
+    const int d = s.d_model;
+    const long bt = static_cast<long>(B) * T;
+    layernorm(x, w + lay.ln1_w, w + lay.ln1_b, a.ln1.data(), a.mean1.data(), a.rstd1.data(), bt, d);
+    linear(a.ln1.data(), w + lay.qkv_w, w + lay.qkv_b, a.qkv.data(), bt, 3 * d, d);
+    detail::attention_forward(a.qkv.data(), a.att.data(), a.lse.data(), B, T, d, s.heads);
+    linear(a.att.data(), w + lay.attn_proj_w, w + lay.attn_proj_b, a.x2.data(), bt, d, d);
+    float* x2 = a.x2.data();
+    parallel_for(bt, 256, [&](long r) {
+      for (int c = 0; c < d; ++c) x2[r * d + c] += x[r * d + c];
+    });
+    layernorm(x2, w + lay.ln2_w, w + lay.ln2_b, a.ln2.data(), a.mean2.data(), a.rstd2.data(), bt, d);
+    linear(a.ln2.data(), w + lay.fc_w, w + lay.fc_b, a.fc.data(), bt, 4 * d, d);
+    const float* fc = a.fc.data();
+    float* gel = a.gel.data();
+    parallel_for(bt, 64, [&](long r) {
+      for (long c = r * 4 * d; c < (r + 1) * 4 * d; ++c) gel[c] = math::gelu(fc[c]);
+    });
+    if (!out) return;
+    linear(gel, w + lay.mlp_proj_w, w + lay.mlp_proj_b, out, bt, d, 4 * d);
+    parallel_for(bt, 256, [&](long r) {
+      for (int c = 0; c < d; ++c) out[r * d + c] += x2[r * d + c];
+    });
+  }
+
+  // dres: gradient of the block's output in, of its input out. g: the block's gradient.
+  void block_backward(const float* w, const float* x, BlockActs& a, float* g, int B, int T) {
+    const int d = s.d_model;
+    const long bt = static_cast<long>(B) * T;
+    float* dr = dres.data();
+    // MLP: out = x2 + gelu(fc(ln2(x2))) Wp^T + bp
+    linear_backward(dr, a.gel.data(), w + lay.mlp_proj_w, dbig.data(), g + lay.mlp_proj_w, g + lay.mlp_proj_b, bt, d,
+                    4 * d, ones);
+    const float* fc = a.fc.data();
+    float* db = dbig.data();
+    parallel_for(bt, 64, [&](long r) {
+      for (long c = r * 4 * d; c < (r + 1) * 4 * d; ++c) db[c] *= math::gelu_grad(fc[c]);
+    });
+    linear_backward(db, a.ln2.data(), w + lay.fc_w, dsmall.data(), g + lay.fc_w, g + lay.fc_b, bt, 4 * d, d, ones);
+    layernorm_backward(dsmall.data(), a.x2.data(), w + lay.ln2_w, a.mean2.data(), a.rstd2.data(), dr, g + lay.ln2_w,
+                       g + lay.ln2_b, bt, d);
+    // Attention: x2 = x + attn(ln1(x)) Wo^T + bo
+    linear_backward(dr, a.att.data(), w + lay.attn_proj_w, dsmall.data(), g + lay.attn_proj_w, g + lay.attn_proj_b,
+                    bt, d, d, ones);
+    detail::attention_backward(a.qkv.data(), a.att.data(), a.lse.data(), dsmall.data(), dqkv.data(), B, T, d, s.heads);
+    linear_backward(dqkv.data(), a.ln1.data(), w + lay.qkv_w, dsmall.data(), g + lay.qkv_w, g + lay.qkv_b, bt, 3 * d,
+                    d, ones);
+    layernorm_backward(dsmall.data(), x, w + lay.ln1_w, a.mean1.data(), a.rstd1.data(), dr, g + lay.ln1_w,
+                       g + lay.ln1_b, bt, d);
+  }
+
+  // Final layer norm, tied head and mean cross-entropy over rows [0, bt). With dwte, also
+  // backward: dwte (overwritten) gets the head's gradient and dres the final residual's.
+  double head(const float* wf, const float* wte, const int32_t* targets, long bt, float* dwte, float* dlnf_wb) {
+    const int d = s.d_model, V = s.vocab;
+    const float* xf = resid[s.layers].data();
+    layernorm(xf, wf, wf + d, lnf.data(), meanf.data(), rstdf.data(), bt, d);
+    double loss = 0;
+    const float inv_n = 1.0f / static_cast<float>(bt);
+    float* dl = dsmall.data();  // gradient of lnf's output
+    for (long r0 = 0; r0 < bt; r0 += chunk_rows) {
+      const long nr = std::min(chunk_rows, bt - r0);
+      float* lg = logits.data();
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(nr), V, d, 1.0f, lnf.data() + r0 * d, d,
+                  wte, d, 0.0f, lg, V);
+      std::vector<double> row_loss(nr);
+      parallel_for(nr, 16, [&](long i) {
+        float* z = lg + i * V;
+        float mx = z[0];
+        for (int j = 1; j < V; ++j) mx = std::max(mx, z[j]);
+        double sum = 0;
+        for (int j = 0; j < V; ++j) sum += std::exp(static_cast<double>(z[j] - mx));
+        const double lse = mx + std::log(sum);
+        const int tgt = targets[r0 + i];
+        row_loss[i] = lse - z[tgt];
+        if (dwte) {
+          for (int j = 0; j < V; ++j) z[j] = static_cast<float>(std::exp(z[j] - lse)) * inv_n;
+          z[tgt] -= inv_n;
+        }
+      });
+      for (double v : row_loss) loss += v;
+      if (!dwte) continue;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(nr), d, V, 1.0f, lg, V, wte, d, 0.0f,
+                  dl + r0 * d, d);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, d, static_cast<int>(nr), 1.0f, lg, V,
+                  lnf.data() + r0 * d, d, r0 == 0 ? 0.0f : 1.0f, dwte, d);
+    }
+    if (dwte) {
+      std::fill(dres.begin(), dres.begin() + bt * d, 0.0f);
+      layernorm_backward(dl, xf, wf, meanf.data(), rstdf.data(), dres.data(), dlnf_wb, dlnf_wb + d, bt, d);
+    }
+    return loss / static_cast<double>(bt);
+  }
+
+  // Adds the embedding gradient into g0 (wte part holds the head's; wpe part is written).
+  void embed_backward(const int32_t* tok, float* g0, int B, int T) {
+    const int d = s.d_model;
+    float* dwte = g0;
+    float* dwpe = g0 + static_cast<long>(s.vocab) * d;
+    std::fill(dwpe, dwpe + static_cast<long>(s.seq_len) * d, 0.0f);
+    const float* dr = dres.data();
+    // Rows with the same token add into one wte row: each thread owns a range of channels.
+    constexpr int kCols = 64;
+    parallel_for((d + kCols - 1) / kCols, 1, [&](long cb) {
+      const int c0 = static_cast<int>(cb) * kCols, c1 = std::min(d, c0 + kCols);
+      for (long r = 0; r < static_cast<long>(B) * T; ++r) {
+        const float* v = dr + r * d;
+        float* e = dwte + static_cast<long>(tok[r]) * d;
+        float* p = dwpe + (r % T) * d;
+        for (int c = c0; c < c1; ++c) {
+          e[c] += v[c];
+          p[c] += v[c];
+        }
+      }
+    });
+  }
+};
+
+Gpt::Gpt(const GptShape& shape, const GptOptions& opts)
+    : shape_(shape), opts_(opts), impl_(std::make_unique<Impl>(shape, opts)) {}
+Gpt::~Gpt() = default;
+
+double Gpt::forward_backward(WeightSource& ws, const int32_t* inputs, const int32_t* targets) {
+  Impl& m = *impl_;
+  const int B = opts_.micro_batch, T = shape_.seq_len, L = shape_.layers;
+  const long bt = static_cast<long>(B) * T;
+  check_tokens(inputs, bt, shape_.vocab, "input");
+  check_tokens(targets, bt, shape_.vocab, "target");
+  const int ge = gpt_embeddings_group(), gf = gpt_final_group(shape_);
+
+  m.embed(ws.acquire_params(ge), inputs, B, T);
+  ws.release_params(ge);
+  for (int l = 0; l < L; ++l) {
+    const int g = gpt_block_group(l);
+    const float* w = ws.acquire_params(g);
+    m.block_forward(w, m.resid[l].data(), m.acts_for(l), m.resid[l + 1].data(), B, T);
+    ws.release_params(g);
+  }
+  const float* wf = ws.acquire_params(gf);
+  const float* wte = ws.acquire_params(ge);
+  float* g0 = ws.gradient_buffer(ge);  // held until the embedding backward at the end
+  float* gfin = ws.gradient_buffer(gf);
+  const double loss = m.head(wf, wte, targets, bt, g0, gfin);
+  ws.release_params(ge);
+  ws.release_params(gf);
+  ws.grads_ready(gf);
+  for (int l = L - 1; l >= 0; --l) {
+    const int g = gpt_block_group(l);
+    const float* w = ws.acquire_params(g);
+    if (opts_.checkpointing != ActivationCheckpointing::None)
+      m.block_forward(w, m.resid[l].data(), m.acts_for(l), nullptr, B, T);
+    float* grad = ws.gradient_buffer(g);
+    m.block_backward(w, m.resid[l].data(), m.acts_for(l), grad, B, T);
+    ws.release_params(g);
+    ws.grads_ready(g);
+  }
+  m.embed_backward(inputs, g0, B, T);
+  ws.grads_ready(ge);
+  return loss;
+}
+
+double Gpt::forward_loss(WeightSource& ws, const int32_t* inputs, const int32_t* targets) {
+  Impl& m = *impl_;
+  const int B = opts_.micro_batch, T = shape_.seq_len;
+  const long bt = static_cast<long>(B) * T;
+  check_tokens(inputs, bt, shape_.vocab, "input");
+  check_tokens(targets, bt, shape_.vocab, "target");
+  const int ge = gpt_embeddings_group(), gf = gpt_final_group(shape_);
+  m.embed(ws.acquire_params(ge), inputs, B, T);
+  ws.release_params(ge);
+  for (int l = 0; l < shape_.layers; ++l) {
+    const int g = gpt_block_group(l);
+    m.block_forward(ws.acquire_params(g), m.resid[l].data(), m.acts_for(l), m.resid[l + 1].data(), B, T);
+    ws.release_params(g);
+  }
+  const float* wf = ws.acquire_params(gf);
+  const float* wte = ws.acquire_params(ge);
+  const double loss = m.head(wf, wte, targets, bt, nullptr, nullptr);
+  ws.release_params(ge);
+  ws.release_params(gf);
+  return loss;
+}
+
+void Gpt::next_token_logits(WeightSource& ws, const int32_t* tokens, int len, float* out) {
+  if (len < 1 || len > shape_.seq_len)
+    throw Error("next_token_logits: " + std::to_string(len) + " tokens; the context holds 1 to " +
+                std::to_string(shape_.seq_len));
+  Impl& m = *impl_;
+  check_tokens(tokens, len, shape_.vocab, "input");
+  const int d = shape_.d_model, V = shape_.vocab;
+  const int ge = gpt_embeddings_group(), gf = gpt_final_group(shape_);
+  m.embed(ws.acquire_params(ge), tokens, 1, len);
+  ws.release_params(ge);
+  for (int l = 0; l < shape_.layers; ++l) {
+    const int g = gpt_block_group(l);
+    m.block_forward(ws.acquire_params(g), m.resid[l].data(), m.acts_for(l), m.resid[l + 1].data(), 1, len);
+    ws.release_params(g);
+  }
+  const float* wf = ws.acquire_params(gf);
+  const float* wte = ws.acquire_params(ge);
+  const float* x = m.resid[shape_.layers].data() + static_cast<long>(len - 1) * d;
+  float mean, rstd;
+  math::layernorm_row(x, wf, wf + d, m.lnf.data(), d, &mean, &rstd);
+  cblas_sgemv(CblasRowMajor, CblasNoTrans, V, d, 1.0f, wte, d, m.lnf.data(), 1, 0.0f, out, 1);
+  ws.release_params(ge);
+  ws.release_params(gf);
+}
+
+uint64_t Gpt::activation_bytes(const GptShape& s, const GptOptions& o) {
+  const long bt = static_cast<long>(o.micro_batch) * s.seq_len;
+  const int d = s.d_model;
+  const uint64_t nacts = o.checkpointing == ActivationCheckpointing::None ? s.layers : 1;
+  const long chunk = std::clamp<long>(static_cast<long>(kLogitsChunkBytes / (4ull * s.vocab)), 1, bt);
+  uint64_t floats = static_cast<uint64_t>(s.layers + 1) * bt * d    // residual stream
+                    + nacts * BlockActs::floats(bt, d, s.heads)      // saved or scratch activations
+                    + static_cast<uint64_t>(bt) * (d + 2)           // final layer norm
+                    + static_cast<uint64_t>(bt) * (9ull * d + 1)    // gradients, ones
+                    + static_cast<uint64_t>(chunk) * s.vocab;       // logits chunk
+  return floats * 4;
+}
+
+uint64_t Gpt::activation_bytes() const { return activation_bytes(shape_, opts_); }
+
+// ---------------------------------------------------------------------------------------
+
+HostWeights::HostWeights(std::vector<std::vector<float>> groups) : params_(std::move(groups)) {
+  grads_.resize(params_.size());
+  held_.assign(params_.size(), 0);
+}
+
+const float* HostWeights::acquire_params(int g) {
+  ++held_.at(g);
+  return params_.at(g).data();
+}
+
+void HostWeights::release_params(int g) {
+  if (held_.at(g) <= 0) throw Error("release_params: group " + std::to_string(g) + " is not acquired");
+  --held_[g];
+}
+
+float* HostWeights::gradient_buffer(int g) {
+  grads_.at(g).assign(params_.at(g).size(), std::nanf(""));  // the model must overwrite every element
+  return grads_[g].data();
+}
+
+void HostWeights::grads_ready(int) {}
+
+double measure_cpu_matmul_peak(double seconds) {
+  const int n = 1024;
+  std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a.size(), 0.25f), c(a.size());
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+  double best = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  do {
+    const auto t0 = std::chrono::steady_clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(),
+                n);
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, 2.0 * n * n * static_cast<double>(n) / dt);
+  } while (std::chrono::steady_clock::now() < until);
+  return best;
+}
+
+}  // namespace strata
