@@ -1,0 +1,53 @@
+// `strata train`: the GPT (model/gpt.hpp) trained under the ZeRO engine, one process per
+// rank (mpirun/srun) or a single process. Each rank reads its own slice of every global
+// batch; rank 0 prints one line per step and writes the metrics.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "strata/model/gpt_layout.hpp"
+#include "strata/runtime/config.hpp"
+#include "strata/runtime/zero_engine.hpp"
+
+namespace strata {
+
+// The engine's parameter groups for a GPT: names and sizes from gpt_layout, GPT-2's
+// initialisation (normal(0, init_std) weights, zero biases, unit layer-norm gains).
+std::vector<GroupSpec> gpt_group_specs(const GptShape& shape, float init_std = 0.02f);
+
+struct TrainOptions {
+  bool resume = false;            // continue from the latest complete checkpoint
+  std::string metrics_path;       // JSONL, one object per step (rank 0); "" = none
+  bool quiet = false;             // no per-step lines (tests)
+  int eval_batches = 0;           // held-out batches evaluated after the last step (0 = none)
+};
+
+struct StepRecord {
+  int64_t step = 0;               // optimizer steps taken after this one
+  double loss = 0;                // mean over the global batch
+  double seconds = 0;             // wall time of the step
+  double tokens_per_s = 0;
+  double mfu = 0;                 // model FLOPs / (time x measured matmul peak of all ranks)
+  double exposed_s = 0;           // time the model waited for transfers in this step
+  double optimizer_s = 0;         // optimizer step, waits for states included
+  bool stepped = true;            // false when the step was skipped (non-finite gradients)
+};
+
+struct TrainResult {
+  std::vector<StepRecord> steps;  // the steps this run took (after a resume: only those)
+  int64_t first_step = 0;         // optimizer steps already taken at start (resume)
+  double eval_loss = -1;          // held-out loss after the last step (-1: not evaluated)
+  std::string last_checkpoint;    // "" when none was written
+  double peak_flops = 0;          // measured matmul peak, all ranks together
+  EngineStats stats;              // at the end
+};
+
+// Trains for config.strata.steps optimizer steps in total (a resumed run continues to
+// that number). Throws ConfigError for bad configurations or data, OutOfBudget when the
+// budgets cannot hold the model, IoError/CorruptionError for files.
+TrainResult train(const Config& config, const TrainOptions& opts);
+
+}  // namespace strata

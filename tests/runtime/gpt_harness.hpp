@@ -1,0 +1,74 @@
+// Trains a small GPT under the ZeRO engine with a given stage and offload, so that runs
+// at different world sizes and settings can be compared step by step (the GPT's
+// counterpart of engine_harness.hpp's residual MLP).
+#pragma once
+
+#include <random>
+#include <span>
+#include <vector>
+
+#include "engine_harness.hpp"
+#include "strata/model/gpt.hpp"
+#include "strata/runtime/train.hpp"
+
+namespace strata::testing_engine {
+
+inline GptShape small_gpt() { return {2, 32, 2, 16, 64}; }
+constexpr int kGptGlobalBatch = 4;  // sequences per micro-step, over all ranks
+
+// Sequence `row` of micro-step (step, micro): an arithmetic progression mod vocab with a
+// random start and stride in {1, 2, 3}, which the model learns to continue.
+inline void gpt_row(int step, int micro, int row, const GptShape& s, int32_t* x, int32_t* y) {
+  std::mt19937 rng(static_cast<uint32_t>(step * 7919 + micro * 104729 + row * 1299709 + 3));
+  const int start = static_cast<int>(rng() % s.vocab), stride = 1 + static_cast<int>(rng() % 3);
+  for (int t = 0; t < s.seq_len; ++t) {
+    x[t] = (start + stride * t) % s.vocab;
+    y[t] = (start + stride * (t + 1)) % s.vocab;
+  }
+}
+
+inline RunResult train_gpt(coll::Communicator& comm, coll::Communicator& host, const RunSpec& spec, int steps,
+                           const std::string& nvme_dir, bool checkpointing = false) {
+  const GptShape shape = small_gpt();
+  auto device = make_device({});
+  EngineOptions o;
+  o.stage = spec.stage;
+  o.param_home = home_tier(spec.param);
+  o.optimizer_home = home_tier(spec.optimizer);
+  o.optimizer = {OptimizerKind::AdamW, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.01f};
+  o.gradient_clipping = spec.clip;
+  o.gradient_accumulation_steps = spec.accum;
+  o.sub_group_elems = spec.sub_group;
+  o.prefetch_bucket_elems = 40'000;
+  o.optimizer_threads = 1;
+  o.seed = 42;
+  o.store.device_budget = 2 << 20;
+  o.store.pinned_budget = 2 << 20;
+  if (spec.param == OffloadDevice::Nvme || spec.optimizer == OffloadDevice::Nvme) {
+    o.store.nvme.paths = {nvme_dir};
+    o.store.nvme.checksums = true;
+  }
+  ZeroEngine engine(*device, comm, host, o, gpt_group_specs(shape));
+  if (spec.give_schedule) engine.set_schedule(gpt_schedule(shape));
+  const int world = comm.size(), rank = comm.rank(), local = kGptGlobalBatch / world;
+  Gpt model(shape, {local, checkpointing ? ActivationCheckpointing::PerBlock : ActivationCheckpointing::None});
+  std::vector<int32_t> x(static_cast<size_t>(local) * shape.seq_len), y(x.size());
+  RunResult r;
+  for (int step = 0; step < steps; ++step) {
+    double loss = 0;
+    for (int m = 0; m < spec.accum; ++m) {
+      for (int i = 0; i < local; ++i)
+        gpt_row(step, m, rank * local + i, shape, &x[i * shape.seq_len], &y[i * shape.seq_len]);
+      engine.begin_micro_step();
+      loss += model.forward_backward(engine, x.data(), y.data());
+    }
+    host.all_reduce(std::span<double>(&loss, 1)).wait();
+    r.losses.push_back(loss / (world * spec.accum));
+    engine.step();
+  }
+  for (int g = 0; g < engine.num_groups(); ++g) r.weights.push_back(engine.gather_full_params(g));
+  r.stats = engine.stats();
+  return r;
+}
+
+}  // namespace strata::testing_engine
