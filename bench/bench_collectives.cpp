@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "strata/bench/commands.hpp"
+#include "strata/bench/report.hpp"
 #include "strata/collectives/communicator.hpp"
 #include "strata/collectives/mpi_backend.hpp"
 #include "strata/collectives/nccl.hpp"
@@ -47,7 +48,7 @@ struct CollectivesOptions {
   unsigned iters = 20;
   unsigned warmup = 5;
   bool reference = true;
-  std::string json;
+  OutputOptions out;
 };
 
 enum class Collective { AllGather, ReduceScatter };
@@ -209,38 +210,39 @@ Row measure(coll::Communicator& comm, coll::Communicator& host, Device* dev, Col
   return row;
 }
 
-void print_header(const coll::Communicator& comm, const CollectivesOptions& o, const std::string& library,
-                  bool reference) {
-  std::printf("# strata bench collectives: backend %s, %d rank(s) (%d on this host), float, iters %u, warmup %u\n",
+void print_header(std::FILE* out, const coll::Communicator& comm, const CollectivesOptions& o,
+                  const std::string& library, bool reference) {
+  std::fprintf(out, "# strata bench collectives: backend %s, %d rank(s) (%d on this host), float, iters %u, warmup %u\n",
               to_string(comm.backend()), comm.size(), comm.local_size(), o.iters, o.warmup);
-  if (!library.empty()) std::printf("# MPI: %s\n", library.c_str());
-  std::printf("# time: mean per operation, each waited for, slowest rank; algbw = size/time; "
+  if (!library.empty()) std::fprintf(out, "# MPI: %s\n", library.c_str());
+  std::fprintf(out, "# time: mean per operation, each waited for, slowest rank; algbw = size/time; "
               "busbw = algbw*(n-1)/n\n");
   if (reference)
-    std::printf("# ref: one blocking MPI call; ref-nb: the non-blocking call + MPI_Wait; both on the MPI thread\n");
+    std::fprintf(out, "# ref: one blocking MPI call; ref-nb: the non-blocking call + MPI_Wait; both on the MPI thread\n");
   if (comm.size() == 1)
-    std::printf("# one rank: nothing moves between ranks and busbw is 0; run under mpirun -np N\n");
+    std::fprintf(out, "# one rank: nothing moves between ranks and busbw is 0; run under mpirun -np N\n");
 }
 
-void print_table(Collective c, const std::vector<Row>& rows, bool reference) {
-  std::printf("#\n# %s\n", name_of(c));
-  std::printf("# %12s %12s %6s %6s %10s %8s %8s %7s", "size", "count", "type", "redop", "time", "algbw", "busbw",
+void print_table(std::FILE* out, Collective c, const std::vector<Row>& rows, bool reference) {
+  std::fprintf(out, "#\n# %s\n", name_of(c));
+  std::fprintf(out, "# %12s %12s %6s %6s %10s %8s %8s %7s", "size", "count", "type", "redop", "time", "algbw", "busbw",
               "#wrong");
-  if (reference) std::printf(" %10s %8s %10s %8s", "ref time", "ref bus", "ref-nb", "ref-nb");
-  std::printf("\n# %12s %12s %6s %6s %10s %8s %8s %7s", "(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", "");
-  if (reference) std::printf(" %10s %8s %10s %8s", "(us)", "(GB/s)", "(us)", "(GB/s)");
-  std::printf("\n");
+  if (reference) std::fprintf(out, " %10s %8s %10s %8s", "ref time", "ref bus", "ref-nb", "ref-nb");
+  std::fprintf(out, "\n# %12s %12s %6s %6s %10s %8s %8s %7s", "(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", "");
+  if (reference) std::fprintf(out, " %10s %8s %10s %8s", "(us)", "(GB/s)", "(us)", "(GB/s)");
+  std::fprintf(out, "\n");
   for (const Row& r : rows) {
     if (r.coll != c) continue;
-    std::printf("  %12llu %12llu %6s %6s %10.1f %8.3f %8.3f %7llu", static_cast<unsigned long long>(r.bytes),
+    std::fprintf(out, "  %12llu %12llu %6s %6s %10.1f %8.3f %8.3f %7llu", static_cast<unsigned long long>(r.bytes),
                 static_cast<unsigned long long>(r.count), "float", c == Collective::AllGather ? "none" : "sum",
                 r.time_us, r.algbw, r.busbw, static_cast<unsigned long long>(r.wrong));
-    if (reference) std::printf(" %10.1f %8.3f %10.1f %8.3f", r.ref_time_us, r.ref_busbw, r.nb_time_us, r.nb_busbw);
-    std::printf("\n");
+    if (reference) std::fprintf(out, " %10.1f %8.3f %10.1f %8.3f", r.ref_time_us, r.ref_busbw, r.nb_time_us, r.nb_busbw);
+    std::fprintf(out, "\n");
   }
 }
 
-int run_collectives(const CollectivesOptions& o) {
+int run_collectives(const CollectivesOptions& o, const std::string& command) {
+  check_output_options(o.out);
   if (o.min_bytes == 0 || o.max_bytes < o.min_bytes)
     throw ConfigError("bench collectives: need 0 < --min-bytes <= --max-bytes");
   // MPI starts here, and only here: other benchmarks never touch it.
@@ -260,51 +262,65 @@ int run_collectives(const CollectivesOptions& o) {
   std::vector<Row> rows;
   std::vector<uint64_t> sizes;
   for (uint64_t s = o.min_bytes; s <= o.max_bytes; s *= std::max(2u, o.step_factor)) sizes.push_back(s);
+  std::unique_ptr<Progress> progress;
+  if (comm.rank() == 0) progress = std::make_unique<Progress>("strata bench collectives");
   for (Collective c : {Collective::AllGather, Collective::ReduceScatter})
     for (uint64_t s : sizes)
-      if (s / sizeof(float) / comm.size() > 0) rows.push_back(measure(comm, *host, dev.get(), c, s, o));
+      if (s / sizeof(float) / comm.size() > 0) {
+        if (progress) progress->show(std::string(name_of(c)) + " " + std::to_string(s) + " B");
+        rows.push_back(measure(comm, *host, dev.get(), c, s, o));
+      }
+  if (progress) progress->done();
 
   uint64_t wrong = 0;
   for (const Row& r : rows) wrong += r.wrong;
   if (comm.rank() == 0) {
-    print_header(comm, o, library, reference);
-    print_table(Collective::AllGather, rows, reference);
-    print_table(Collective::ReduceScatter, rows, reference);
-    std::printf("# wrong elements: %llu\n", static_cast<unsigned long long>(wrong));
-    std::fflush(stdout);
-    if (!o.json.empty()) {
-      nlohmann::json j;
-      j["benchmark"] = "collectives";
-      j["backend"] = to_string(comm.backend());
-      j["ranks"] = comm.size();
-      j["ranks_per_host"] = comm.local_size();
-      j["mpi_library"] = library;
-      j["type"] = "float";
-      j["iters"] = o.iters;
-      j["warmup"] = o.warmup;
-      j["results"] = nlohmann::json::array();
-      for (const Row& r : rows) {
-        nlohmann::json x{{"collective", name_of(r.coll)},
-                         {"size_bytes", r.bytes},
-                         {"count", r.count},
-                         {"type", "float"},
-                         {"redop", r.coll == Collective::AllGather ? "none" : "sum"},
-                         {"time_us", r.time_us},
-                         {"algbw_gbps", r.algbw},
-                         {"busbw_gbps", r.busbw},
-                         {"wrong", r.wrong}};
-        if (r.ref_time_us >= 0) {
-          x["ref_time_us"] = r.ref_time_us;
-          x["ref_busbw_gbps"] = r.ref_busbw;
-          x["ref_nb_time_us"] = r.nb_time_us;
-          x["ref_nb_busbw_gbps"] = r.nb_busbw;
-        }
-        j["results"].push_back(x);
+    Report report;
+    report.benchmark = "collectives";
+    report.command = command;
+    report.title = "strata bench collectives (machine: rank 0's)";
+    report.config = {{"backend", to_string(comm.backend())}, {"ranks", comm.size()},
+                     {"ranks_per_host", comm.local_size()}, {"mpi_library", library}, {"type", "float"},
+                     {"iters", o.iters}, {"warmup", o.warmup}, {"reference", reference}};
+    report.table.columns = {{"collective", "collective", ""},   {"size_bytes", "size B", ""},
+                            {"count", "count", ""},             {"time_us", "time us", "%.1f"},
+                            {"algbw_gbps", "algbw GB/s", "%.3f"}, {"busbw_gbps", "busbw GB/s", "%.3f"},
+                            {"wrong", "#wrong", ""}};
+    if (reference)
+      report.table.columns.insert(report.table.columns.end(),
+                                  {{"ref_time_us", "ref us", "%.1f"}, {"ref_busbw_gbps", "ref busbw", "%.3f"},
+                                   {"ref_nb_time_us", "ref-nb us", "%.1f"}, {"ref_nb_busbw_gbps", "ref-nb busbw", "%.3f"}});
+    // The same objects as the "results" `strata bench collectives --json` has always had.
+    nlohmann::json results = nlohmann::json::array();
+    for (const Row& r : rows) {
+      nlohmann::json x{{"collective", name_of(r.coll)},
+                       {"size_bytes", r.bytes},
+                       {"count", r.count},
+                       {"type", "float"},
+                       {"redop", r.coll == Collective::AllGather ? "none" : "sum"},
+                       {"time_us", r.time_us},
+                       {"algbw_gbps", r.algbw},
+                       {"busbw_gbps", r.busbw},
+                       {"wrong", r.wrong}};
+      if (r.ref_time_us >= 0) {
+        x["ref_time_us"] = r.ref_time_us;
+        x["ref_busbw_gbps"] = r.ref_busbw;
+        x["ref_nb_time_us"] = r.nb_time_us;
+        x["ref_nb_busbw_gbps"] = r.nb_busbw;
       }
-      std::ofstream out(o.json);
-      out << j.dump(2) << "\n";
-      if (!out) throw IoError("bench collectives: cannot write the JSON report", o.json, 0, 0, errno);
+      results.push_back(x);
+      report.table.rows.push_back(x);
     }
+    report.extra = {{"backend", to_string(comm.backend())}, {"ranks", comm.size()},
+                    {"ranks_per_host", comm.local_size()}, {"mpi_library", library},
+                    {"type", "float"}, {"iters", o.iters}, {"warmup", o.warmup}, {"results", results}};
+    report.print_human = [&](std::FILE* out) {
+      print_header(out, comm, o, library, reference);
+      print_table(out, Collective::AllGather, rows, reference);
+      print_table(out, Collective::ReduceScatter, rows, reference);
+      std::fprintf(out, "# wrong elements: %llu\n", static_cast<unsigned long long>(wrong));
+    };
+    emit(report, o.out);
   }
   return wrong == 0 ? 0 : 1;
 }
@@ -330,8 +346,10 @@ void add_collectives(CLI::App& bench, Runner& run) {
   cmd->add_option("--iters", opts->iters, "timed operations per size")->capture_default_str()->check(CLI::Range(1u, 100000u));
   cmd->add_option("--warmup", opts->warmup, "untimed operations per size")->capture_default_str();
   cmd->add_flag("!--no-reference", opts->reference, "skip the plain-MPI reference columns");
-  cmd->add_option("--json", opts->json, "also write the results as JSON to this file (rank 0)");
-  cmd->callback([&run, opts] { run = [opts] { return run_collectives(*opts); }; });
+  add_output_options(*cmd, opts->out, "bus bandwidth against size per collective (rank 0 writes)");
+  cmd->callback([&run, opts, cmd] {
+    run = [opts, c = command_line(*cmd, "strata bench collectives")] { return run_collectives(*opts, c); };
+  });
 }
 
 }  // namespace strata::bench

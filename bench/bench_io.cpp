@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "strata/bench/commands.hpp"
+#include "strata/bench/report.hpp"
 #include "strata/core/device.hpp"
 #include "strata/core/error.hpp"
 #include "strata/memory/tier.hpp"
@@ -54,7 +55,7 @@ struct IoBenchOptions {
   double seconds = 1.0;   // per run
   std::string bytes;      // per run, instead of seconds
   unsigned reps = 0;      // 0: 1 alone, 3 with --vs-fio
-  std::string json_path;
+  OutputOptions out;
   bool vs_fio = false;
   std::string pinned = "256M";
   std::string engine = "auto";
@@ -89,33 +90,6 @@ std::string huge_page_note(const void* base, uint64_t bytes) {
   const uint64_t huge = huge_kib * 1024;
   if (huge == 0) return "on 4 KiB pages";
   return format_bytes(huge) + " of it on 2 MiB pages";
-}
-
-uint64_t parse_size(const std::string& flag, const std::string& s) {
-  if (s.empty()) throw ConfigError(flag + " is empty: give a size such as 64K, 1M or 1G");
-  size_t pos = 0;
-  unsigned long long v = 0;
-  try {
-    v = std::stoull(s, &pos);
-  } catch (...) {
-    throw ConfigError(flag + " '" + s + "' is not a size: use a number with an optional K, M, G or T (powers of 1024)");
-  }
-  std::string unit = s.substr(pos);
-  uint64_t mul = 1;
-  if (unit == "K" || unit == "k" || unit == "KiB") mul = 1ull << 10;
-  else if (unit == "M" || unit == "m" || unit == "MiB") mul = 1ull << 20;
-  else if (unit == "G" || unit == "g" || unit == "GiB") mul = 1ull << 30;
-  else if (unit == "T" || unit == "t" || unit == "TiB") mul = 1ull << 40;
-  else if (!unit.empty())
-    throw ConfigError(flag + " '" + s + "': unknown unit '" + unit + "'; use K, M, G or T (powers of 1024)");
-  return v * mul;
-}
-
-std::string short_size(uint64_t b) {
-  if (b >= (1ull << 30) && b % (1ull << 30) == 0) return std::to_string(b >> 30) + "G";
-  if (b >= (1ull << 20) && b % (1ull << 20) == 0) return std::to_string(b >> 20) + "M";
-  if (b >= (1ull << 10) && b % (1ull << 10) == 0) return std::to_string(b >> 10) + "K";
-  return std::to_string(b);
 }
 
 std::string shell_quote(const std::string& s) {
@@ -153,24 +127,6 @@ struct Stats {
     return json{{"runs_bytes_per_s", runs}, {"median_bytes_per_s", median}, {"min_bytes_per_s", min},
                 {"max_bytes_per_s", max}, {"iops", iops}};
   }
-};
-
-class ProgressLine {
- public:
-  ProgressLine() : tty_(isatty(2)) {}
-  void show(const std::string& s) {
-    if (tty_)
-      std::fprintf(stderr, "\r%s\033[K", s.c_str());
-    else
-      std::fprintf(stderr, "%s\n", s.c_str());
-    std::fflush(stderr);
-  }
-  void done() {
-    if (tty_) std::fprintf(stderr, "\r\033[K");
-  }
-
- private:
-  bool tty_;
 };
 
 // The scratch file: written in full before measuring, removed at the end.
@@ -310,6 +266,7 @@ Run run_fio(const FioSetup& f, const std::string& file, uint64_t file_bytes, con
 
 int run_io(const IoBenchOptions& o, const std::string& command_line) {
   // Inputs.
+  check_output_options(o.out);
   const uint64_t file_bytes = parse_size("--size", o.size);
   const uint64_t pinned_bytes = parse_size("--pinned", o.pinned);
   const uint64_t bytes_target = o.bytes.empty() ? 0 : parse_size("--bytes", o.bytes);
@@ -396,10 +353,10 @@ int run_io(const IoBenchOptions& o, const std::string& command_line) {
     eng->register_buffer(pool->base(), pool->capacity());
     return eng;
   };
-  ProgressLine progress;
+  Progress progress("strata bench io");
   std::string engine_name, engine_desc;
   {
-    progress.show("strata bench io: writing " + format_bytes(file_bytes) + " to " + file.path() + " first");
+    progress.show("writing " + format_bytes(file_bytes) + " to " + file.path() + " first");
     auto eng = make_engine(1 << 20, 16);
     Pattern fill{"write", IoDir::Write, false};
     run_strata(*eng, fill, 1 << 20, 16, file_bytes, buffers, pool->capacity(), 0, file_bytes, 0);
@@ -465,55 +422,82 @@ int run_io(const IoBenchOptions& o, const std::string& command_line) {
   const double mib = 1024.0 * 1024.0;
   std::string fio_note;
   if (o.vs_fio) fio_note = ", alternating with " + fio.version + (fio.extra.empty() ? "" : " (" + fio.extra + ")");
-  std::printf("strata bench io: %s (%s), O_DIRECT, pinned pool %s (%s), engine %s\n", file.path().c_str(),
-              format_bytes(file_bytes).c_str(), format_bytes(pool->capacity()).c_str(), page_note.c_str(),
-              engine_desc.c_str());
-  if (bytes_target)
-    std::printf("%s per run, %u run(s) per point%s\n", format_bytes(bytes_target).c_str(), reps,
-                fio_note.c_str());
-  else
-    std::printf("%.1f s per run, %u run(s) per point%s\n", o.seconds, reps,
-                fio_note.c_str());
-  std::printf("bandwidth in MiB/s: median [min-max] over the runs\n\n");
+  Report report;
+  report.benchmark = "io";
+  report.command = command_line;
+  char title[512];
+  std::snprintf(title, sizeof title, "strata bench io: %s (%s), O_DIRECT, pinned pool %s (%s), engine %s",
+                file.path().c_str(), format_bytes(file_bytes).c_str(), format_bytes(pool->capacity()).c_str(),
+                page_note.c_str(), engine_desc.c_str());
+  report.title = title;
+  report.config = {{"file_bytes", file_bytes}, {"pinned_bytes", pool->capacity()}, {"engine", engine_name},
+                   {"reps", reps}, {"vs_fio", o.vs_fio},
+                   {"seconds_per_run", bytes_target ? json(nullptr) : json(o.seconds)},
+                   {"bytes_per_run", bytes_target ? json(bytes_target) : json(nullptr)}};
+  report.table.columns = {{"pattern", "pattern", ""},
+                          {"block_size", "bs", ""},
+                          {"depth", "depth", ""},
+                          {"strata_mibps", "strata MiB/s", "%.0f"},
+                          {"strata_min_mibps", "min", "%.0f"},
+                          {"strata_max_mibps", "max", "%.0f"},
+                          {"strata_iops", "IOPS", "%.0f"}};
   if (o.vs_fio)
-    std::printf("%-10s %6s %5s  %-24s %9s  %-24s %10s\n", "pattern", "bs", "depth", "strata MiB/s", "IOPS",
-                "fio MiB/s", "strata/fio");
-  else
-    std::printf("%-10s %6s %5s  %-24s %9s\n", "pattern", "bs", "depth", "strata MiB/s", "IOPS");
+    report.table.columns.insert(report.table.columns.end(), {{"fio_mibps", "fio MiB/s", "%.0f"},
+                                                             {"fio_min_mibps", "min", "%.0f"},
+                                                             {"fio_max_mibps", "max", "%.0f"},
+                                                             {"ratio", "strata/fio", "%.3f"}});
   for (const auto& r : rows) {
-    char s[64], f[64];
-    std::snprintf(s, sizeof s, "%.0f [%.0f-%.0f]", r.strata.median / mib, r.strata.min / mib, r.strata.max / mib);
+    json row{{"pattern", r.pattern}, {"block_size", r.bs}, {"depth", r.depth},
+             {"strata_mibps", r.strata.median / mib}, {"strata_min_mibps", r.strata.min / mib},
+             {"strata_max_mibps", r.strata.max / mib}, {"strata_iops", r.strata.iops}};
     if (o.vs_fio) {
-      std::snprintf(f, sizeof f, "%.0f [%.0f-%.0f]", r.fio.median / mib, r.fio.min / mib, r.fio.max / mib);
-      std::printf("%-10s %6s %5u  %-24s %9.0f  %-24s %10.3f\n", r.pattern.c_str(), short_size(r.bs).c_str(), r.depth, s,
-                  r.strata.iops, f, r.fio.median > 0 ? r.strata.median / r.fio.median : 0.0);
-    } else {
-      std::printf("%-10s %6s %5u  %-24s %9.0f\n", r.pattern.c_str(), short_size(r.bs).c_str(), r.depth, s,
-                  r.strata.iops);
+      row["fio_mibps"] = r.fio.median / mib;
+      row["fio_min_mibps"] = r.fio.min / mib;
+      row["fio_max_mibps"] = r.fio.max / mib;
+      row["ratio"] = r.fio.median > 0 ? r.strata.median / r.fio.median : 0.0;
     }
+    report.table.rows.push_back(std::move(row));
   }
-  if (!o.json_path.empty()) {
-    json doc{{"tool", "strata bench io"},
-             {"command", command_line},
-             {"file", file.path()},
-             {"file_bytes", file_bytes},
-             {"pinned_bytes", pool->capacity()},
-             {"pinned_pages", page_note},
-             {"engine", engine_name},
-             {"engine_description", engine_desc},
-             {"seconds_per_run", bytes_target ? json(nullptr) : json(o.seconds)},
-             {"bytes_per_run", bytes_target ? json(bytes_target) : json(nullptr)},
-             {"reps", reps},
-             {"vs_fio", o.vs_fio},
-             {"fio_version", o.vs_fio ? json(fio.version) : json(nullptr)},
-             {"fio_extra", o.fio_extra},
-             {"points", points}};
-    std::ofstream out(o.json_path);
-    if (!out) throw ConfigError("--json: cannot write '" + o.json_path + "'");
-    out << doc.dump(2) << "\n";
-    if (!out) throw Error("--json: writing '" + o.json_path + "' failed");
-    std::fprintf(stderr, "strata bench io: wrote %s\n", o.json_path.c_str());
-  }
+  report.print_human = [&](std::FILE* out) {
+    if (bytes_target)
+      std::fprintf(out, "%s per run, %u run(s) per point%s\n", format_bytes(bytes_target).c_str(), reps,
+                   fio_note.c_str());
+    else
+      std::fprintf(out, "%.1f s per run, %u run(s) per point%s\n", o.seconds, reps, fio_note.c_str());
+    std::fprintf(out, "bandwidth in MiB/s: median [min-max] over the runs\n\n");
+    if (o.vs_fio)
+      std::fprintf(out, "%-10s %6s %5s  %-24s %9s  %-24s %10s\n", "pattern", "bs", "depth", "strata MiB/s", "IOPS",
+                   "fio MiB/s", "strata/fio");
+    else
+      std::fprintf(out, "%-10s %6s %5s  %-24s %9s\n", "pattern", "bs", "depth", "strata MiB/s", "IOPS");
+    for (const auto& r : rows) {
+      char sc[64], f[64];
+      std::snprintf(sc, sizeof sc, "%.0f [%.0f-%.0f]", r.strata.median / mib, r.strata.min / mib, r.strata.max / mib);
+      if (o.vs_fio) {
+        std::snprintf(f, sizeof f, "%.0f [%.0f-%.0f]", r.fio.median / mib, r.fio.min / mib, r.fio.max / mib);
+        std::fprintf(out, "%-10s %6s %5u  %-24s %9.0f  %-24s %10.3f\n", r.pattern.c_str(), short_size(r.bs).c_str(),
+                     r.depth, sc, r.strata.iops, f, r.fio.median > 0 ? r.strata.median / r.fio.median : 0.0);
+      } else {
+        std::fprintf(out, "%-10s %6s %5u  %-24s %9.0f\n", r.pattern.c_str(), short_size(r.bs).c_str(), r.depth, sc,
+                     r.strata.iops);
+      }
+    }
+  };
+  // The fields `strata bench io --json` has always had (bench/plot_io.py reads them).
+  report.extra = {{"file", file.path()},
+                  {"file_bytes", file_bytes},
+                  {"pinned_bytes", pool->capacity()},
+                  {"pinned_pages", page_note},
+                  {"engine", engine_name},
+                  {"engine_description", engine_desc},
+                  {"seconds_per_run", bytes_target ? json(nullptr) : json(o.seconds)},
+                  {"bytes_per_run", bytes_target ? json(bytes_target) : json(nullptr)},
+                  {"reps", reps},
+                  {"vs_fio", o.vs_fio},
+                  {"fio_version", o.vs_fio ? json(fio.version) : json(nullptr)},
+                  {"fio_extra", o.fio_extra},
+                  {"points", points}};
+  emit(report, o.out);
   return 0;
 }
 
@@ -532,7 +516,6 @@ void add_io(CLI::App& bench, Runner& run) {
   auto* secs = io->add_option("--seconds", o->seconds, "Seconds per run")->capture_default_str();
   io->add_option("--bytes", o->bytes, "Bytes per run instead of --seconds (K/M/G)")->excludes(secs);
   io->add_option("--reps", o->reps, "Runs per point (default 1, or 3 with --vs-fio)");
-  io->add_option("--json", o->json_path, "Write results as JSON to this file");
   io->add_flag("--vs-fio", o->vs_fio, "Run fio (io_uring, O_DIRECT) on each point too, alternating, and compare");
   io->add_option("--fio", o->fio, "The fio executable")->capture_default_str();
   io->add_option("--fio-extra", o->fio_extra, "Extra arguments for every fio run, e.g. \"--mem=shmhuge\"");
@@ -541,15 +524,9 @@ void add_io(CLI::App& bench, Runner& run) {
   io->add_flag("--sqpoll", o->sqpoll, "Use SQPOLL (kernel-side submission) on both sides");
   io->add_flag("--hugepages", o->huge_pages,
                "Collapse the whole pinned pool into 2 MiB pages now (MADV_COLLAPSE); fio's buffers stay on 4 KiB pages");
+  add_output_options(*io, o->out, "bandwidth against block size and queue depth, per pattern (fio dashed)");
   io->callback([&run, o, io] {
-    std::string cmd = "strata bench io";
-    for (const auto* opt : io->get_options()) {
-      if (opt->count() == 0 || opt->get_name().empty() || opt->get_name() == "--help") continue;
-      cmd += " " + opt->get_name();
-      if (opt->get_type_size() != 0)
-        for (const auto& v : opt->results()) cmd += " " + v;
-    }
-    run = [o, cmd] { return run_io(*o, cmd); };
+    run = [o, cmd = command_line(*io, "strata bench io")] { return run_io(*o, cmd); };
   });
 }
 

@@ -36,6 +36,7 @@
 #include <nlohmann/json.hpp>
 
 #include "strata/bench/commands.hpp"
+#include "strata/bench/report.hpp"
 #include "strata/core/error.hpp"
 #include "strata/offload/cpu_adam.hpp"
 
@@ -63,7 +64,7 @@ struct OptimizerOptions {
   bool torch = true;
   std::string python = "/usr/bin/python3";
   std::string torch_script = STRATA_TORCH_ADAM_SCRIPT;
-  std::string json;
+  OutputOptions out;
 };
 
 // Anonymous memory taken with mmap, as the pinned pool takes it (4 KiB pages unless
@@ -218,16 +219,6 @@ struct Series {
   double params_per_s() const { return params_per_pass / median(); }
 };
 
-// The 1-minute load average: other work on the machine skews every number here.
-double load_average() {
-  double load = -1;
-  if (std::FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (std::fscanf(f, "%lf", &load) != 1) load = -1;
-    std::fclose(f);
-  }
-  return load;
-}
-
 std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");
   for (std::string line; std::getline(in, line);)
@@ -246,7 +237,8 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-int run_optimizer(const OptimizerOptions& o) {
+int run_optimizer(const OptimizerOptions& o, const std::string& command) {
+  check_output_options(o.out);
   const unsigned threads = o.threads ? o.threads : std::max(1u, std::thread::hardware_concurrency());
   const size_t n = o.params;
   const HalfKind half = parse_half(o.half);
@@ -328,68 +320,94 @@ int run_optimizer(const OptimizerOptions& o) {
       series[4].seconds.push_back(torch_foreach[0]);
     }
   };
+  Progress progress("strata bench optimizer");
+  progress.show("warm-up");
   one_round(false);  // warm-up: page tables, torch's first allocations
-  for (unsigned r = 0; r < o.reps; ++r) one_round(true);
+  for (unsigned r = 0; r < o.reps; ++r) {
+    progress.show("rep " + std::to_string(r + 1) + "/" + std::to_string(o.reps));
+    one_round(true);
+  }
+  progress.done();
   const double load_after = load_average();
 
-  std::printf("strata bench optimizer: %s params (%s of fp32 state), %s, %u threads, %u reps, 16-bit copy: %s%s\n",
-              std::to_string(n).c_str(), format_bytes(n * 16).c_str(),
-              config.variant == AdamVariant::AdamW ? "AdamW" : "Adam", threads, o.reps, o.half.c_str(),
-              o.hugepages ? ", huge pages" : "");
-  std::printf("cpu: %s%s; load average %.2f before, %.2f after\n", cpu_model().c_str(),
-              torch ? (", torch " + torch->info().value("torch", std::string("?"))).c_str() : "", load_before,
-              load_after);
-  std::printf("%-34s %10s %10s %10s %8s %12s %8s\n", "", "median ms", "min ms", "max ms", "spread", "Mparams/s",
-              "GB/s");
-  for (const Series& s : series) {
-    std::printf("%-34s %10.2f %10.2f %10.2f %7.1f%% %12s %8.2f\n", s.name.c_str(), s.median() * 1e3, s.min() * 1e3,
-                s.max() * 1e3, 100.0 * (s.max() - s.min()) / s.median(),
-                s.params_per_pass ? std::to_string(static_cast<long>(s.params_per_s() / 1e6)).c_str() : "-", s.gbps());
-  }
   nlohmann::json ratios;
   ratios["strata_over_triad_bandwidth"] = series[0].gbps() / series[1].gbps();
   ratios["strata_over_triad_streaming_bandwidth"] = series[0].gbps() / series[2].gbps();
-  std::printf("strata / triad bandwidth: %.2f (plain stores), %.2f (streaming stores)\n",
-              series[0].gbps() / series[1].gbps(), series[0].gbps() / series[2].gbps());
   if (torch) {
     ratios["strata_over_torch_default"] = series[3].median() / series[0].median();
     ratios["strata_over_torch_foreach"] = series[4].median() / series[0].median();
-    std::printf("strata / torch: %.2fx (foreach=False), %.2fx (foreach=True)\n", series[3].median() / series[0].median(),
-                series[4].median() / series[0].median());
   }
-
-  if (!o.json.empty()) {
-    nlohmann::json j;
-    j["benchmark"] = "optimizer";
-    j["params"] = n;
-    j["threads"] = threads;
-    j["reps"] = o.reps;
-    j["variant"] = config.variant == AdamVariant::AdamW ? "adamw" : "adam";
-    j["half"] = o.half;
-    j["isa"] = to_string(adam.isa());
-    j["hugepages"] = o.hugepages;
-    j["cpu"] = cpu_model();
-    j["load_average_before"] = load_before;
-    j["load_average_after"] = load_after;
-    j["adam_bytes_per_param"] = kAdamBytesPerParam + (half != HalfKind::None ? 2 : 0);
-    j["triad_bytes_per_element"] = kTriadBytesPerElement;
-    j["triad_elements"] = triad_n;
-    if (torch) j["torch"] = torch->info();
+  Report report;
+  report.benchmark = "optimizer";
+  report.command = command;
+  char title[256];
+  std::snprintf(title, sizeof title,
+                "strata bench optimizer: %s params (%s of fp32 state), %s, %u threads, %u reps, 16-bit copy: %s%s",
+                std::to_string(n).c_str(), format_bytes(n * 16).c_str(),
+                config.variant == AdamVariant::AdamW ? "AdamW" : "Adam", threads, o.reps, o.half.c_str(),
+                o.hugepages ? ", huge pages" : "");
+  report.title = title;
+  report.config = {{"params", n}, {"threads", threads}, {"reps", o.reps},
+                   {"variant", config.variant == AdamVariant::AdamW ? "adamw" : "adam"}, {"half", o.half},
+                   {"isa", to_string(adam.isa())}, {"hugepages", o.hugepages},
+                   {"load_average_start", load_before}, {"load_average_end", load_after}};
+  report.table.columns = {{"name", "", ""},          {"median_ms", "median ms", "%.2f"},
+                          {"min_ms", "min ms", "%.2f"}, {"max_ms", "max ms", "%.2f"},
+                          {"spread", "spread", "%.3f"}, {"mparams_per_s", "Mparams/s", "%.0f"},
+                          {"gbps", "GB/s", "%.2f"}};
+  for (const Series& s : series)
+    report.table.rows.push_back({{"name", s.name}, {"median_ms", s.median() * 1e3}, {"min_ms", s.min() * 1e3},
+                                 {"max_ms", s.max() * 1e3}, {"spread", (s.max() - s.min()) / s.median()},
+                                 {"mparams_per_s", s.params_per_pass ? nlohmann::json(s.params_per_s() / 1e6)
+                                                                     : nlohmann::json()},
+                                 {"gbps", s.gbps()}, {"min_gbps", s.bytes_per_pass / s.max() / 1e9},
+                                 {"max_gbps", s.bytes_per_pass / s.min() / 1e9}});
+  report.print_human = [&](std::FILE* out) {
+    std::fprintf(out, "cpu: %s%s; load average %.2f before, %.2f after\n", cpu_model().c_str(),
+                 torch ? (", torch " + torch->info().value("torch", std::string("?"))).c_str() : "", load_before,
+                 load_after);
+    std::fprintf(out, "%-34s %10s %10s %10s %8s %12s %8s\n", "", "median ms", "min ms", "max ms", "spread",
+                 "Mparams/s", "GB/s");
     for (const Series& s : series) {
-      nlohmann::json r;
-      r["seconds"] = s.seconds;
-      r["median_s"] = s.median();
-      r["min_s"] = s.min();
-      r["max_s"] = s.max();
-      r["gb_per_s"] = s.gbps();
-      if (s.params_per_pass) r["params_per_s"] = s.params_per_s();
-      j["results"][s.name] = r;
+      std::fprintf(out, "%-34s %10.2f %10.2f %10.2f %7.1f%% %12s %8.2f\n", s.name.c_str(), s.median() * 1e3,
+                   s.min() * 1e3, s.max() * 1e3, 100.0 * (s.max() - s.min()) / s.median(),
+                   s.params_per_pass ? std::to_string(static_cast<long>(s.params_per_s() / 1e6)).c_str() : "-",
+                   s.gbps());
     }
-    j["ratios"] = ratios;
-    std::ofstream out(o.json);
-    out << j.dump(2) << "\n";
-    if (!out) throw IoError("bench optimizer: cannot write the JSON report", o.json, 0, 0, errno);
+    std::fprintf(out, "strata / triad bandwidth: %.2f (plain stores), %.2f (streaming stores)\n",
+                 series[0].gbps() / series[1].gbps(), series[0].gbps() / series[2].gbps());
+    if (torch)
+      std::fprintf(out, "strata / torch: %.2fx (foreach=False), %.2fx (foreach=True)\n",
+                   series[3].median() / series[0].median(), series[4].median() / series[0].median());
+  };
+  // The fields `strata bench optimizer --json` has always had.
+  nlohmann::json& j = report.extra;
+  j["params"] = n;
+  j["threads"] = threads;
+  j["reps"] = o.reps;
+  j["variant"] = config.variant == AdamVariant::AdamW ? "adamw" : "adam";
+  j["half"] = o.half;
+  j["isa"] = to_string(adam.isa());
+  j["hugepages"] = o.hugepages;
+  j["cpu"] = cpu_model();
+  j["load_average_before"] = load_before;
+  j["load_average_after"] = load_after;
+  j["adam_bytes_per_param"] = kAdamBytesPerParam + (half != HalfKind::None ? 2 : 0);
+  j["triad_bytes_per_element"] = kTriadBytesPerElement;
+  j["triad_elements"] = triad_n;
+  if (torch) j["torch"] = torch->info();
+  for (const Series& s : series) {
+    nlohmann::json r;
+    r["seconds"] = s.seconds;
+    r["median_s"] = s.median();
+    r["min_s"] = s.min();
+    r["max_s"] = s.max();
+    r["gb_per_s"] = s.gbps();
+    if (s.params_per_pass) r["params_per_s"] = s.params_per_s();
+    j["results"][s.name] = r;
   }
+  j["ratios"] = ratios;
+  emit(report, o.out);
   return 0;
 }
 
@@ -415,8 +433,10 @@ void add_optimizer(CLI::App& bench, Runner& run) {
   cmd->add_flag("!--no-torch", opts->torch, "skip the PyTorch reference");
   cmd->add_option("--python", opts->python, "Python with PyTorch")->capture_default_str();
   cmd->add_option("--torch-script", opts->torch_script, "the PyTorch reference script")->capture_default_str();
-  cmd->add_option("--json", opts->json, "also write the results as JSON to this file");
-  cmd->callback([&run, opts] { run = [opts] { return run_optimizer(*opts); }; });
+  add_output_options(*cmd, opts->out, "GB/s of each contender, with min-max bars");
+  cmd->callback([&run, opts, cmd] {
+    run = [opts, c = command_line(*cmd, "strata bench optimizer")] { return run_optimizer(*opts, c); };
+  });
 }
 
 }  // namespace strata::bench

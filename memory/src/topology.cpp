@@ -3,6 +3,9 @@
 #include <hwloc.h>
 #include <sched.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 
 namespace strata {
@@ -17,6 +20,29 @@ struct Topo {
   }
   ~Topo() { hwloc_topology_destroy(t); }
 };
+
+// Whole disks from /sys/block, for machines where hwloc sees no block devices (virtual
+// disks outside its PCI view). Loop, RAM, zram and device-mapper devices are left out.
+std::vector<DiskInfo> sysfs_disks() {
+  std::vector<DiskInfo> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/sys/block", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.starts_with("loop") || name.starts_with("ram") || name.starts_with("zram") || name.starts_with("dm-"))
+      continue;
+    DiskInfo d;
+    d.name = name;
+    std::ifstream model(e.path() / "device" / "model");
+    std::getline(model, d.model);
+    while (!d.model.empty() && d.model.back() == ' ') d.model.pop_back();
+    unsigned long long sectors = 0;  // of 512 bytes, whatever the disk's own sector size
+    std::ifstream size(e.path() / "size");
+    if (size >> sectors) d.bytes = sectors * 512;
+    out.push_back(std::move(d));
+  }
+  std::sort(out.begin(), out.end(), [](const DiskInfo& a, const DiskInfo& b) { return a.name < b.name; });
+  return out;
+}
 }  // namespace
 
 int nearest_numa_node(const Device& device) {
@@ -46,13 +72,38 @@ MachineSummary machine_summary() {
   if (const char* model = hwloc_obj_get_info_by_name(hwloc_get_obj_by_type(topo.t, HWLOC_OBJ_PACKAGE, 0), "CPUModel"))
     m.cpu_model = model;
   std::string gpus;
+  // One GPU shows up as several OS devices (cuda0, nvml0, opencl0d0, card0): list the
+  // CUDA ones when there are any, else the NVML ones, else every GPU-like device.
+  std::vector<GpuInfo> cuda, nvml, other;
   for (hwloc_obj_t o = nullptr; (o = hwloc_get_next_osdev(topo.t, o));) {
-    if (o->attr->osdev.type == HWLOC_OBJ_OSDEV_GPU || o->attr->osdev.type == HWLOC_OBJ_OSDEV_COPROC) {
+    const auto type = o->attr->osdev.type;
+    if (type == HWLOC_OBJ_OSDEV_GPU || type == HWLOC_OBJ_OSDEV_COPROC) {
       if (!gpus.empty()) gpus += ", ";
       gpus += o->name ? o->name : "gpu";
+      GpuInfo g;
+      g.name = o->name ? o->name : "gpu";
+      if (const char* model = hwloc_obj_get_info_by_name(o, "GPUModel")) g.model = model;
+      if (const char* kib = hwloc_obj_get_info_by_name(o, "CUDAGlobalMemorySize"))
+        g.memory_bytes = std::strtoull(kib, nullptr, 10) * 1024;
+      const char* backend = hwloc_obj_get_info_by_name(o, "Backend");
+      const std::string b = backend ? backend : "";
+      (b == "CUDA" ? cuda : b == "NVML" ? nvml : other).push_back(std::move(g));
+    } else if (type == HWLOC_OBJ_OSDEV_BLOCK) {
+      DiskInfo d;
+      d.name = o->name ? o->name : "disk";
+      if (const char* model = hwloc_obj_get_info_by_name(o, "Model")) d.model = model;
+      if (const char* kib = hwloc_obj_get_info_by_name(o, "Size")) d.bytes = std::strtoull(kib, nullptr, 10) * 1024;
+      m.disks.push_back(std::move(d));
     }
   }
   m.gpus = gpus.empty() ? "none" : gpus;
+  m.gpu_list = !cuda.empty() ? cuda : !nvml.empty() ? nvml : other;
+  if (m.disks.empty()) m.disks = sysfs_disks();
+  for (auto& d : m.disks) {
+    std::ifstream rot("/sys/block/" + d.name + "/queue/rotational");
+    int r = -1;
+    if (rot >> r) d.rotational = r;
+  }
   return m;
 }
 

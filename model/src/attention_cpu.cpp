@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels_cpu.hpp"
 #include "parallel.hpp"
 
 namespace strata::detail {
@@ -53,14 +54,9 @@ void attention_forward(const float* qkv, float* out, float* lse, int B, int T, i
             std::fill(p, p + nk, 0.0f);
             continue;
           }
-          float mx = w.m[i];
-          for (int j = 0; j < valid; ++j) mx = std::max(mx, s[j]);
+          const float mx = std::max(w.m[i], max_of(s, valid));
           const float corr = std::exp(w.m[i] - mx);  // 0 on the first tile (m = -inf)
-          float sum = 0.0f;
-          for (int j = 0; j < valid; ++j) {
-            p[j] = std::exp(s[j] - mx);
-            sum += p[j];
-          }
+          const float sum = static_cast<float>(exp_shifted(s, p, valid, mx));
           std::fill(p + valid, p + nk, 0.0f);
           w.l[i] = w.l[i] * corr + sum;
           w.m[i] = mx;
@@ -119,7 +115,7 @@ void attention_backward(const float* qkv, const float* out, const float* lse, co
         for (int i = 0; i < nq; ++i) {
           float* p = s.data() + i * kBlock;
           const int valid = std::max(0, std::min(nk, q0 + i - k0 + 1));
-          for (int j = 0; j < valid; ++j) p[j] = std::exp(p[j] - L[q0 + i]);
+          if (valid > 0) exp_shifted(p, p, valid, L[q0 + i]);
           std::fill(p + valid, p + nk, 0.0f);
         }
         // dV += P^T dO

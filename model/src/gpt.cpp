@@ -9,6 +9,7 @@
 #include <string>
 
 #include "attention_cpu.hpp"
+#include "kernels_cpu.hpp"
 #include "parallel.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/math/gpt.hpp"
@@ -24,9 +25,9 @@ constexpr uint64_t kLogitsChunkBytes = 32ull << 20;  // one chunk of [rows, voca
 // Y[M,N] = X[M,K] W[N,K]^T + b
 void linear(const float* X, const float* W, const float* bias, float* Y, long M, int N, int K) {
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(M), N, K, 1.0f, X, K, W, K, 0.0f, Y, N);
-  parallel_for(M, 256, [&](long r) {
-    float* y = Y + r * N;
-    for (int j = 0; j < N; ++j) y[j] += bias[j];
+  parallel_for((M + 63) / 64, 1, [&](long c) {
+    const long r0 = c * 64, r1 = std::min(M, r0 + 64);
+    detail::add_bias_rows(Y + r0 * N, bias, r1 - r0, N);
   });
 }
 
@@ -40,7 +41,9 @@ void linear_backward(const float* dY, const float* X, const float* W, float* dX,
 }
 
 void layernorm(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, long rows, int n) {
-  parallel_for(rows, 64, [&](long r) { math::layernorm_row(x + r * n, w, b, y + r * n, n, mean + r, rstd + r); });
+  parallel_for((rows + 63) / 64, 1, [&](long c) {
+    detail::layernorm_rows(x, w, b, y, mean, rstd, c * 64, std::min(rows, c * 64 + 64), n);
+  });
 }
 
 // dx += LN backward of dy; dw, db overwritten with the parameter gradients.
@@ -52,9 +55,8 @@ void layernorm_backward(const float* dy, const float* x, const float* w, const f
   parallel_for(parts, 1, [&](long p) {
     float* pdw = partial.data() + p * 2 * n;
     float* pdb = pdw + n;
-    const long end = std::min(rows, (p + 1) * per);
-    for (long r = p * per; r < end; ++r)
-      math::layernorm_row_backward(dy + r * n, x + r * n, w, mean[r], rstd[r], n, dx + r * n, pdw, pdb);
+    detail::layernorm_backward_rows(dy, x, w, mean, rstd, dx, pdw, pdb, std::min(rows, p * per),
+                                    std::min(rows, (p + 1) * per), n);
   });
   std::fill(dw, dw + n, 0.0f);
   std::fill(db, db + n, 0.0f);
@@ -63,6 +65,14 @@ void layernorm_backward(const float* dy, const float* x, const float* w, const f
       dw[i] += partial[p * 2 * n + i];
       db[i] += partial[p * 2 * n + n + i];
     }
+}
+
+// y += x over [rows, n], split over the cores.
+void add_rows(float* y, const float* x, long rows, int n) {
+  parallel_for((rows + 63) / 64, 1, [&](long c) {
+    const long r0 = c * 64, r1 = std::min(rows, r0 + 64);
+    detail::add_into(y + r0 * n, x + r0 * n, (r1 - r0) * n);
+  });
 }
 
 void check_tokens(const int32_t* t, long n, int vocab, const char* what) {
@@ -145,21 +155,18 @@ struct Gpt::Impl {
     detail::attention_forward(a.qkv.data(), a.att.data(), a.lse.data(), B, T, d, s.heads);
     linear(a.att.data(), w + lay.attn_proj_w, w + lay.attn_proj_b, a.x2.data(), bt, d, d);
     float* x2 = a.x2.data();
-    parallel_for(bt, 256, [&](long r) {
-      for (int c = 0; c < d; ++c) x2[r * d + c] += x[r * d + c];
-    });
+    add_rows(x2, x, bt, d);
     layernorm(x2, w + lay.ln2_w, w + lay.ln2_b, a.ln2.data(), a.mean2.data(), a.rstd2.data(), bt, d);
     linear(a.ln2.data(), w + lay.fc_w, w + lay.fc_b, a.fc.data(), bt, 4 * d, d);
     const float* fc = a.fc.data();
     float* gel = a.gel.data();
-    parallel_for(bt, 64, [&](long r) {
-      for (long c = r * 4 * d; c < (r + 1) * 4 * d; ++c) gel[c] = math::gelu(fc[c]);
+    parallel_for((bt + 15) / 16, 1, [&](long c) {
+      const long r0 = c * 16, r1 = std::min(bt, r0 + 16);
+      detail::gelu_forward(fc + r0 * 4 * d, gel + r0 * 4 * d, (r1 - r0) * 4 * d);
     });
     if (!out) return;
     linear(gel, w + lay.mlp_proj_w, w + lay.mlp_proj_b, out, bt, d, 4 * d);
-    parallel_for(bt, 256, [&](long r) {
-      for (int c = 0; c < d; ++c) out[r * d + c] += x2[r * d + c];
-    });
+    add_rows(out, x2, bt, d);
   }
 
   // dres: gradient of the block's output in, of its input out. g: the block's gradient.
@@ -172,8 +179,9 @@ struct Gpt::Impl {
                     4 * d, ones);
     const float* fc = a.fc.data();
     float* db = dbig.data();
-    parallel_for(bt, 64, [&](long r) {
-      for (long c = r * 4 * d; c < (r + 1) * 4 * d; ++c) db[c] *= math::gelu_grad(fc[c]);
+    parallel_for((bt + 15) / 16, 1, [&](long c) {
+      const long r0 = c * 16, r1 = std::min(bt, r0 + 16);
+      detail::gelu_backward(db + r0 * 4 * d, fc + r0 * 4 * d, (r1 - r0) * 4 * d);
     });
     linear_backward(db, a.ln2.data(), w + lay.fc_w, dsmall.data(), g + lay.fc_w, g + lay.fc_b, bt, 4 * d, d, ones);
     layernorm_backward(dsmall.data(), a.x2.data(), w + lay.ln2_w, a.mean2.data(), a.rstd2.data(), dr, g + lay.ln2_w,
@@ -205,15 +213,14 @@ struct Gpt::Impl {
       std::vector<double> row_loss(nr);
       parallel_for(nr, 16, [&](long i) {
         float* z = lg + i * V;
-        float mx = z[0];
-        for (int j = 1; j < V; ++j) mx = std::max(mx, z[j]);
-        double sum = 0;
-        for (int j = 0; j < V; ++j) sum += std::exp(static_cast<double>(z[j] - mx));
-        const double lse = mx + std::log(sum);
         const int tgt = targets[r0 + i];
-        row_loss[i] = lse - z[tgt];
+        const float zt = z[tgt];
+        const float mx = detail::max_of(z, V);
+        // z becomes exp(z - max); the loss is log(sum) - (z_t - max).
+        const double sum = detail::exp_shifted(z, z, V, mx);
+        row_loss[i] = std::log(sum) - static_cast<double>(zt - mx);
         if (dwte) {
-          for (int j = 0; j < V; ++j) z[j] = static_cast<float>(std::exp(z[j] - lse)) * inv_n;
+          detail::scale_into(z, static_cast<float>(inv_n / sum), V);
           z[tgt] -= inv_n;
         }
       });

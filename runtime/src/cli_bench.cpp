@@ -9,6 +9,9 @@ void add_bench(CLI::App& app) {
   bench::add_io(*b, selected());
   bench::add_optimizer(*b, selected());
   bench::add_collectives(*b, selected());
+  bench::add_copy(*b, selected());
+  bench::add_capacity(*b, selected());
+  bench::add_step(*b, selected());
 }
 
 }  // namespace strata::cli

@@ -19,6 +19,9 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "strata 0.1.0");
   strata::cli::add_bench(app);
+  strata::cli::add_train(app);
+  strata::cli::add_plan(app);
+  strata::cli::add_export(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

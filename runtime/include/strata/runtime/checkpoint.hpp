@@ -1,21 +1,33 @@
 // Sharded checkpoints of a ZeroEngine (DESIGN.md, "How we know it works": faults).
 //
 // Layout of one checkpoint, <root>/step-<N>/ (N zero-padded to 8 digits):
-//   rank-<r>.bin    this rank's optimizer shards (master, exp_avg, exp_avg_sq) of every
-//                   group, wherever they live (device, pinned or NVMe), in group order
+//   rank-<r>.bin    this rank's optimizer shards of every group, wherever they live
+//                   (device, pinned or NVMe), in group order; per group three segments of
+//                   shard = padded / world fp32 values: master, exp_avg, exp_avg_sq. No
+//                   header: offsets follow from the manifest.
 //   manifest.json   written last, by rank 0, after every rank's file is complete and
 //                   fsync'd: format version, step, world size, the groups (name, numel,
-//                   padded numel), per-rank file size and xxh3 checksum, the run's config
-//                   and the caller's `extra` (data position, RNG state, ...)
+//                   padded numel, shard), per-rank file size and the xxh3 of every segment,
+//                   the run's config and the caller's `extra` (data position, RNG state,
+//                   ...), and the xxh3 of the manifest itself
 // Every rank writes into <root>/.step-<N>.tmp/; once rank 0 has the manifest written it
 // renames the directory to step-<N> (one rename(2) of a directory: atomic), so a crash at
 // any point leaves either no step-<N> or a complete one. Existing checkpoints are never
-// opened for writing; a failed save removes only its own .tmp directory.
+// opened for writing; a failed save removes only its own .tmp directory. A leftover
+// .step-<N>.tmp (a crash mid-save) is never read, and the next save of step N replaces it.
+//
+// Resuming at another world size: the values of global element i of group g are in
+// writer file i / shard at element i % shard of each segment, so any world size can
+// read its own slice (padding is zero and is not stored twice).
+//
+// Test hook: STRATA_CHECKPOINT_KILL=before-manifest|before-rename makes save_checkpoint
+// raise SIGKILL on rank 0 at that point (the crash tests use it; nothing else should).
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -23,19 +35,43 @@
 
 namespace strata {
 
+struct CheckpointGroup {
+  std::string name;         // e.g. "block.3"
+  uint64_t numel = 0;       // elements without padding
+  uint64_t padded = 0;      // elements, a multiple of world_size
+  uint64_t shard = 0;       // elements per rank: padded / world_size
+};
+
+struct CheckpointFile {
+  std::string name;                 // "rank-<r>.bin"
+  uint64_t bytes = 0;               // 3 * 4 * sum of shards
+  std::vector<uint64_t> segments;   // xxh3 per group and state: [3 * g + k], k = master,
+                                    // exp_avg, exp_avg_sq
+};
+
 struct CheckpointInfo {
   std::string dir;          // <root>/step-<N>
   int64_t step = 0;         // optimizer steps taken when it was saved
   int world_size = 0;       // ranks that wrote it
   nlohmann::json config;    // the configuration of the run that saved it
   nlohmann::json extra;     // what the caller stored (data position, RNG state, ...)
+  std::vector<CheckpointGroup> groups;
+  std::vector<CheckpointFile> files;   // one per writing rank
 };
 
+// The collective calls take `host`, a communicator over the same ranks as the engine's
+// (in the same order) that serves host buffers: the engine's host_comm. The small
+// messages by which ranks agree on success travel over it (engine.comm() may be NCCL).
+//
 // Collective: every rank of engine.comm() calls it with the same arguments. Returns the
-// new checkpoint's directory. Throws IoError (full disk, ...) with nothing existing
-// touched.
-std::string save_checkpoint(ZeroEngine& engine, const std::string& root, const nlohmann::json& config,
-                            const nlohmann::json& extra);
+// new checkpoint's directory. Throws IoError (full disk, ...) on every rank when any
+// rank fails, with the .tmp directory removed and nothing existing touched; ConfigError
+// when step-<N> exists already (a checkpoint is never overwritten). group_names: the
+// engine's groups' names in order (GroupSpec::name; the engine does not expose them),
+// recorded in the manifest and named by errors; empty: "group.<g>".
+std::string save_checkpoint(ZeroEngine& engine, coll::Communicator& host, const std::string& root,
+                            const nlohmann::json& config, const nlohmann::json& extra,
+                            const std::vector<std::string>& group_names = {});
 
 // The complete checkpoint with the highest step under root (directories without a
 // valid manifest are ignored, with a warning); nullopt when there is none.
@@ -52,10 +88,11 @@ CheckpointInfo read_checkpoint_info(const std::string& dir);
 // shape"). A checkpoint written by a different world size is re-sharded: each rank
 // reads its own slice from the writers' files. Checksums are verified; a mismatch is a
 // CorruptionError naming the file.
-CheckpointInfo load_checkpoint(ZeroEngine& engine, const std::string& dir);
+CheckpointInfo load_checkpoint(ZeroEngine& engine, coll::Communicator& host, const std::string& dir);
 
-// Reads the full fp32 master weights of group g (unpadded, group_numel elements) from a
-// checkpoint's files, without an engine (export, sample).
+// Reads the full fp32 master weights of group g (unpadded, numel elements) from a
+// checkpoint's files, without an engine (export, sample). Verifies the checksums of
+// the segments it reads (CorruptionError).
 std::vector<float> read_checkpoint_group(const CheckpointInfo& info, int g);
 
 }  // namespace strata

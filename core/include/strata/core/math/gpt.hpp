@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 
 #include "strata/core/math/host_device.hpp"
 
@@ -12,20 +13,50 @@ namespace strata::math {
 
 constexpr float kLayerNormEps = 1e-5f;  // torch.nn.LayerNorm's default, as GPT-2 uses
 
-// gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))  (torch GELU(approximate="tanh"))
+// exp(x) for float, within 2 ulp (Cephes' expf: range reduction by ln 2, degree-5
+// polynomial, exponent by bit assembly). Unlike libm's expf it has no branches or calls,
+// so loops over it vectorise; the same code runs on the GPU. x is clamped to
+// [-87, 88] (results from 1.6e-38 to 1.65e38).
+STRATA_HD STRATA_FORCE_INLINE float exp_approx(float x) {
+  x = x < -87.0f ? -87.0f : x;  // two selects: a nested one does not if-convert
+  x = x > 88.0f ? 88.0f : x;
+  // k = floor(t) by truncation and a correction (floorf does not vectorise without
+  // -fno-trapping-math); t lies in [-125, 128] here.
+  const float t = x * 1.44269504088896341f + 0.5f;
+  const int32_t ki = static_cast<int32_t>(t) - (t < static_cast<float>(static_cast<int32_t>(t)) ? 1 : 0);
+  const float k = static_cast<float>(ki);
+  float r = x - k * 0.693359375f;
+  r = r + k * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  const int32_t bits = (ki + 127) << 23;
+#if defined(__CUDACC__)
+  return p * __int_as_float(bits);
+#else
+  return p * __builtin_bit_cast(float, bits);  // a register move: the loop stays vectorised
+#endif
+}
+
+// gelu(x) = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3)  (torch GELU(approximate="tanh")),
+// computed as x * sigmoid(2u), the same function: 0.5 (1 + tanh(u)) = 1 / (1 + exp(-2u)).
 STRATA_HD STRATA_FORCE_INLINE float gelu(float x) {
   const float k = 0.7978845608028654f;  // sqrt(2/pi)
   const float u = k * (x + 0.044715f * x * x * x);
-  return 0.5f * x * (1.0f + tanhf(u));
+  return x / (1.0f + exp_approx(-2.0f * u));
 }
 
-// d gelu / dx
+// d gelu / dx = s + x * 2 s (1 - s) du/dx, s = sigmoid(2u)  (as 0.5 (1 - tanh^2) = 2 s (1 - s))
 STRATA_HD STRATA_FORCE_INLINE float gelu_grad(float x) {
   const float k = 0.7978845608028654f;
   const float u = k * (x + 0.044715f * x * x * x);
-  const float t = tanhf(u);
+  const float s = 1.0f / (1.0f + exp_approx(-2.0f * u));
   const float du = k * (1.0f + 3.0f * 0.044715f * x * x);
-  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+  return s + 2.0f * x * s * (1.0f - s) * du;
 }
 
 // y = (x - mean) * rstd * w + b over one row of n; returns mean and rstd for backward.

@@ -1,0 +1,361 @@
+#include "strata/model/data.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <xxhash.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "strata/core/error.hpp"
+
+namespace strata {
+
+namespace {
+
+constexpr int32_t kLlama3Magic = 20240801;  // llm.c's uint32 token files: not supported
+
+uint64_t splitmix(uint64_t& state) {
+  uint64_t x = (state += 0x9e3779b97f4a7c15ull);
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+std::string hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// Offset of the first byte that makes `p[0..n)` not UTF-8 text (a NUL, a malformed or
+// overlong sequence, a surrogate, a code point above U+10FFFF), or n when it is text.
+// `why` says which.
+uint64_t first_non_text(const unsigned char* p, uint64_t n, const char** why) {
+  uint64_t i = 0;
+  while (i < n) {
+    const unsigned char c = p[i];
+    if (c >= 0x01 && c < 0x80) {
+      ++i;
+      continue;
+    }
+    if (c == 0) {
+      *why = "is a NUL byte";
+      return i;
+    }
+    int len = 0;
+    uint32_t cp = 0, min = 0;
+    if ((c & 0xE0) == 0xC0) len = 2, cp = c & 0x1F, min = 0x80;
+    else if ((c & 0xF0) == 0xE0) len = 3, cp = c & 0x0F, min = 0x800;
+    else if ((c & 0xF8) == 0xF0) len = 4, cp = c & 0x07, min = 0x10000;
+    else {
+      *why = "cannot begin a UTF-8 character";
+      return i;
+    }
+    if (i + len > n) {
+      *why = "begins a UTF-8 character that the file cuts off";
+      return i;
+    }
+    for (int k = 1; k < len; ++k) {
+      if ((p[i + k] & 0xC0) != 0x80) {
+        *why = "begins a malformed UTF-8 sequence";
+        return i;
+      }
+      cp = (cp << 6) | (p[i + k] & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
+      *why = "begins an invalid UTF-8 sequence (overlong, surrogate or beyond U+10FFFF)";
+      return i;
+    }
+    i += len;
+  }
+  return n;
+}
+
+std::string human(uint64_t bytes) {
+  char buf[32];
+  const double b = static_cast<double>(bytes);
+  if (b >= 1 << 30) std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1 << 30));
+  else if (b >= 1 << 20) std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1 << 20));
+  else if (b >= 1 << 10) std::snprintf(buf, sizeof buf, "%.1f KiB", b / (1 << 10));
+  else std::snprintf(buf, sizeof buf, "%llu bytes", static_cast<unsigned long long>(bytes));
+  return buf;
+}
+
+}  // namespace
+
+const char* to_string(DataFormat f) {
+  switch (f) {
+    case DataFormat::Auto: return "auto";
+    case DataFormat::Text: return "text";
+    case DataFormat::Tokens: return "tokens";
+  }
+  return "?";
+}
+
+DataFormat parse_data_format(const std::string& s) {
+  if (s == "auto") return DataFormat::Auto;
+  if (s == "text") return DataFormat::Text;
+  if (s == "tokens") return DataFormat::Tokens;
+  throw ConfigError("strata.data.format '" + s + "' is not a data format: use \"auto\", \"text\" or \"tokens\"");
+}
+
+nlohmann::json DataPosition::to_json() const {
+  return {{"epoch", epoch}, {"index", index}, {"fingerprint", hex64(fingerprint)}};
+}
+
+DataPosition DataPosition::from_json(const nlohmann::json& j) {
+  const std::string fix = " in the checkpoint's data position (extra.data): it was not written by strata train, or "
+                          "is damaged; resume from another checkpoint";
+  if (!j.is_object()) throw ConfigError("the data position is not an object" + fix);
+  DataPosition p;
+  for (const char* k : {"epoch", "index"}) {
+    if (!j.contains(k) || !j[k].is_number_integer() || j[k].get<int64_t>() < 0) throw ConfigError(std::string("'") + k + "' is missing or not a count" + fix);
+  }
+  p.epoch = j["epoch"].get<uint64_t>();
+  p.index = j["index"].get<uint64_t>();
+  if (j.contains("fingerprint")) {
+    const auto& f = j["fingerprint"];
+    if (!f.is_string() || f.get<std::string>().size() != 16 ||
+        f.get<std::string>().find_first_not_of("0123456789abcdef") != std::string::npos)
+      throw ConfigError("'fingerprint' is not 16 hex digits" + fix);
+    p.fingerprint = std::stoull(f.get<std::string>(), nullptr, 16);
+  }
+  return p;
+}
+
+struct TokenDataset::Impl {
+  std::string path;
+  DataFormat format = DataFormat::Text;
+  int seq_len = 0;
+  uint64_t seed = 0;
+  void* map = nullptr;             // the whole file, read-only
+  uint64_t map_bytes = 0;
+  const uint8_t* bytes = nullptr;  // Text: the tokens
+  const uint16_t* ids = nullptr;   // Tokens: the tokens (after the header)
+  uint64_t count = 0;              // tokens
+  uint64_t train = 0, heldout = 0; // windows
+  uint64_t fingerprint = 0;
+  // The order of the last epoch asked for (batch() is called once per micro-step).
+  mutable uint64_t cached_epoch = UINT64_MAX;
+  mutable std::vector<uint64_t> order;
+
+  ~Impl() {
+    if (map) ::munmap(map, map_bytes);
+  }
+  uint32_t token(uint64_t i) const { return bytes ? bytes[i] : ids[i]; }
+  void window(uint64_t w, int32_t* x, int32_t* y) const {
+    const uint64_t s = w * static_cast<uint64_t>(seq_len);
+    for (int t = 0; t < seq_len; ++t) {
+      x[t] = static_cast<int32_t>(token(s + t));
+      y[t] = static_cast<int32_t>(token(s + t + 1));
+    }
+  }
+  [[noreturn]] void fail(const std::string& what, const std::string& fix) const {
+    throw ConfigError("data file '" + path + "' " + what + ": " + fix);
+  }
+};
+
+TokenDataset::TokenDataset(const std::string& path, DataFormat format, int seq_len, int vocab, uint64_t seed,
+                           double heldout_fraction)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& d = *impl_;
+  d.path = path;
+  d.seq_len = seq_len;
+  d.seed = seed;
+  if (seq_len < 1) throw ConfigError("the sequence length must be at least 1, not " + std::to_string(seq_len));
+  if (vocab < 1) throw ConfigError("the vocabulary must have at least 1 token, not " + std::to_string(vocab));
+  if (!(heldout_fraction >= 0.0 && heldout_fraction < 1.0))
+    throw ConfigError("the held-out fraction must be in [0, 1), not " + std::to_string(heldout_fraction));
+  if (path.empty()) throw ConfigError("no data file given: set strata.data.path to a text file or an llm.c token file");
+
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    d.fail(std::string("cannot be opened (") + std::strerror(err) + ")",
+           err == ENOENT ? "check strata.data.path (relative paths are from the directory strata runs in)"
+                         : "check the path and its permissions");
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    d.fail("is not a regular file", "point strata.data.path at a file");
+  }
+  d.map_bytes = static_cast<uint64_t>(st.st_size);
+  if (d.map_bytes == 0) {
+    ::close(fd);
+    d.fail("is empty", "give a file with at least seq_len + 1 = " + std::to_string(seq_len + 1) + " tokens");
+  }
+  d.map = ::mmap(nullptr, d.map_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+  const int map_err = errno;
+  ::close(fd);
+  if (d.map == MAP_FAILED) {
+    d.map = nullptr;
+    d.fail(std::string("cannot be mapped (") + std::strerror(map_err) + ")", "check that it is a readable file");
+  }
+  const auto* raw = static_cast<const unsigned char*>(d.map);
+  int32_t first = 0;
+  if (d.map_bytes >= 4) std::memcpy(&first, raw, 4);
+  const bool llmc = first == kLlmcMagic || first == kLlama3Magic;
+
+  if (format == DataFormat::Auto) format = llmc ? DataFormat::Tokens : DataFormat::Text;
+  d.format = format;
+  if (format == DataFormat::Text) {
+    const char* why = "";
+    const uint64_t bad = first_non_text(raw, d.map_bytes, &why);
+    if (bad != d.map_bytes) {
+      if (llmc)
+        d.fail("is an llm.c token file (it begins with magic " + std::to_string(first) + "), not text",
+               "set strata.data.format to \"tokens\" or \"auto\"");
+      char byte[8];
+      std::snprintf(byte, sizeof byte, "0x%02x", raw[bad]);
+      d.fail("is not text: byte " + std::to_string(bad) + " (" + byte + ") " + why,
+             "byte-level training reads UTF-8 text; convert the file to UTF-8 (iconv -t UTF-8), or give token "
+             "data as an llm.c token file with strata.data.format \"tokens\"");
+    }
+    d.bytes = raw;
+    d.count = d.map_bytes;
+  } else {
+    const uint64_t header = kLlmcHeaderInts * 4;
+    if (d.map_bytes < header)
+      d.fail("is " + std::to_string(d.map_bytes) + " bytes, shorter than an llm.c token file's header (" +
+                 std::to_string(header) + " bytes)",
+             "write it with llm.c's write_datafile, or use strata.data.format \"text\" for a text file");
+    int32_t h[3];
+    std::memcpy(h, raw, sizeof h);
+    if (h[0] == kLlama3Magic)
+      d.fail("is an llm.c llama-3 token file (magic 20240801, uint32 tokens), which Strata does not read",
+             "write the tokens in the gpt-2 layout (magic 20240520, version 1, uint16 tokens)");
+    if (h[0] != kLlmcMagic)
+      d.fail("has magic " + std::to_string(h[0]) + ", not llm.c's " + std::to_string(kLlmcMagic),
+             "it is not an llm.c token file: write it with llm.c's write_datafile, or use strata.data.format "
+             "\"text\" (or \"auto\") for a text file");
+    if (h[1] != kLlmcVersion)
+      d.fail("has version " + std::to_string(h[1]) + "; Strata reads version " + std::to_string(kLlmcVersion) +
+                 " (uint16 tokens)",
+             "write it with llm.c's write_datafile for gpt-2");
+    if (h[2] < 0) d.fail("has a negative token count " + std::to_string(h[2]), "the header is damaged; write the file again");
+    const uint64_t n = static_cast<uint64_t>(h[2]), want = header + 2 * n;
+    if (d.map_bytes != want)
+      d.fail("is " + std::to_string(d.map_bytes) + " bytes but its header promises " + std::to_string(n) +
+                 " tokens, " + std::to_string(want) + " bytes" + (d.map_bytes < want ? " (truncated)" : " (trailing bytes)"),
+             "the file is damaged or incomplete; write it again");
+    if (n == 0) d.fail("holds no tokens", "give a file with at least seq_len + 1 = " + std::to_string(seq_len + 1) + " tokens");
+    d.ids = reinterpret_cast<const uint16_t*>(raw + header);
+    d.count = n;
+  }
+
+  // Every id must have an embedding row.
+  uint32_t max_id = 0;
+  uint64_t max_at = 0;
+  for (uint64_t i = 0; i < d.count; ++i)
+    if (const uint32_t t = d.token(i); t > max_id) max_id = t, max_at = i;
+  if (max_id >= static_cast<uint32_t>(vocab))
+    d.fail("has token id " + std::to_string(max_id) + " (token " + std::to_string(max_at) +
+               "), not below the model's vocabulary of " + std::to_string(vocab),
+           "set strata.model.vocab to at least " + std::to_string(max_id + 1) +
+               (format == DataFormat::Text ? " (256 covers every byte)" : " (GPT-2 token files need 50257)"));
+
+  if (d.count < static_cast<uint64_t>(seq_len) + 1)
+    d.fail("has " + std::to_string(d.count) + " tokens; one sample needs seq_len + 1 = " + std::to_string(seq_len + 1),
+           "use a longer file or a smaller strata.model.seq_len");
+  const uint64_t windows = (d.count - 1) / static_cast<uint64_t>(seq_len);
+  d.heldout = static_cast<uint64_t>(static_cast<double>(windows) * heldout_fraction);
+  d.train = windows - d.heldout;  // >= 1: the fraction is below 1 and rounds down
+
+  XXH3_state_t* hs = XXH3_createState();
+  XXH3_64bits_reset(hs);
+  const int32_t tag[2] = {seq_len, static_cast<int32_t>(format)};
+  XXH3_64bits_update(hs, tag, sizeof tag);
+  if (d.bytes) XXH3_64bits_update(hs, d.bytes, d.count);
+  else XXH3_64bits_update(hs, d.ids, d.count * 2);
+  d.fingerprint = XXH3_64bits_digest(hs);
+  XXH3_freeState(hs);
+  if (d.fingerprint == 0) d.fingerprint = 1;  // 0 means "no data" in a DataPosition
+}
+
+TokenDataset::~TokenDataset() = default;
+TokenDataset::TokenDataset(TokenDataset&&) noexcept = default;
+TokenDataset& TokenDataset::operator=(TokenDataset&&) noexcept = default;
+
+std::vector<uint64_t> TokenDataset::epoch_order(uint64_t epoch) const {
+  const Impl& d = *impl_;
+  std::vector<uint64_t> order(d.train);
+  for (uint64_t i = 0; i < d.train; ++i) order[i] = i;
+  // Fisher-Yates with our own generator: std::shuffle's algorithm differs between
+  // standard libraries, and the order must be the same everywhere.
+  uint64_t state = d.seed ^ (0xd1b54a32d192ed03ull * (epoch + 1));
+  for (uint64_t i = d.train; i > 1; --i) {
+    const uint64_t j = static_cast<uint64_t>((static_cast<unsigned __int128>(splitmix(state)) * i) >> 64);
+    std::swap(order[i - 1], order[j]);
+  }
+  return order;
+}
+
+namespace {
+DataPosition normalized(const DataPosition& pos, uint64_t n, uint64_t train) {
+  if (pos.index + n > train) return {pos.epoch + 1, 0, pos.fingerprint};
+  return pos;
+}
+}  // namespace
+
+void TokenDataset::batch(const DataPosition& pos, int rank, int world, int micro_batch, int32_t* x, int32_t* y) const {
+  const Impl& d = *impl_;
+  if (pos.fingerprint != 0 && pos.fingerprint != d.fingerprint)
+    throw ConfigError("the data position (from a checkpoint) belongs to other data than '" + d.path +
+                      "' (the file's contents or strata.model.seq_len changed): resume with the data the run "
+                      "started with, or start a new run");
+  const uint64_t n = static_cast<uint64_t>(world) * static_cast<uint64_t>(micro_batch);
+  if (n > d.train)
+    throw ConfigError("data file '" + d.path + "' has " + std::to_string(d.train) + " training windows of " +
+                      std::to_string(d.seq_len + 1) + " tokens, but one global batch needs " + std::to_string(n) +
+                      " (" + std::to_string(world) + " ranks x train_micro_batch_size_per_gpu " +
+                      std::to_string(micro_batch) + "): use more data, a smaller micro-batch or a shorter seq_len");
+  STRATA_CHECK(rank >= 0 && rank < world, "batch: rank " + std::to_string(rank) + " of " + std::to_string(world));
+  const DataPosition p = normalized(pos, n, d.train);
+  if (d.cached_epoch != p.epoch) {
+    d.order = epoch_order(p.epoch);
+    d.cached_epoch = p.epoch;
+  }
+  const uint64_t first = p.index + static_cast<uint64_t>(rank) * micro_batch;
+  for (int i = 0; i < micro_batch; ++i)
+    d.window(d.order[first + i], x + static_cast<size_t>(i) * d.seq_len, y + static_cast<size_t>(i) * d.seq_len);
+}
+
+DataPosition TokenDataset::advance(const DataPosition& pos, uint64_t n) const {
+  DataPosition p = normalized(pos, n, impl_->train);
+  p.index += n;
+  p.fingerprint = impl_->fingerprint;
+  return p;
+}
+
+bool TokenDataset::heldout_batch(uint64_t b, int rank, int world, int micro_batch, int32_t* x, int32_t* y) const {
+  const Impl& d = *impl_;
+  const uint64_t n = static_cast<uint64_t>(world) * static_cast<uint64_t>(micro_batch);
+  if ((b + 1) * n > d.heldout) return false;
+  const uint64_t first = d.train + b * n + static_cast<uint64_t>(rank) * micro_batch;
+  for (int i = 0; i < micro_batch; ++i)
+    d.window(first + i, x + static_cast<size_t>(i) * d.seq_len, y + static_cast<size_t>(i) * d.seq_len);
+  return true;
+}
+
+DataFormat TokenDataset::format() const { return impl_->format; }
+const std::string& TokenDataset::path() const { return impl_->path; }
+uint64_t TokenDataset::tokens() const { return impl_->count; }
+uint64_t TokenDataset::train_windows() const { return impl_->train; }
+uint64_t TokenDataset::heldout_windows() const { return impl_->heldout; }
+uint64_t TokenDataset::fingerprint() const { return impl_->fingerprint; }
+int TokenDataset::seq_len() const { return impl_->seq_len; }
+
+std::string TokenDataset::describe() const {
+  const Impl& d = *impl_;
+  return std::string(to_string(d.format)) + ", " + human(d.map_bytes) + ": " + std::to_string(d.count) + " tokens, " +
+         std::to_string(d.train) + " training windows of " + std::to_string(d.seq_len + 1) + " tokens, " +
+         std::to_string(d.heldout) + " held out";
+}
+
+}  // namespace strata

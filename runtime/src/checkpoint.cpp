@@ -1,0 +1,582 @@
+#include "strata/runtime/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <charconv>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <span>
+
+#include "strata/core/error.hpp"
+#include "strata/core/log.hpp"
+
+namespace strata {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kFormat = "strata-checkpoint";
+constexpr int kVersion = 1;
+constexpr int kStates = 3;  // master, exp_avg, exp_avg_sq
+constexpr const char* kStateNames[kStates] = {"master", "exp_avg", "exp_avg_sq"};
+
+std::string step_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));
+  return buf;
+}
+std::string rank_file(int r) { return "rank-" + std::to_string(r) + ".bin"; }
+
+std::string hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// ---------------------------------------------------------------------------------------
+// Plain file I/O; every failure names the file, the offset and the length.
+
+struct Fd {
+  int fd = -1;
+  Fd() = default;
+  explicit Fd(int f) : fd(f) {}
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+  // Close and report the error (a deferred write error may surface here).
+  void close_checked(const std::string& path) {
+    const int f = fd;
+    fd = -1;
+    if (::close(f) != 0) throw IoError("closing checkpoint file", path, 0, 0, errno);
+  }
+};
+
+void write_all(int fd, const void* data, uint64_t n, uint64_t offset, const std::string& path) {
+  const auto* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd, p, std::min<uint64_t>(n, 1ull << 30), static_cast<off_t>(offset));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      throw IoError("writing checkpoint file", path, offset, n, errno);
+    }
+    if (w == 0) throw IoError("writing checkpoint file", path, offset, n, ENOSPC);
+    p += w;
+    offset += static_cast<uint64_t>(w);
+    n -= static_cast<uint64_t>(w);
+  }
+}
+
+void read_exact(int fd, void* data, uint64_t n, uint64_t offset, const std::string& path) {
+  auto* p = static_cast<char*>(data);
+  const uint64_t want_end = offset + n;
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, p, std::min<uint64_t>(n, 1ull << 30), static_cast<off_t>(offset));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      throw IoError("reading checkpoint file", path, offset, n, errno);
+    }
+    if (r == 0)
+      throw CorruptionError("checkpoint file '" + path + "' ends at byte " + std::to_string(offset) +
+                            ", expected at least " + std::to_string(want_end) +
+                            " bytes: it is truncated; resume from another checkpoint");
+    p += r;
+    offset += static_cast<uint64_t>(r);
+    n -= static_cast<uint64_t>(r);
+  }
+}
+
+void fsync_fd(int fd, const std::string& path) {
+  if (::fsync(fd) != 0) throw IoError("fsync of checkpoint file", path, 0, 0, errno);
+}
+
+void fsync_dir(const fs::path& dir) {
+  Fd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (d.fd < 0) throw IoError("opening directory for fsync", dir.string(), 0, 0, errno);
+  if (::fsync(d.fd) != 0) throw IoError("fsync of directory", dir.string(), 0, 0, errno);
+}
+
+std::string read_text(const fs::path& p) {
+  Fd f(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
+  if (f.fd < 0) throw IoError("opening", p.string(), 0, 0, errno);
+  struct stat st {};
+  if (::fstat(f.fd, &st) != 0) throw IoError("stat of", p.string(), 0, 0, errno);
+  std::string s(static_cast<size_t>(st.st_size), '\0');
+  read_exact(f.fd, s.data(), s.size(), 0, p.string());
+  return s;
+}
+
+// Test hook (checkpoint.hpp): die here, as a crash would, leaving what is on disk.
+void maybe_kill(const char* point, int rank) {
+  const char* v = std::getenv("STRATA_CHECKPOINT_KILL");
+  if (rank == 0 && v != nullptr && std::strcmp(v, point) == 0) ::raise(SIGKILL);
+}
+
+// ---------------------------------------------------------------------------------------
+// Agreement: every rank learns whether any rank failed, and all throw the error of the
+// lowest failing rank, so that no rank goes on into a collective the others left.
+
+struct Failure {
+  int origin = 0;           // rank that failed first (lowest)
+  std::exception_ptr mine;  // set on the origin rank
+  json desc;                // kind, what, and for I/O errors path/offset/length/errno
+
+  [[noreturn]] void raise(int rank) const {
+    if (rank == origin && mine) std::rethrow_exception(mine);
+    const std::string kind = desc.value("kind", "error");
+    const std::string what = "on rank " + std::to_string(origin) + ": " + desc.value("what", "");
+    if (kind == "io")
+      throw IoError("checkpoint I/O failed on rank " + std::to_string(origin), desc.value("path", ""),
+                    desc.value("offset", uint64_t{0}), desc.value("length", uint64_t{0}), desc.value("errno", 0));
+    if (kind == "config") throw ConfigError(what);
+    if (kind == "corruption") throw CorruptionError(what);
+    throw Error(what);
+  }
+};
+
+json describe(const std::exception_ptr& ep) {
+  try {
+    std::rethrow_exception(ep);
+  } catch (const IoError& e) {
+    return {{"kind", "io"}, {"what", e.what()}, {"path", e.path()}, {"offset", e.offset()},
+            {"length", e.length()}, {"errno", e.error_code()}};
+  } catch (const ConfigError& e) {
+    return {{"kind", "config"}, {"what", e.what()}};
+  } catch (const CorruptionError& e) {
+    return {{"kind", "corruption"}, {"what", e.what()}};
+  } catch (const std::exception& e) {
+    return {{"kind", "error"}, {"what", e.what()}};
+  }
+}
+
+std::optional<Failure> agree(coll::Communicator& host, const std::exception_ptr& ep) {
+  const int world = host.size(), rank = host.rank();
+  int32_t flag = ep ? world - rank : 0;  // the maximum names the lowest failing rank
+  host.all_reduce(std::span<int32_t>(&flag, 1), coll::ReduceOp::Max).wait();
+  if (flag == 0) return std::nullopt;
+  Failure f;
+  f.origin = world - flag;
+  std::string msg;
+  if (rank == f.origin) {
+    f.mine = ep;
+    msg = describe(ep).dump();
+  }
+  int64_t len = static_cast<int64_t>(msg.size());
+  host.broadcast(std::span<int64_t>(&len, 1), f.origin).wait();
+  std::vector<uint8_t> buf(static_cast<size_t>(len));
+  if (rank == f.origin) std::memcpy(buf.data(), msg.data(), buf.size());
+  if (len > 0) host.broadcast(std::span<uint8_t>(buf), f.origin).wait();
+  f.desc = json::parse(buf.begin(), buf.end(), nullptr, false);
+  if (f.desc.is_discarded()) f.desc = json{{"kind", "error"}, {"what", "(unreadable error message)"}};
+  return f;
+}
+
+// ---------------------------------------------------------------------------------------
+// Manifest.
+
+json info_to_json(const CheckpointInfo& info) {
+  json groups = json::array();
+  for (const auto& g : info.groups)
+    groups.push_back({{"name", g.name}, {"numel", g.numel}, {"padded", g.padded}, {"shard", g.shard}});
+  json files = json::array();
+  for (const auto& f : info.files) {
+    json segs = json::array();
+    for (uint64_t h : f.segments) segs.push_back(hex64(h));
+    files.push_back({{"name", f.name}, {"bytes", f.bytes}, {"xxh3", segs}});
+  }
+  return {{"format", kFormat}, {"version", kVersion}, {"step", info.step},     {"world_size", info.world_size},
+          {"groups", groups},  {"files", files},      {"config", info.config}, {"extra", info.extra}};
+}
+
+uint64_t manifest_hash(const json& body) {
+  const std::string s = body.dump();
+  return XXH3_64bits(s.data(), s.size());
+}
+
+// Bytes of one group's three segments in every rank file, and where group g begins.
+uint64_t group_offset(const CheckpointInfo& info, size_t g) {
+  uint64_t off = 0;
+  for (size_t i = 0; i < g; ++i) off += kStates * 4 * info.groups[i].shard;
+  return off;
+}
+
+CheckpointInfo parse_manifest(const fs::path& dir, const fs::path& mpath, const std::string& text) {
+  const std::string where = "checkpoint manifest '" + mpath.string() + "'";
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    throw CorruptionError(where + " is not valid JSON: it is damaged; resume from another checkpoint");
+  if (!j.contains("checksum") || !j["checksum"].is_string())
+    throw CorruptionError(where + " has no checksum: it is damaged or was not written by Strata");
+  const std::string stored = j["checksum"].get<std::string>();
+  j.erase("checksum");
+  const std::string computed = hex64(manifest_hash(j));
+  if (stored != computed)
+    throw CorruptionError(where + " is damaged: its checksum is " + stored + ", its contents hash to " + computed +
+                          "; resume from another checkpoint");
+  try {
+    if (j.at("format").get<std::string>() != kFormat)
+      throw CorruptionError(where + " is not a Strata checkpoint (format '" + j.at("format").get<std::string>() + "')");
+    const int version = j.at("version").get<int>();
+    if (version != kVersion)
+      throw ConfigError(where + " has format version " + std::to_string(version) + "; this Strata reads version " +
+                        std::to_string(kVersion) + ": use the Strata that wrote it");
+    CheckpointInfo info;
+    info.dir = dir.string();
+    info.step = j.at("step").get<int64_t>();
+    info.world_size = j.at("world_size").get<int>();
+    info.config = j.at("config");
+    info.extra = j.at("extra");
+    for (const auto& g : j.at("groups"))
+      info.groups.push_back({g.at("name").get<std::string>(), g.at("numel").get<uint64_t>(),
+                             g.at("padded").get<uint64_t>(), g.at("shard").get<uint64_t>()});
+    for (const auto& f : j.at("files")) {
+      CheckpointFile cf{f.at("name").get<std::string>(), f.at("bytes").get<uint64_t>(), {}};
+      for (const auto& h : f.at("xxh3")) cf.segments.push_back(std::stoull(h.get<std::string>(), nullptr, 16));
+      info.files.push_back(std::move(cf));
+    }
+    // The numbers must fit together, or reading would go wrong later.
+    auto bad = [&](const std::string& what) { throw CorruptionError(where + " is inconsistent: " + what); };
+    if (info.world_size < 1) bad("world_size " + std::to_string(info.world_size));
+    if (info.groups.empty()) bad("no parameter groups");
+    if (info.files.size() != static_cast<size_t>(info.world_size))
+      bad(std::to_string(info.files.size()) + " rank files for world_size " + std::to_string(info.world_size));
+    uint64_t bytes = 0;
+    for (const auto& g : info.groups) {
+      if (g.shard * static_cast<uint64_t>(info.world_size) != g.padded || g.numel > g.padded || g.numel == 0)
+        bad("group '" + g.name + "' has numel " + std::to_string(g.numel) + ", padded " + std::to_string(g.padded) +
+            ", shard " + std::to_string(g.shard));
+      bytes += kStates * 4 * g.shard;
+    }
+    for (size_t r = 0; r < info.files.size(); ++r) {
+      const auto& f = info.files[r];
+      if (f.name != rank_file(static_cast<int>(r))) bad("file " + std::to_string(r) + " is named '" + f.name + "'");
+      if (f.bytes != bytes) bad("'" + f.name + "' is listed with " + std::to_string(f.bytes) + " bytes, the groups need " + std::to_string(bytes));
+      if (f.segments.size() != kStates * info.groups.size()) bad("'" + f.name + "' has a wrong number of checksums");
+    }
+    return info;
+  } catch (const json::exception& e) {
+    throw CorruptionError(where + " lacks a field or has one of the wrong type (" + std::string(e.what()) +
+                          "): it is damaged or was not written by this Strata");
+  } catch (const std::logic_error& e) {  // stoull
+    throw CorruptionError(where + " has a malformed checksum: it is damaged");
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Reading elements [begin, begin + count) of group g, of the states in `outs` (nullptr:
+// not wanted), from the writers' files. Elements at or beyond numel are padding: 0.
+// Every writer segment touched is read whole and its checksum verified.
+
+void read_range(const CheckpointInfo& info, size_t g, uint64_t begin, uint64_t count, float* const outs[kStates]) {
+  const CheckpointGroup& gr = info.groups.at(g);
+  const uint64_t end = begin + count;
+  for (int k = 0; k < kStates; ++k)
+    if (outs[k] && end > gr.numel) {
+      const uint64_t from = std::max(begin, gr.numel);
+      std::fill(outs[k] + (from - begin), outs[k] + count, 0.0f);
+    }
+  const uint64_t data_end = std::min(end, gr.numel);
+  if (begin >= data_end) return;
+  const uint64_t S = gr.shard;
+  const uint64_t goff = group_offset(info, g);
+  std::vector<float> seg;
+  for (uint64_t w = begin / S; w <= (data_end - 1) / S; ++w) {
+    const CheckpointFile& file = info.files.at(w);
+    const std::string path = (fs::path(info.dir) / file.name).string();
+    Fd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (f.fd < 0) {
+      const int err = errno;
+      if (err == ENOENT)
+        throw CorruptionError("checkpoint file '" + path + "' is missing: the checkpoint is incomplete; resume from another one");
+      throw IoError("opening checkpoint file", path, 0, 0, err);
+    }
+    const uint64_t lo = std::max(begin, w * S), hi = std::min(data_end, (w + 1) * S);  // global
+    for (int k = 0; k < kStates; ++k) {
+      if (!outs[k]) continue;
+      const uint64_t off = goff + static_cast<uint64_t>(k) * S * 4;
+      // Same sharding: the slice is the whole segment, read straight into place.
+      const bool whole = lo == w * S && hi - lo == S;
+      float* dst = whole ? outs[k] + (lo - begin) : nullptr;
+      if (!whole) {
+        seg.resize(S);
+        dst = seg.data();
+      }
+      read_exact(f.fd, dst, S * 4, off, path);
+      const uint64_t got = XXH3_64bits(dst, S * 4), want = file.segments[kStates * g + k];
+      if (got != want)
+        throw CorruptionError("checkpoint file '" + path + "' is corrupt: the " + kStateNames[k] + " of group '" +
+                              gr.name + "' (bytes " + std::to_string(off) + " to " + std::to_string(off + S * 4) +
+                              ") has xxh3 " + hex64(got) + ", the manifest expects " + hex64(want) +
+                              "; resume from another checkpoint");
+      if (!whole) std::memcpy(outs[k] + (lo - begin), seg.data() + (lo - w * S), (hi - lo) * 4);
+    }
+  }
+}
+
+void check_groups(ZeroEngine& engine, const CheckpointInfo& info) {
+  const std::string fix =
+      "; resume with the model configuration (strata.model) the checkpoint was saved with, or start a new run with "
+      "another strata.checkpoint_dir";
+  if (static_cast<size_t>(engine.num_groups()) != info.groups.size())
+    throw ConfigError("checkpoint is of another model shape: the model here has " +
+                      std::to_string(engine.num_groups()) + " parameter groups, the checkpoint '" + info.dir +
+                      "' has " + std::to_string(info.groups.size()) + fix);
+  for (int g = 0; g < engine.num_groups(); ++g) {
+    const CheckpointGroup& c = info.groups[static_cast<size_t>(g)];
+    if (engine.group_numel(g) != c.numel)
+      throw ConfigError("checkpoint is of another model shape: group '" + c.name + "' has " +
+                        std::to_string(engine.group_numel(g)) + " elements here, " + std::to_string(c.numel) +
+                        " in the checkpoint '" + info.dir + "'" + fix);
+  }
+}
+
+void write_rank_file(ZeroEngine& engine, const fs::path& path, CheckpointFile& out) {
+  const std::string p = path.string();
+  Fd f(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+  if (f.fd < 0) throw IoError("creating checkpoint file", p, 0, 0, errno);
+  uint64_t off = 0;
+  std::vector<float> states[kStates];
+  for (int g = 0; g < engine.num_groups(); ++g) {
+    const uint64_t n = engine.shard_numel(g);
+    for (auto& s : states) s.resize(n);
+    engine.read_optimizer_shard(g, states[0].data(), states[1].data(), states[2].data());
+    for (auto& s : states) {
+      out.segments.push_back(XXH3_64bits(s.data(), n * 4));
+      write_all(f.fd, s.data(), n * 4, off, p);
+      off += n * 4;
+    }
+  }
+  fsync_fd(f.fd, p);
+  f.close_checked(p);
+  out.bytes = off;
+}
+
+void write_manifest(const fs::path& path, const CheckpointInfo& info) {
+  json j = info_to_json(info);
+  j["checksum"] = hex64(manifest_hash(j));
+  const std::string text = j.dump(1) + "\n";
+  const std::string p = path.string();
+  Fd f(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+  if (f.fd < 0) throw IoError("creating checkpoint manifest", p, 0, 0, errno);
+  write_all(f.fd, text.data(), text.size(), 0, p);
+  fsync_fd(f.fd, p);
+  f.close_checked(p);
+}
+
+void fs_call(const std::error_code& ec, const char* what, const fs::path& p) {
+  if (ec) throw IoError(what, p.string(), 0, 0, ec.value());
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+
+std::string save_checkpoint(ZeroEngine& engine, coll::Communicator& host, const std::string& root,
+                            const json& config, const json& extra, const std::vector<std::string>& group_names) {
+  const int rank = host.rank(), world = host.size();
+  STRATA_CHECK(world == engine.comm().size() && rank == engine.comm().rank(),
+               "save_checkpoint: the host communicator must span the engine's ranks in the same order");
+  STRATA_CHECK(group_names.empty() || group_names.size() == static_cast<size_t>(engine.num_groups()),
+               "save_checkpoint: " + std::to_string(group_names.size()) + " group names for " +
+                   std::to_string(engine.num_groups()) + " groups");
+  const int64_t step = engine.optimizer_steps();
+  const fs::path rootp(root);
+  const fs::path final_dir = rootp / step_name(step);
+  const fs::path tmp = rootp / ("." + step_name(step) + ".tmp");
+
+  // 1. Rank 0 makes the temporary directory (replacing the leftover of a crashed save).
+  std::exception_ptr ep;
+  if (rank == 0) {
+    try {
+      if (root.empty()) throw ConfigError("no checkpoint directory given: set strata.checkpoint_dir");
+      std::error_code ec;
+      fs::create_directories(rootp, ec);
+      fs_call(ec, "creating checkpoint directory", rootp);
+      if (fs::exists(final_dir, ec))
+        throw ConfigError("checkpoint '" + final_dir.string() +
+                          "' exists already and a checkpoint is never overwritten: move it away, or resume from it "
+                          "(--resume) instead of starting over, or use another strata.checkpoint_dir");
+      if (fs::exists(tmp, ec)) {
+        log::warn("removing '" + tmp.string() + "', left by a save of step " + std::to_string(step) +
+                  " that did not finish");
+        fs::remove_all(tmp, ec);
+        fs_call(ec, "removing a leftover temporary checkpoint", tmp);
+      }
+      fs::create_directory(tmp, ec);
+      fs_call(ec, "creating temporary checkpoint directory", tmp);
+    } catch (...) {
+      ep = std::current_exception();
+    }
+  }
+  if (auto f = agree(host, ep)) f->raise(rank);
+
+  auto fail = [&](const Failure& f) {
+    if (rank == 0) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+      if (ec) log::warn("could not remove '" + tmp.string() + "' after a failed save: " + ec.message());
+    }
+    f.raise(rank);
+  };
+
+  // 2. Every rank writes and fsyncs its shards.
+  CheckpointFile mine{rank_file(rank), 0, {}};
+  try {
+    write_rank_file(engine, tmp / mine.name, mine);
+  } catch (...) {
+    ep = std::current_exception();
+  }
+  if (auto f = agree(host, ep)) fail(*f);
+
+  // 3. Rank 0 learns every file's size and checksums: [bytes, segments...] per rank.
+  const size_t G = static_cast<size_t>(engine.num_groups());
+  const size_t rec = 1 + kStates * G;
+  std::vector<int64_t> send(rec), all(rec * static_cast<size_t>(world));
+  send[0] = static_cast<int64_t>(mine.bytes);
+  for (size_t i = 0; i < mine.segments.size(); ++i) send[1 + i] = static_cast<int64_t>(mine.segments[i]);
+  host.all_gather(send, all).wait();
+
+  // 4. Rank 0 writes the manifest, then renames the directory into place.
+  if (rank == 0) {
+    try {
+      CheckpointInfo info;
+      info.step = step;
+      info.world_size = world;
+      info.config = config;
+      info.extra = extra;
+      for (size_t g = 0; g < G; ++g) {
+        const int gi = static_cast<int>(g);
+        const uint64_t shard = engine.shard_numel(gi);
+        info.groups.push_back({group_names.empty() ? "group." + std::to_string(g) : group_names[g], engine.group_numel(gi),
+                              shard * world, shard});
+      }
+      for (int r = 0; r < world; ++r) {
+        CheckpointFile cf{rank_file(r), static_cast<uint64_t>(all[r * rec]), {}};
+        for (size_t i = 0; i < kStates * G; ++i) cf.segments.push_back(static_cast<uint64_t>(all[r * rec + 1 + i]));
+        info.files.push_back(std::move(cf));
+      }
+      maybe_kill("before-manifest", rank);
+      write_manifest(tmp / "manifest.json", info);
+      fsync_dir(tmp);
+      maybe_kill("before-rename", rank);
+      if (::rename(tmp.c_str(), final_dir.c_str()) != 0)
+        throw IoError("renaming the finished checkpoint into place", final_dir.string(), 0, 0, errno);
+      fsync_dir(rootp);
+    } catch (...) {
+      ep = std::current_exception();
+    }
+  }
+  if (auto f = agree(host, ep)) fail(*f);
+  return final_dir.string();
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& root) {
+  std::error_code ec;
+  if (!fs::exists(root, ec)) return std::nullopt;
+  if (!fs::is_directory(root, ec))
+    throw ConfigError("checkpoint directory '" + root + "' is not a directory: point strata.checkpoint_dir at a directory");
+  std::vector<std::pair<int64_t, fs::path>> found;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.starts_with(".step-") && name.ends_with(".tmp")) {
+      log::warn("ignoring '" + e.path().string() + "': a checkpoint save that did not finish");
+      continue;
+    }
+    if (!name.starts_with("step-") || name.size() < 13 || !e.is_directory(ec)) continue;
+    const std::string digits = name.substr(5);
+    int64_t step = 0;
+    const auto [end, err] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
+    if (err != std::errc() || end != digits.data() + digits.size() || step < 0) continue;  // not ours
+    found.emplace_back(step, e.path());
+  }
+  if (ec) throw IoError("listing checkpoint directory", root, 0, 0, ec.value());
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (const auto& [step, dir] : found) {
+    try {
+      read_checkpoint_info(dir.string());
+      return dir.string();
+    } catch (const Error& e) {
+      log::warn("skipping checkpoint '" + dir.string() + "': " + e.what());
+    }
+  }
+  return std::nullopt;
+}
+
+CheckpointInfo read_checkpoint_info(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    throw ConfigError("checkpoint '" + dir + "' is not a directory: give a step-<N> directory written by Strata");
+  const fs::path mpath = fs::path(dir) / "manifest.json";
+  if (!fs::exists(mpath, ec))
+    throw CorruptionError("checkpoint '" + dir +
+                          "' has no manifest.json: it is incomplete (a save that did not finish, or files removed); "
+                          "resume from another checkpoint");
+  CheckpointInfo info = parse_manifest(fs::path(dir), mpath, read_text(mpath));
+  for (const auto& f : info.files) {
+    const fs::path p = fs::path(dir) / f.name;
+    struct stat st {};
+    if (::stat(p.c_str(), &st) != 0) {
+      if (errno == ENOENT)
+        throw CorruptionError("checkpoint file '" + p.string() + "' is missing: the checkpoint is incomplete; resume from another one");
+      throw IoError("stat of checkpoint file", p.string(), 0, 0, errno);
+    }
+    if (static_cast<uint64_t>(st.st_size) != f.bytes)
+      throw CorruptionError("checkpoint file '" + p.string() + "' is " + std::to_string(st.st_size) +
+                            " bytes, the manifest says " + std::to_string(f.bytes) +
+                            (static_cast<uint64_t>(st.st_size) < f.bytes ? " (truncated)" : " (damaged)") +
+                            "; resume from another checkpoint");
+  }
+  return info;
+}
+
+CheckpointInfo load_checkpoint(ZeroEngine& engine, coll::Communicator& host, const std::string& dir) {
+  const int rank = host.rank();
+  STRATA_CHECK(host.size() == engine.comm().size() && rank == engine.comm().rank(),
+               "load_checkpoint: the host communicator must span the engine's ranks in the same order");
+  CheckpointInfo info;
+  std::exception_ptr ep;
+  try {
+    info = read_checkpoint_info(dir);
+    check_groups(engine, info);
+  } catch (...) {
+    ep = std::current_exception();
+  }
+  if (auto f = agree(host, ep)) f->raise(rank);
+
+  for (int g = 0; g < engine.num_groups(); ++g) {
+    const uint64_t n = engine.shard_numel(g);
+    std::vector<float> m(n), a(n), v(n);
+    try {
+      float* outs[kStates] = {m.data(), a.data(), v.data()};
+      read_range(info, static_cast<size_t>(g), static_cast<uint64_t>(rank) * n, n, outs);
+    } catch (...) {
+      ep = std::current_exception();
+    }
+    if (auto f = agree(host, ep)) f->raise(rank);
+    engine.write_optimizer_shard(g, m.data(), a.data(), v.data(), info.step);
+  }
+  return info;
+}
+
+std::vector<float> read_checkpoint_group(const CheckpointInfo& info, int g) {
+  if (g < 0 || static_cast<size_t>(g) >= info.groups.size())
+    throw Error("read_checkpoint_group: group " + std::to_string(g) + " of " + std::to_string(info.groups.size()));
+  std::vector<float> out(info.groups[static_cast<size_t>(g)].numel);
+  float* outs[kStates] = {out.data(), nullptr, nullptr};
+  read_range(info, static_cast<size_t>(g), 0, out.size(), outs);
+  return out;
+}
+
+}  // namespace strata

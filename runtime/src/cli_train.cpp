@@ -1,0 +1,158 @@
+// `strata train` and `strata sample`.
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "strata/core/error.hpp"
+#include "strata/model/gpt.hpp"
+#include "strata/runtime/checkpoint.hpp"
+#include "strata/runtime/cli.hpp"
+#include "strata/runtime/config.hpp"
+#include "strata/runtime/train.hpp"
+
+namespace strata::cli {
+
+namespace {
+
+struct TrainArgs {
+  std::string config;
+  std::vector<std::string> sets;
+  int steps = 0;
+  bool resume = false;
+  std::string metrics;
+  int eval_batches = 0;
+  bool quiet = false;
+} g_train;
+
+struct SampleArgs {
+  std::string checkpoint;
+  std::string prompt = "\n";
+  int tokens = 200;
+  double temperature = 0.8;
+  int top_k = 0;
+  uint64_t seed = 1;
+} g_sample;
+
+int run_train() {
+  Config c = load_config(g_train.config);
+  nlohmann::json j = c.raw;
+  for (const auto& s : g_train.sets) apply_override(j, s);
+  if (g_train.steps > 0) j["strata"]["steps"] = g_train.steps;
+  c = parse_config(j);
+  TrainOptions o;
+  o.resume = g_train.resume;
+  o.metrics_path = g_train.metrics;
+  o.eval_batches = g_train.eval_batches;
+  o.quiet = g_train.quiet;
+  TrainResult r = train(c, o);
+  if (r.steps.empty()) std::printf("nothing to do: the checkpoint is already at step %lld of %d\n",
+                                   static_cast<long long>(r.first_step), c.strata.steps);
+  return 0;
+}
+
+// A checkpoint directory, or a checkpoint root (its latest complete checkpoint).
+std::string resolve_checkpoint(const std::string& path) {
+  try {
+    read_checkpoint_info(path);
+    return path;
+  } catch (const Error&) {
+    if (auto latest = latest_checkpoint(path)) return *latest;
+    throw;
+  }
+}
+
+int run_sample() {
+  const std::string dir = resolve_checkpoint(g_sample.checkpoint);
+  CheckpointInfo info = read_checkpoint_info(dir);
+  const Config c = parse_config(info.config);
+  const GptShape shape = c.strata.model;
+  std::vector<std::vector<float>> groups;
+  for (int g = 0; g < static_cast<int>(gpt_groups(shape).size()); ++g) groups.push_back(read_checkpoint_group(info, g));
+  HostWeights w(std::move(groups));
+  Gpt model(shape, {1, ActivationCheckpointing::None});
+
+  const bool bytes = shape.vocab == 256;
+  std::vector<int32_t> ctx;
+  if (bytes) {
+    for (unsigned char ch : g_sample.prompt) ctx.push_back(ch);
+  } else {
+    // Token files carry ids of a tokenizer Strata does not have: the prompt is ids.
+    size_t i = 0;
+    while (i < g_sample.prompt.size()) {
+      size_t used = 0;
+      ctx.push_back(std::stoi(g_sample.prompt.substr(i), &used));
+      i += used;
+      while (i < g_sample.prompt.size() && (g_sample.prompt[i] == ',' || g_sample.prompt[i] == ' ')) ++i;
+    }
+  }
+  if (ctx.empty()) throw ConfigError("--prompt is empty: give at least one character");
+  for (int32_t t : ctx)
+    if (t < 0 || t >= shape.vocab)
+      throw ConfigError("--prompt token " + std::to_string(t) + " is outside the vocabulary [0, " +
+                        std::to_string(shape.vocab) + ")");
+  std::mt19937_64 rng(g_sample.seed);
+  std::vector<float> logits(shape.vocab);
+  std::vector<double> p(shape.vocab);
+  std::fprintf(stderr, "sampling from %s (step %lld)\n", dir.c_str(), static_cast<long long>(info.step));
+  if (bytes) std::fwrite(g_sample.prompt.data(), 1, g_sample.prompt.size(), stdout);
+  for (int n = 0; n < g_sample.tokens; ++n) {
+    const int len = std::min<int>(static_cast<int>(ctx.size()), shape.seq_len);
+    model.next_token_logits(w, ctx.data() + ctx.size() - len, len, logits.data());
+    int next = 0;
+    if (g_sample.temperature <= 0) {
+      for (int v = 1; v < shape.vocab; ++v)
+        if (logits[v] > logits[next]) next = v;
+    } else {
+      float cut = -INFINITY;
+      if (g_sample.top_k > 0 && g_sample.top_k < shape.vocab) {
+        std::vector<float> sorted(logits);
+        std::nth_element(sorted.begin(), sorted.begin() + (g_sample.top_k - 1), sorted.end(), std::greater<>());
+        cut = sorted[g_sample.top_k - 1];
+      }
+      const float mx = *std::max_element(logits.begin(), logits.end());
+      for (int v = 0; v < shape.vocab; ++v)
+        p[v] = logits[v] < cut ? 0.0 : std::exp((logits[v] - mx) / g_sample.temperature);
+      std::discrete_distribution<int> pick(p.begin(), p.end());
+      next = pick(rng);
+    }
+    ctx.push_back(next);
+    if (bytes)
+      std::fputc(next, stdout);
+    else
+      std::printf("%d ", next);
+    std::fflush(stdout);
+  }
+  std::printf("\n");
+  return 0;
+}
+
+}  // namespace
+
+void add_train(CLI::App& app) {
+  auto* t = app.add_subcommand("train", "Train the GPT under the ZeRO engine (one process, or one per rank under mpirun)");
+  t->add_option("--config,-c", g_train.config, "JSON configuration (DeepSpeed keys plus a strata section)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  t->add_option("--set", g_train.sets, "Override a key: --set strata.steps=50 (repeatable)");
+  t->add_option("--steps", g_train.steps, "Total optimizer steps (overrides strata.steps)")->check(CLI::PositiveNumber);
+  t->add_flag("--resume", g_train.resume, "Continue from the latest complete checkpoint in strata.checkpoint_dir");
+  t->add_option("--metrics", g_train.metrics, "Append one JSON object per step to this file (rank 0)");
+  t->add_option("--eval-batches", g_train.eval_batches, "Held-out batches to evaluate after the last step")
+      ->check(CLI::NonNegativeNumber);
+  t->add_flag("--quiet", g_train.quiet, "No per-step lines");
+  t->callback([] { selected() = run_train; });
+
+  auto* s = app.add_subcommand("sample", "Generate text from a checkpoint");
+  s->add_option("--checkpoint", g_sample.checkpoint, "A checkpoint directory, or the root holding several (latest used)")
+      ->required();
+  s->add_option("--prompt", g_sample.prompt, "Text to continue (byte-level models) or comma-separated token ids");
+  s->add_option("--tokens", g_sample.tokens, "Tokens to generate")->check(CLI::PositiveNumber);
+  s->add_option("--temperature", g_sample.temperature, "Softmax temperature; 0 = greedy")->check(CLI::NonNegativeNumber);
+  s->add_option("--top-k", g_sample.top_k, "Sample among the k most likely tokens (0 = all)")->check(CLI::NonNegativeNumber);
+  s->add_option("--seed", g_sample.seed, "Sampling seed");
+  s->callback([] { selected() = run_sample; });
+}
+
+}  // namespace strata::cli

@@ -1,0 +1,64 @@
+// `strata plan --search` (plan.hpp): every strategy in the space, planned analytically,
+// ranked by tokens/s among those that fit, and each rejected one with its reason.
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "strata/runtime/plan.hpp"
+
+namespace strata::plan {
+
+std::vector<Candidate> search(const GptShape& model, const ClusterSpec& cluster, const Strategy& base,
+                              const SearchSpace& space) {
+  validate(cluster);
+  std::vector<Candidate> out;
+  for (int stage : space.stages)
+    for (OffloadDevice pd : space.param)
+      for (OffloadDevice od : space.optimizer)
+        for (int mb : space.micro_batches)
+          for (bool ckpt : space.checkpointing) {
+            if (stage < 3 && pd != OffloadDevice::None) continue;  // not a configuration
+            Strategy st = base;
+            st.stage = stage;
+            st.offload_param = pd;
+            st.offload_optimizer = od;
+            st.micro_batch = mb;
+            st.checkpointing = ckpt;
+            Candidate c;
+            c.strategy = st;
+            c.plan = make_plan(model, cluster, st);
+            out.push_back(std::move(c));
+          }
+  // Fitting ones first, fastest (tokens/s) first; then the others, nearest to fitting first.
+  std::stable_sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
+    if (a.plan.fits != b.plan.fits) return a.plan.fits;
+    if (a.plan.fits) return a.plan.tokens_per_s > b.plan.tokens_per_s;
+    double sa = 0, sb = 0;
+    for (const auto& t : a.plan.tiers) sa += t.short_by();
+    for (const auto& t : b.plan.tiers) sb += t.short_by();
+    return sa < sb;
+  });
+  const Plan* best = out.empty() || !out.front().plan.fits ? nullptr : &out.front().plan;
+  for (Candidate& c : out) {
+    std::ostringstream v;
+    if (best && &c.plan == best) {
+      c.chosen = true;
+      v << "chosen: fastest that fits";
+    } else if (!c.plan.fits) {
+      v << "doesn't fit: ";
+      for (size_t i = 0; i < c.plan.problems.size(); ++i) {
+        const std::string& p = c.plan.problems[i];
+        v << (i ? "; " : "") << p.substr(0, p.find(" per rank"));  // "device short by 3.2 GiB: needs 35 GiB"
+      }
+    } else {
+      const double slower = best->tokens_per_s / c.plan.tokens_per_s - 1;
+      v.precision(3);
+      v << "slower by " << 100 * slower << "% (" << c.plan.tokens_per_s << " vs " << best->tokens_per_s
+        << " tokens/s; " << c.plan.bottleneck.substr(0, c.plan.bottleneck.find(':')) << " bound)";
+    }
+    c.verdict = v.str();
+  }
+  return out;
+}
+
+}  // namespace strata::plan

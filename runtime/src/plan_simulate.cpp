@@ -1,0 +1,133 @@
+// `strata plan --simulate` (plan.hpp): the real ZeroEngine, TieredStore and prefetcher
+// on the sim backend, driven in the GPT's own acquire order (gpt_schedule) with the
+// plan's kernel times. This is sim_step.hpp's SyntheticModel with two things it lacks and
+// the GPT does: the tied head (group 0 acquired a second time, its gradient buffer held
+// from the head's backward to the embedding's) and the recompute of checkpointed blocks.
+#include <sys/resource.h>
+
+#include <chrono>
+
+#include "strata/collectives/sim_communicator.hpp"
+#include "strata/core/error.hpp"
+#include "strata/runtime/plan.hpp"
+#include "strata/runtime/plan_detail.hpp"
+#include "strata/runtime/zero_engine.hpp"
+
+namespace strata::plan {
+
+namespace {
+
+class GptDriver {
+ public:
+  GptDriver(std::vector<GroupTimes> times, double flops, Stream& compute)
+      : times_(std::move(times)), flops_(flops), compute_(compute) {}
+
+  // One micro-batch in gpt_schedule's order: 0, 1..L, L+1, 0 (head), L..1.
+  double forward_backward(WeightSource& ws) {
+    const int n = static_cast<int>(times_.size());
+    const int last = n - 1;
+    seconds_ = 0;
+    for (int g = 0; g < n; ++g) {
+      ws.acquire_params(g);
+      kernel(times_[g].forward_s);
+      if (g != last) ws.release_params(g);
+    }
+    // Final norm (still held) and the tied head: forward, loss, backward.
+    ws.acquire_params(0);
+    ws.gradient_buffer(0);
+    ws.gradient_buffer(last);
+    kernel(times_[0].head_s + times_[last].backward_s);
+    ws.release_params(0);
+    ws.release_params(last);
+    ws.grads_ready(last);
+    for (int g = last - 1; g >= 1; --g) {
+      ws.acquire_params(g);
+      ws.gradient_buffer(g);
+      kernel(times_[g].backward_s);
+      ws.release_params(g);
+      ws.grads_ready(g);
+    }
+    kernel(times_[0].backward_s);  // the embedding's scatter: no weights needed
+    ws.grads_ready(0);
+    return seconds_;
+  }
+
+ private:
+  void kernel(double s) {
+    if (s <= 0) return;
+    compute_.compute(s * flops_, [] {});
+    compute_.record().wait();
+    seconds_ += s;
+  }
+  std::vector<GroupTimes> times_;
+  double flops_;
+  Stream& compute_;
+  double seconds_ = 0;
+};
+
+}  // namespace
+
+SimulateReport simulate_plan(const Plan& plan, int steps) {
+  if (steps < 1) throw ConfigError("--simulate-steps must be at least 1");
+  const auto t0 = std::chrono::steady_clock::now();
+  const Layout L = layout(plan.shape, plan.strategy, plan.world);
+  const std::vector<GroupTimes> times = group_times(plan.shape, L, plan.cluster, plan.strategy);
+  // The gpt_schedule order must be the one the driver follows.
+  std::vector<int> order = gpt_schedule(plan.shape);
+  STRATA_CHECK(order.size() == 2 * L.groups.size() - 1, "gpt_schedule changed: the plan's driver follows 0, 1..L, L+1, 0, L..1");
+
+  EngineOptions eo = plan.engine;
+  const bool on_nvme = eo.optimizer_home == Tier::Nvme || (eo.stage == 3 && eo.param_home == Tier::Nvme);
+  if (on_nvme) eo.store.nvme.paths = {"(simulated nvme)"};
+  eo.optimizer_threads = 1;
+  std::vector<GroupSpec> specs;
+  for (const LayoutGroup& g : L.groups) specs.push_back({g.name, g.numel, InitKind::Normal, 0.02f, {}});
+
+  SimulateReport r;
+  r.steps = steps;
+  r.device_budget_less_activations = plan.tiers[0].need.activations;
+  {
+    auto device = make_sim_device(plan.cost);
+    auto comm = coll::make_sim_communicator(0, plan.world, plan.cost);
+    auto compute = device->create_stream("compute");
+    GptDriver net(times, plan.cost.device_flops, *compute);
+    ZeroEngine engine(*device, *comm, *comm, eo, specs);
+    engine.set_schedule(order);
+    r.device = device->description();
+    double t_prev = device->now();
+    EngineStats prev = engine.stats();
+    for (int step = 0; step < steps; ++step) {
+      double kernels = 0;
+      for (int m = 0; m < eo.gradient_accumulation_steps; ++m) {
+        engine.begin_micro_step();
+        kernels += net.forward_backward(engine);
+      }
+      engine.step();
+      const double t = device->now();
+      const EngineStats now = engine.stats();
+      r.step_s.push_back(t - t_prev);
+      if (step == steps - 1) {
+        r.step_s_steady = t - t_prev;
+        r.compute_s = kernels;
+        r.exposed_s = now.exposed_wait_s - prev.exposed_wait_s + now.optimizer_wait_s;
+        r.optimizer_s = now.optimizer_s;
+        for (int a = 0; a < kTierCount; ++a)
+          for (int b = 0; b < kTierCount; ++b)
+            r.bytes_moved[a][b] = now.store.bytes_moved[a][b] - prev.store.bytes_moved[a][b];
+      }
+      t_prev = t;
+      prev = now;
+    }
+    for (int t = 0; t < kTierCount; ++t) {
+      r.peak[t] = prev.store.tiers[t].peak;
+      r.budget[t] = prev.store.tiers[t].budget;
+    }
+  }
+  r.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  r.peak_rss_bytes = double(ru.ru_maxrss) * 1024;
+  return r;
+}
+
+}  // namespace strata::plan

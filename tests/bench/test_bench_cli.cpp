@@ -1,0 +1,174 @@
+// `strata bench copy` and `strata bench capacity` run end to end with tiny sizes: their
+// --json, --csv, table and --plot outputs are parsed and checked for shape and for
+// positive, self-consistent numbers (never for speed).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#ifndef STRATA_EXE
+#error "STRATA_EXE must name the strata executable"
+#endif
+#ifndef STRATA_TEST_SCRATCH
+#error "STRATA_TEST_SCRATCH must name a directory on a disk"
+#endif
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int status = -1;
+  std::string out;  // stdout only; stderr goes to the test's log
+};
+
+Result run(const std::string& args) {
+  Result r;
+  const std::string cmd = std::string(STRATA_EXE) + " " + args;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+struct Scratch {
+  fs::path path;
+  Scratch() {
+    path = fs::path(STRATA_TEST_SCRATCH) / ("bench-cli-" + std::to_string(getpid()) + "-" +
+                                            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(path);
+  }
+  ~Scratch() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+void expect_machine(const json& doc) {
+  const json& m = doc.at("machine");
+  EXPECT_GT(m.at("cores").get<int>(), 0);
+  EXPECT_GT(m.at("memory_bytes").get<uint64_t>(), 0u);
+  EXPECT_TRUE(m.at("disks").is_array());
+  EXPECT_TRUE(m.at("gpus").is_array());
+}
+
+const char* kTinyCopy = "bench copy --sizes 64K,1M --reps 2 --span 4M --bytes-per-sample 8M";
+const char* kTinyCapacity =
+    "bench capacity --working-sets 1M,2M,4M --tensor-size 256K --device-budget 1M --pinned-budget 2M "
+    "--lookahead 1 --reps 2 --block-size 64K --queue-depth 4";
+
+}  // namespace
+
+TEST(BenchCopy, JsonOnStdoutParses) {
+  Result r = run(std::string(kTinyCopy) + " --json -");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const json doc = json::parse(r.out);  // nothing but the JSON on stdout
+  EXPECT_EQ(doc.at("benchmark"), "copy");
+  expect_machine(doc);
+  EXPECT_EQ(doc.at("read_back_mismatches"), 0);
+  ASSERT_EQ(doc.at("rows").size(), 4u);  // 2 sizes x 2 directions
+  int h2d = 0;
+  for (const json& row : doc.at("rows")) {
+    h2d += row.at("direction") == "h2d";
+    EXPECT_GT(row.at("strata_gbps").get<double>(), 0);
+    EXPECT_GT(row.at("ref_gbps").get<double>(), 0);
+    EXPECT_LE(row.at("strata_min_gbps").get<double>(), row.at("strata_gbps").get<double>());
+    EXPECT_GE(row.at("strata_max_gbps").get<double>(), row.at("strata_gbps").get<double>());
+    EXPECT_NEAR(row.at("ratio").get<double>(),
+                row.at("strata_gbps").get<double>() / row.at("ref_gbps").get<double>(), 1e-9);
+    EXPECT_EQ(row.at("strata_runs_bytes_per_s").size(), 2u);
+    EXPECT_EQ(row.at("ref_runs_bytes_per_s").size(), 2u);
+  }
+  EXPECT_EQ(h2d, 2);
+}
+
+TEST(BenchCopy, CsvHasHeaderAndRowsAndTableHasMachine) {
+  Scratch dir;
+  const fs::path csv = dir.path / "copy.csv";
+  Result r = run(std::string(kTinyCopy) + " --directions d2h --csv " + csv.string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  // The human table went to stdout, machine summary first after the title.
+  EXPECT_NE(r.out.find("\nmachine: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("strata/memcpy"), std::string::npos) << r.out;
+  std::istringstream lines(slurp(csv));
+  std::string header, line;
+  std::getline(lines, header);
+  EXPECT_EQ(header.rfind("direction,size,copies,strata_gbps,", 0), 0u) << header;
+  int rows = 0;
+  while (std::getline(lines, line)) {
+    ++rows;
+    EXPECT_EQ(line.rfind("d2h,", 0), 0u) << line;
+    EXPECT_EQ(std::count(line.begin(), line.end(), ','), std::count(header.begin(), header.end(), ','));
+  }
+  EXPECT_EQ(rows, 2);
+}
+
+TEST(BenchCopy, PlotIsAPng) {
+  if (std::system("/usr/bin/python3 -c 'import matplotlib' 2>/dev/null") != 0)
+    GTEST_SKIP() << "/usr/bin/python3 has no matplotlib";
+  Scratch dir;
+  const fs::path png = dir.path / "copy.png";
+  Result r = run(std::string(kTinyCopy) + " --plot " + png.string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  const std::string bytes = slurp(png);
+  ASSERT_GE(bytes.size(), 8u);
+  EXPECT_EQ(bytes.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+}
+
+TEST(BenchCapacity, TinySweepCompletesWithPositiveNumbers) {
+  Scratch dir;
+  const fs::path out = dir.path / "capacity.json";
+  Result r = run(std::string(kTinyCapacity) + " --dir " + dir.path.string() + " --json " + out.string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("machine: "), std::string::npos) << r.out;
+  const json doc = json::parse(slurp(out));
+  EXPECT_EQ(doc.at("benchmark"), "capacity");
+  expect_machine(doc);
+  EXPECT_EQ(doc.at("tag_mismatches"), 0);
+  const json& store = doc.at("store");
+  EXPECT_EQ(store.at("failed_moves"), 0);
+  EXPECT_LE(store.at("peak_device_bytes").get<uint64_t>(), 1u << 20);  // budgets hold
+  EXPECT_LE(store.at("peak_pinned_bytes").get<uint64_t>(), 2u << 20);
+  const json& rows = doc.at("rows");
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[0].at("tier"), "device");  // 1M: fits the device budget
+  EXPECT_EQ(rows[1].at("tier"), "pinned");  // 2M: fits pinned memory, not the device
+  EXPECT_EQ(rows[2].at("tier"), "nvme");    // 4M: twice the pinned budget
+  EXPECT_GT(rows[2].at("nvme_fraction").get<double>(), 0);
+  EXPECT_LE(rows[2].at("nvme_fraction").get<double>(), 1.0);
+  EXPECT_GT(rows[2].at("nvme_raw_gbps").get<double>(), 0);
+  EXPECT_DOUBLE_EQ(rows[0].at("device_hit_fraction").get<double>(), 1.0);  // nothing moves
+  EXPECT_TRUE(rows[0].at("bound_gbps").is_null());
+  EXPECT_LT(rows[2].at("device_hit_fraction").get<double>(), 1.0);
+  for (const json& row : rows) {
+    EXPECT_GT(row.at("strata_gbps").get<double>(), 0) << row.dump();
+    EXPECT_GT(row.at("memcpy_gbps").get<double>(), 0) << row.dump();
+    if (row.at("tier") != "device") {
+      EXPECT_GT(row.at("bound_gbps").get<double>(), 0) << row.dump();
+    }
+    EXPECT_EQ(row.at("strata_runs_bytes_per_s").size(), 2u);
+  }
+  // The swap file is gone with the store.
+  for (const auto& e : fs::directory_iterator(dir.path)) EXPECT_EQ(e.path(), out) << "left behind: " << e.path();
+}
