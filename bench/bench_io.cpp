@@ -92,23 +92,6 @@ std::string huge_page_note(const void* base, uint64_t bytes) {
   return format_bytes(huge) + " of it on 2 MiB pages";
 }
 
-std::string shell_quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-// Runs a shell command; returns its exit status and stdout+stderr.
-int run_command(const std::string& cmd, std::string* output) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return -1;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0)
-    if (output) output->append(buf, n);
-  int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 struct Stats {
   std::vector<double> runs;  // bytes/s

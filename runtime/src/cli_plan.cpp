@@ -228,7 +228,7 @@ int run_plan(const PlanArgs& a) {
     if (v < 1) throw ConfigError(std::string(flag) + " must be at least 1, not " + std::to_string(v));
   validate(shape);
   // Cluster.
-  plan::ClusterSpec c = a.cluster == "cpu" ? plan::measure_cpu(shape, a.nvme_dir)
+  plan::ClusterSpec c = a.cluster == "cpu" ? plan::measure_cpu(shape, a.nvme_dir, a.micro_batch)
                                            : plan::find_cluster_preset(a.cluster, a.nvme_dir);
   if (a.gpus_per_node) c.gpus_per_node = *a.gpus_per_node;
   if (a.nodes) c.nodes = *a.nodes;

@@ -340,7 +340,7 @@ DiskFigures measure_disk(const std::string& dir) {
 // (model/gpt.hpp) under the ZeRO engine on the cpu backend, everything in memory, as
 // `strata bench step` runs it: the model's kernels and the engine's own work on the same
 // cores (gathers, gradient reduction and accumulation are memcpys and adds here).
-double time_gpt(const GptShape& s, int reps) {
+double time_gpt(const GptShape& s, int micro_batch, int reps) {
   auto device = make_device({});
   auto comm = coll::make_host_communicator(coll::HostBackend::Self);
   EngineOptions o;
@@ -351,9 +351,10 @@ double time_gpt(const GptShape& s, int reps) {
   o.store.pinned_budget = (64ull << 20) + gpt_param_count(s) * 4 * 2;  // the engine's staging
   ZeroEngine engine(*device, *comm, *comm, o, gpt_group_specs(s));
   engine.set_schedule(gpt_schedule(s));
-  Gpt net(s, GptOptions{1, ActivationCheckpointing::None});
-  std::vector<int32_t> in(s.seq_len), tgt(s.seq_len);
-  for (int i = 0; i < s.seq_len; ++i) {
+  Gpt net(s, GptOptions{micro_batch, ActivationCheckpointing::None});
+  const int n = micro_batch * s.seq_len;
+  std::vector<int32_t> in(n), tgt(n);
+  for (int i = 0; i < n; ++i) {
     in[i] = (7 * i) % s.vocab;
     tgt[i] = (7 * i + 1) % s.vocab;
   }
@@ -373,19 +374,19 @@ double time_gpt(const GptShape& s, int reps) {
 // sequence through two of its blocks, against what group_times() would say at full
 // rate (its matmul part scales with the fraction; its element-wise part does not).
 // Returns 0 (and says why in `note`) when the shape is too large to run here quickly.
-double calibrate_gpt(const GptShape& model, ClusterSpec c, std::string& note, double& peak_scale) {
+double calibrate_gpt(const GptShape& model, int micro_batch, ClusterSpec c, std::string& note, double& peak_scale) {
   GptShape s = model;
   s.layers = 2;
   const double flops_per_token = gpt_flops_per_token(s);
-  while (s.seq_len > 64 && flops_per_token * s.seq_len > 1e11) s.seq_len /= 2;
-  if (double(gpt_param_count(s)) * 8 > 1.5 * GiB || flops_per_token * s.seq_len > 4e11) {
+  while (s.seq_len > 64 && flops_per_token * s.seq_len * micro_batch > 4e11) s.seq_len /= 2;
+  if (double(gpt_param_count(s)) * 8 > 1.5 * GiB || flops_per_token * s.seq_len * micro_batch > 1.6e12) {
     note = "GPT kernels: not calibrated (two blocks of this width are too large to run here quickly); the plan "
            "assumes the sgemm rate";
     return 0;
   }
-  const double measured = time_gpt(s, 3);
+  const double measured = time_gpt(s, micro_batch, 3);
   Strategy st;
-  st.micro_batch = 1;
+  st.micro_batch = micro_batch;
   st.checkpointing = false;
   const Layout L = layout(s, st, 1);
   auto modeled = [&](double eff) {
@@ -400,7 +401,7 @@ double calibrate_gpt(const GptShape& model, ClusterSpec c, std::string& note, do
   std::ostringstream os;
   os.precision(3);
   os << "GPT micro-step under the engine, 2 blocks of d_model " << s.d_model << " at " << s.seq_len
-     << " tokens: " << measured << " s (best of 3), " << 100 * std::min(eff, 1.0)
+     << " tokens x " << micro_batch << " sequences: " << measured << " s (best of 3), " << 100 * std::min(eff, 1.0)
      << "% of the sgemm rate: the kernels' efficiency the plan uses";
   if (eff > 1) {
     // Faster than the sgemm sample allows: the sample met a busier machine. The GPT's
@@ -416,7 +417,7 @@ double calibrate_gpt(const GptShape& model, ClusterSpec c, std::string& note, do
 
 }  // namespace
 
-ClusterSpec measure_cpu(const GptShape& model, const std::string& nvme_dir) {
+ClusterSpec measure_cpu(const GptShape& model, const std::string& nvme_dir, int micro_batch) {
   ClusterSpec c;
   c.name = "cpu";
   c.cpu_backend = true;
@@ -439,7 +440,7 @@ ClusterSpec measure_cpu(const GptShape& model, const std::string& nvme_dir) {
   c.collective_latency = 0;
   std::string gpt_note;
   double peak_scale = 1;
-  const double eff = calibrate_gpt(model, c, gpt_note, peak_scale);
+  const double eff = calibrate_gpt(model, micro_batch, c, gpt_note, peak_scale);
   if (eff > 0) c.matmul_efficiency = eff;
   c.gpu_flops *= peak_scale;
   const double avail = meminfo_bytes("MemAvailable:");

@@ -32,6 +32,11 @@ namespace strata::bench {
 uint64_t parse_size(const std::string& flag, const std::string& text);
 // 65536 -> "64K", 3<<30 -> "3G"; other values in bytes.
 std::string short_size(uint64_t bytes);
+// 'text' with single quotes escaped, for a /bin/sh command line.
+std::string shell_quote(const std::string& s);
+// Runs a shell command; returns its exit status (-1 when it did not exit normally), with
+// its stdout and stderr together in *output when given.
+int run_command(const std::string& cmd, std::string* output);
 // The command line as the user gave it, rebuilt from a parsed subcommand.
 std::string command_line(const CLI::App& sub, const std::string& prefix);
 

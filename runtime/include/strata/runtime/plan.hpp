@@ -95,7 +95,9 @@ ClusterSpec find_cluster_preset(const std::string& name, const std::string& nvme
 // This machine's cpu backend, measured now (about a second): OpenBLAS sgemm FLOP/s at
 // the shape of `model`'s MLP matmul, memcpy bandwidth, the CPU Adam's rate, RAM from
 // /proc/meminfo, and an O_DIRECT write and read of `nvme_dir` (skipped when empty).
-ClusterSpec measure_cpu(const GptShape& model, const std::string& nvme_dir);
+// micro_batch: the sequences per micro-step the GPT kernels are calibrated at (their
+// efficiency grows with the rows of each matmul).
+ClusterSpec measure_cpu(const GptShape& model, const std::string& nvme_dir, int micro_batch = 1);
 
 // Throws ConfigError naming every figure that is impossible (no GPUs, a negative or zero
 // bandwidth, efficiency above 1, ...) and what to give instead.
