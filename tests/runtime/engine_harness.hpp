@@ -47,10 +47,10 @@ inline void make_row(int step, int micro, int row, float* x, float* y) {
   for (int j = 0; j < kWidth; ++j) y[j] = 0.5f * std::sin(2.0f * x[j] + x[(j + 1) % kWidth]);
 }
 
-inline RunResult train(coll::Communicator& comm, coll::Communicator& host, const RunSpec& spec, int steps,
-                       const std::string& nvme_dir) {
-  auto device = make_device({});
-  ResidualMlp model(kLayers, kWidth);
+// The engine settings the tests' training runs use; group_numel sets the
+// look-ahead (three groups).
+inline EngineOptions test_engine_options(const RunSpec& spec, uint64_t group_numel, const std::string& nvme_dir,
+                                        uint64_t seed = 42) {
   EngineOptions o;
   o.stage = spec.stage;
   o.param_home = home_tier(spec.param);
@@ -61,16 +61,24 @@ inline RunResult train(coll::Communicator& comm, coll::Communicator& host, const
   o.gradient_clipping = spec.clip;
   o.gradient_accumulation_steps = spec.accum;
   o.sub_group_elems = spec.sub_group;
-  o.prefetch_bucket_elems = 3 * model.group_numel();
+  o.prefetch_bucket_elems = 3 * group_numel;
   o.max_reuse_distance_elems = 0;
   o.optimizer_threads = 1;
-  o.seed = 42;
+  o.seed = seed;
   o.store.device_budget = 2 << 20;
   o.store.pinned_budget = 2 << 20;
   if (spec.param == OffloadDevice::Nvme || spec.optimizer == OffloadDevice::Nvme) {
     o.store.nvme.paths = {nvme_dir};
     o.store.nvme.checksums = true;
   }
+  return o;
+}
+
+inline RunResult train(coll::Communicator& comm, coll::Communicator& host, const RunSpec& spec, int steps,
+                       const std::string& nvme_dir) {
+  auto device = make_device({});
+  ResidualMlp model(kLayers, kWidth);
+  EngineOptions o = test_engine_options(spec, model.group_numel(), nvme_dir);
   std::vector<GroupSpec> groups;
   for (int b = 0; b < kLayers; ++b)
     groups.push_back({"block." + std::to_string(b), model.group_numel(), InitKind::Normal, 0.1f, {}});

@@ -31,23 +31,8 @@ inline RunResult train_gpt(coll::Communicator& comm, coll::Communicator& host, c
                            const std::string& nvme_dir, bool checkpointing = false) {
   const GptShape shape = small_gpt();
   auto device = make_device({});
-  EngineOptions o;
-  o.stage = spec.stage;
-  o.param_home = home_tier(spec.param);
-  o.optimizer_home = home_tier(spec.optimizer);
-  o.optimizer = {OptimizerKind::AdamW, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.01f};
-  o.gradient_clipping = spec.clip;
-  o.gradient_accumulation_steps = spec.accum;
-  o.sub_group_elems = spec.sub_group;
-  o.prefetch_bucket_elems = 40'000;
-  o.optimizer_threads = 1;
-  o.seed = 42;
-  o.store.device_budget = 2 << 20;
-  o.store.pinned_budget = 2 << 20;
-  if (spec.param == OffloadDevice::Nvme || spec.optimizer == OffloadDevice::Nvme) {
-    o.store.nvme.paths = {nvme_dir};
-    o.store.nvme.checksums = true;
-  }
+  EngineOptions o = test_engine_options(spec, 13'333, nvme_dir);  // look-ahead: three blocks
+  o.optimizer.lr = 1e-2f;
   ZeroEngine engine(*device, comm, host, o, gpt_group_specs(shape));
   if (spec.give_schedule) engine.set_schedule(gpt_schedule(shape));
   const int world = comm.size(), rank = comm.rank(), local = kGptGlobalBatch / world;

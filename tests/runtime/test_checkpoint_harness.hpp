@@ -34,26 +34,7 @@ struct Trainer {
   Trainer(coll::Communicator& c, const RunSpec& spec, const std::string& nvme_dir, uint64_t seed = 42,
           int layers_ = kLayers, int width = kWidth)
       : comm(c), model(layers_, width), layers(layers_) {
-    EngineOptions o;
-    o.stage = spec.stage;
-    o.param_home = home_tier(spec.param);
-    o.optimizer_home = home_tier(spec.optimizer);
-    o.optimizer.kind = OptimizerKind::AdamW;
-    o.optimizer.lr = 3e-3f;
-    o.optimizer.weight_decay = 0.01f;
-    o.gradient_clipping = spec.clip;
-    o.gradient_accumulation_steps = spec.accum;
-    o.sub_group_elems = spec.sub_group;
-    o.prefetch_bucket_elems = 3 * model.group_numel();
-    o.max_reuse_distance_elems = 0;
-    o.optimizer_threads = 1;
-    o.seed = seed;
-    o.store.device_budget = 2 << 20;
-    o.store.pinned_budget = 2 << 20;
-    if (spec.param == OffloadDevice::Nvme || spec.optimizer == OffloadDevice::Nvme) {
-      o.store.nvme.paths = {nvme_dir};
-      o.store.nvme.checksums = true;
-    }
+    EngineOptions o = test_engine_options(spec, model.group_numel(), nvme_dir, seed);
     std::vector<GroupSpec> groups;
     for (int b = 0; b < layers; ++b)
       groups.push_back({"block." + std::to_string(b), model.group_numel(), InitKind::Normal, 0.1f, {}});
