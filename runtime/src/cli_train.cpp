@@ -36,11 +36,9 @@ struct SampleArgs {
 } g_sample;
 
 int run_train() {
-  Config c = load_config(g_train.config);
-  nlohmann::json j = c.raw;
-  for (const auto& s : g_train.sets) apply_override(j, s);
-  if (g_train.steps > 0) j["strata"]["steps"] = g_train.steps;
-  c = parse_config(j);
+  std::vector<std::string> sets = g_train.sets;
+  if (g_train.steps > 0) sets.push_back("strata.steps=" + std::to_string(g_train.steps));
+  const Config c = load_config(g_train.config, sets);
   TrainOptions o;
   o.resume = g_train.resume;
   o.metrics_path = g_train.metrics;

@@ -543,7 +543,7 @@ Config parse_config(const json& j) {
   return c;
 }
 
-Config load_config(const std::string& path) {
+json load_config_json(const std::string& path) {
   std::string text = read_file(path);
   if (text.find_first_not_of(" \t\r\n") == std::string::npos)
     throw ConfigError("config file '" + path + "' is empty: it must hold a JSON object, e.g. "
@@ -600,10 +600,17 @@ Config load_config(const std::string& path) {
     throw ConfigError("config file '" + path + "' is not valid JSON at line " + std::to_string(line) +
                       ", column " + std::to_string(col) + ": " + detail);
   }
+  return j;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  json j = load_config_json(path);
+  for (const auto& o : overrides) apply_override(j, o);
   try {
     return parse_config(j);
   } catch (const ConfigError& e) {
-    throw ConfigError("config file '" + path + "': " + e.what());
+    throw ConfigError("config file '" + path + "'" + (overrides.empty() ? "" : " with the overrides") + ": " +
+                      e.what());
   }
 }
 

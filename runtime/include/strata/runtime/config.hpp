@@ -96,7 +96,11 @@ struct Config {
 
 // Parses and validates. Throws ConfigError naming the key, the problem and the fix.
 Config parse_config(const nlohmann::json& j);
-Config load_config(const std::string& path);  // a missing or malformed file is a ConfigError
+// A missing or malformed file is a ConfigError. The overrides ("a.b=value", as
+// apply_override) apply before anything is checked, so they can mend the file.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// The file's JSON (duplicate keys refused), not yet checked.
+nlohmann::json load_config_json(const std::string& path);
 
 // Applies "a.b.c=value" (value parsed as JSON, else taken as a string) to the JSON
 // before parsing; used for command-line overrides. Unknown keys fail as in the file.
