@@ -1,0 +1,54 @@
+// The GPT of gpt.hpp on the cuda backend: the same model, algorithm and WeightSource
+// protocol as Gpt, with every buffer the WeightSource hands out in DEVICE memory (fp32,
+// the group's flat layout from gpt_layout.hpp). Token arrays stay host arrays: they are
+// copied to the device here. Linear layers and the tied head are cuBLAS sgemm (the head
+// over row chunks, as on the cpu); the rest are the kernels of model/src/*_cuda.cu, on one
+// stream this class creates.
+//
+// Status: compiled and linked in CI (STRATA_HAVE_CUDA), never run there: CI has no GPU.
+// tests/model/test_gpt_cuda.cpp compares it against Gpt where a GPU is present and skips
+// with the reason elsewhere. Built only when the cuda backend is (STRATA_HAVE_CUDA).
+//
+// Synchronisation: the stream is synchronised before the loss or logits are returned and
+// before every release_params / grads_ready, so when the model calls those it is done
+// with the buffer (the WeightSource contract).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "strata/model/gpt.hpp"
+
+namespace strata {
+
+class GptCuda {
+ public:
+  // Allocates every activation and scratch buffer on the current CUDA device up front
+  // (activation_bytes()), creates the stream and the cuBLAS handle.
+  GptCuda(const GptShape& shape, const GptOptions& opts);
+  ~GptCuda();
+  GptCuda(const GptCuda&) = delete;
+  GptCuda& operator=(const GptCuda&) = delete;
+
+  const GptShape& shape() const { return shape_; }
+  const GptOptions& options() const { return opts_; }
+
+  // As Gpt: inputs and targets are HOST arrays [micro_batch, seq_len]; returns the mean
+  // cross-entropy loss; every group's gradient goes to ws's (device) gradient buffers.
+  double forward_backward(WeightSource& ws, const int32_t* inputs, const int32_t* targets);
+  double forward_loss(WeightSource& ws, const int32_t* inputs, const int32_t* targets);
+  // The logits [vocab] after the last of `len` host tokens, written to HOST memory.
+  void next_token_logits(WeightSource& ws, const int32_t* tokens, int len, float* logits);
+
+  // Device bytes this model holds for activations and scratch at micro_batch x seq_len.
+  uint64_t activation_bytes() const;
+  static uint64_t activation_bytes(const GptShape& shape, const GptOptions& opts);
+
+ private:
+  struct Impl;
+  GptShape shape_;
+  GptOptions opts_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata
