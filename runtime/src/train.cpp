@@ -48,8 +48,8 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
   const GptShape shape = cfg.strata.model;
   validate(shape);
   if (cfg.strata.backend != Backend::Cpu)
-    throw ConfigError(std::string("strata train runs the GPT on the cpu backend only: its CUDA kernels are not "
-                                  "written yet (strata.backend = ") +
+    throw ConfigError(std::string("strata train runs the GPT on the cpu backend only: the CUDA model (GptCuda) is "
+                                  "not wired into the trainer and has never run on a GPU (strata.backend = ") +
                       to_string(cfg.strata.backend) + "); set strata.backend to \"cpu\"");
   if (cfg.strata.data.path.empty())
     throw ConfigError("strata.data.path is not set: name a text file (byte-level, vocabulary 256) or an llm.c token "
