@@ -64,6 +64,12 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
 
   // Data before the engine: a bad data file fails in a second, before any allocation.
   TokenDataset data(cfg.strata.data, shape.seq_len, shape.vocab, cfg.strata.seed);
+  // The metrics file too: a bad path fails now, not after the model is built.
+  std::ofstream metrics;
+  if (rank == 0 && !topts.metrics_path.empty()) {
+    metrics.open(topts.metrics_path, std::ios::app);
+    if (!metrics) throw IoError("cannot open the metrics file for appending", topts.metrics_path, 0, 0, errno);
+  }
 
   EngineOptions eo = EngineOptions::from_config(cfg);
   eo.trace_path = with_rank(cfg.strata.trace, rank, world);
@@ -113,11 +119,6 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
                 mo.checkpointing == ActivationCheckpointing::None ? "" : " (checkpointed per block)",
                 static_cast<unsigned long long>(global_tokens), peak / 1e9);
     std::fflush(stdout);
-  }
-  std::ofstream metrics;
-  if (rank == 0 && !topts.metrics_path.empty()) {
-    metrics.open(topts.metrics_path, std::ios::app);
-    if (!metrics) throw IoError("cannot open the metrics file for appending", topts.metrics_path, 0, 0, errno);
   }
 
   const size_t local = static_cast<size_t>(micro) * shape.seq_len;
