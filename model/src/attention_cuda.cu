@@ -11,10 +11,6 @@
 
 #include "kernels_cuda.hpp"
 
-// Device-only shared math: see the note in kernels_cuda.cu.
-#include "strata/core/math/host_device.hpp"
-#undef STRATA_HD
-#define STRATA_HD __device__
 #include "strata/core/math/gpt.hpp"
 
 namespace strata::detail::cuda {

@@ -9,10 +9,15 @@
 #include <string>
 
 #include "attention_cpu.hpp"
+#include "gpt_driver.hpp"
 #include "kernels_cpu.hpp"
 #include "parallel.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/math/gpt.hpp"
+
+#ifdef STRATA_HAVE_CUDA
+#include "strata/model/gpt_cuda.hpp"
+#endif
 
 namespace strata {
 
@@ -75,13 +80,6 @@ void add_rows(float* y, const float* x, long rows, int n) {
   });
 }
 
-void check_tokens(const int32_t* t, long n, int vocab, const char* what) {
-  for (long i = 0; i < n; ++i)
-    if (t[i] < 0 || t[i] >= vocab)
-      throw Error(std::string(what) + " token " + std::to_string(t[i]) + " at position " + std::to_string(i) +
-                  " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
-}
-
 }  // namespace
 
 // Activations one block keeps from forward for backward (all [rows = B*T] x width).
@@ -115,6 +113,8 @@ struct Gpt::Impl {
   std::vector<float> logits;              // [chunk rows, V]
   std::vector<float> ones;                // [BT] for column sums
   long chunk_rows;
+  const int32_t* inputs = nullptr;        // the caller's host arrays, this micro-batch
+  const int32_t* targets = nullptr;
 
   Impl(const GptShape& shape, const GptOptions& opts) : s(shape), o(opts), lay(gpt_block_layout(shape.d_model)) {
     validate(s);
@@ -133,7 +133,29 @@ struct Gpt::Impl {
 
   BlockActs& acts_for(int l) { return o.checkpointing == ActivationCheckpointing::None ? acts[l] : acts[0]; }
 
-  void embed(const float* w, const int32_t* tok, int B, int T) {
+  // The driver's operations (gpt_driver.hpp).
+  void load_tokens(const int32_t* in, const int32_t* tgt, long) {
+    inputs = in;
+    targets = tgt;
+  }
+  void release(WeightSource& ws, int g) { ws.release_params(g); }
+  void ready(WeightSource& ws, int g) { ws.grads_ready(g); }
+  void block_forward(int l, const float* w, bool keep_output, int B, int T) {
+    block_forward(w, resid[l].data(), acts_for(l), keep_output ? resid[l + 1].data() : nullptr, B, T);
+  }
+  void block_backward(int l, const float* w, float* g, int B, int T) {
+    block_backward(w, resid[l].data(), acts_for(l), g, B, T);
+  }
+  void last_logits(const float* wf, const float* wte, int len, float* out) {
+    const int d = s.d_model;
+    const float* x = resid[s.layers].data() + static_cast<long>(len - 1) * d;
+    float mean, rstd;
+    math::layernorm_row(x, wf, wf + d, lnf.data(), d, &mean, &rstd);
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, s.vocab, d, 1.0f, wte, d, lnf.data(), 1, 0.0f, out, 1);
+  }
+
+  void embed(const float* w, int B, int T) {
+    const int32_t* tok = inputs;
     const int d = s.d_model;
     const float* wte = w;
     const float* wpe = w + static_cast<long>(s.vocab) * d;
@@ -198,7 +220,7 @@ struct Gpt::Impl {
 
   // Final layer norm, tied head and mean cross-entropy over rows [0, bt). With dwte, also
   // backward: dwte (overwritten) gets the head's gradient and dres the final residual's.
-  double head(const float* wf, const float* wte, const int32_t* targets, long bt, float* dwte, float* dlnf_wb) {
+  double head(const float* wf, const float* wte, long bt, float* dwte, float* dlnf_wb) {
     const int d = s.d_model, V = s.vocab;
     const float* xf = resid[s.layers].data();
     layernorm(xf, wf, wf + d, lnf.data(), meanf.data(), rstdf.data(), bt, d);
@@ -239,7 +261,8 @@ struct Gpt::Impl {
   }
 
   // Adds the embedding gradient into g0 (wte part holds the head's; wpe part is written).
-  void embed_backward(const int32_t* tok, float* g0, int B, int T) {
+  void embed_backward(float* g0, int B, int T) {
+    const int32_t* tok = inputs;
     const int d = s.d_model;
     float* dwte = g0;
     float* dwpe = g0 + static_cast<long>(s.vocab) * d;
@@ -263,93 +286,19 @@ struct Gpt::Impl {
 };
 
 Gpt::Gpt(const GptShape& shape, const GptOptions& opts)
-    : shape_(shape), opts_(opts), impl_(std::make_unique<Impl>(shape, opts)) {}
+    : GptModel(shape, opts), impl_(std::make_unique<Impl>(shape, opts)) {}
 Gpt::~Gpt() = default;
 
 double Gpt::forward_backward(WeightSource& ws, const int32_t* inputs, const int32_t* targets) {
-  Impl& m = *impl_;
-  const int B = opts_.micro_batch, T = shape_.seq_len, L = shape_.layers;
-  const long bt = static_cast<long>(B) * T;
-  check_tokens(inputs, bt, shape_.vocab, "input");
-  check_tokens(targets, bt, shape_.vocab, "target");
-  const int ge = gpt_embeddings_group(), gf = gpt_final_group(shape_);
-
-  m.embed(ws.acquire_params(ge), inputs, B, T);
-  ws.release_params(ge);
-  for (int l = 0; l < L; ++l) {
-    const int g = gpt_block_group(l);
-    const float* w = ws.acquire_params(g);
-    m.block_forward(w, m.resid[l].data(), m.acts_for(l), m.resid[l + 1].data(), B, T);
-    ws.release_params(g);
-  }
-  const float* wf = ws.acquire_params(gf);
-  const float* wte = ws.acquire_params(ge);
-  float* g0 = ws.gradient_buffer(ge);  // held until the embedding backward at the end
-  float* gfin = ws.gradient_buffer(gf);
-  const double loss = m.head(wf, wte, targets, bt, g0, gfin);
-  ws.release_params(ge);
-  ws.release_params(gf);
-  ws.grads_ready(gf);
-  for (int l = L - 1; l >= 0; --l) {
-    const int g = gpt_block_group(l);
-    const float* w = ws.acquire_params(g);
-    if (opts_.checkpointing != ActivationCheckpointing::None)
-      m.block_forward(w, m.resid[l].data(), m.acts_for(l), nullptr, B, T);
-    float* grad = ws.gradient_buffer(g);
-    m.block_backward(w, m.resid[l].data(), m.acts_for(l), grad, B, T);
-    ws.release_params(g);
-    ws.grads_ready(g);
-  }
-  m.embed_backward(inputs, g0, B, T);
-  ws.grads_ready(ge);
-  return loss;
+  return detail::gpt_forward_backward(*impl_, ws, shape_, opts_, inputs, targets);
 }
 
 double Gpt::forward_loss(WeightSource& ws, const int32_t* inputs, const int32_t* targets) {
-  Impl& m = *impl_;
-  const int B = opts_.micro_batch, T = shape_.seq_len;
-  const long bt = static_cast<long>(B) * T;
-  check_tokens(inputs, bt, shape_.vocab, "input");
-  check_tokens(targets, bt, shape_.vocab, "target");
-  const int ge = gpt_embeddings_group(), gf = gpt_final_group(shape_);
-  m.embed(ws.acquire_params(ge), inputs, B, T);
-  ws.release_params(ge);
-  for (int l = 0; l < shape_.layers; ++l) {
-    const int g = gpt_block_group(l);
-    m.block_forward(ws.acquire_params(g), m.resid[l].data(), m.acts_for(l), m.resid[l + 1].data(), B, T);
-    ws.release_params(g);
-  }
-  const float* wf = ws.acquire_params(gf);
-  const float* wte = ws.acquire_params(ge);
-  const double loss = m.head(wf, wte, targets, bt, nullptr, nullptr);
-  ws.release_params(ge);
-  ws.release_params(gf);
-  return loss;
+  return detail::gpt_forward_loss(*impl_, ws, shape_, opts_, inputs, targets);
 }
 
 void Gpt::next_token_logits(WeightSource& ws, const int32_t* tokens, int len, float* out) {
-  if (len < 1 || len > shape_.seq_len)
-    throw Error("next_token_logits: " + std::to_string(len) + " tokens; the context holds 1 to " +
-                std::to_string(shape_.seq_len));
-  Impl& m = *impl_;
-  check_tokens(tokens, len, shape_.vocab, "input");
-  const int d = shape_.d_model, V = shape_.vocab;
-  const int ge = gpt_embeddings_group(), gf = gpt_final_group(shape_);
-  m.embed(ws.acquire_params(ge), tokens, 1, len);
-  ws.release_params(ge);
-  for (int l = 0; l < shape_.layers; ++l) {
-    const int g = gpt_block_group(l);
-    m.block_forward(ws.acquire_params(g), m.resid[l].data(), m.acts_for(l), m.resid[l + 1].data(), 1, len);
-    ws.release_params(g);
-  }
-  const float* wf = ws.acquire_params(gf);
-  const float* wte = ws.acquire_params(ge);
-  const float* x = m.resid[shape_.layers].data() + static_cast<long>(len - 1) * d;
-  float mean, rstd;
-  math::layernorm_row(x, wf, wf + d, m.lnf.data(), d, &mean, &rstd);
-  cblas_sgemv(CblasRowMajor, CblasNoTrans, V, d, 1.0f, wte, d, m.lnf.data(), 1, 0.0f, out, 1);
-  ws.release_params(ge);
-  ws.release_params(gf);
+  detail::gpt_next_token_logits(*impl_, ws, shape_, tokens, len, out);
 }
 
 uint64_t Gpt::activation_bytes(const GptShape& s, const GptOptions& o) {
@@ -405,6 +354,35 @@ double measure_cpu_matmul_peak(double seconds) {
     best = std::max(best, 2.0 * n * n * static_cast<double>(n) / dt);
   } while (std::chrono::steady_clock::now() < until);
   return best;
+}
+
+std::unique_ptr<GptModel> make_gpt(Backend backend, const GptShape& shape, const GptOptions& opts) {
+  switch (backend) {
+    case Backend::Cpu:
+      return std::make_unique<Gpt>(shape, opts);
+    case Backend::Cuda:
+#ifdef STRATA_HAVE_CUDA
+      return std::make_unique<GptCuda>(shape, opts);
+#else
+      throw ConfigError("strata.backend is 'cuda' but this build of Strata has no cuda backend (CMake found no CUDA "
+                        "toolkit); rebuild with nvcc on PATH, or set strata.backend to \"cpu\"");
+#endif
+    case Backend::Sim:
+      break;
+  }
+  throw ConfigError("the GPT does not run on the sim backend (its tensors have sizes but no bytes); use `strata plan "
+                    "--simulate` to simulate a step, or set strata.backend to \"cpu\" or \"cuda\"");
+}
+
+double measure_matmul_peak(Backend backend, double seconds) {
+  if (backend == Backend::Cuda) {
+#ifdef STRATA_HAVE_CUDA
+    return measure_cuda_matmul_peak(seconds);
+#else
+    throw ConfigError("measure_matmul_peak: this build has no cuda backend");
+#endif
+  }
+  return measure_cpu_matmul_peak(seconds);
 }
 
 }  // namespace strata

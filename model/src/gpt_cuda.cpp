@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "gpt_driver.hpp"
 #include "kernels_cuda.hpp"
 #include "strata/core/error.hpp"
 
@@ -48,13 +49,6 @@ void gemm(cublasHandle_t h, bool ta, bool tb, long M, long N, long K, float alph
   STRATA_CHECK_CUBLAS(cublasSgemm(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
                                   static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha, B,
                                   static_cast<int>(ldb), A, static_cast<int>(lda), &beta, C, static_cast<int>(ldc)));
-}
-
-void check_tokens(const int32_t* t, long n, int vocab, const char* what) {
-  for (long i = 0; i < n; ++i)
-    if (t[i] < 0 || t[i] >= vocab)
-      throw Error(std::string(what) + " token " + std::to_string(t[i]) + " at position " + std::to_string(i) +
-                  " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
 }
 
 }  // namespace
@@ -164,8 +158,26 @@ struct GptCuda::Impl {
     ws.grads_ready(g);
   }
 
-  void upload(int32_t* dst, const int32_t* host, long n) {
-    STRATA_CHECK_CUDA(cudaMemcpyAsync(dst, host, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+  // The driver's operations (gpt_driver.hpp) not defined below.
+  void load_tokens(const int32_t* in, const int32_t* tgt, long n) {
+    // Pageable host memory: the copy is staged before cudaMemcpyAsync returns.
+    STRATA_CHECK_CUDA(cudaMemcpyAsync(inputs, in, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+    if (tgt) STRATA_CHECK_CUDA(cudaMemcpyAsync(targets, tgt, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+  }
+  void block_forward(int l, const float* w, bool keep_output, int B, int T) {
+    block_forward(w, resid[l], acts_for(l), keep_output ? resid[l + 1] : nullptr, B, T);
+  }
+  void block_backward(int l, const float* w, float* g, int B, int T) { block_backward(w, resid[l], acts_for(l), g, B, T); }
+  void last_logits(const float* wf, const float* wte, int len, float* out) {
+    const int d = s.d_model, V = s.vocab;
+    const float* x = resid[s.layers] + static_cast<long>(len - 1) * d;
+    cu::layernorm_forward(x, wf, wf + d, lnf, meanf, rstdf, 1, d, stream);
+    // logits = wte [V, d] lnf [d]: column-major, wte is [d, V], so its transpose times lnf.
+    const float one = 1.0f, zero = 0.0f;
+    STRATA_CHECK_CUBLAS(cublasSgemv(blas, CUBLAS_OP_T, d, V, &one, wte, d, lnf, 1, &zero, logits, 1));
+    STRATA_CHECK_CUDA(
+        cudaMemcpyAsync(out, logits, static_cast<size_t>(V) * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    sync();
   }
 
   // Y[M,N] = X[M,K] W[N,K]^T + b
@@ -182,9 +194,9 @@ struct GptCuda::Impl {
     cu::column_sums(dY, db, M, N, stream);
   }
 
-  void embed(const float* w, const int32_t* tok, int B, int T) {
+  void embed(const float* w, int B, int T) {
     const int d = s.d_model;
-    cu::embed_forward(w, w + static_cast<long>(s.vocab) * d, tok, resid[0], static_cast<long>(B) * T, T, d, stream);
+    cu::embed_forward(w, w + static_cast<long>(s.vocab) * d, inputs, resid[0], static_cast<long>(B) * T, T, d, stream);
   }
 
   void block_forward(const float* w, const float* x, BlockActsCuda& a, float* out, int B, int T) {
@@ -257,100 +269,19 @@ struct GptCuda::Impl {
 };
 
 GptCuda::GptCuda(const GptShape& shape, const GptOptions& opts)
-    : shape_(shape), opts_(opts), impl_(std::make_unique<Impl>(shape, opts)) {}
+    : GptModel(shape, opts), impl_(std::make_unique<Impl>(shape, opts)) {}
 GptCuda::~GptCuda() = default;
 
 double GptCuda::forward_backward(WeightSource& ws, const int32_t* inputs, const int32_t* targets) {
-  Impl& m = *impl_;
-  const int B = opts_.micro_batch, T = shape_.seq_len, L = shape_.layers;
-  const long bt = static_cast<long>(B) * T;
-  check_tokens(inputs, bt, shape_.vocab, "input");
-  check_tokens(targets, bt, shape_.vocab, "target");
-  m.upload(m.inputs, inputs, bt);
-  m.upload(m.targets, targets, bt);
-  const int ge = gpt_embeddings_group(), gf = gpt_final_group(shape_);
-
-  m.embed(ws.acquire_params(ge), m.inputs, B, T);
-  m.release(ws, ge);
-  for (int l = 0; l < L; ++l) {
-    const int g = gpt_block_group(l);
-    m.block_forward(ws.acquire_params(g), m.resid[l], m.acts_for(l), m.resid[l + 1], B, T);
-    m.release(ws, g);
-  }
-  const float* wf = ws.acquire_params(gf);
-  const float* wte = ws.acquire_params(ge);
-  float* g0 = ws.gradient_buffer(ge);  // held until the embedding backward at the end
-  float* gfin = ws.gradient_buffer(gf);
-  const double loss = m.head(wf, wte, bt, g0, gfin);  // synchronises
-  ws.release_params(ge);
-  ws.release_params(gf);
-  ws.grads_ready(gf);
-  for (int l = L - 1; l >= 0; --l) {
-    const int g = gpt_block_group(l);
-    const float* w = ws.acquire_params(g);
-    if (opts_.checkpointing != ActivationCheckpointing::None)
-      m.block_forward(w, m.resid[l], m.acts_for(l), nullptr, B, T);
-    m.block_backward(w, m.resid[l], m.acts_for(l), ws.gradient_buffer(g), B, T);
-    m.release(ws, g);
-    ws.grads_ready(g);  // release synchronised
-  }
-  m.embed_backward(g0, B, T);
-  m.ready(ws, ge);
-  return loss;
+  return detail::gpt_forward_backward(*impl_, ws, shape_, opts_, inputs, targets);
 }
 
 double GptCuda::forward_loss(WeightSource& ws, const int32_t* inputs, const int32_t* targets) {
-  Impl& m = *impl_;
-  const int B = opts_.micro_batch, T = shape_.seq_len;
-  const long bt = static_cast<long>(B) * T;
-  check_tokens(inputs, bt, shape_.vocab, "input");
-  check_tokens(targets, bt, shape_.vocab, "target");
-  m.upload(m.inputs, inputs, bt);
-  m.upload(m.targets, targets, bt);
-  const int ge = gpt_embeddings_group(), gf = gpt_final_group(shape_);
-  m.embed(ws.acquire_params(ge), m.inputs, B, T);
-  m.release(ws, ge);
-  for (int l = 0; l < shape_.layers; ++l) {
-    const int g = gpt_block_group(l);
-    m.block_forward(ws.acquire_params(g), m.resid[l], m.acts_for(l), m.resid[l + 1], B, T);
-    m.release(ws, g);
-  }
-  const float* wf = ws.acquire_params(gf);
-  const float* wte = ws.acquire_params(ge);
-  const double loss = m.head(wf, wte, bt, nullptr, nullptr);  // synchronises
-  ws.release_params(ge);
-  ws.release_params(gf);
-  return loss;
+  return detail::gpt_forward_loss(*impl_, ws, shape_, opts_, inputs, targets);
 }
 
 void GptCuda::next_token_logits(WeightSource& ws, const int32_t* tokens, int len, float* out) {
-  if (len < 1 || len > shape_.seq_len)
-    throw Error("next_token_logits: " + std::to_string(len) + " tokens; the context holds 1 to " +
-                std::to_string(shape_.seq_len));
-  Impl& m = *impl_;
-  check_tokens(tokens, len, shape_.vocab, "input");
-  const int d = shape_.d_model, V = shape_.vocab;
-  m.upload(m.inputs, tokens, len);
-  const int ge = gpt_embeddings_group(), gf = gpt_final_group(shape_);
-  m.embed(ws.acquire_params(ge), m.inputs, 1, len);
-  m.release(ws, ge);
-  for (int l = 0; l < shape_.layers; ++l) {
-    const int g = gpt_block_group(l);
-    m.block_forward(ws.acquire_params(g), m.resid[l], m.acts_for(l), m.resid[l + 1], 1, len);
-    m.release(ws, g);
-  }
-  const float* wf = ws.acquire_params(gf);
-  const float* wte = ws.acquire_params(ge);
-  const float* x = m.resid[shape_.layers] + static_cast<long>(len - 1) * d;
-  cu::layernorm_forward(x, wf, wf + d, m.lnf, m.meanf, m.rstdf, 1, d, m.stream);
-  // logits = wte [V, d] lnf [d]: column-major, wte is [d, V], so its transpose times lnf.
-  const float one = 1.0f, zero = 0.0f;
-  STRATA_CHECK_CUBLAS(cublasSgemv(m.blas, CUBLAS_OP_T, d, V, &one, wte, d, m.lnf, 1, &zero, m.logits, 1));
-  STRATA_CHECK_CUDA(cudaMemcpyAsync(out, m.logits, static_cast<size_t>(V) * sizeof(float), cudaMemcpyDeviceToHost,
-                                    m.stream));
-  m.sync();
-  ws.release_params(ge);
-  ws.release_params(gf);
+  detail::gpt_next_token_logits(*impl_, ws, shape_, tokens, len, out);
 }
 
 uint64_t GptCuda::activation_bytes(const GptShape& s, const GptOptions& o) {
@@ -358,5 +289,52 @@ uint64_t GptCuda::activation_bytes(const GptShape& s, const GptOptions& o) {
 }
 
 uint64_t GptCuda::activation_bytes() const { return impl_->bytes; }
+
+double measure_cuda_matmul_peak(double seconds) {
+  const int n = 4096;
+  const size_t bytes = static_cast<size_t>(n) * n * sizeof(float);
+  void *va = nullptr, *vb = nullptr, *vc = nullptr;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t h = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  STRATA_CHECK_CUDA(cudaMalloc(&va, bytes));
+  STRATA_CHECK_CUDA(cudaMalloc(&vb, bytes));
+  STRATA_CHECK_CUDA(cudaMalloc(&vc, bytes));
+  STRATA_CHECK_CUDA(cudaMemset(va, 0, bytes));
+  STRATA_CHECK_CUDA(cudaMemset(vb, 0, bytes));
+  const auto* a = static_cast<const float*>(va);
+  const auto* b = static_cast<const float*>(vb);
+  auto* c = static_cast<float*>(vc);
+  STRATA_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  STRATA_CHECK_CUDA(cudaEventCreate(&start));
+  STRATA_CHECK_CUDA(cudaEventCreate(&stop));
+  STRATA_CHECK_CUBLAS(cublasCreate(&h));
+  STRATA_CHECK_CUBLAS(cublasSetStream(h, stream));
+  STRATA_CHECK_CUBLAS(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));  // fp32, as the model
+  const float one = 1.0f, zero = 0.0f;
+  const auto run = [&] { STRATA_CHECK_CUBLAS(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a, n, b, n, &zero, c, n)); };
+  run();  // warm-up: kernel selection, clocks
+  STRATA_CHECK_CUDA(cudaStreamSynchronize(stream));
+  double best = 0, spent = 0;
+  do {
+    constexpr int kReps = 4;
+    STRATA_CHECK_CUDA(cudaEventRecord(start, stream));
+    for (int r = 0; r < kReps; ++r) run();
+    STRATA_CHECK_CUDA(cudaEventRecord(stop, stream));
+    STRATA_CHECK_CUDA(cudaEventSynchronize(stop));
+    float ms = 0;
+    STRATA_CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    spent += ms / 1e3;
+    best = std::max(best, kReps * 2.0 * n * n * static_cast<double>(n) / (ms / 1e3));
+  } while (spent < seconds);
+  cublasDestroy(h);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaStreamDestroy(stream);
+  cudaFree(va);
+  cudaFree(vb);
+  cudaFree(vc);
+  return best;
+}
 
 }  // namespace strata

@@ -5,13 +5,6 @@
 
 #include <cuda_runtime.h>
 
-// The shared math (core/math/gpt.hpp) is declared __host__ __device__, but its exp_approx
-// calls the device-only __int_as_float whenever __CUDACC__ is defined, which nvcc refuses
-// in the host pass. Here it is only called from kernels, so it is compiled device-only.
-// (If the header tests __CUDA_ARCH__ instead, these three lines can go.)
-#include "strata/core/math/host_device.hpp"
-#undef STRATA_HD
-#define STRATA_HD __device__
 #include "strata/core/math/gpt.hpp"
 
 namespace strata::detail::cuda {

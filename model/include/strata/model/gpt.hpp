@@ -15,6 +15,7 @@
 #include <memory>
 #include <vector>
 
+#include "strata/core/device.hpp"
 #include "strata/model/gpt_layout.hpp"
 #include "strata/model/weight_source.hpp"
 
@@ -30,36 +31,61 @@ struct GptOptions {
   ActivationCheckpointing checkpointing = ActivationCheckpointing::None;
 };
 
-class Gpt {
+// A GPT on some backend, as a trainer drives it (make_gpt picks the implementation).
+class GptModel {
  public:
-  Gpt(const GptShape& shape, const GptOptions& opts);
-  ~Gpt();
-  Gpt(const Gpt&) = delete;
-  Gpt& operator=(const Gpt&) = delete;
+  virtual ~GptModel() = default;
+  GptModel(const GptModel&) = delete;
+  GptModel& operator=(const GptModel&) = delete;
 
   const GptShape& shape() const { return shape_; }
   const GptOptions& options() const { return opts_; }
 
-  // One micro-batch: inputs and targets are [micro_batch, seq_len] token ids. Returns the
-  // mean cross-entropy loss; every group's gradient (of that mean) goes to ws.
-  double forward_backward(WeightSource& ws, const int32_t* inputs, const int32_t* targets);
+  // One micro-batch: inputs and targets are HOST arrays [micro_batch, seq_len] of token
+  // ids. Returns the mean cross-entropy loss; every group's gradient (of that mean) goes
+  // to ws's gradient buffers. Groups are acquired in gpt_schedule's order.
+  virtual double forward_backward(WeightSource& ws, const int32_t* inputs, const int32_t* targets) = 0;
   // Loss only (evaluation): acquires 0, 1..L, L+1, 0 and releases them.
-  double forward_loss(WeightSource& ws, const int32_t* inputs, const int32_t* targets);
-  // The logits [vocab] after the last of `len` tokens (1 <= len <= seq_len) of one
-  // sequence: for sampling.
-  void next_token_logits(WeightSource& ws, const int32_t* tokens, int len, float* logits);
+  virtual double forward_loss(WeightSource& ws, const int32_t* inputs, const int32_t* targets) = 0;
+  // The logits [vocab] after the last of `len` host tokens (1 <= len <= seq_len) of one
+  // sequence, written to HOST memory: for sampling.
+  virtual void next_token_logits(WeightSource& ws, const int32_t* tokens, int len, float* logits) = 0;
+  // Bytes this model holds for activations and scratch at micro_batch x seq_len (host
+  // memory on the cpu backend, device memory on cuda).
+  virtual uint64_t activation_bytes() const = 0;
 
-  // Host bytes this model holds for activations and scratch at micro_batch x seq_len.
-  uint64_t activation_bytes() const;
+ protected:
+  GptModel(const GptShape& shape, const GptOptions& opts) : shape_(shape), opts_(opts) {}
+  GptShape shape_;
+  GptOptions opts_;
+};
+
+// The cpu backend's GPT. Buffers the WeightSource hands out are host memory.
+class Gpt final : public GptModel {
+ public:
+  Gpt(const GptShape& shape, const GptOptions& opts);
+  ~Gpt() override;
+
+  double forward_backward(WeightSource& ws, const int32_t* inputs, const int32_t* targets) override;
+  double forward_loss(WeightSource& ws, const int32_t* inputs, const int32_t* targets) override;
+  void next_token_logits(WeightSource& ws, const int32_t* tokens, int len, float* logits) override;
+  uint64_t activation_bytes() const override;
   // Activation bytes a configuration needs, without building it (the planner, start-up checks).
   static uint64_t activation_bytes(const GptShape& shape, const GptOptions& opts);
 
  private:
   struct Impl;
-  GptShape shape_;
-  GptOptions opts_;
   std::unique_ptr<Impl> impl_;
 };
+
+// The GPT for a backend: Gpt on cpu, GptCuda (gpt_cuda.hpp) on cuda. Throws ConfigError
+// for the sim backend (tensors without bytes) and for cuda in a build without it.
+std::unique_ptr<GptModel> make_gpt(Backend backend, const GptShape& shape, const GptOptions& opts);
+
+// Measured fp32 matmul peak of a backend, FLOP/s: OpenBLAS sgemm on this machine's cores
+// (cpu) or cuBLAS sgemm without TF32 on the current GPU (cuda); the best of a few runs of
+// about `seconds` in total. The peak MFU is measured against.
+double measure_matmul_peak(Backend backend, double seconds = 0.5);
 
 // A WeightSource over plain host buffers, one per group (sampling from a checkpoint,
 // tests). Gradients land in host buffers the caller can read.

@@ -21,34 +21,31 @@
 
 namespace strata {
 
-class GptCuda {
+class GptCuda final : public GptModel {
  public:
   // Allocates every activation and scratch buffer on the current CUDA device up front
-  // (activation_bytes()), creates the stream and the cuBLAS handle.
+  // (activation_bytes()), creates the stream and the cuBLAS handle. Throws OutOfBudget
+  // when the GPU cannot hold the activations.
   GptCuda(const GptShape& shape, const GptOptions& opts);
-  ~GptCuda();
-  GptCuda(const GptCuda&) = delete;
-  GptCuda& operator=(const GptCuda&) = delete;
+  ~GptCuda() override;
 
-  const GptShape& shape() const { return shape_; }
-  const GptOptions& options() const { return opts_; }
-
-  // As Gpt: inputs and targets are HOST arrays [micro_batch, seq_len]; returns the mean
-  // cross-entropy loss; every group's gradient goes to ws's (device) gradient buffers.
-  double forward_backward(WeightSource& ws, const int32_t* inputs, const int32_t* targets);
-  double forward_loss(WeightSource& ws, const int32_t* inputs, const int32_t* targets);
-  // The logits [vocab] after the last of `len` host tokens, written to HOST memory.
-  void next_token_logits(WeightSource& ws, const int32_t* tokens, int len, float* logits);
+  // As Gpt (inputs, targets and logits are HOST arrays; the token ids are copied to the
+  // device here); every group's gradient goes to ws's DEVICE gradient buffers.
+  double forward_backward(WeightSource& ws, const int32_t* inputs, const int32_t* targets) override;
+  double forward_loss(WeightSource& ws, const int32_t* inputs, const int32_t* targets) override;
+  void next_token_logits(WeightSource& ws, const int32_t* tokens, int len, float* logits) override;
 
   // Device bytes this model holds for activations and scratch at micro_batch x seq_len.
-  uint64_t activation_bytes() const;
+  uint64_t activation_bytes() const override;
   static uint64_t activation_bytes(const GptShape& shape, const GptOptions& opts);
 
  private:
   struct Impl;
-  GptShape shape_;
-  GptOptions opts_;
   std::unique_ptr<Impl> impl_;
 };
+
+// cuBLAS sgemm (fp32, no TF32: the math the model uses) on square matrices on the
+// current GPU, best of runs over about `seconds`, FLOP/s: the cuda backend's MFU peak.
+double measure_cuda_matmul_peak(double seconds = 0.5);
 
 }  // namespace strata

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "strata/core/math/host_device.hpp"
 
@@ -35,8 +36,12 @@ STRATA_HD STRATA_FORCE_INLINE float exp_approx(float x) {
   p = p * r + 5.0000001201e-1f;
   p = p * (r * r) + r + 1.0f;
   const int32_t bits = (ki + 127) << 23;
-#if defined(__CUDACC__)
+#if defined(__CUDA_ARCH__)
   return p * __int_as_float(bits);
+#elif defined(__CUDACC__)
+  float scale;  // nvcc's host pass
+  memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
 #else
   return p * __builtin_bit_cast(float, bits);  // a register move: the loop stays vectorised
 #endif

@@ -1,0 +1,114 @@
+// The order in which a GPT asks its WeightSource for each group, computes with it and
+// hands it back: one copy for every backend (gpt.cpp's Gpt::Impl on the cpu, gpt_cuda.cpp's
+// GptCuda::Impl on cuda), so the sequence the engine sees is the one the cpu tests check.
+//
+// An implementation M provides, all over its own activation buffers:
+//   void load_tokens(const int32_t* inputs, const int32_t* targets, long n)  // host arrays; targets may be null
+//   void embed(const float* w, int B, int T)                 // residual[0] from the loaded inputs
+//   void block_forward(int l, const float* w, bool keep_output, int B, int T)
+//   double head(const float* wf, const float* wte, long bt, float* dwte, float* dlnf)  // loss; backward when dwte
+//   void block_backward(int l, const float* w, float* grad, int B, int T)
+//   void embed_backward(float* g0, int B, int T)
+//   void last_logits(const float* wf, const float* wte, int len, float* host_out)
+//   void release(WeightSource&, int g)   // done reading group g's parameters (synchronises on cuda)
+//   void ready(WeightSource&, int g)     // group g's gradient is written (synchronises on cuda)
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "strata/core/error.hpp"
+#include "strata/model/gpt.hpp"
+#include "strata/model/gpt_layout.hpp"
+#include "strata/model/weight_source.hpp"
+
+namespace strata::detail {
+
+inline void check_tokens(const int32_t* t, long n, int vocab, const char* what) {
+  for (long i = 0; i < n; ++i)
+    if (t[i] < 0 || t[i] >= vocab)
+      throw Error(std::string(what) + " token " + std::to_string(t[i]) + " at position " + std::to_string(i) +
+                  " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+}
+
+// Embeddings and every block forward, each group acquired just before use and released after.
+template <class M>
+void gpt_forward_blocks(M& m, WeightSource& ws, const GptShape& s, int B, int T) {
+  const int ge = gpt_embeddings_group();
+  m.embed(ws.acquire_params(ge), B, T);
+  m.release(ws, ge);
+  for (int l = 0; l < s.layers; ++l) {
+    const int g = gpt_block_group(l);
+    m.block_forward(l, ws.acquire_params(g), true, B, T);
+    m.release(ws, g);
+  }
+}
+
+// Acquires 0, 1..L, L+1, 0, then L..1 (gpt_schedule); hands in L+1, L..1, then 0, whose
+// gradient buffer is held from the head (tied weights) to the embedding backward.
+template <class M>
+double gpt_forward_backward(M& m, WeightSource& ws, const GptShape& s, const GptOptions& o, const int32_t* inputs,
+                            const int32_t* targets) {
+  const int B = o.micro_batch, T = s.seq_len;
+  const long bt = static_cast<long>(B) * T;
+  check_tokens(inputs, bt, s.vocab, "input");
+  check_tokens(targets, bt, s.vocab, "target");
+  m.load_tokens(inputs, targets, bt);
+  const int ge = gpt_embeddings_group(), gf = gpt_final_group(s);
+  gpt_forward_blocks(m, ws, s, B, T);
+  const float* wf = ws.acquire_params(gf);
+  const float* wte = ws.acquire_params(ge);
+  float* g0 = ws.gradient_buffer(ge);  // held until the embedding backward at the end
+  float* gfin = ws.gradient_buffer(gf);
+  const double loss = m.head(wf, wte, bt, g0, gfin);
+  m.release(ws, ge);
+  m.release(ws, gf);
+  m.ready(ws, gf);
+  for (int l = s.layers - 1; l >= 0; --l) {
+    const int g = gpt_block_group(l);
+    const float* w = ws.acquire_params(g);
+    if (o.checkpointing != ActivationCheckpointing::None) m.block_forward(l, w, false, B, T);  // recompute
+    m.block_backward(l, w, ws.gradient_buffer(g), B, T);
+    m.release(ws, g);
+    m.ready(ws, g);
+  }
+  m.embed_backward(g0, B, T);
+  m.ready(ws, ge);
+  return loss;
+}
+
+template <class M>
+double gpt_forward_loss(M& m, WeightSource& ws, const GptShape& s, const GptOptions& o, const int32_t* inputs,
+                        const int32_t* targets) {
+  const int B = o.micro_batch, T = s.seq_len;
+  const long bt = static_cast<long>(B) * T;
+  check_tokens(inputs, bt, s.vocab, "input");
+  check_tokens(targets, bt, s.vocab, "target");
+  m.load_tokens(inputs, targets, bt);
+  const int ge = gpt_embeddings_group(), gf = gpt_final_group(s);
+  gpt_forward_blocks(m, ws, s, B, T);
+  const float* wf = ws.acquire_params(gf);
+  const float* wte = ws.acquire_params(ge);
+  const double loss = m.head(wf, wte, bt, nullptr, nullptr);
+  m.release(ws, ge);
+  m.release(ws, gf);
+  return loss;
+}
+
+template <class M>
+void gpt_next_token_logits(M& m, WeightSource& ws, const GptShape& s, const int32_t* tokens, int len, float* out) {
+  if (len < 1 || len > s.seq_len)
+    throw Error("next_token_logits: " + std::to_string(len) + " tokens; the context holds 1 to " +
+                std::to_string(s.seq_len));
+  check_tokens(tokens, len, s.vocab, "input");
+  m.load_tokens(tokens, nullptr, len);
+  const int ge = gpt_embeddings_group(), gf = gpt_final_group(s);
+  gpt_forward_blocks(m, ws, s, 1, len);
+  const float* wf = ws.acquire_params(gf);
+  const float* wte = ws.acquire_params(ge);
+  m.last_logits(wf, wte, len, out);
+  m.release(ws, ge);
+  m.release(ws, gf);
+}
+
+}  // namespace strata::detail
