@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 
@@ -95,6 +96,8 @@ class CudaStream final : public Stream {
   ~CudaStream() override {
     cudaStreamSynchronize(s_);
     cudaStreamDestroy(s_);
+    if (dev_sum_) cudaFree(dev_sum_);
+    if (host_sum_) cudaFreeHost(host_sum_);
   }
   void copy_async(void* dst, const void* src, size_t bytes) override {
     STRATA_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s_));
@@ -112,30 +115,27 @@ class CudaStream final : public Stream {
     STRATA_CHECK_CUDA(cudaGetLastError());
   }
   void sum_squares(const float* src, size_t n, double* out) override {
-    // Reduce into a device double, then add it to the host total in stream order.
-    double* d = nullptr;
-    STRATA_CHECK_CUDA(cudaMallocAsync(&d, sizeof(double), s_));
-    STRATA_CHECK_CUDA(cudaMemsetAsync(d, 0, sizeof(double), s_));
-    if (n) sum_squares_kernel<<<grid_for(n), 256, 0, s_>>>(src, n, d);
-    auto* host = new double(0);
-    STRATA_CHECK_CUDA(cudaMemcpyAsync(host, d, sizeof(double), cudaMemcpyDeviceToHost, s_));
-    STRATA_CHECK_CUDA(cudaFreeAsync(d, s_));
-    host_task([host, out] {
-      *out += *host;
-      delete host;
-    });
+    // Reduce into a device double, copy it to a pinned host double (pageable memory would
+    // make the copy, and so this call, wait for the stream) and add it to the host total
+    // in a host callback. One pair per stream serves every call: stream order puts each
+    // call's memset after the previous call's callback has read the result.
+    if (!dev_sum_) {
+      void* d = nullptr;
+      void* h = nullptr;
+      STRATA_CHECK_CUDA(cudaMalloc(&d, sizeof(double)));
+      STRATA_CHECK_CUDA(cudaMallocHost(&h, sizeof(double)));
+      dev_sum_ = static_cast<double*>(d);
+      host_sum_ = static_cast<double*>(h);
+    }
+    STRATA_CHECK_CUDA(cudaMemsetAsync(dev_sum_, 0, sizeof(double), s_));
+    if (n) sum_squares_kernel<<<grid_for(n), 256, 0, s_>>>(src, n, dev_sum_);
+    STRATA_CHECK_CUDA(cudaGetLastError());
+    STRATA_CHECK_CUDA(cudaMemcpyAsync(host_sum_, dev_sum_, sizeof(double), cudaMemcpyDeviceToHost, s_));
+    host_task([host = host_sum_, out] { *out += *host; });
   }
   // The model's kernels enqueue themselves; fn is called here, in stream order of issue.
   void compute(double, std::function<void()> fn) override { fn(); }
-  void wait(const Event& e) override {
-    if (e.impl() == nullptr) return;
-    if (auto* ce = dynamic_cast<CudaEvent*>(e.impl())) {
-      STRATA_CHECK_CUDA(cudaStreamWaitEvent(s_, ce->handle(), 0));
-    } else {
-      // A host-side event (I/O completion): block this stream in a host callback.
-      host_task([e] { e.wait(); });
-    }
-  }
+  void wait(const Event& e) override { wait_for(e, false); }
   Event record() override {
     auto ev = std::make_shared<CudaEvent>(s_);
     // Errors raised by host tasks before this point are handed to this event.
@@ -159,6 +159,26 @@ class CudaStream final : public Stream {
   cudaStream_t s_{};
   std::mutex mu_;
   std::exception_ptr pending_error_;
+  double* dev_sum_ = nullptr;   // sum_squares: device accumulator
+  double* host_sum_ = nullptr;  // and its pinned host copy
+
+  // CUDA events are waited on by the GPU; host events (I/O completions) in a host
+  // callback, which must make no CUDA call, so composite events (when_all, when_done)
+  // are taken apart first: a CUDA part inside one must not reach the callback. A fence
+  // part (when_done) orders only: its error is not this stream's.
+  void wait_for(const Event& e, bool fence) {
+    detail::EventImpl* impl = e.impl();
+    if (impl == nullptr) return;
+    if (auto* ce = dynamic_cast<CudaEvent*>(impl)) {
+      STRATA_CHECK_CUDA(cudaStreamWaitEvent(s_, ce->handle(), 0));
+      return;
+    }
+    if (impl->for_each_part([&](Event& part, bool part_fence) { wait_for(part, fence || part_fence); })) return;
+    if (fence)
+      host_task([e] { (void)e.result(); });
+    else
+      host_task([e] { e.wait(); });
+  }
 };
 
 class CudaDevice final : public Device {
@@ -236,6 +256,20 @@ bool cuda_device_present(std::string* reason) {
   return true;
 }
 
-std::unique_ptr<Device> make_cuda_device(int ordinal) { return std::make_unique<CudaDevice>(ordinal); }
+std::unique_ptr<Device> make_cuda_device(int ordinal) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    n = 0;
+  }
+  if (ordinal < 0 || ordinal >= n) {
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    throw Unavailable("cuda device " + std::to_string(ordinal) + " does not exist: " + std::to_string(n) +
+                      " GPU(s) visible" + (visible ? std::string(" (CUDA_VISIBLE_DEVICES=") + visible + ")" : "") +
+                      ". Each rank uses the GPU of its local rank on its host: start at most " + std::to_string(n) +
+                      " ranks per host");
+  }
+  return std::make_unique<CudaDevice>(ordinal);
+}
 
 }  // namespace strata

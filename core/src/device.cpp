@@ -41,7 +41,9 @@ std::unique_ptr<Device> make_device(const DeviceOptions& opts) {
     case Backend::Cuda: {
 #ifdef STRATA_HAVE_CUDA
       std::string why;
-      if (!cuda_device_present(&why)) throw Unavailable("cuda backend: " + why);
+      if (!cuda_device_present(&why))
+        throw Unavailable("cuda backend: " + why + "; run on a machine with an NVIDIA GPU and driver, or use the cpu "
+                          "backend (strata.backend \"cpu\")");
       return make_cuda_device(opts.ordinal);
 #else
       throw Unavailable("cuda backend: Strata was built without CUDA; rebuild with nvcc on PATH");

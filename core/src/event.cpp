@@ -100,6 +100,10 @@ Event when_all(std::vector<Event> events) {
         if (!p.ready()) return false;
       return true;
     }
+    bool for_each_part(const std::function<void(Event&, bool)>& fn) override {
+      for (auto& p : parts) fn(p, false);
+      return true;
+    }
     double virtual_time() override {  // the latest, when every part is a sim event
       double t = 0;
       for (auto& p : parts) {
@@ -129,6 +133,10 @@ Event when_done(Event e) {
       }
     }
     bool ready() override { return inner.ready(); }
+    bool for_each_part(const std::function<void(Event&, bool)>& fn) override {
+      fn(inner, true);
+      return true;
+    }
   };
   auto d = std::make_shared<Done>();
   d->inner = std::move(e);

@@ -7,8 +7,8 @@
 #include <functional>
 #include <limits>
 
-#include "strata/collectives/nccl.hpp"
 #include "strata/runtime/checkpoint.hpp"
+#include "strata/runtime/rank.hpp"
 
 namespace strata::capi {
 
@@ -38,13 +38,10 @@ Runtime::Runtime(Config config) : config_(std::move(config)) {
     throw ApiError(STRATA_ERR_CONFIG,
                    "strata.backend is 'sim', whose tensors have sizes but no bytes, so there is nothing to hand "
                    "out; use \"cpu\" or \"cuda\" with the C API");
-  host_comm_ = coll::make_host_communicator(coll::HostBackend::Auto);
-  validate_for_world(config_, host_comm_->size());
-  DeviceOptions d;
-  d.backend = config_.strata.backend;
-  d.ordinal = config_.strata.backend == Backend::Cuda ? host_comm_->local_rank() : 0;
-  device_ = make_device(d);
-  if (device_->backend() == Backend::Cuda) device_comm_ = coll::make_nccl_communicator(*host_comm_, d.ordinal);
+  RankContext rank = open_rank(config_);  // MPI or self, the device, NCCL on cuda
+  host_comm_ = std::move(rank.host_comm);
+  device_ = std::move(rank.device);
+  device_comm_ = std::move(rank.nccl);
   copy_stream_ = device_->create_stream("capi.copy");
 }
 

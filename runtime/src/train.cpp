@@ -13,6 +13,7 @@
 #include "strata/model/data.hpp"
 #include "strata/model/gpt.hpp"
 #include "strata/runtime/checkpoint.hpp"
+#include "strata/runtime/rank.hpp"
 
 namespace strata {
 
@@ -47,20 +48,16 @@ std::string with_rank(const std::string& path, int rank, int world) {
 TrainResult train(const Config& cfg, const TrainOptions& topts) {
   const GptShape shape = cfg.strata.model;
   validate(shape);
-  if (cfg.strata.backend != Backend::Cpu)
-    throw ConfigError(std::string("strata train runs the GPT on the cpu backend only: the CUDA model (GptCuda) is "
-                                  "not wired into the trainer and has never run on a GPU (strata.backend = ") +
-                      to_string(cfg.strata.backend) + "); set strata.backend to \"cpu\"");
   if (cfg.strata.data.path.empty())
     throw ConfigError("strata.data.path is not set: name a text file (byte-level, vocabulary 256) or an llm.c token "
                       "file, in the config or with --set strata.data.path=FILE");
   if (topts.resume && cfg.strata.checkpoint_dir.empty())
     throw ConfigError("--resume needs strata.checkpoint_dir: the directory the earlier run saved into");
 
-  auto comm = coll::make_host_communicator(coll::HostBackend::Auto);
+  // MPI (or self), the device (cuda: the GPU of this rank's local rank) and NCCL on cuda.
+  RankContext ctx = open_rank(cfg);
+  coll::Communicator* comm = ctx.host_comm.get();
   const int world = comm->size(), rank = comm->rank();
-  validate_for_world(cfg, world);
-  auto device = make_device({cfg.strata.backend, 0});
 
   // Data before the engine: a bad data file fails in a second, before any allocation.
   TokenDataset data(cfg.strata.data, shape.seq_len, shape.vocab, cfg.strata.seed);
@@ -76,12 +73,15 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
   const int micro = cfg.train_micro_batch_size_per_gpu, accum = cfg.gradient_accumulation_steps;
   GptOptions mo{micro, cfg.activation_checkpointing.enabled ? ActivationCheckpointing::PerBlock
                                                             : ActivationCheckpointing::None};
+  // The model first: its activations (device memory on cuda) are allocated beside the
+  // engine's device budget, so a budget too large for the GPU fails in the engine's
+  // allocation, which names strata.device_budget.
+  std::unique_ptr<GptModel> model = make_gpt(cfg.strata.backend, shape, mo);
   const std::vector<GroupSpec> specs = gpt_group_specs(shape);
   std::vector<std::string> group_names;
   for (const auto& g : specs) group_names.push_back(g.name);
-  auto engine = std::make_unique<ZeroEngine>(*device, *comm, *comm, eo, specs);
+  auto engine = std::make_unique<ZeroEngine>(*ctx.device, ctx.device_comm(), *comm, eo, specs);
   engine->set_schedule(gpt_schedule(shape));
-  Gpt model(shape, mo);
 
   TrainResult res;
   DataPosition pos{};
@@ -96,10 +96,11 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
     }
   }
 
-  // The matmul peak that MFU is measured against: every rank measures at once (they share
-  // the machine's cores when they share a machine) and the peaks are summed.
+  // The matmul peak that MFU is measured against: every rank measures at once (on the cpu
+  // they share the machine's cores when they share a machine; on cuda each its own GPU)
+  // and the peaks are summed.
   comm->barrier().wait();
-  double peak = measure_cpu_matmul_peak(0.3);
+  double peak = measure_matmul_peak(cfg.strata.backend, 0.3);
   comm->all_reduce(std::span<double>(&peak, 1)).wait();
   res.peak_flops = peak;
 
@@ -107,15 +108,15 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
   const double flops_per_token = gpt_flops_per_token(shape);
   const uint64_t global_tokens = static_cast<uint64_t>(micro) * accum * world * shape.seq_len;
   if (rank == 0 && !topts.quiet) {
-    std::printf("strata train: %llu parameters (%d layers, d_model %d, %d heads, context %d, vocab %d), %d rank%s, "
-                "ZeRO stage %d, params on %s, optimizer on %s\n",
+    std::printf("strata train: %llu parameters (%d layers, d_model %d, %d heads, context %d, vocab %d), %d rank%s "
+                "on %s%s, ZeRO stage %d, params on %s, optimizer on %s\n",
                 static_cast<unsigned long long>(params), shape.layers, shape.d_model, shape.heads, shape.seq_len,
-                shape.vocab, world, world == 1 ? "" : "s", eo.stage, to_string(eo.param_home),
-                to_string(eo.optimizer_home));
+                shape.vocab, world, world == 1 ? "" : "s", ctx.device->description().c_str(),
+                world == 1 ? "" : " (rank 0)", eo.stage, to_string(eo.param_home), to_string(eo.optimizer_home));
     std::printf("  model states %s (20 B/param: fp32 params, grads, master, Adam moments) vs budgets device %s, pinned %s; activations %s per rank%s; "
                 "%llu tokens per step; matmul peak %.1f GFLOP/s\n",
                 human_bytes(params * 20).c_str(), human_bytes(eo.store.device_budget).c_str(),
-                human_bytes(eo.store.pinned_budget).c_str(), human_bytes(model.activation_bytes()).c_str(),
+                human_bytes(eo.store.pinned_budget).c_str(), human_bytes(model->activation_bytes()).c_str(),
                 mo.checkpointing == ActivationCheckpointing::None ? "" : " (checkpointed per block)",
                 static_cast<unsigned long long>(global_tokens), peak / 1e9);
     std::fflush(stdout);
@@ -133,7 +134,7 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
       data.batch(pos, rank, world, micro, x.data(), y.data());
       pos = data.advance(pos, world * micro);
       engine->begin_micro_step();
-      loss += model.forward_backward(*engine, x.data(), y.data());
+      loss += model->forward_backward(*engine, x.data(), y.data());
     }
     comm->all_reduce(std::span<double>(&loss, 1)).wait();
     loss /= static_cast<double>(world * accum);
@@ -207,7 +208,7 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
     int n = 0;
     for (int b = 0; b < topts.eval_batches; ++b) {
       if (!data.heldout_batch(b, rank, world, micro, x.data(), y.data())) break;
-      sum += model.forward_loss(*engine, x.data(), y.data());
+      sum += model->forward_loss(*engine, x.data(), y.data());
       ++n;
     }
     double both[2] = {sum, static_cast<double>(n)};

@@ -718,16 +718,25 @@ EngineStats ZeroEngine::stats() const {
 std::vector<float> ZeroEngine::gather_full_params(int g) {
   Group& gr = groups_.at(g);
   std::vector<float> out(gr.spec.numel);
+  // The full parameters are device memory: on cuda GPU memory, which only a stream copies.
+  const auto copy_out = [&](const float* src) {
+    if (device_.backend() == Backend::Cuda) {
+      reduce_stream_->copy_async(out.data(), src, gr.spec.numel * 4);
+      reduce_stream_->synchronize();
+    } else {
+      device_.host_compute(8.0 * gr.spec.numel, [&] { std::memcpy(out.data(), src, gr.spec.numel * 4); });
+    }
+  };
   if (opts_.stage == 3) {
     const bool was_ready = gr.state != Group::Full::Released;
     start_gather(g, false);
     wait_gathered(gr);
-    device_.host_compute(8.0 * gr.spec.numel, [&] { std::memcpy(out.data(), gr.full_ptr, gr.spec.numel * 4); });
+    copy_out(gr.full_ptr);
     if (!was_ready && !gr.persistent) drop_full(gr);
   } else {
     Acquired f = store_->acquire(gr.full, Tier::Device);
     f.ready.wait();
-    device_.host_compute(8.0 * gr.spec.numel, [&] { std::memcpy(out.data(), f.data, gr.spec.numel * 4); });
+    copy_out(static_cast<const float*>(f.data));
     store_->release(gr.full, Tier::Device);
   }
   return out;

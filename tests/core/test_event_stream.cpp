@@ -36,6 +36,41 @@ TEST(HostEvent, ErrorIsRethrownOnWait) {
   }
 }
 
+// A device stream takes composite events apart (for_each_part) so that a CUDA event inside
+// when_all / when_done is waited on by the GPU, never from a host callback: the parts,
+// with when_done's fence flag, must come out exactly.
+TEST(Event, CompositesListTheirParts) {
+  auto [a, ha] = HostEvent::make();
+  auto [b, hb] = HostEvent::make();
+  auto [c, hc] = HostEvent::make();
+  std::vector<std::pair<detail::EventImpl*, bool>> seen;
+  const auto collect = [&](Event& p, bool fence) { seen.emplace_back(p.impl(), fence); };
+
+  EXPECT_FALSE(a.impl()->for_each_part(collect));  // a plain event has no parts
+  EXPECT_TRUE(seen.empty());
+
+  Event all = when_all({a, when_done(b)});
+  ASSERT_TRUE(all.impl()->for_each_part(collect));
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0].first, a.impl());
+  EXPECT_FALSE(seen[0].second);
+  EXPECT_FALSE(seen[1].second);  // the when_done wrapper itself is not a fence part of when_all
+  std::vector<std::pair<detail::EventImpl*, bool>> inner;
+  ASSERT_TRUE(seen[1].first->for_each_part([&](Event& p, bool fence) { inner.emplace_back(p.impl(), fence); }));
+  ASSERT_EQ(inner.size(), 1u);
+  EXPECT_EQ(inner[0].first, b.impl());
+  EXPECT_TRUE(inner[0].second);  // when_done: the part's error does not count
+
+  // Completed parts are dropped by when_all, so nothing is waited on twice.
+  hc->complete();
+  seen.clear();
+  Event two = when_all({a, c});
+  EXPECT_EQ(two.impl(), a.impl());  // one part left: the event itself
+  ha->complete();
+  hb->complete(std::make_exception_ptr(IoError("read", "/y", 0, 4096, EIO)));
+  EXPECT_NO_THROW(all.wait());  // a's success; b's error is fenced off
+}
+
 TEST(CpuStream, RunsInOrderAndCopies) {
   auto dev = make_device({});
   auto s = dev->create_stream("copy");

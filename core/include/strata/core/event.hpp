@@ -12,6 +12,8 @@
 
 namespace strata {
 
+class Event;
+
 namespace detail {
 // Backend-specific completion state. The host implementation below serves the cpu
 // backend, the I/O engine and anything else that completes on a host thread.
@@ -23,6 +25,11 @@ class EventImpl {
   // The sim backend's events complete at a point of simulated time (seconds, >= 0) and
   // are always ready in real time; events that complete in real time return -1.
   virtual double virtual_time() { return -1.0; }
+  // For composite events (when_all, when_done): calls fn on each part, with `fence` true
+  // when the part's error does not count (when_done), and returns true; false for a
+  // plain event. A device stream uses it to wait on its own kind of events natively
+  // instead of blocking in a host callback (where a CUDA call is not allowed).
+  virtual bool for_each_part(const std::function<void(Event&, bool fence)>&) { return false; }
 };
 }  // namespace detail
 
