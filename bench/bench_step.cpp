@@ -2,6 +2,9 @@
 // ZeRO engine, fully in memory and with parameters and optimizer states on NVMe, in the
 // same run. The in-memory step is the reference: the ratio says what offloading costs.
 // Steps of the two configurations alternate, so drift of the machine hits both alike.
+// On the cuda backend (--backend cuda; never run here: no GPU) the reference keeps the
+// parameters on the GPU and the optimizer in pinned memory (there is no GPU optimizer),
+// and the model is GptCuda with NCCL over the one GPU.
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -13,6 +16,7 @@
 #include "strata/bench/commands.hpp"
 #include "strata/bench/report.hpp"
 #include "strata/collectives/communicator.hpp"
+#include "strata/collectives/nccl.hpp"
 #include "strata/core/device.hpp"
 #include "strata/core/error.hpp"
 #include "strata/model/gpt.hpp"
@@ -34,6 +38,7 @@ struct StepArgs {
   std::string memory_budget = "6G";      // device budget of the in-memory run
   std::string device_budget = "1G";      // of the offloaded run
   std::string pinned_budget = "1G";      // of the offloaded run
+  std::string backend = "cpu";
   OutputOptions out;
 };
 
@@ -65,11 +70,16 @@ int run_step(const StepArgs& a) {
     }
   } cleanup{swap};
 
-  auto device = make_device({});
+  const Backend backend = a.backend == "cuda" ? Backend::Cuda : Backend::Cpu;
+  const bool cuda = backend == Backend::Cuda;
+  auto device = make_device({backend, 0});
   auto comm = coll::make_host_communicator(coll::HostBackend::Self);
+  std::unique_ptr<coll::Communicator> nccl;  // device buffers on cuda are GPU memory
+  if (cuda) nccl = coll::make_nccl_communicator(*comm, 0);
+  coll::Communicator& dev_comm = nccl ? *nccl : *comm;
   Progress progress("bench step");
   progress.show("measuring the matmul peak");
-  const double peak = measure_cpu_matmul_peak(0.5);
+  const double peak = measure_matmul_peak(backend, 0.5);
 
   const uint64_t params = gpt_param_count(a.shape);
   auto options = [&](bool offload) {
@@ -85,6 +95,11 @@ int run_step(const StepArgs& a) {
       o.store.device_budget = parse_size("--device-budget", a.device_budget);
       o.store.pinned_budget = parse_size("--pinned-budget", a.pinned_budget);
       o.store.nvme.paths = {swap.string()};
+    } else if (cuda) {
+      // No GPU optimizer: master weights, moments and gradient shards in pinned memory.
+      o.optimizer_home = Tier::Pinned;
+      o.store.device_budget = parse_size("--memory-budget", a.memory_budget);
+      o.store.pinned_budget = params * 16 + (1ull << 30);
     } else {
       o.store.device_budget = parse_size("--memory-budget", a.memory_budget);
       o.store.pinned_budget = 512ull << 20;  // staging for the CPU optimizer's sub-groups
@@ -92,15 +107,16 @@ int run_step(const StepArgs& a) {
     return o;
   };
   std::vector<Setup> setups(2);
-  setups[0].label = "in memory";
+  setups[0].label = cuda ? "params on GPU, optimizer pinned" : "in memory";
   setups[1].label = "params+optimizer on NVMe";
   const auto specs = gpt_group_specs(a.shape);
   for (int i = 0; i < 2; ++i) {
     progress.show("building " + setups[i].label);
-    setups[i].engine = std::make_unique<ZeroEngine>(*device, *comm, *comm, options(i == 1), specs);
+    setups[i].engine = std::make_unique<ZeroEngine>(*device, dev_comm, *comm, options(i == 1), specs);
     setups[i].engine->set_schedule(gpt_schedule(a.shape));
   }
-  Gpt model(a.shape, {a.micro_batch, a.checkpointing ? ActivationCheckpointing::PerBlock : ActivationCheckpointing::None});
+  const auto model = make_gpt(
+      backend, a.shape, {a.micro_batch, a.checkpointing ? ActivationCheckpointing::PerBlock : ActivationCheckpointing::None});
   const size_t n = static_cast<size_t>(a.micro_batch) * a.shape.seq_len;
   std::vector<int32_t> x(n), y(n);
   std::mt19937 rng(1);
@@ -117,7 +133,7 @@ int run_step(const StepArgs& a) {
         for (size_t i = 0; i < n; ++i) x[i] = static_cast<int32_t>(rng() % a.shape.vocab);
         for (size_t i = 0; i < n; ++i) y[i] = static_cast<int32_t>(rng() % a.shape.vocab);
         s.engine->begin_micro_step();
-        model.forward_backward(*s.engine, x.data(), y.data());
+        model->forward_backward(*s.engine, x.data(), y.data());
       }
       s.engine->step();
       const double dt = now_s() - t0;
@@ -132,12 +148,13 @@ int run_step(const StepArgs& a) {
   Report rep;
   rep.benchmark = "step";
   rep.title = "strata bench step: one training step of a " + std::to_string(params / 1'000'000) +
-              "M-parameter GPT, in memory and offloaded to NVMe (ZeRO-3, cpu backend)";
+              "M-parameter GPT, in memory and offloaded to NVMe (ZeRO-3, " + a.backend + " backend on " +
+              device->description() + ")";
   rep.config = {{"layers", a.shape.layers},   {"d_model", a.shape.d_model}, {"heads", a.shape.heads},
                 {"seq_len", a.shape.seq_len}, {"vocab", a.shape.vocab},     {"parameters", params},
                 {"micro_batch", a.micro_batch}, {"gradient_accumulation_steps", a.accum},
                 {"tokens_per_step", tokens},  {"reps", a.reps},             {"warmup", a.warmup},
-                {"activation_checkpointing", a.checkpointing}, {"dir", a.dir},
+                {"activation_checkpointing", a.checkpointing}, {"dir", a.dir}, {"backend", a.backend},
                 {"matmul_peak_gflops", peak / 1e9}};
   rep.table.columns = {{"label", "configuration", ""},       {"step_median_s", "step s", "%.3f"},
                        {"spread", "spread", "%.2f"},          {"tokens_per_s", "tokens/s", "%.0f"},
@@ -162,7 +179,7 @@ int run_step(const StepArgs& a) {
                               {"steps", to_json(t, s.seconds)}});
   }
   rep.notes.push_back("MFU: model FLOPs (6 x matmul parameters + causal attention, no recompute) per second over the "
-                      "measured OpenBLAS sgemm peak of this machine (" +
+                      "measured " + std::string(cuda ? "cuBLAS sgemm (fp32, no TF32) peak of the GPU" : "OpenBLAS sgemm peak of this machine") + " (" +
                       std::to_string(static_cast<int>(peak / 1e9)) + " GFLOP/s).");
   rep.notes.push_back("exposed: time the model waited for parameters and gradient buffers, plus the optimizer's wait "
                       "for states from their tier; the rest of the step is compute (model and CPU Adam).");
@@ -190,6 +207,8 @@ void add_step(CLI::App& bench, Runner& run) {
   s->add_option("--memory-budget", a.memory_budget, "Device budget of the in-memory configuration");
   s->add_option("--device-budget", a.device_budget, "Device budget of the offloaded configuration");
   s->add_option("--pinned-budget", a.pinned_budget, "Pinned budget of the offloaded configuration");
+  s->add_option("--backend", a.backend, "cpu, or cuda (GptCuda on GPU 0; never run on a GPU yet)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   add_output_options(*s, a.out, "step time of each configuration, split into compute and exposed transfer");
   s->callback([&run] { run = [] { return run_step(a); }; });
 }

@@ -43,7 +43,7 @@ std::unique_ptr<Device> make_device(const DeviceOptions& opts) {
       std::string why;
       if (!cuda_device_present(&why))
         throw Unavailable("cuda backend: " + why + "; run on a machine with an NVIDIA GPU and driver, or use the cpu "
-                          "backend (strata.backend \"cpu\")");
+                          "backend");
       return make_cuda_device(opts.ordinal);
 #else
       throw Unavailable("cuda backend: Strata was built without CUDA; rebuild with nvcc on PATH");
