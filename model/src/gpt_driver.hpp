@@ -44,18 +44,27 @@ void gpt_forward_blocks(M& m, WeightSource& ws, const GptShape& s, int B, int T)
   }
 }
 
+// Checks and loads a micro-batch of tokens, then runs the embeddings and every block
+// forward. Returns the rows, micro_batch x seq_len.
+template <class M>
+long gpt_forward_batch(M& m, WeightSource& ws, const GptShape& s, const GptOptions& o, const int32_t* inputs,
+                       const int32_t* targets) {
+  const long bt = static_cast<long>(o.micro_batch) * s.seq_len;
+  check_tokens(inputs, bt, s.vocab, "input");
+  check_tokens(targets, bt, s.vocab, "target");
+  m.load_tokens(inputs, targets, bt);
+  gpt_forward_blocks(m, ws, s, o.micro_batch, s.seq_len);
+  return bt;
+}
+
 // Acquires 0, 1..L, L+1, 0, then L..1 (gpt_schedule); hands in L+1, L..1, then 0, whose
 // gradient buffer is held from the head (tied weights) to the embedding backward.
 template <class M>
 double gpt_forward_backward(M& m, WeightSource& ws, const GptShape& s, const GptOptions& o, const int32_t* inputs,
                             const int32_t* targets) {
+  const long bt = gpt_forward_batch(m, ws, s, o, inputs, targets);
   const int B = o.micro_batch, T = s.seq_len;
-  const long bt = static_cast<long>(B) * T;
-  check_tokens(inputs, bt, s.vocab, "input");
-  check_tokens(targets, bt, s.vocab, "target");
-  m.load_tokens(inputs, targets, bt);
   const int ge = gpt_embeddings_group(), gf = gpt_final_group(s);
-  gpt_forward_blocks(m, ws, s, B, T);
   const float* wf = ws.acquire_params(gf);
   const float* wte = ws.acquire_params(ge);
   float* g0 = ws.gradient_buffer(ge);  // held until the embedding backward at the end
@@ -80,13 +89,8 @@ double gpt_forward_backward(M& m, WeightSource& ws, const GptShape& s, const Gpt
 template <class M>
 double gpt_forward_loss(M& m, WeightSource& ws, const GptShape& s, const GptOptions& o, const int32_t* inputs,
                         const int32_t* targets) {
-  const int B = o.micro_batch, T = s.seq_len;
-  const long bt = static_cast<long>(B) * T;
-  check_tokens(inputs, bt, s.vocab, "input");
-  check_tokens(targets, bt, s.vocab, "target");
-  m.load_tokens(inputs, targets, bt);
+  const long bt = gpt_forward_batch(m, ws, s, o, inputs, targets);
   const int ge = gpt_embeddings_group(), gf = gpt_final_group(s);
-  gpt_forward_blocks(m, ws, s, B, T);
   const float* wf = ws.acquire_params(gf);
   const float* wte = ws.acquire_params(ge);
   const double loss = m.head(wf, wte, bt, nullptr, nullptr);
