@@ -30,3 +30,11 @@ if [[ ! -x "$venv/bin/python" ]]; then
 fi
 "$venv/bin/python" -c 'import safetensors' 2>/dev/null ||
   "$venv/bin/pip" install -q --disable-pip-version-check 'safetensors>=0.4'
+
+# DeepSpeed, the reference for the learning-rate schedules (tests/runtime/test_lr_schedule.py
+# runs its scheduler classes). --no-deps: its torch>=2 requirement would install a second,
+# CUDA-sized PyTorch over Debian's; importing deepspeed.runtime.lr_schedules needs only
+# these small packages, and works with Debian's torch on a machine without a GPU.
+"$venv/bin/python" -c 'import deepspeed.runtime.lr_schedules' 2>/dev/null ||
+  "$venv/bin/pip" install -q --disable-pip-version-check --no-deps 'deepspeed==0.19.8' hjson py-cpuinfo msgpack \
+    einops tqdm ninja 'pydantic==2.14.3' 'pydantic-core==2.50.4' annotated-types typing-inspection 'typing-extensions>=4.16'

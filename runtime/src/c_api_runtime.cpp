@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "strata/runtime/checkpoint.hpp"
+#include "strata/runtime/lr_schedule.hpp"
 #include "strata/runtime/rank.hpp"
 
 namespace strata::capi {
@@ -375,6 +376,8 @@ bool Runtime::step() {
                                          " micro-batch(es); gradient_accumulation_steps is " +
                                          std::to_string(config_.gradient_accumulation_steps) +
                                          ": begin the remaining ones first");
+  // The `scheduler` section's lr for this step (optimizer.params.lr without one).
+  engine_->set_learning_rate(LrSchedule{config_.scheduler}.lr_at(engine_->optimizer_steps()));
   const bool stepped = engine_->step();
   micro_open_ = 0;
   in_micro_ = false;

@@ -203,6 +203,128 @@ OptimizerConfig parse_optimizer(const Section& top) {
   return c;
 }
 
+// optimizer.params.lr as written, in double (parse_optimizer has checked it; the float
+// in OptimizerConfig would put float rounding into every scheduled lr).
+double optimizer_lr_as_written(const json& top) {
+  auto o = top.find("optimizer");
+  if (o == top.end() || !o->is_object()) return 1e-3;
+  auto p = o->find("params");
+  if (p == o->end() || !p->is_object()) return 1e-3;
+  auto lr = p->find("lr");
+  return lr == p->end() ? 1e-3 : lr->get<double>();
+}
+
+// A learning rate or ratio of the scheduler: a finite number in [lo, hi] (hi may be
+// infinite), kept in double as DeepSpeed computes with Python floats.
+double read_scheduler_number(const Section& s, const char* k, double fallback, double lo, double hi,
+                             bool lo_open, const char* accepted) {
+  const json* v = s.find(k);
+  if (!v) return fallback;
+  const double x = as_number(s.key(k), *v, accepted);
+  if (!std::isfinite(x) || x < lo || (lo_open && x == lo) || x > hi) bad_value(s.key(k), *v, accepted);
+  return x;
+}
+
+// DeepSpeed's `scheduler` section: {"type": ..., "params": {...}}. DeepSpeed passes
+// params to the scheduler class as keyword arguments, so each type takes only its own
+// keys; a key of another type gets a message saying which type it belongs to.
+SchedulerConfig parse_scheduler(const Section& top, double optimizer_lr) {
+  SchedulerConfig c;
+  c.optimizer_lr = optimizer_lr;
+  if (!top.has("scheduler")) return c;
+  Section s = top.sub("scheduler", {"type", "params"});
+  const char* types = "\"WarmupLR\", \"WarmupDecayLR\" or \"WarmupCosineLR\" (case-sensitive, as in DeepSpeed; "
+                      "DeepSpeed's OneCycle and LRRangeTest and torch.optim.lr_scheduler classes are not supported)";
+  const json* t = s.find("type");
+  if (!t)
+    throw ConfigError("scheduler.type is missing: give one of " + std::string(types) +
+                      ", or remove the scheduler section for a constant learning rate (optimizer.params.lr)");
+  const std::string name = as_string(s.key("type"), *t);
+  if (name == "WarmupLR")
+    c.type = LrScheduleType::WarmupLR;
+  else if (name == "WarmupDecayLR")
+    c.type = LrScheduleType::WarmupDecayLR;
+  else if (name == "WarmupCosineLR")
+    c.type = LrScheduleType::WarmupCosineLR;
+  else
+    bad_value(s.key("type"), *t, types);
+
+  const bool cosine = c.type == LrScheduleType::WarmupCosineLR;
+  const bool decays = c.type != LrScheduleType::WarmupLR;
+  std::vector<std::string> keys = {"warmup_num_steps", "warmup_type"};
+  if (decays) keys.push_back("total_num_steps");
+  if (cosine) {
+    keys.insert(keys.end(), {"warmup_min_ratio", "cos_min_ratio"});
+  } else {
+    keys.insert(keys.end(), {"warmup_min_lr", "warmup_max_lr"});
+  }
+  // Keys that belong to another of the three types: say whose they are, and the fix.
+  if (const json* p = s.find("params"); p && p->is_object()) {
+    for (const auto& [k, v] : p->items()) {
+      if (std::find(keys.begin(), keys.end(), k) != keys.end()) continue;
+      const std::string key = "scheduler.params." + k;
+      if (k == "total_num_steps")
+        throw ConfigError(key + " does not apply to WarmupLR, which holds warmup_max_lr after the warm-up: remove "
+                          "it, or set scheduler.type to \"WarmupDecayLR\" or \"WarmupCosineLR\" to decay the "
+                          "learning rate until total_num_steps");
+      if (k == "warmup_min_lr" || k == "warmup_max_lr")
+        throw ConfigError(key + " does not apply to WarmupCosineLR, whose peak is optimizer.params.lr and whose "
+                          "start and end are warmup_min_ratio and cos_min_ratio of it: remove " + key +
+                          " and set optimizer.params.lr (and the ratios), or use \"WarmupDecayLR\" for "
+                          "warmup_min_lr/warmup_max_lr with a linear decay");
+      if (k == "warmup_min_ratio" || k == "cos_min_ratio")
+        throw ConfigError(key + " only applies to WarmupCosineLR (scheduler.type is \"" + name + "\"): remove it, "
+                          "or set scheduler.type to \"WarmupCosineLR\"");
+    }
+  }
+  Section p = s.sub("params", keys);
+
+  if (const json* v = p.find("warmup_num_steps"))
+    c.warmup_num_steps = static_cast<int64_t>(as_whole(p.key("warmup_num_steps"), *v, 1, INT_MAX));
+  if (const json* v = p.find("warmup_type")) {
+    const std::string w = as_string(p.key("warmup_type"), *v);
+    if (w == "log")
+      c.warmup_type = WarmupType::Log;
+    else if (w == "linear")
+      c.warmup_type = WarmupType::Linear;
+    else
+      bad_value(p.key("warmup_type"), *v, "\"log\" or \"linear\" (DeepSpeed falls back to \"log\" with a warning)");
+  }
+  if (decays) {
+    const json* v = p.find("total_num_steps");
+    if (!v)
+      throw ConfigError("scheduler.params.total_num_steps is required for " + name +
+                        ": set it to the optimizer step the decay ends at (usually the run's length, strata.steps)");
+    c.total_num_steps = static_cast<int64_t>(as_whole(p.key("total_num_steps"), *v, 1, INT_MAX));
+  }
+  if (cosine) {
+    c.warmup_min_ratio = read_scheduler_number(p, "warmup_min_ratio", 0.0, 0.0, 1.0, false, "a number from 0 to 1");
+    c.cos_min_ratio = read_scheduler_number(p, "cos_min_ratio", 1e-4, 0.0, 1.0, false, "a number from 0 to 1");
+  } else {
+    c.warmup_min_lr = read_scheduler_number(p, "warmup_min_lr", 0.0, 0.0, HUGE_VAL, false, "a number >= 0");
+    // DeepSpeed: WarmupLR's warmup_max_lr defaults to the optimizer's lr, WarmupDecayLR's to 0.001.
+    const double max_default = c.type == LrScheduleType::WarmupLR ? optimizer_lr : 1e-3;
+    c.warmup_max_lr = read_scheduler_number(p, "warmup_max_lr", max_default, 0.0, HUGE_VAL, true, "a number > 0");
+  }
+
+  // Checks across keys, once every value has been read.
+  if (decays && c.total_num_steps < c.warmup_num_steps)
+    throw ConfigError("scheduler.params.total_num_steps = " + std::to_string(c.total_num_steps) +
+                      " is less than scheduler.params.warmup_num_steps = " + std::to_string(c.warmup_num_steps) +
+                      (p.has("warmup_num_steps") ? "" : " (the default)") +
+                      ": the decay follows the warm-up; raise total_num_steps or lower warmup_num_steps");
+  if (!cosine && c.warmup_min_lr > c.warmup_max_lr) {
+    std::string max_from = p.has("warmup_max_lr")          ? ""
+                           : c.type == LrScheduleType::WarmupLR ? " (not given: optimizer.params.lr)"
+                                                                : " (not given: the default)";
+    throw ConfigError("scheduler.params.warmup_min_lr = " + p.find("warmup_min_lr")->dump() +
+                      " is above scheduler.params.warmup_max_lr = " + json(c.warmup_max_lr).dump() + max_from +
+                      ": the warm-up rises from warmup_min_lr to warmup_max_lr; lower warmup_min_lr or raise "
+                      "warmup_max_lr");
+  }
+  return c;
+}
+
 // nvme_path: DeepSpeed's single directory, or a list to stripe across several drives.
 std::vector<std::string> read_paths(const Section& s, const char* k) {
   const json* v = s.find(k);
@@ -507,8 +629,8 @@ uint64_t parse_bytes(const json& v, const std::string& key) {
 Config parse_config(const json& j) {
   Section top(j, "",
               {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-               "gradient_clipping", "steps_per_print", "bf16", "fp16", "optimizer", "zero_optimization", "aio",
-               "activation_checkpointing", "strata"});
+               "gradient_clipping", "steps_per_print", "bf16", "fp16", "optimizer", "scheduler", "zero_optimization",
+               "aio", "activation_checkpointing", "strata"});
   Config c;
   c.raw = j;
   top.read("train_micro_batch_size_per_gpu", c.train_micro_batch_size_per_gpu, 1);
@@ -533,6 +655,7 @@ Config parse_config(const json& j) {
                       "parameters (a bf16 working copy is planned): set fp16.enabled to false");
 
   c.optimizer = parse_optimizer(top);
+  c.scheduler = parse_scheduler(top, optimizer_lr_as_written(j));
   c.zero = parse_zero(top);
   if (const json* a = top.find("aio")) c.aio = parse_aio_config(*a);
   c.activation_checkpointing = parse_activation_checkpointing(top);

@@ -13,6 +13,7 @@
 #include "strata/model/data.hpp"
 #include "strata/model/gpt.hpp"
 #include "strata/runtime/checkpoint.hpp"
+#include "strata/runtime/lr_schedule.hpp"
 #include "strata/runtime/rank.hpp"
 
 namespace strata {
@@ -82,6 +83,7 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
   for (const auto& g : specs) group_names.push_back(g.name);
   auto engine = std::make_unique<ZeroEngine>(*ctx.device, ctx.device_comm(), *comm, eo, specs);
   engine->set_schedule(gpt_schedule(shape));
+  const LrSchedule lr_schedule{cfg.scheduler};  // a function of optimizer steps: resumes with them
 
   TrainResult res;
   DataPosition pos{};
@@ -139,6 +141,8 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
     comm->all_reduce(std::span<double>(&loss, 1)).wait();
     loss /= static_cast<double>(world * accum);
     StepRecord rec;
+    rec.lr = lr_schedule.lr_at(engine->optimizer_steps());
+    engine->set_learning_rate(rec.lr);
     rec.stepped = engine->step();
     rec.step = engine->optimizer_steps();
     if (!rec.stepped) rec.step = step + 1;
@@ -163,15 +167,15 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
         return human_bytes(u.used) + "/" + human_bytes(u.budget);
       };
       if (!topts.quiet && (rec.step % std::max(1, cfg.steps_per_print) == 0 || step + 1 == cfg.strata.steps)) {
-        std::printf("step %5lld  loss %.4f  %8.0f tok/s  MFU %.2f  device %s  pinned %s  nvme %s  exposed %.3fs  "
+        std::printf("step %5lld  loss %.4f  lr %.3e  %8.0f tok/s  MFU %.2f  device %s  pinned %s  nvme %s  exposed %.3fs  "
                     "step %.2fs%s\n",
-                    static_cast<long long>(rec.step), loss, rec.tokens_per_s, rec.mfu, tier(Tier::Device).c_str(),
+                    static_cast<long long>(rec.step), loss, rec.lr, rec.tokens_per_s, rec.mfu, tier(Tier::Device).c_str(),
                     tier(Tier::Pinned).c_str(), tier(Tier::Nvme).c_str(), rec.exposed_s, rec.seconds,
                     rec.stepped ? "" : "  (skipped: non-finite gradients)");
         std::fflush(stdout);
       }
       if (metrics.is_open()) {
-        nlohmann::json j = {{"step", rec.step},          {"loss", loss},
+        nlohmann::json j = {{"step", rec.step},          {"loss", loss},           {"lr", rec.lr},
                             {"seconds", rec.seconds},    {"tokens_per_s", rec.tokens_per_s},
                             {"mfu", rec.mfu},            {"exposed_s", rec.exposed_s},
                             {"optimizer_s", rec.optimizer_s}, {"grad_norm", st.last_grad_norm},

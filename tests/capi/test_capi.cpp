@@ -377,6 +377,34 @@ TEST(CApi, TrainingMatchesAReferenceAdamW) {
   }
 }
 
+// The `scheduler` section applies through the C API as through strata train. With
+// WarmupCosineLR and warmup_min_ratio 0, DeepSpeed's first two steps run at lr 0.
+TEST(CApi, TheSchedulerSetsEachStepsLearningRate) {
+  auto run = [](bool scheduled) {
+    std::string cfg = config_json({});
+    if (scheduled)
+      cfg.insert(cfg.size() - 1, ", \"scheduler\": {\"type\": \"WarmupCosineLR\", \"params\": "
+                                 "{\"total_num_steps\": 10, \"warmup_num_steps\": 4}}");
+    RuntimeHandle h(cfg);
+    auto gs = toy_groups(2);
+    register_toy(h.rt, gs);
+    std::vector<std::vector<std::vector<float>>> after;  // the parameters after each step
+    after.push_back(read_all(h.rt, gs));
+    for (int s = 0; s < 3; ++s) {
+      toy_micro_step(h.rt, gs, forward_backward(2), s, 0, 0);
+      int32_t stepped = 0;
+      EXPECT_STRATA_OK(strata_step(h.rt, &stepped));
+      after.push_back(read_all(h.rt, gs));
+    }
+    return after;
+  };
+  const auto constant = run(false), cosine = run(true);
+  EXPECT_NE(constant[1], constant[0]);  // without a scheduler the first step moves the weights
+  EXPECT_EQ(cosine[1], cosine[0]);      // step 1: lr 0 (the value at construction)
+  EXPECT_EQ(cosine[2], cosine[0]);      // step 2: lr 0 * warmup_min_ratio
+  EXPECT_NE(cosine[3], cosine[2]);      // step 3: lr 0.01 * log(2) / log(4)
+}
+
 TEST(CApi, GradBufferIsTheSameAsSubmit) {
   auto gs = toy_groups(2);
   std::vector<std::vector<float>> result[2];

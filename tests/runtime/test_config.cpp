@@ -664,5 +664,7 @@ TEST_F(ConfigTest, TheDocumentedExampleParses) {
   EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::Nvme);
   EXPECT_EQ(c.zero.offload_param.nvme_path.size(), 2u);
   EXPECT_EQ(c.strata.nvme_budget, 2'000'000'000'000ull);
+  EXPECT_EQ(c.scheduler.type, LrScheduleType::WarmupCosineLR);
+  EXPECT_EQ(c.scheduler.total_num_steps, c.strata.steps);
   EXPECT_NO_THROW(validate_for_world(c, 4));  // the page says 4 * 4 * 4 = 64
 }

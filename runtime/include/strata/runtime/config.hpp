@@ -15,6 +15,7 @@
 #include "strata/memory/tier.hpp"
 #include "strata/model/gpt_layout.hpp"
 #include "strata/offload/aio_config.hpp"
+#include "strata/runtime/lr_schedule.hpp"
 
 namespace strata {
 
@@ -25,7 +26,7 @@ Tier home_tier(OffloadDevice d);  // None -> Device, Cpu -> Pinned, Nvme -> Nvme
 
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::AdamW;
-  float lr = 1e-3f;
+  float lr = 1e-3f;  // the lr of every step without a `scheduler`; with one, see SchedulerConfig
   float beta1 = 0.9f, beta2 = 0.999f;
   float eps = 1e-8f;
   float weight_decay = 0.0f;
@@ -86,6 +87,7 @@ struct Config {
   bool bf16 = false;
   int steps_per_print = 1;
   OptimizerConfig optimizer;
+  SchedulerConfig scheduler;             // DeepSpeed's `scheduler`; Constant when absent
   ZeroConfig zero;
   AioConfig aio;
   ActivationCheckpointingConfig activation_checkpointing;

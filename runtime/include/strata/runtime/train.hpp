@@ -28,6 +28,7 @@ struct TrainOptions {
 struct StepRecord {
   int64_t step = 0;               // optimizer steps taken after this one
   double loss = 0;                // mean over the global batch
+  double lr = 0;                  // the learning rate this step ran with (scheduler)
   double seconds = 0;             // wall time of the step
   double tokens_per_s = 0;
   double mfu = 0;                 // model FLOPs / (time x measured matmul peak of all ranks)

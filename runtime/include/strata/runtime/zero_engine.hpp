@@ -21,6 +21,7 @@
 #pragma once
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -28,6 +29,7 @@
 
 #include "strata/collectives/communicator.hpp"
 #include "strata/core/device.hpp"
+#include "strata/core/error.hpp"
 #include "strata/core/trace.hpp"
 #include "strata/model/weight_source.hpp"
 #include "strata/offload/cpu_adam.hpp"
@@ -116,6 +118,14 @@ class ZeroEngine final : public WeightSource {
   // optimizer over every shard and refreshes the working parameters. Returns true
   // when it stepped (the clip norm is finite), false when it skipped the step.
   bool step();
+  // The learning rate of the next step() and the ones after it, until set again; it
+  // starts as opts.optimizer.lr. A schedule sets it before every step:
+  // set_learning_rate(LrSchedule::lr_at(optimizer_steps())).
+  void set_learning_rate(double lr) {
+    STRATA_CHECK(std::isfinite(lr) && lr >= 0.0, "learning rate " + std::to_string(lr));
+    adam_->set_lr(lr);
+  }
+  double learning_rate() const { return adam_->config().lr; }
 
   int64_t optimizer_steps() const { return step_count_; }
   int micro_step() const { return micro_; }
