@@ -39,6 +39,7 @@ struct StepArgs {
   std::string device_budget = "1G";      // of the offloaded run
   std::string pinned_budget = "1G";      // of the offloaded run
   std::string backend = "cpu";
+  std::string trace;  // Chrome trace of the NVMe configuration's engine
   OutputOptions out;
 };
 
@@ -91,6 +92,7 @@ int run_step(const StepArgs& a) {
     o.prefetch_bucket_elems = 60'000'000;
     o.sub_group_elems = 16'000'000;
     if (offload) {
+      o.trace_path = a.trace;
       o.param_home = o.optimizer_home = Tier::Nvme;
       o.store.device_budget = parse_size("--device-budget", a.device_budget);
       o.store.pinned_budget = parse_size("--pinned-budget", a.pinned_budget);
@@ -207,6 +209,7 @@ void add_step(CLI::App& bench, Runner& run) {
   s->add_option("--memory-budget", a.memory_budget, "Device budget of the in-memory configuration");
   s->add_option("--device-budget", a.device_budget, "Device budget of the offloaded configuration");
   s->add_option("--pinned-budget", a.pinned_budget, "Pinned budget of the offloaded configuration");
+  s->add_option("--trace", a.trace, "Write a Chrome trace of the NVMe configuration's steps to this file");
   s->add_option("--backend", a.backend, "cpu, or cuda (GptCuda on GPU 0; never run on a GPU yet)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   add_output_options(*s, a.out, "step time of each configuration, split into compute and exposed transfer");
