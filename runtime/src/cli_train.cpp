@@ -45,6 +45,7 @@ int run_train() {
   o.eval_batches = g_train.eval_batches;
   o.quiet = g_train.quiet;
   TrainResult r = train(c, o);
+  if (r.stop_signal) return 128 + r.stop_signal;  // as if the signal had ended the process
   if (r.steps.empty()) std::printf("nothing to do: the checkpoint is already at step %lld of %d\n",
                                    static_cast<long long>(r.first_step), c.strata.steps);
   return 0;

@@ -1,9 +1,11 @@
 #include "strata/runtime/train.hpp"
 
 #include <chrono>
+#include <csignal>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <memory>
 
@@ -43,6 +45,38 @@ std::string with_rank(const std::string& path, int rank, int world) {
   return dot == std::string::npos || path.find('/', dot) != std::string::npos ? path + tag
                                                                                 : path.substr(0, dot) + tag + path.substr(dot);
 }
+
+// SIGTERM (a scheduler's preemption, `scancel`, srun forwarding), SIGINT (Ctrl-C) and
+// SIGUSR1 (`sbatch --signal=USR1@120`) ask the run to stop after the step in flight,
+// with a checkpoint. A second SIGINT stops at once.
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+extern "C" void on_stop_signal(int sig) {
+  if (g_stop_signal != 0 && sig == SIGINT) {
+    std::signal(SIGINT, SIG_DFL);
+    std::raise(SIGINT);
+    return;
+  }
+  g_stop_signal = sig;
+}
+
+// Installs the handlers for the run and puts the previous ones back after it.
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signal = 0;
+    for (int i = 0; i < 3; ++i) saved_[i] = std::signal(kSignals[i], on_stop_signal);
+  }
+  ~StopSignals() {
+    for (int i = 0; i < 3; ++i) std::signal(kSignals[i], saved_[i]);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  static constexpr int kSignals[3] = {SIGTERM, SIGINT, SIGUSR1};
+  void (*saved_[3])(int);
+};
 
 }  // namespace
 
@@ -124,6 +158,7 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
     std::fflush(stdout);
   }
 
+  const StopSignals stop_signals;
   const size_t local = static_cast<size_t>(micro) * shape.seq_len;
   std::vector<int32_t> x(local), y(local);
   double exposed_before = engine->stats().exposed_wait_s;
@@ -197,17 +232,33 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
       }
     }
     moved_before = moved_now;
+    // A stop signal on any rank stops every rank after this step (they must agree: the
+    // save below is collective).
+    double stop = g_stop_signal;
+    if (world > 1) comm->all_reduce(std::span<double>(&stop, 1), coll::ReduceOp::Max).wait();
+    res.stop_signal = static_cast<int>(stop);
     // A skipped step leaves optimizer_steps() unchanged: never save the same step twice.
-    if (cfg.strata.checkpoint_every > 0 && rec.step != saved_step &&
-        (rec.step % cfg.strata.checkpoint_every == 0 || step + 1 == cfg.strata.steps)) {
+    if ((cfg.strata.checkpoint_every > 0 || res.stop_signal) && !cfg.strata.checkpoint_dir.empty() &&
+        rec.step != saved_step &&
+        (res.stop_signal || rec.step % cfg.strata.checkpoint_every == 0 || step + 1 == cfg.strata.steps)) {
       saved_step = rec.step;
       nlohmann::json extra = {{"data", pos.to_json()}, {"loss", loss}};
       res.last_checkpoint = save_checkpoint(*engine, *comm, cfg.strata.checkpoint_dir, cfg.raw, extra, group_names);
       if (rank == 0 && !topts.quiet) std::printf("  saved %s\n", res.last_checkpoint.c_str());
     }
+    if (res.stop_signal) {
+      if (rank == 0)
+        std::printf("stopped by signal %d (%s) after step %lld: %s\n", res.stop_signal, strsignal(res.stop_signal),
+                    static_cast<long long>(rec.step),
+                    cfg.strata.checkpoint_dir.empty()
+                        ? "no checkpoint was written (strata.checkpoint_dir is not set)"
+                        : ("continue with --resume from " + res.last_checkpoint).c_str());
+      std::fflush(stdout);
+      break;
+    }
   }
 
-  if (topts.eval_batches > 0) {
+  if (topts.eval_batches > 0 && !res.stop_signal) {
     double sum = 0;
     int n = 0;
     for (int b = 0; b < topts.eval_batches; ++b) {

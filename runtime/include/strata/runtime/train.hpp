@@ -42,12 +42,15 @@ struct TrainResult {
   int64_t first_step = 0;         // optimizer steps already taken at start (resume)
   double eval_loss = -1;          // held-out loss after the last step (-1: not evaluated)
   std::string last_checkpoint;    // "" when none was written
+  int stop_signal = 0;            // SIGTERM/SIGINT/SIGUSR1 stopped the run early (0: it ran out)
   double peak_flops = 0;          // measured matmul peak, all ranks together
   EngineStats stats;              // at the end
 };
 
 // Trains for config.strata.steps optimizer steps in total (a resumed run continues to
-// that number). Throws ConfigError for bad configurations or data, OutOfBudget when the
+// that number). SIGTERM, SIGINT or SIGUSR1 during the run stop it after the step in
+// flight, with a checkpoint when strata.checkpoint_dir is set (stop_signal says which;
+// the handlers are the caller's again on return). Throws ConfigError for bad configurations or data, OutOfBudget when the
 // budgets cannot hold the model, IoError/CorruptionError for files.
 TrainResult train(const Config& config, const TrainOptions& opts);
 

@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""`strata train` stopped by a signal: SIGTERM (a scheduler's preemption) mid-run ends the
+run after the step in flight with a checkpoint of that step and exit status 128 + 15, and
+--resume continues from it; without strata.checkpoint_dir it says that nothing was saved.
+
+Usage: test_train_signal.py STRATA_BINARY
+"""
+import json
+import os
+import pathlib
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def corpus(n):
+    words = "the cat dog sat on a mat ran to red big house".split()
+    rng = random.Random(5)
+    return " ".join(rng.choice(words) for _ in range(n)) + "\n"
+
+
+def config(tmp, with_dir):
+    strata = {
+        "device_budget": "8MiB", "pinned_budget": "8MiB",
+        "model": {"layers": 2, "d_model": 64, "heads": 2, "seq_len": 64, "vocab": 256},
+        "data": {"path": str(tmp / "corpus.txt"), "format": "text"},
+        "steps": 100000,
+    }
+    if with_dir:
+        strata["checkpoint_dir"] = str(tmp / "ckpt")
+    return {
+        "train_micro_batch_size_per_gpu": 2,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        "zero_optimization": {"stage": 3,
+                              "offload_param": {"device": "nvme", "nvme_path": str(tmp)},
+                              "offload_optimizer": {"device": "nvme", "nvme_path": str(tmp)}},
+        "strata": strata,
+    }
+
+
+def metrics(path):
+    if not path.exists():
+        return []
+    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+
+
+def run_until_steps_then_signal(strata, cfg_path, metrics_path, steps, sig):
+    proc = subprocess.Popen([strata, "train", "--config", str(cfg_path), "--metrics", str(metrics_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 180
+    while len(metrics(metrics_path)) < steps:
+        if proc.poll() is not None:
+            sys.exit(f"strata train ended early ({proc.returncode}):\n{proc.stdout.read()}")
+        if time.time() > deadline:
+            proc.kill()
+            sys.exit("strata train wrote no metrics in 180 s")
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=120)
+    return proc.returncode, out
+
+
+def main():
+    strata = os.path.abspath(sys.argv[1])
+    failures = []
+    with tempfile.TemporaryDirectory(prefix="strata-signal-") as d:
+        tmp = pathlib.Path(d)
+        (tmp / "corpus.txt").write_text(corpus(20000))
+        cfg = tmp / "cfg.json"
+        cfg.write_text(json.dumps(config(tmp, True)))
+        m1 = tmp / "m1.jsonl"
+        rc, out = run_until_steps_then_signal(strata, cfg, m1, 3, signal.SIGTERM)
+        last = metrics(m1)[-1]["step"]
+        print(out)
+        if rc != 128 + signal.SIGTERM:
+            failures.append(f"exit status {rc}, expected {128 + signal.SIGTERM}")
+        if f"stopped by signal {int(signal.SIGTERM)}" not in out or "--resume" not in out:
+            failures.append("no 'stopped by signal 15 ... --resume' line")
+        saved = sorted(p.name for p in (tmp / "ckpt").glob("step-*"))
+        if saved != [f"step-{last:08d}"]:
+            failures.append(f"checkpoints {saved}, expected exactly step-{last:08d} (the last step the run logged)")
+        if last >= 1000:
+            failures.append(f"the run went on to step {last} after the signal")
+
+        # --resume continues from the saved step.
+        m2 = tmp / "m2.jsonl"
+        r = subprocess.run([strata, "train", "--config", str(cfg), "--resume", "--steps", str(last + 2),
+                            "--metrics", str(m2)], capture_output=True, text=True, timeout=300)
+        steps = [m["step"] for m in metrics(m2)]
+        if r.returncode != 0 or steps != [last + 1, last + 2]:
+            failures.append(f"resume: exit {r.returncode}, steps {steps}, expected [{last + 1}, {last + 2}]\n"
+                            f"{r.stdout}{r.stderr}")
+
+        # Without a checkpoint directory: stops and says nothing was saved.
+        cfg2 = tmp / "cfg2.json"
+        cfg2.write_text(json.dumps(config(tmp, False)))
+        rc, out = run_until_steps_then_signal(strata, cfg2, tmp / "m3.jsonl", 2, signal.SIGINT)
+        if rc != 128 + signal.SIGINT or "no checkpoint was written" not in out:
+            failures.append(f"SIGINT without checkpoint_dir: exit {rc}, output:\n{out}")
+
+    if failures:
+        print("FAILED:\n" + "\n".join(failures))
+        return 1
+    print(f"stopped at step {last} with a checkpoint of it; resumed to {last + 2}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
