@@ -75,6 +75,9 @@ class NcclEvent final : public ::strata::detail::EventImpl {
   }
   bool ready() override { return poll(); }
   cudaEvent_t handle() const { return ev_; }
+  // Core's CUDA streams wait for it on the GPU: NcclEvent::wait polls NCCL and sleeps,
+  // which a host callback must not do.
+  void* cuda_event_handle() override { return ev_; }
   const NcclState* state() const { return st_.get(); }
 
  private:

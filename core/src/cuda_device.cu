@@ -5,7 +5,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -21,29 +23,53 @@ namespace strata {
 
 namespace {
 
+// What the host callback that CudaStream::record() enqueues right after an event hands
+// that event: the errors of the stream's host tasks before it. Shared, not the event
+// itself, so the callback never holds the last reference to a CudaEvent (its destructor
+// would call cudaEventDestroy inside a host callback, where CUDA calls are not allowed).
+struct EventSettlement {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool settled = false;  // the callback has run
+  std::exception_ptr error;
+  void settle(std::exception_ptr e) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      error = std::move(e);
+      settled = true;
+    }
+    cv.notify_all();
+  }
+};
+
 class CudaEvent final : public detail::EventImpl {
  public:
-  explicit CudaEvent(cudaStream_t s) {
+  explicit CudaEvent(cudaStream_t s) : settlement_(std::make_shared<EventSettlement>()) {
     STRATA_CHECK_CUDA(cudaEventCreateWithFlags(&ev_, cudaEventDisableTiming));
     STRATA_CHECK_CUDA(cudaEventRecord(ev_, s));
   }
   ~CudaEvent() override { cudaEventDestroy(ev_); }
+  // The callback runs after the cudaEvent completes (the event is recorded before it, so
+  // that GPU-side waiters never depend on a host callback), so a host wait must also
+  // wait for the callback, or an error it hands over would be missed.
   void wait() override {
     STRATA_CHECK_CUDA(cudaEventSynchronize(ev_));
-    std::lock_guard<std::mutex> lock(mu_);
-    if (error_) std::rethrow_exception(error_);
+    std::unique_lock<std::mutex> lock(settlement_->mu);
+    settlement_->cv.wait(lock, [&] { return settlement_->settled; });
+    if (settlement_->error) std::rethrow_exception(settlement_->error);
   }
-  bool ready() override { return cudaEventQuery(ev_) == cudaSuccess; }
+  bool ready() override {
+    if (cudaEventQuery(ev_) != cudaSuccess) return false;
+    std::lock_guard<std::mutex> lock(settlement_->mu);
+    return settlement_->settled;
+  }
   cudaEvent_t handle() const { return ev_; }
-  void set_error(std::exception_ptr e) {
-    std::lock_guard<std::mutex> lock(mu_);
-    error_ = e;
-  }
+  void* cuda_event_handle() override { return ev_; }
+  const std::shared_ptr<EventSettlement>& settlement() const { return settlement_; }
 
  private:
   cudaEvent_t ev_{};
-  std::mutex mu_;
-  std::exception_ptr error_;
+  std::shared_ptr<EventSettlement> settlement_;
 };
 
 struct HostCall {
@@ -139,14 +165,14 @@ class CudaStream final : public Stream {
   Event record() override {
     auto ev = std::make_shared<CudaEvent>(s_);
     // Errors raised by host tasks before this point are handed to this event.
-    host_task([this, weak = std::weak_ptr<CudaEvent>(ev)] {
+    host_task([this, settlement = ev->settlement()] {
       std::exception_ptr err;
       {
         std::lock_guard<std::mutex> lock(mu_);
         err = pending_error_;
         pending_error_ = nullptr;
       }
-      if (auto sp = weak.lock(); sp && err) sp->set_error(err);
+      settlement->settle(err);
     });
     return Event(ev);
   }
@@ -169,8 +195,9 @@ class CudaStream final : public Stream {
   void wait_for(const Event& e, bool fence) {
     detail::EventImpl* impl = e.impl();
     if (impl == nullptr) return;
-    if (auto* ce = dynamic_cast<CudaEvent*>(impl)) {
-      STRATA_CHECK_CUDA(cudaStreamWaitEvent(s_, ce->handle(), 0));
+    // A CUDA stream's event or an NCCL collective's (nccl_communicator.cpp): the GPU waits.
+    if (void* native = impl->cuda_event_handle()) {
+      STRATA_CHECK_CUDA(cudaStreamWaitEvent(s_, static_cast<cudaEvent_t>(native), 0));
       return;
     }
     if (impl->for_each_part([&](Event& part, bool part_fence) { wait_for(part, fence || part_fence); })) return;

@@ -97,6 +97,11 @@ struct GptCuda::Impl {
       : s(shape), o(opts), lay(gpt_block_layout(shape.d_model)) {
     validate(s);
     if (o.micro_batch < 1) throw ConfigError("micro_batch = " + std::to_string(o.micro_batch) + " must be at least 1");
+    // The attention kernels put batch x head on the grid's y dimension, at most 65535.
+    if (static_cast<long>(o.micro_batch) * s.heads > 65535)
+      throw ConfigError("micro_batch x heads = " + std::to_string(static_cast<long>(o.micro_batch) * s.heads) +
+                        " is more than the cuda attention kernels' 65535 (batch x head) blocks; lower "
+                        "train_micro_batch_size_per_gpu");
     Arena count;
     carve(count);
     bytes = count.used;

@@ -30,6 +30,11 @@ class EventImpl {
   // plain event. A device stream uses it to wait on its own kind of events natively
   // instead of blocking in a host callback (where a CUDA call is not allowed).
   virtual bool for_each_part(const std::function<void(Event&, bool fence)>&) { return false; }
+  // The cudaEvent_t this event completes with, when it is one (a CUDA stream's or an NCCL
+  // collective's), so that a CUDA stream can wait for it on the GPU (cudaStreamWaitEvent)
+  // rather than in a host callback, where CUDA and NCCL calls are not allowed. The
+  // event's own error, if any, is then seen only by host waits.
+  virtual void* cuda_event_handle() { return nullptr; }
 };
 }  // namespace detail
 
