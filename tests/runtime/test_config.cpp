@@ -13,21 +13,13 @@
 
 #include "strata/core/error.hpp"
 #include "strata/runtime/config.hpp"
+#include "config_errors.hpp"
 
 using namespace strata;
 using nlohmann::json;
+using strata::test::error_of;
 
 namespace {
-
-// The ConfigError message for j, or "" when it parses.
-std::string error_of(const json& j) {
-  try {
-    parse_config(j);
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "";
-}
 
 std::string load_error(const std::string& path) {
   try {

@@ -20,20 +20,13 @@
 #include "strata/runtime/config.hpp"
 #include "strata/runtime/lr_schedule.hpp"
 #include "strata/runtime/zero_engine.hpp"
+#include "config_errors.hpp"
 
 using namespace strata;
 using nlohmann::json;
+using strata::test::error_of;
 
 namespace {
-
-std::string error_of(const json& j) {
-  try {
-    parse_config(j);
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // A config with this scheduler section and optimizer lr.
 json with_scheduler(const json& scheduler, double lr = 1e-3) {
