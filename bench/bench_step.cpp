@@ -7,7 +7,10 @@
 // and the model is GptCuda with NCCL over the one GPU.
 #include <chrono>
 #include <cstdio>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
@@ -61,6 +64,9 @@ int run_step(const StepArgs& a) {
   std::error_code ec;
   if (!fs::is_directory(a.dir, ec))
     throw ConfigError("--dir '" + a.dir + "' is not a directory; give an existing directory on the NVMe drive");
+  if (!a.trace.empty() && !std::ofstream(a.trace, std::ios::app))  // before minutes of work, not after
+    throw ConfigError("--trace '" + a.trace + "' cannot be written: " + std::strerror(errno) +
+                      "; give a file in an existing, writable directory");
   const fs::path swap = fs::path(a.dir) / ("strata-bench-step-" + std::to_string(::getpid()));
   fs::create_directories(swap);
   struct Cleanup {

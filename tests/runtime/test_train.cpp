@@ -231,3 +231,25 @@ TEST(Train, CudaBackendMatchesTheCpuBackend) {
       EXPECT_NEAR(rest.steps[s].loss, b.steps[5 + s].loss, 1e-4 * std::abs(b.steps[5 + s].loss)) << "step " << 6 + s;
   }
 }
+
+// Where there is no GPU, `strata.backend: cuda` is a clear error naming the fix, before
+// any data or swap file is touched.
+TEST(Train, CudaWithoutAGpuIsAClearError) {
+  std::string why;
+  if (cuda_available(&why)) GTEST_SKIP() << "a GPU is present: CudaBackendMatchesTheCpuBackend runs instead";
+  Dir d("nocuda");
+  const std::string data = write_file(d.p / "corpus.txt", corpus(100));
+  Config c = config(d, data, small_shape(), 2);
+  c.strata.backend = Backend::Cuda;
+  try {
+    train(c, quiet());
+    FAIL() << "trained on cuda without a GPU";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("cuda"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("cpu backend"), std::string::npos) << msg;
+  }
+  size_t files = 0;
+  for (const auto& e : fs::directory_iterator(d.p)) files += e.is_regular_file();
+  EXPECT_EQ(files, 1u) << "only the corpus: no swap file was created";
+}
