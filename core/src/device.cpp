@@ -46,7 +46,9 @@ std::unique_ptr<Device> make_device(const DeviceOptions& opts) {
                           "backend");
       return make_cuda_device(opts.ordinal);
 #else
-      throw Unavailable("cuda backend: Strata was built without CUDA; rebuild with nvcc on PATH");
+      throw Unavailable(
+          "cuda backend: Strata was built without CUDA; rebuild with nvcc on PATH (-DSTRATA_CUDA=ON), or use the "
+          "cpu backend");
 #endif
     }
     case Backend::Sim: return make_sim_device(SimCostModel{});
