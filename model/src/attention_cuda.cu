@@ -1,13 +1,21 @@
-// Causal multi-head attention on the cuda backend, flash-style and simple: one block of
-// 64 threads per (query or key tile, batch x head), one thread per row of the tile, an
-// online softmax in forward, and backward recomputing the probabilities from the saved
-// log-sum-exp. Per block no more than [64, 64] tiles of scores exist (shared memory), never
-// the [T, T] matrix. Correctness over speed: rows of q, k, v are read from global memory
-// and each thread accumulates its own output row there, so there are no races and no
-// atomics. Same tiling and math as attention_cpu.cpp (scores in 64-key tiles, exp_approx).
+// Causal multi-head attention on the cuda backend, flash-style (FlashAttention-2's loop
+// order, fp32 on the CUDA cores): one block of 256 threads per (query or key tile,
+// batch x head). A block stages its tile of q (or k, v) and each visiting tile of k, v
+// (or q, dout) in shared memory, coalesced; the [BT, BT] tile of scores lives in
+// registers and shared memory, never the [T, T] matrix. Forward keeps an online softmax
+// and the log-sum-exp; backward recomputes the probabilities from it: one kernel
+// accumulates dq per query tile, one dk and dv per key tile, so no atomics and no races.
 //
-// Compiled and linked in CI, never run there (no GPU); see kernels_cuda.hpp.
+// Thread (ty, tx) = (tid / 16, tid % 16) owns tile rows ty + 16 i and columns tx + 16 j;
+// a row's 16 owners are lanes of one warp, so row max and sum are warp shuffles. BT is 64,
+// or 32 where a 64-row tile's shared memory exceeds the GPU's per-block limit (large head
+// dimensions); attention_tile() says which, or that none fits.
+//
+// The math is attention_cpu.cpp's: scores scaled by 1/sqrt(head_dim), probabilities by
+// exp_approx, the online-softmax correction by expf; masked scores are exactly 0.
 #include <cuda_runtime.h>
+
+#include <cstddef>
 
 #include "kernels_cuda.hpp"
 
@@ -17,53 +25,122 @@ namespace strata::detail::cuda {
 
 namespace {
 
-constexpr int kBlock = 64;  // query / key rows per tile
+constexpr int kThreads = 256;
 
-__device__ float dot(const float* a, const float* b, int n) {
+// Shared floats per block for a tile of BT rows and head dimension hd (pitch hd + 1, so
+// 16 threads reading 16 rows at one column hit 16 banks).
+size_t forward_floats(int bt, int hd) { return 3ul * bt * (hd + 1) + bt * (bt + 1ul) + 1ul * bt * hd; }
+size_t dq_floats(int bt, int hd) { return 4ul * bt * (hd + 1) + bt * (bt + 1ul) + 1ul * bt * hd; }
+size_t dkv_floats(int bt, int hd) { return 4ul * bt * (hd + 1) + 2ul * bt * (bt + 1) + 2ul * bt * hd + 2ul * bt; }
+size_t most_floats(int bt, int hd) {
+  size_t m = forward_floats(bt, hd);
+  if (dq_floats(bt, hd) > m) m = dq_floats(bt, hd);
+  if (dkv_floats(bt, hd) > m) m = dkv_floats(bt, hd);
+  return m;
+}
+
+// Copies rows t0 .. t0+BT-1 (zeros past T) of a [T, ld]-strided head slice into a
+// [BT, hd + 1] tile.
+template <int BT>
+__device__ void load_tile(float* tile, const float* src, long ld, int t0, int T, int hd) {
+  const int pitch = hd + 1;
+  for (int i = threadIdx.x; i < BT * hd; i += kThreads) {
+    const int r = i / hd, c = i - r * hd;
+    tile[r * pitch + c] = t0 + r < T ? src[static_cast<long>(t0 + r) * ld + c] : 0.0f;
+  }
+}
+
+__device__ float dot_rows(const float* a, const float* b, int hd) {
   float acc = 0.0f;
-  for (int c = 0; c < n; ++c) acc += a[c] * b[c];
+#pragma unroll 4
+  for (int c = 0; c < hd; ++c) acc = fmaf(a[c], b[c], acc);
   return acc;
 }
 
-// grid (query tiles, B*H), block kBlock: thread i owns query row blockIdx.x*kBlock + i.
-__global__ void attention_forward_kernel(const float* qkv, float* out, float* lse, int T, int d, int H,
-                                         float scale) {
-  __shared__ float tile[kBlock][kBlock + 1];  // row i: query i's scores, then probabilities
-  const int bh = blockIdx.y, b = bh / H, h = bh % H, hd = d / H;
-  const int q = blockIdx.x * kBlock + threadIdx.x;
-  if (q >= T) return;  // no barriers below: each thread works on its own row
+// Reductions over the 16 lanes that own one row.
+__device__ float row_max(float v) {
+  for (int o = 8; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o, 16));
+  return v;
+}
+__device__ float row_sum(float v) {
+  for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o, 16);
+  return v;
+}
+
+// grid (query tiles, B*H). out [B*T, d], lse [B*H, T].
+template <int BT>
+__global__ void __launch_bounds__(kThreads) attention_forward_kernel(const float* qkv, float* out, float* lse, int T,
+                                                                     int d, int H, float scale) {
+  constexpr int R = BT / 16;  // rows (and columns) per thread
+  extern __shared__ float smem[];
+  const int hd = d / H, pitch = hd + 1;
+  float* Qs = smem;
+  float* Ks = Qs + BT * pitch;
+  float* Vs = Ks + BT * pitch;
+  float* Ps = Vs + BT * pitch;  // [BT, BT + 1]
+  float* Os = Ps + BT * (BT + 1);  // [BT, hd]
+  const int bh = blockIdx.y, b = bh / H, h = bh % H;
+  const int q0 = blockIdx.x * BT, ty = threadIdx.x / 16, tx = threadIdx.x % 16;
   const long ld = 3L * d;
   const float* base = qkv + static_cast<long>(b) * T * ld + static_cast<long>(h) * hd;
-  const float* Q = base + q * ld;
-  float* O = out + (static_cast<long>(b) * T + q) * d + static_cast<long>(h) * hd;
-  float* s = tile[threadIdx.x];
-  for (int c = 0; c < hd; ++c) O[c] = 0.0f;
-  float m = -INFINITY, l = 0.0f;
-  for (int k0 = 0; k0 <= q; k0 += kBlock) {  // keys 0 .. q are visible
-    const int nk = min(kBlock, q - k0 + 1);
-    float mx = m;
-    for (int j = 0; j < nk; ++j) {
-      s[j] = scale * dot(Q, base + d + (k0 + j) * ld, hd);
-      mx = fmaxf(mx, s[j]);
+
+  load_tile<BT>(Qs, base, ld, q0, T, hd);
+  for (int i = threadIdx.x; i < BT * hd; i += kThreads) Os[i] = 0.0f;
+  float m[R], l[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) m[i] = -INFINITY, l[i] = 0.0f;
+
+  for (int k0 = 0; k0 <= q0 && k0 < T; k0 += BT) {  // key tiles up to the diagonal
+    __syncthreads();  // the previous tile's Ks, Vs, Ps are no longer read
+    load_tile<BT>(Ks, base + d, ld, k0, T, hd);
+    load_tile<BT>(Vs, base + 2 * d, ld, k0, T, hd);
+    __syncthreads();
+    float corr[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const int r = ty + 16 * i, q = q0 + r;
+      float s[R];
+      float mx = m[i];
+#pragma unroll
+      for (int j = 0; j < R; ++j) {
+        const int k = k0 + tx + 16 * j;
+        s[j] = k <= q ? scale * dot_rows(Qs + r * pitch, Ks + (tx + 16 * j) * pitch, hd) : -INFINITY;
+        mx = fmaxf(mx, s[j]);
+      }
+      mx = row_max(mx);  // finite: key k0 <= q is visible to every row
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < R; ++j) {
+        const float p = s[j] == -INFINITY ? 0.0f : math::exp_approx(s[j] - mx);
+        Ps[r * (BT + 1) + tx + 16 * j] = p;
+        sum += p;
+      }
+      corr[i] = expf(m[i] - mx);  // 0 on the first tile (m = -inf)
+      l[i] = l[i] * corr[i] + row_sum(sum);
+      m[i] = mx;
     }
-    const float corr = expf(m - mx);  // 0 on the first tile (m = -inf)
-    float sum = 0.0f;
-    for (int j = 0; j < nk; ++j) {
-      s[j] = math::exp_approx(s[j] - mx);
-      sum += s[j];
-    }
-    l = l * corr + sum;
-    m = mx;
-    const float* V = base + 2 * d + k0 * ld;
-    for (int c = 0; c < hd; ++c) {
-      float acc = O[c] * corr;
-      for (int j = 0; j < nk; ++j) acc += s[j] * V[j * ld + c];
-      O[c] = acc;
+    __syncthreads();  // Ps complete
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const int r = ty + 16 * i;
+      const float* p = Ps + r * (BT + 1);
+      for (int c = tx; c < hd; c += 16) {
+        float acc = Os[r * hd + c] * corr[i];
+#pragma unroll 8
+        for (int j = 0; j < BT; ++j) acc = fmaf(p[j], Vs[j * pitch + c], acc);
+        Os[r * hd + c] = acc;
+      }
     }
   }
-  const float inv = 1.0f / l;
-  for (int c = 0; c < hd; ++c) O[c] *= inv;
-  lse[static_cast<long>(bh) * T + q] = m + logf(l);
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    const int r = ty + 16 * i, q = q0 + r;
+    if (q >= T) continue;
+    const float inv = 1.0f / l[i];
+    float* O = out + (static_cast<long>(b) * T + q) * d + static_cast<long>(h) * hd;
+    for (int c = tx; c < hd; c += 16) O[c] = Os[r * hd + c] * inv;
+    if (tx == 0) lse[static_cast<long>(bh) * T + q] = m[i] + logf(l[i]);
+  }
 }
 
 // dot[bh, t] = dout_t . out_t over the head's channels (the softmax backward's D).
@@ -74,103 +151,241 @@ __global__ void attention_dot_kernel(const float* out, const float* dout, float*
     const long bh = i / T;
     const int t = static_cast<int>(i % T), b = static_cast<int>(bh / H), h = static_cast<int>(bh % H);
     const long off = (static_cast<long>(b) * T + t) * d + static_cast<long>(h) * hd;
-    dotp[i] = dot(out + off, dout + off, hd);
+    dotp[i] = dot_rows(out + off, dout + off, hd);
   }
 }
 
-// dQ_q = scale sum_k P_qk (dO_q . V_k - D_q) K_k over k <= q. Thread i owns query row q.
-__global__ void attention_dq_kernel(const float* qkv, const float* lse, const float* dout, const float* dotp,
-                                    float* dqkv, int T, int d, int H, float scale) {
-  __shared__ float tile[kBlock][kBlock + 1];  // row i: query i's dS over one key tile
-  const int bh = blockIdx.y, b = bh / H, h = bh % H, hd = d / H;
-  const int q = blockIdx.x * kBlock + threadIdx.x;
-  if (q >= T) return;
+// dQ_q = scale sum_{k <= q} dS_qk K_k, dS_qk = P_qk (dO_q . V_k - D_q). grid (query tiles, B*H).
+template <int BT>
+__global__ void __launch_bounds__(kThreads) attention_dq_kernel(const float* qkv, const float* lse, const float* dout,
+                                                                const float* dotp, float* dqkv, int T, int d, int H,
+                                                                float scale) {
+  constexpr int R = BT / 16;
+  extern __shared__ float smem[];
+  const int hd = d / H, pitch = hd + 1;
+  float* Qs = smem;
+  float* dOs = Qs + BT * pitch;
+  float* Ks = dOs + BT * pitch;
+  float* Vs = Ks + BT * pitch;
+  float* Ss = Vs + BT * pitch;     // dS [BT, BT + 1]
+  float* dQs = Ss + BT * (BT + 1);  // [BT, hd]
+  const int bh = blockIdx.y, b = bh / H, h = bh % H;
+  const int q0 = blockIdx.x * BT, ty = threadIdx.x / 16, tx = threadIdx.x % 16;
   const long ld = 3L * d;
   const long qoff = static_cast<long>(b) * T * ld + static_cast<long>(h) * hd;
   const float* base = qkv + qoff;
-  const float* Q = base + q * ld;
-  const float* dO = dout + (static_cast<long>(b) * T + q) * d + static_cast<long>(h) * hd;
-  const float L = lse[static_cast<long>(bh) * T + q], D = dotp[static_cast<long>(bh) * T + q];
-  float* dQ = dqkv + qoff + q * ld;
-  float* ds = tile[threadIdx.x];
-  for (int c = 0; c < hd; ++c) dQ[c] = 0.0f;
-  for (int k0 = 0; k0 <= q; k0 += kBlock) {
-    const int nk = min(kBlock, q - k0 + 1);
-    for (int j = 0; j < nk; ++j) {
-      const float* K = base + d + (k0 + j) * ld;
-      const float p = math::exp_approx(scale * dot(Q, K, hd) - L);
-      ds[j] = p * (dot(dO, base + 2 * d + (k0 + j) * ld, hd) - D);
-    }
-    const float* K = base + d + k0 * ld;
-    for (int c = 0; c < hd; ++c) {
-      float acc = 0.0f;
-      for (int j = 0; j < nk; ++j) acc += ds[j] * K[j * ld + c];
-      dQ[c] += scale * acc;
-    }
-  }
-}
 
-// dV_k = sum_q P_qk dO_q and dK_k = scale sum_q dS_qk Q_q over q >= k. Thread i owns key row k.
-__global__ void attention_dkv_kernel(const float* qkv, const float* lse, const float* dout, const float* dotp,
-                                     float* dqkv, int T, int d, int H, float scale) {
-  __shared__ float ptile[kBlock][kBlock + 1];   // row i: P over one query tile for key i
-  __shared__ float dstile[kBlock][kBlock + 1];  // row i: dS over the same tile
-  const int bh = blockIdx.y, b = bh / H, h = bh % H, hd = d / H;
-  const int k = blockIdx.x * kBlock + threadIdx.x;
-  if (k >= T) return;
-  const long ld = 3L * d;
-  const long qoff = static_cast<long>(b) * T * ld + static_cast<long>(h) * hd;
-  const float* base = qkv + qoff;
-  const float* K = base + d + k * ld;
-  const float* V = base + 2 * d + k * ld;
-  const float* dObase = dout + static_cast<long>(b) * T * d + static_cast<long>(h) * hd;
-  const float* L = lse + static_cast<long>(bh) * T;
-  const float* D = dotp + static_cast<long>(bh) * T;
-  float* dK = dqkv + qoff + d + k * ld;
-  float* dV = dqkv + qoff + 2 * d + k * ld;
-  float* p = ptile[threadIdx.x];
-  float* ds = dstile[threadIdx.x];
-  for (int c = 0; c < hd; ++c) dK[c] = dV[c] = 0.0f;
-  for (int q0 = k; q0 < T; q0 += kBlock) {  // queries k .. T-1 see key k
-    const int nq = min(kBlock, T - q0);
-    for (int i = 0; i < nq; ++i) {
-      const int q = q0 + i;
-      p[i] = math::exp_approx(scale * dot(base + q * ld, K, hd) - L[q]);
-      ds[i] = p[i] * (dot(dObase + static_cast<long>(q) * d, V, hd) - D[q]);
-    }
-    for (int c = 0; c < hd; ++c) {
-      float av = 0.0f, ak = 0.0f;
-      for (int i = 0; i < nq; ++i) {
-        av += p[i] * dObase[static_cast<long>(q0 + i) * d + c];
-        ak += ds[i] * base[(q0 + i) * ld + c];
+  load_tile<BT>(Qs, base, ld, q0, T, hd);
+  load_tile<BT>(dOs, dout + static_cast<long>(b) * T * d + static_cast<long>(h) * hd, d, q0, T, hd);
+  for (int i = threadIdx.x; i < BT * hd; i += kThreads) dQs[i] = 0.0f;
+  float L[R], D[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    const int q = q0 + ty + 16 * i;
+    L[i] = q < T ? lse[static_cast<long>(bh) * T + q] : 0.0f;
+    D[i] = q < T ? dotp[static_cast<long>(bh) * T + q] : 0.0f;
+  }
+
+  for (int k0 = 0; k0 <= q0 && k0 < T; k0 += BT) {
+    __syncthreads();
+    load_tile<BT>(Ks, base + d, ld, k0, T, hd);
+    load_tile<BT>(Vs, base + 2 * d, ld, k0, T, hd);
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const int r = ty + 16 * i, q = q0 + r;
+#pragma unroll
+      for (int j = 0; j < R; ++j) {
+        const int kr = tx + 16 * j, k = k0 + kr;
+        float ds = 0.0f;
+        if (k <= q && q < T) {
+          const float p = math::exp_approx(scale * dot_rows(Qs + r * pitch, Ks + kr * pitch, hd) - L[i]);
+          ds = p * (dot_rows(dOs + r * pitch, Vs + kr * pitch, hd) - D[i]);
+        }
+        Ss[r * (BT + 1) + kr] = ds;
       }
-      dV[c] += av;
-      dK[c] += scale * ak;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const int r = ty + 16 * i;
+      const float* ds = Ss + r * (BT + 1);
+      for (int c = tx; c < hd; c += 16) {
+        float acc = 0.0f;
+#pragma unroll 8
+        for (int j = 0; j < BT; ++j) acc = fmaf(ds[j], Ks[j * pitch + c], acc);
+        dQs[r * hd + c] += scale * acc;
+      }
     }
   }
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    const int r = ty + 16 * i, q = q0 + r;
+    if (q >= T) continue;
+    float* dQ = dqkv + qoff + static_cast<long>(q) * ld;
+    for (int c = tx; c < hd; c += 16) dQ[c] = dQs[r * hd + c];
+  }
+}
+
+// dV_k = sum_{q >= k} P_qk dO_q and dK_k = scale sum_{q >= k} dS_qk Q_q. grid (key tiles, B*H).
+template <int BT>
+__global__ void __launch_bounds__(kThreads) attention_dkv_kernel(const float* qkv, const float* lse,
+                                                                 const float* dout, const float* dotp, float* dqkv,
+                                                                 int T, int d, int H, float scale) {
+  constexpr int R = BT / 16;
+  extern __shared__ float smem[];
+  const int hd = d / H, pitch = hd + 1;
+  float* Ks = smem;
+  float* Vs = Ks + BT * pitch;
+  float* Qs = Vs + BT * pitch;
+  float* dOs = Qs + BT * pitch;
+  float* Ps = dOs + BT * pitch;       // [BT keys, BT + 1]
+  float* Ss = Ps + BT * (BT + 1);      // dS, same layout
+  float* dKs = Ss + BT * (BT + 1);     // [BT, hd]
+  float* dVs = dKs + BT * hd;          // [BT, hd]
+  float* Ls = dVs + BT * hd;           // [BT] lse of the query tile
+  float* Ds = Ls + BT;                 // [BT] D of the query tile
+  const int bh = blockIdx.y, b = bh / H, h = bh % H;
+  const int k0 = blockIdx.x * BT, ty = threadIdx.x / 16, tx = threadIdx.x % 16;
+  const long ld = 3L * d;
+  const long qoff = static_cast<long>(b) * T * ld + static_cast<long>(h) * hd;
+  const float* base = qkv + qoff;
+  const float* dObase = dout + static_cast<long>(b) * T * d + static_cast<long>(h) * hd;
+
+  load_tile<BT>(Ks, base + d, ld, k0, T, hd);
+  load_tile<BT>(Vs, base + 2 * d, ld, k0, T, hd);
+  for (int i = threadIdx.x; i < BT * hd; i += kThreads) dKs[i] = dVs[i] = 0.0f;
+
+  for (int q0 = k0; q0 < T; q0 += BT) {  // query tiles from the diagonal on
+    __syncthreads();
+    load_tile<BT>(Qs, base, ld, q0, T, hd);
+    load_tile<BT>(dOs, dObase, d, q0, T, hd);
+    for (int i = threadIdx.x; i < BT; i += kThreads) {
+      const bool in = q0 + i < T;
+      Ls[i] = in ? lse[static_cast<long>(bh) * T + q0 + i] : 0.0f;
+      Ds[i] = in ? dotp[static_cast<long>(bh) * T + q0 + i] : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const int kr = ty + 16 * i, k = k0 + kr;
+#pragma unroll
+      for (int j = 0; j < R; ++j) {
+        const int qr = tx + 16 * j, q = q0 + qr;
+        float p = 0.0f, ds = 0.0f;
+        if (k <= q && q < T) {
+          p = math::exp_approx(scale * dot_rows(Qs + qr * pitch, Ks + kr * pitch, hd) - Ls[qr]);
+          ds = p * (dot_rows(dOs + qr * pitch, Vs + kr * pitch, hd) - Ds[qr]);
+        }
+        Ps[kr * (BT + 1) + qr] = p;
+        Ss[kr * (BT + 1) + qr] = ds;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const int kr = ty + 16 * i;
+      const float* p = Ps + kr * (BT + 1);
+      const float* ds = Ss + kr * (BT + 1);
+      for (int c = tx; c < hd; c += 16) {
+        float av = 0.0f, ak = 0.0f;
+#pragma unroll 8
+        for (int j = 0; j < BT; ++j) {
+          av = fmaf(p[j], dOs[j * pitch + c], av);
+          ak = fmaf(ds[j], Qs[j * pitch + c], ak);
+        }
+        dVs[kr * hd + c] += av;
+        dKs[kr * hd + c] += scale * ak;
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    const int kr = ty + 16 * i, k = k0 + kr;
+    if (k >= T) continue;
+    float* dK = dqkv + qoff + d + static_cast<long>(k) * ld;
+    float* dV = dqkv + qoff + 2 * d + static_cast<long>(k) * ld;
+    for (int c = tx; c < hd; c += 16) {
+      dK[c] = dKs[kr * hd + c];
+      dV[c] = dVs[kr * hd + c];
+    }
+  }
+}
+
+int max_shared_bytes() {
+  int dev = 0, bytes = 0;
+  STRATA_CHECK_CUDA(cudaGetDevice(&dev));
+  STRATA_CHECK_CUDA(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return bytes;
+}
+
+template <typename Kernel>
+void allow_shared(Kernel kernel, size_t bytes) {
+  STRATA_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
+template <int BT>
+void forward_with(const float* qkv, float* out, float* lse, int B, int T, int d, int H, cudaStream_t s) {
+  const int hd = d / H;
+  const float scale = 1.0f / sqrtf(static_cast<float>(hd));
+  const size_t bytes = forward_floats(BT, hd) * sizeof(float);
+  allow_shared(attention_forward_kernel<BT>, bytes);
+  const dim3 grid((T + BT - 1) / BT, static_cast<unsigned>(B * H));
+  attention_forward_kernel<BT><<<grid, kThreads, bytes, s>>>(qkv, out, lse, T, d, H, scale);
+  STRATA_CHECK_CUDA(cudaGetLastError());
+}
+
+template <int BT>
+void backward_with(const float* qkv, const float* lse, const float* dout, float* dqkv, const float* dotp, int B, int T,
+                   int d, int H, cudaStream_t s) {
+  const int hd = d / H;
+  const float scale = 1.0f / sqrtf(static_cast<float>(hd));
+  const dim3 grid((T + BT - 1) / BT, static_cast<unsigned>(B * H));
+  const size_t dq_bytes = dq_floats(BT, hd) * sizeof(float), dkv_bytes = dkv_floats(BT, hd) * sizeof(float);
+  allow_shared(attention_dq_kernel<BT>, dq_bytes);
+  allow_shared(attention_dkv_kernel<BT>, dkv_bytes);
+  attention_dq_kernel<BT><<<grid, kThreads, dq_bytes, s>>>(qkv, lse, dout, dotp, dqkv, T, d, H, scale);
+  STRATA_CHECK_CUDA(cudaGetLastError());
+  attention_dkv_kernel<BT><<<grid, kThreads, dkv_bytes, s>>>(qkv, lse, dout, dotp, dqkv, T, d, H, scale);
+  STRATA_CHECK_CUDA(cudaGetLastError());
+}
+
+int tile_or_throw(int head_dim) {
+  const int bt = attention_tile(head_dim);
+  if (bt == 0)
+    throw ConfigError("attention: head dimension " + std::to_string(head_dim) + " needs " +
+                      std::to_string(most_floats(32, head_dim) * sizeof(float)) +
+                      " bytes of shared memory per block, more than this GPU's " +
+                      std::to_string(max_shared_bytes()) + "; use more heads");
+  return bt;
 }
 
 }  // namespace
 
+int attention_tile(int head_dim) {
+  const size_t limit = static_cast<size_t>(max_shared_bytes());
+  if (most_floats(64, head_dim) * sizeof(float) <= limit) return 64;
+  if (most_floats(32, head_dim) * sizeof(float) <= limit) return 32;
+  return 0;
+}
+
 void attention_forward(const float* qkv, float* out, float* lse, int B, int T, int d, int H, cudaStream_t s) {
-  const float scale = 1.0f / sqrtf(static_cast<float>(d / H));
-  const dim3 grid((T + kBlock - 1) / kBlock, static_cast<unsigned>(B * H));
-  attention_forward_kernel<<<grid, kBlock, 0, s>>>(qkv, out, lse, T, d, H, scale);
-  STRATA_CHECK_CUDA(cudaGetLastError());
+  if (tile_or_throw(d / H) == 64)
+    forward_with<64>(qkv, out, lse, B, T, d, H, s);
+  else
+    forward_with<32>(qkv, out, lse, B, T, d, H, s);
 }
 
 void attention_backward(const float* qkv, const float* out, const float* lse, const float* dout, float* dqkv,
                         float* dotp, int B, int T, int d, int H, cudaStream_t s) {
-  const float scale = 1.0f / sqrtf(static_cast<float>(d / H));
   const long n = static_cast<long>(B) * H * T;
   const unsigned blocks = static_cast<unsigned>(n / 256 + 1 < 65535 ? n / 256 + 1 : 65535);
   attention_dot_kernel<<<blocks, 256, 0, s>>>(out, dout, dotp, B, T, d, H);
   STRATA_CHECK_CUDA(cudaGetLastError());
-  const dim3 grid((T + kBlock - 1) / kBlock, static_cast<unsigned>(B * H));
-  attention_dq_kernel<<<grid, kBlock, 0, s>>>(qkv, lse, dout, dotp, dqkv, T, d, H, scale);
-  STRATA_CHECK_CUDA(cudaGetLastError());
-  attention_dkv_kernel<<<grid, kBlock, 0, s>>>(qkv, lse, dout, dotp, dqkv, T, d, H, scale);
-  STRATA_CHECK_CUDA(cudaGetLastError());
+  if (tile_or_throw(d / H) == 64)
+    backward_with<64>(qkv, lse, dout, dqkv, dotp, B, T, d, H, s);
+  else
+    backward_with<32>(qkv, lse, dout, dqkv, dotp, B, T, d, H, s);
 }
 
 }  // namespace strata::detail::cuda

@@ -108,6 +108,11 @@ struct GptCuda::Impl {
   }
 
   Impl(const GptShape& shape, const GptOptions& opts) : Impl(shape, opts, CountOnly{}) {
+    const int head_dim = s.d_model / s.heads;
+    if (cu::attention_tile(head_dim) == 0) {
+      throw ConfigError("head dimension d_model / heads = " + std::to_string(head_dim) +
+                        " is too large for the cuda attention kernels' shared memory on this GPU; use more heads");
+    }
     cudaError_t rc = cudaMalloc(&mem, bytes);
     if (rc != cudaSuccess) {
       cudaGetLastError();

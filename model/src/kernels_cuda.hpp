@@ -2,8 +2,9 @@
 // on one stream: the counterpart of kernels_cpu.hpp and attention_cpu.hpp. All pointers
 // are device memory; every launch is asynchronous on `s` and checks its launch error.
 //
-// Compiled and linked in CI but never run there (no GPU): tests/model/test_gpt_cuda.cpp
-// compares them against the cpu model where a GPU is present and skips otherwise.
+// Compiled and linked in CI, where they never run (no GPU): tests/model/test_gpt_cuda.cpp
+// compares them against the cpu model where a GPU is present and skips otherwise (it ran
+// and passed on an H100, 2026-11-22; docs/training.md).
 //
 // This header is included from C++20 (gpt_cuda.cpp) and C++17 CUDA sources alike, so it
 // holds plain declarations only.
@@ -49,8 +50,12 @@ void cross_entropy_rows(float* logits, const int32_t* targets, float* row_loss, 
                         bool backward, cudaStream_t s);
 
 // Causal attention over qkv [B*T, 3d] (q, k, v; heads contiguous) into out [B*T, d] and
-// the log-sum-exp lse [B, H, T]. Flash-style: one block per (b, h, 64-query tile), online
-// softmax; no more than one [64, 64] tile of scores exists per block.
+// the log-sum-exp lse [B, H, T]. Flash-style: one block per (b, h, query tile), online
+// softmax; no more than one [BT, BT] tile of scores exists per block. Both launchers
+// throw ConfigError where attention_tile(d / H) is 0.
+// The attention kernels' tile rows BT for this head dimension on the current GPU: 64, or
+// 32 where a 64-row tile's shared memory is more than a block may have; 0 where neither fits.
+int attention_tile(int head_dim);
 void attention_forward(const float* qkv, float* out, float* lse, int B, int T, int d, int H, cudaStream_t s);
 // dqkv (overwritten) from dout [B*T, d], recomputing scores from lse. dot [B, H, T] is
 // scratch for rowsum(dout * out).
