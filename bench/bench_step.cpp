@@ -2,7 +2,7 @@
 // ZeRO engine, fully in memory and with parameters and optimizer states on NVMe, in the
 // same run. The in-memory step is the reference: the ratio says what offloading costs.
 // Steps of the two configurations alternate, so drift of the machine hits both alike.
-// On the cuda backend (--backend cuda; never run here: no GPU) the reference keeps the
+// On the cuda backend (--backend cuda; run on an H100, docs/training.md) the reference keeps the
 // parameters on the GPU and the optimizer in pinned memory (there is no GPU optimizer),
 // and the model is GptCuda with NCCL over the one GPU.
 #include <chrono>
@@ -216,7 +216,7 @@ void add_step(CLI::App& bench, Runner& run) {
   s->add_option("--device-budget", a.device_budget, "Device budget of the offloaded configuration");
   s->add_option("--pinned-budget", a.pinned_budget, "Pinned budget of the offloaded configuration");
   s->add_option("--trace", a.trace, "Write a Chrome trace of the NVMe configuration's steps to this file");
-  s->add_option("--backend", a.backend, "cpu, or cuda (GptCuda on GPU 0; never run on a GPU yet)")
+  s->add_option("--backend", a.backend, "cpu, or cuda (GptCuda on GPU 0)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   add_output_options(*s, a.out, "step time of each configuration, split into compute and exposed transfer");
   s->callback([&run] { run = [] { return run_step(a); }; });

@@ -3,7 +3,7 @@
 // include); the kernels are in kernels_cuda.cu and attention_cuda.cu behind plain
 // launchers. Every step mirrors Gpt::Impl in gpt.cpp, buffer for buffer.
 //
-// Compiled and linked in CI, never run there (no GPU).
+// Compiled and linked in CI, never run there (no GPU); checked on an H100 (docs/training.md).
 #include "strata/model/gpt_cuda.hpp"
 
 #include <cublas_v2.h>

@@ -193,7 +193,7 @@ TEST(Train, ResumingWithAnotherModelShapeIsRefusedAndTouchesNothing) {
 // orders differ, and the embedding gradient's atomics make the GPU run non-deterministic),
 // the loss falls, and a save at step 5 resumed to step 10 continues the run. Stage 3 with
 // parameters and optimizer on NVMe, and stage 2 with the optimizer in pinned memory.
-// Needs a GPU: skipped with the reason elsewhere (CI: never run).
+// Needs a GPU: skipped with the reason elsewhere (CI); passed on an H100 (docs/training.md).
 TEST(Train, CudaBackendMatchesTheCpuBackend) {
   std::string why;
   if (!cuda_available(&why)) GTEST_SKIP() << "no cuda backend here: " << why;
