@@ -11,7 +11,8 @@
 //  - cuda: the copies are cudaMemcpyAsync between the pinned pool (registered) and
 //    device memory. Device memory cannot be memcpy'd, so the reference is memcpy between
 //    the pinned pool and a second host buffer: host memory bandwidth, a ceiling that
-//    PCIe usually stays under. (Not run yet: no GPU where this was written.)
+//    PCIe usually stays under (on the one H100 it ran on, one core's memcpy did not reach
+//    PCIe: docs/bench-copy.md).
 //
 // Each sample queues `count` copies of one size, cycling through --span bytes of both
 // buffers (so small copies do not sit in the cache, as a training step's transfers do
