@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -211,5 +212,44 @@ struct RuntimeHandle {
   RuntimeHandle(const RuntimeHandle&) = delete;
   RuntimeHandle& operator=(const RuntimeHandle&) = delete;
 };
+
+// Trains 4 toy groups for 8 steps through `micro_step(rt, groups, order, step, micro)`
+// (toy_micro_step or a variant: it returns the micro-batch's loss) under the runtime of
+// `json`, and checks the loss falls and the parameters match ReferenceAdamW (lr and
+// weight decay 0.01) to 2e-5: fp32 against a double reference, where Adam's update
+// lr * m / sqrt(v) moves each step by a relative 1e-6 or so for rounding in the gradient.
+// Returns the runtime's statistics at the end.
+template <typename MicroStep>
+strata_stats train_toy_against_reference(const std::string& json, int accum, MicroStep micro_step) {
+  RuntimeHandle h(json);
+  auto gs = toy_groups(4);
+  register_toy(h.rt, gs);
+  ReferenceAdamW ref(gs, 0.01, 0.01);
+  std::vector<double> losses;
+  const int steps = 8;
+  strata_stats st{};
+  st.struct_size = sizeof st;
+  for (int s = 0; s < steps; ++s) {
+    double loss = 0;
+    for (int m = 0; m < accum; ++m) loss += micro_step(h.rt, gs, forward_backward(4), s, m);
+    losses.push_back(loss);
+    int32_t stepped = 0;
+    EXPECT_STRATA_OK(strata_step(h.rt, &stepped));
+    if (stepped != 1) {
+      ADD_FAILURE() << "step " << s << " was not taken";
+      return st;
+    }
+    ref.step(s, accum, 1);
+  }
+  EXPECT_LT(losses.back(), 0.8 * losses.front()) << "the toy model did not train";
+  auto got = read_all(h.rt, gs);
+  double worst = 0;
+  for (size_t g = 0; g < gs.size(); ++g)
+    for (size_t i = 0; i < got[g].size(); ++i) worst = std::max(worst, std::abs(got[g][i] - ref.w[g][i]));
+  EXPECT_LT(worst, 2e-5);
+  EXPECT_STRATA_OK(strata_get_stats(h.rt, &st));
+  EXPECT_EQ(st.optimizer_steps, static_cast<uint64_t>(steps));
+  return st;
+}
 
 }  // namespace capi_test

@@ -346,33 +346,10 @@ TEST(CApi, TrainingMatchesAReferenceAdamW) {
   for (const Case& c : {Case{3, "nvme", 1}, Case{3, "cpu", 2}, Case{3, "none", 1}, Case{2, "nvme", 2}, Case{1, "none", 1}}) {
     SCOPED_TRACE("stage " + std::to_string(c.stage) + ", offload " + c.offload + ", accum " + std::to_string(c.accum));
     TempDir dir("train");
-    RuntimeHandle h(config_json({.stage = c.stage, .accum = c.accum, .offload = c.offload, .nvme_dir = dir.path.string()}));
-    auto gs = toy_groups(4);
-    register_toy(h.rt, gs);
-    ReferenceAdamW ref(gs, 0.01, 0.01);
-    std::vector<double> losses;
-    const int steps = 8;
-    for (int s = 0; s < steps; ++s) {
-      double loss = 0;
-      for (int m = 0; m < c.accum; ++m) loss += toy_micro_step(h.rt, gs, forward_backward(4), s, m, 0);
-      losses.push_back(loss);
-      int32_t stepped = 0;
-      ASSERT_STRATA_OK(strata_step(h.rt, &stepped));
-      ASSERT_EQ(stepped, 1);
-      ref.step(s, c.accum, 1);
-    }
-    EXPECT_LT(losses.back(), 0.8 * losses.front()) << "the toy model did not train";
-    auto got = read_all(h.rt, gs);
-    // fp32 against a double reference: Adam's update is lr * m / sqrt(v), so rounding in
-    // the gradient moves each step by a relative 1e-6 or so, over 8 steps of lr 0.01.
-    double worst = 0;
-    for (size_t g = 0; g < gs.size(); ++g)
-      for (size_t i = 0; i < got[g].size(); ++i) worst = std::max(worst, std::abs(got[g][i] - ref.w[g][i]));
-    EXPECT_LT(worst, 2e-5);
-    strata_stats st{};
-    st.struct_size = sizeof st;
-    ASSERT_STRATA_OK(strata_get_stats(h.rt, &st));
-    EXPECT_EQ(st.optimizer_steps, steps);
+    const strata_stats st = train_toy_against_reference(
+        config_json({.stage = c.stage, .accum = c.accum, .offload = c.offload, .nvme_dir = dir.path.string()}),
+        c.accum, [](strata_runtime rt, const std::vector<ToyGroup>& gs, const std::vector<int>& order, int step,
+                    int micro) { return toy_micro_step(rt, gs, order, step, micro, 0); });
     EXPECT_EQ(st.trace_departures, 0u);
   }
 }

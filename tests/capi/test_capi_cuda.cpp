@@ -96,32 +96,9 @@ TEST(CApiCuda, TrainingMatchesAReferenceAdamW) {
   for (const Case& c : {Case{3, "nvme", 1}, Case{3, "cpu", 2}, Case{2, "nvme", 2}}) {
     SCOPED_TRACE("stage " + std::to_string(c.stage) + ", offload " + c.offload + ", accum " + std::to_string(c.accum));
     TempDir dir("cuda");
-    RuntimeHandle h(
-        cuda_config({.stage = c.stage, .accum = c.accum, .offload = c.offload, .nvme_dir = dir.path.string()}));
-    auto gs = toy_groups(4);
-    register_toy(h.rt, gs);
-    ReferenceAdamW ref(gs, 0.01, 0.01);
-    std::vector<double> losses;
-    const int steps = 8;
-    for (int s = 0; s < steps; ++s) {
-      double loss = 0;
-      for (int m = 0; m < c.accum; ++m) loss += cuda_toy_micro_step(h.rt, gs, forward_backward(4), s, m);
-      losses.push_back(loss);
-      int32_t stepped = 0;
-      ASSERT_STRATA_OK(strata_step(h.rt, &stepped));
-      ASSERT_EQ(stepped, 1);
-      ref.step(s, c.accum, 1);
-    }
-    EXPECT_LT(losses.back(), 0.8 * losses.front()) << "the toy model did not train";
-    auto got = read_all(h.rt, gs);
-    double worst = 0;  // the same bound as CApi.TrainingMatchesAReferenceAdamW on the cpu
-    for (size_t g = 0; g < gs.size(); ++g)
-      for (size_t i = 0; i < got[g].size(); ++i) worst = std::max(worst, std::abs(got[g][i] - ref.w[g][i]));
-    EXPECT_LT(worst, 2e-5);
-    strata_stats st{};
-    st.struct_size = sizeof st;
-    ASSERT_STRATA_OK(strata_get_stats(h.rt, &st));
-    EXPECT_EQ(st.optimizer_steps, steps);
+    const strata_stats st = train_toy_against_reference(
+        cuda_config({.stage = c.stage, .accum = c.accum, .offload = c.offload, .nvme_dir = dir.path.string()}),
+        c.accum, cuda_toy_micro_step);
     EXPECT_LE(st.tiers[STRATA_TIER_DEVICE].peak, st.tiers[STRATA_TIER_DEVICE].budget);
     EXPECT_GT(st.tiers[STRATA_TIER_DEVICE].peak, 0u) << "nothing was ever held in device memory";
   }
