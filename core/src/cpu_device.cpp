@@ -119,6 +119,7 @@ class CpuStream final : public Stream {
 class CpuDevice final : public Device {
  public:
   Backend backend() const override { return Backend::Cpu; }
+  bool host_addressable() const override { return true; }
   std::string description() const override { return "cpu (host memory as device memory)"; }
   void* allocate(size_t bytes) override {
     // Page-aligned anonymous memory so large arenas are not carved from the heap.

@@ -215,6 +215,7 @@ class CudaDevice final : public Device {
     STRATA_CHECK_CUDA(cudaGetDeviceProperties(&props_, ordinal_));
   }
   Backend backend() const override { return Backend::Cuda; }
+  bool host_addressable() const override { return false; }
   std::string description() const override {
     return std::string("cuda:") + std::to_string(ordinal_) + " " + props_.name;
   }

@@ -117,6 +117,7 @@ class SimDevice final : public Device {
   }
 
   Backend backend() const override { return Backend::Sim; }
+  bool host_addressable() const override { return true; }
   std::string description() const override {
     std::ostringstream os;
     os << "sim (virtual clock; " << cost_.device_flops / 1e12 << " TFLOP/s, pcie " << cost_.h2d_bandwidth / 1e9

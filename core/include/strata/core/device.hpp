@@ -57,6 +57,11 @@ class Device {
   virtual ~Device() = default;
   virtual Backend backend() const = 0;
   virtual std::string description() const = 0;
+  // True when host code may read and write this device's memory through its pointers
+  // (cpu: it is host memory; sim: it has no bytes, and host work over it is only timed);
+  // false on cuda, whose device memory only a stream's copies reach. The CPU optimizer
+  // working on states in device memory needs it.
+  virtual bool host_addressable() const = 0;
   // Raw device memory; throws OutOfBudget if the backend refuses.
   virtual void* allocate(size_t bytes) = 0;
   virtual void deallocate(void* p, size_t bytes) = 0;
