@@ -116,6 +116,17 @@ class FlushDenormals {
 
 }  // namespace
 
+// Sizes the model's host buffers, or only counts them (activation_bytes): one list of
+// buffers serves both, as the cuda model's Arena does, so the count cannot drift.
+struct HostBuffers {
+  bool count_only = false;
+  uint64_t floats = 0;
+  void take(std::vector<float>& v, uint64_t n) {
+    floats += n;
+    if (!count_only) v.resize(n);
+  }
+};
+
 // Activations one block keeps from forward for backward (all [rows = B*T] x width).
 struct BlockActs {
   std::vector<float> ln1, mean1, rstd1;  // [BT, d], [BT], [BT]
@@ -124,15 +135,14 @@ struct BlockActs {
   std::vector<float> x2;                 // [BT, d]  residual after attention
   std::vector<float> ln2, mean2, rstd2;  // [BT, d], [BT], [BT]
   std::vector<float> fc, gel;            // [BT, 4d] before and after GELU
-  BlockActs(long bt, int d, int heads_x_t_per_row) {
-    ln1.resize(bt * d); mean1.resize(bt); rstd1.resize(bt);
-    qkv.resize(bt * 3 * d);
-    att.resize(bt * d); lse.resize(static_cast<size_t>(bt) * heads_x_t_per_row);
-    x2.resize(bt * d);
-    ln2.resize(bt * d); mean2.resize(bt); rstd2.resize(bt);
-    fc.resize(bt * 4 * d); gel.resize(bt * 4 * d);
+  void carve(HostBuffers& a, long bt, int d, int heads) {
+    a.take(ln1, bt * d); a.take(mean1, bt); a.take(rstd1, bt);
+    a.take(qkv, bt * 3 * d);
+    a.take(att, bt * d); a.take(lse, static_cast<uint64_t>(bt) * heads);
+    a.take(x2, bt * d);
+    a.take(ln2, bt * d); a.take(mean2, bt); a.take(rstd2, bt);
+    a.take(fc, bt * 4 * d); a.take(gel, bt * 4 * d);
   }
-  static uint64_t floats(long bt, int d, int heads) { return static_cast<uint64_t>(bt) * (16ull * d + 4 + heads); }
 };
 
 struct Gpt::Impl {
@@ -147,22 +157,38 @@ struct Gpt::Impl {
   std::vector<float> logits;              // [chunk rows, V]
   std::vector<float> ones;                // [BT] for column sums
   long chunk_rows;
+  uint64_t bytes = 0;                     // every buffer above (activation_bytes)
   const int32_t* inputs = nullptr;        // the caller's host arrays, this micro-batch
   const int32_t* targets = nullptr;
 
-  Impl(const GptShape& shape, const GptOptions& opts) : s(shape), o(opts), lay(gpt_block_layout(shape.d_model)) {
+  struct CountOnly {};
+  // Lays the buffers out without allocating: bytes only (activation_bytes).
+  Impl(const GptShape& shape, const GptOptions& opts, CountOnly) : s(shape), o(opts), lay(gpt_block_layout(shape.d_model)) {
     validate(s);
     if (o.micro_batch < 1) throw ConfigError("micro_batch = " + std::to_string(o.micro_batch) + " must be at least 1");
-    const int d = s.d_model;
     bt_max = static_cast<long>(o.micro_batch) * s.seq_len;
-    resid.assign(s.layers + 1, std::vector<float>(bt_max * d));
-    const int nacts = o.checkpointing == ActivationCheckpointing::None ? s.layers : 1;
-    for (int i = 0; i < nacts; ++i) acts.emplace_back(bt_max, d, s.heads);
-    lnf.resize(bt_max * d); meanf.resize(bt_max); rstdf.resize(bt_max);
-    dres.resize(bt_max * d); dsmall.resize(bt_max * d); dbig.resize(bt_max * 4 * d); dqkv.resize(bt_max * 3 * d);
     chunk_rows = std::clamp<long>(static_cast<long>(kLogitsChunkBytes / (4ull * s.vocab)), 1, bt_max);
-    logits.resize(static_cast<size_t>(chunk_rows) * s.vocab);
-    ones.assign(bt_max, 1.0f);
+    HostBuffers count{true};
+    carve(count);
+    bytes = count.floats * 4;
+  }
+
+  Impl(const GptShape& shape, const GptOptions& opts) : Impl(shape, opts, CountOnly{}) {
+    HostBuffers real;
+    carve(real);
+    std::fill(ones.begin(), ones.end(), 1.0f);
+  }
+
+  void carve(HostBuffers& a) {
+    const int d = s.d_model;
+    resid.resize(s.layers + 1);
+    for (auto& r : resid) a.take(r, bt_max * d);
+    acts.resize(o.checkpointing == ActivationCheckpointing::None ? s.layers : 1);
+    for (BlockActs& b : acts) b.carve(a, bt_max, d, s.heads);
+    a.take(lnf, bt_max * d); a.take(meanf, bt_max); a.take(rstdf, bt_max);
+    a.take(dres, bt_max * d); a.take(dsmall, bt_max * d); a.take(dbig, bt_max * 4 * d); a.take(dqkv, bt_max * 3 * d);
+    a.take(logits, static_cast<uint64_t>(chunk_rows) * s.vocab);
+    a.take(ones, bt_max);
   }
 
   BlockActs& acts_for(int l) { return o.checkpointing == ActivationCheckpointing::None ? acts[l] : acts[0]; }
@@ -339,19 +365,10 @@ void Gpt::next_token_logits(WeightSource& ws, const int32_t* tokens, int len, fl
 }
 
 uint64_t Gpt::activation_bytes(const GptShape& s, const GptOptions& o) {
-  const long bt = static_cast<long>(o.micro_batch) * s.seq_len;
-  const int d = s.d_model;
-  const uint64_t nacts = o.checkpointing == ActivationCheckpointing::None ? s.layers : 1;
-  const long chunk = std::clamp<long>(static_cast<long>(kLogitsChunkBytes / (4ull * s.vocab)), 1, bt);
-  uint64_t floats = static_cast<uint64_t>(s.layers + 1) * bt * d    // residual stream
-                    + nacts * BlockActs::floats(bt, d, s.heads)      // saved or scratch activations
-                    + static_cast<uint64_t>(bt) * (d + 2)           // final layer norm
-                    + static_cast<uint64_t>(bt) * (9ull * d + 1)    // gradients, ones
-                    + static_cast<uint64_t>(chunk) * s.vocab;       // logits chunk
-  return floats * 4;
+  return Impl(s, o, Impl::CountOnly{}).bytes;
 }
 
-uint64_t Gpt::activation_bytes() const { return activation_bytes(shape_, opts_); }
+uint64_t Gpt::activation_bytes() const { return impl_->bytes; }
 
 // ---------------------------------------------------------------------------------------
 
