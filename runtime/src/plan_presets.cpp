@@ -388,11 +388,10 @@ double calibrate_gpt(const GptShape& model, int micro_batch, ClusterSpec c, std:
   Strategy st;
   st.micro_batch = micro_batch;
   st.checkpointing = false;
-  const Layout L = layout(s, st, 1);
   auto modeled = [&](double eff) {
     c.matmul_efficiency = eff;
     double t = 0;
-    for (const GroupTimes& g : group_times(s, L, c, st)) t += g.forward_s + g.backward_s + g.head_s;
+    for (const GroupTimes& g : group_times(s, c, st)) t += g.forward_s + g.backward_s + g.head_s;
     return t;
   };
   const double full = modeled(1.0), half = modeled(0.5);

@@ -70,18 +70,18 @@ class GptDriver {
 SimulateReport simulate_plan(const Plan& plan, int steps) {
   if (steps < 1) throw ConfigError("--simulate-steps must be at least 1");
   const auto t0 = std::chrono::steady_clock::now();
-  const Layout L = layout(plan.shape, plan.strategy, plan.world);
-  const std::vector<GroupTimes> times = group_times(plan.shape, L, plan.cluster, plan.strategy);
+  const std::vector<GptGroup> groups = gpt_groups(plan.shape);
+  const std::vector<GroupTimes> times = group_times(plan.shape, plan.cluster, plan.strategy);
   // The gpt_schedule order must be the one the driver follows.
   std::vector<int> order = gpt_schedule(plan.shape);
-  STRATA_CHECK(order.size() == 2 * L.groups.size() - 1, "gpt_schedule changed: the plan's driver follows 0, 1..L, L+1, 0, L..1");
+  STRATA_CHECK(order.size() == 2 * groups.size() - 1, "gpt_schedule changed: the plan's driver follows 0, 1..L, L+1, 0, L..1");
 
   EngineOptions eo = plan.engine;
   const bool on_nvme = eo.optimizer_home == Tier::Nvme || (eo.stage == 3 && eo.param_home == Tier::Nvme);
   if (on_nvme) eo.store.nvme.paths = {"(simulated nvme)"};
   eo.optimizer_threads = 1;
   std::vector<GroupSpec> specs;
-  for (const LayoutGroup& g : L.groups) specs.push_back({g.name, g.numel, InitKind::Normal, 0.02f, {}});
+  for (const GptGroup& g : groups) specs.push_back({g.name, g.numel, InitKind::Normal, 0.02f, {}});
 
   SimulateReport r;
   r.steps = steps;

@@ -14,10 +14,6 @@ namespace strata {
 
 namespace {
 
-// Shards are multiples of this many elements, so every tier allocation stays aligned
-// for O_DIRECT without padding of its own.
-constexpr uint64_t kShardAlignElems = 1024;
-
 uint64_t splitmix(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -63,7 +59,7 @@ struct ZeroEngine::Chunk {
 
 struct ZeroEngine::Group {
   GroupSpec spec;
-  uint64_t padded = 0;   // elements, multiple of world * kShardAlignElems
+  uint64_t padded = 0;   // elements, as the layout pads (shard_layout.hpp)
   uint64_t shard = 0;    // elements per rank
   bool persistent = false;
   TensorId full = 0;     // [padded] f32: stage 3 a scratch gather buffer, else replicated params
@@ -119,6 +115,18 @@ EngineOptions EngineOptions::from_config(const Config& c) {
   return o;
 }
 
+ShardStrategy EngineOptions::shard_strategy(int world) const {
+  ShardStrategy s;
+  s.world = world;
+  s.stage = stage;
+  s.param_home = param_home;
+  s.optimizer_home = optimizer_home;
+  s.rules.align_elems = shard_align_elems;
+  s.rules.sub_group_elems = sub_group_elems;
+  s.rules.persistence_threshold_elems = persistence_threshold_elems;
+  return s;
+}
+
 ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communicator& host_comm, EngineOptions opts,
                        std::vector<GroupSpec> groups)
     : device_(device), comm_(comm), host_comm_(host_comm), opts_(std::move(opts)) {
@@ -128,79 +136,54 @@ ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communica
     throw ConfigError("zero_optimization.stage must be 1, 2 or 3, not " + std::to_string(opts_.stage));
   if (opts_.gradient_accumulation_steps < 1)
     throw ConfigError("gradient_accumulation_steps must be at least 1");
-  if (groups.empty()) throw ConfigError("the model has no parameter groups");
   if (opts_.stage < 3) opts_.param_home = Tier::Device;  // stages 1 and 2 replicate parameters
   opt_compute_tier_ = opts_.optimizer_home == Tier::Device ? Tier::Device : Tier::Pinned;
-  if (opt_compute_tier_ == Tier::Device && device_.backend() == Backend::Cuda)
+  if (opt_compute_tier_ == Tier::Device && !device_.host_addressable())
     throw ConfigError(
         "zero_optimization.offload_optimizer.device 'none' needs a GPU optimizer, which Strata does not have yet "
         "on the cuda backend: set it to 'cpu' or 'nvme'");
 
-  // Lay out groups: pad, shard, cut into optimizer sub-groups.
-  const uint64_t unit = static_cast<uint64_t>(world_) * kShardAlignElems;
-  const uint64_t sub = std::max<uint64_t>(kShardAlignElems, opts_.sub_group_elems / kShardAlignElems * kShardAlignElems);
+  // The layout (shard_layout.hpp) decides every size; the engine allocates from it.
+  std::vector<GroupSize> sizes;
+  for (const GroupSpec& g : groups) sizes.push_back({g.name, g.numel});
+  layout_ = make_shard_layout(sizes, opts_.shard_strategy(world_));
   groups_.resize(groups.size());
   for (size_t g = 0; g < groups.size(); ++g) {
     Group& gr = groups_[g];
+    const GroupLayout& gl = layout_.groups[g];
     gr.spec = std::move(groups[g]);
-    if (gr.spec.numel == 0) throw ConfigError("parameter group '" + gr.spec.name + "' has no elements");
-    gr.padded = (gr.spec.numel + unit - 1) / unit * unit;
-    gr.shard = gr.padded / world_;
-    gr.persistent = opts_.stage == 3 && gr.spec.numel <= opts_.persistence_threshold_elems;
-    for (uint64_t off = 0; off < gr.shard; off += sub) gr.chunks.push_back({off, std::min(sub, gr.shard - off)});
+    gr.padded = gl.padded;
+    gr.shard = gl.shard;
+    gr.persistent = gl.persistent;
+    for (const SubGroup& sg : gl.sub_groups) gr.chunks.push_back({sg.offset, sg.n});
   }
 
   // Check the plan before anything is allocated: every home copy must fit its tier,
   // and the device must hold one group's working set on top.
-  std::vector<TensorSpec> specs;
-  uint64_t max_padded = 0, max_shard = 0, max_chunk = 0;
-  uint64_t persistent_bytes = 0;
-  for (const Group& gr : groups_) {
-    max_padded = std::max(max_padded, gr.padded);
-    max_shard = std::max(max_shard, gr.shard);
-    if (gr.persistent) persistent_bytes += gr.padded * 4;
-    if (opts_.stage < 3) specs.push_back({gr.spec.name + ".params", gr.padded * 4, DType::F32, Tier::Device});
-    if (opts_.stage == 1) specs.push_back({gr.spec.name + ".grad_acc", gr.padded * 4, DType::F32, Tier::Device});
-    if (opts_.stage == 3) specs.push_back({gr.spec.name + ".params.shard", gr.shard * 4, DType::F32, opts_.param_home});
-    for (const Chunk& c : gr.chunks) {
-      max_chunk = std::max(max_chunk, c.n);
-      for (const char* what : {".master", ".exp_avg", ".exp_avg_sq", ".grad"})
-        specs.push_back({gr.spec.name + what, c.n * 4, DType::F32, opts_.optimizer_home});
-    }
-  }
-  uint64_t nvme_need = 0;
-  for (const auto& s : specs)
-    if (s.home == Tier::Nvme) nvme_need += (s.bytes + kTierAlignment - 1) / kTierAlignment * kTierAlignment;
   if (!opts_.store.nvme.paths.empty() && opts_.store.nvme.capacity == 0)
-    opts_.store.nvme.capacity = nvme_need + nvme_need / 8 + (64ull << 20);  // headroom for cache copies
-  uint64_t device_home = persistent_bytes;
-  for (const auto& s : specs)
-    if (s.home == Tier::Device) device_home += (s.bytes + kTierAlignment - 1) / kTierAlignment * kTierAlignment;
-  // One group in use: its gathered parameters, its gradient, the reduce-scatter output,
-  // its parameter shard and gradient sub-groups passing through.
-  const uint64_t working = opts_.stage == 3 ? max_padded * 4 * 2 + max_shard * 4 * 3 : max_padded * 4 + max_shard * 4 * 2;
+    opts_.store.nvme.capacity = layout_.nvme_capacity();
+  const uint64_t device_home = layout_.need[int(Tier::Device)].homes();
+  const uint64_t working = layout_.device_working;
   if (device_home + working > opts_.store.device_budget) {
     std::ostringstream os;
     os << "the device budget of " << format_bytes(opts_.store.device_budget) << " is too small: the model needs "
        << format_bytes(device_home) << " resident on the device";
     if (opts_.stage < 3) os << " (stages 1 and 2 keep all parameters there)";
     os << " plus " << format_bytes(working) << " for the largest group in use ('" << groups_[0].spec.name
-       << "'-sized groups of " << max_padded << " elements). Raise strata.device_budget to at least "
+       << "'-sized groups of " << layout_.max_padded << " elements). Raise strata.device_budget to at least "
        << format_bytes(device_home + working)
        << (opts_.stage < 3 ? ", or use zero_optimization.stage 3 with offload_param" : ", or offload more") << ".";
     throw OutOfBudget(os.str());
   }
-  const uint64_t pinned_working = opts_.optimizer_home == Tier::Device ? max_shard * 4 : max_chunk * 4 * 8 + max_shard * 4;
-  uint64_t pinned_home = 0;
-  for (const auto& s : specs)
-    if (s.home == Tier::Pinned) pinned_home += (s.bytes + kTierAlignment - 1) / kTierAlignment * kTierAlignment;
+  const uint64_t pinned_working = layout_.pinned_staging;
+  const uint64_t pinned_home = layout_.need[int(Tier::Pinned)].homes();
   if (pinned_home + pinned_working > opts_.store.pinned_budget)
     throw OutOfBudget("the pinned budget of " + format_bytes(opts_.store.pinned_budget) + " is too small: " +
                       format_bytes(pinned_home) + " of states live there and the optimizer needs " +
                       format_bytes(pinned_working) + " of staging for its sub-groups (sub_group_size " +
-                      std::to_string(max_chunk) + " elements). Raise strata.pinned_budget to at least " +
+                      std::to_string(layout_.max_sub_group) + " elements). Raise strata.pinned_budget to at least " +
                       format_bytes(pinned_home + pinned_working) + " or lower sub_group_size.");
-  TieredStore::check_plan(specs, opts_.store);  // NVMe capacity and staging
+  TieredStore::check_plan(layout_.tensor_specs(), opts_.store);  // NVMe capacity and staging
   prefetch_room_ = opts_.store.device_budget - device_home - working;
 
   store_ = std::make_unique<TieredStore>(device_, opts_.store);
@@ -218,25 +201,20 @@ ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communica
 
   for (size_t g = 0; g < groups_.size(); ++g) {
     Group& gr = groups_[g];
-    const std::string& n = gr.spec.name;
-    if (opts_.stage == 3) {
-      gr.full = store_->add({n + ".params.full", gr.padded * 4, DType::F32, Tier::Device, "gathered", true});
-      gr.pshard = store_->add({n + ".params.shard", gr.shard * 4, DType::F32, opts_.param_home, "params"});
-      gr.rs_out = store_->add({n + ".grad.reduced", gr.shard * 4, DType::F32, Tier::Device, "gradients", true});
-    } else {
-      gr.full = store_->add({n + ".params", gr.padded * 4, DType::F32, Tier::Device, "params"});
-      if (opts_.stage == 2)
-        gr.rs_out = store_->add({n + ".grad.reduced", gr.shard * 4, DType::F32, Tier::Device, "gradients", true});
-      else
-        gr.gacc = store_->add({n + ".grad_acc", gr.padded * 4, DType::F32, Tier::Device, "gradients"});
-    }
-    gr.gfull = store_->add({n + ".grad.full", gr.padded * 4, DType::F32, Tier::Device, "gradients", true});
-    for (Chunk& c : gr.chunks) {
-      const uint64_t b = c.n * 4;
-      c.master = store_->add({n + ".master", b, DType::F32, opts_.optimizer_home, "optimizer"});
-      c.exp_avg = store_->add({n + ".exp_avg", b, DType::F32, opts_.optimizer_home, "optimizer"});
-      c.exp_avg_sq = store_->add({n + ".exp_avg_sq", b, DType::F32, opts_.optimizer_home, "optimizer"});
-      c.grad = store_->add({n + ".grad", b, DType::F32, opts_.optimizer_home, "gradients"});
+    for (const StateTensor& t : layout_.groups[g].tensors) {
+      const TensorId id = store_->add(t.spec);
+      switch (t.role) {
+        case StateRole::GatherBuffer:
+        case StateRole::ReplicatedParams: gr.full = id; break;
+        case StateRole::ParamShard: gr.pshard = id; break;
+        case StateRole::GradFull: gr.gfull = id; break;
+        case StateRole::GradAccumulated: gr.gacc = id; break;
+        case StateRole::GradReduced: gr.rs_out = id; break;
+        case StateRole::Master: gr.chunks[t.sub_group].master = id; break;
+        case StateRole::ExpAvg: gr.chunks[t.sub_group].exp_avg = id; break;
+        case StateRole::ExpAvgSq: gr.chunks[t.sub_group].exp_avg_sq = id; break;
+        case StateRole::Grad: gr.chunks[t.sub_group].grad = id; break;
+      }
     }
   }
   init_shards();
@@ -718,14 +696,11 @@ EngineStats ZeroEngine::stats() const {
 std::vector<float> ZeroEngine::gather_full_params(int g) {
   Group& gr = groups_.at(g);
   std::vector<float> out(gr.spec.numel);
-  // The full parameters are device memory: on cuda GPU memory, which only a stream copies.
+  // The full parameters are device memory, which host code may not address (cuda): a
+  // stream copies them out on every backend.
   const auto copy_out = [&](const float* src) {
-    if (device_.backend() == Backend::Cuda) {
-      reduce_stream_->copy_async(out.data(), src, gr.spec.numel * 4);
-      reduce_stream_->synchronize();
-    } else {
-      device_.host_compute(8.0 * gr.spec.numel, [&] { std::memcpy(out.data(), src, gr.spec.numel * 4); });
-    }
+    reduce_stream_->copy_async(out.data(), src, gr.spec.numel * 4);
+    reduce_stream_->synchronize();
   };
   if (opts_.stage == 3) {
     const bool was_ready = gr.state != Group::Full::Released;

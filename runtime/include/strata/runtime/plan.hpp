@@ -4,8 +4,9 @@
 // which link must carry how much, and how long a step takes, before anyone spends a
 // GPU-hour on it.
 //
-// The analytic model follows the engine's own layout (runtime/zero_engine.hpp): every
-// group padded to world x 1024 elements and cut into equal shards; fp32 working
+// The analytic model counts bytes from the engine's own layout (shard_layout.hpp, the
+// code the engine allocates from): every group padded to world x 1024 elements and cut
+// into equal shards; fp32 working
 // parameters, gradients, master weights and both Adam moments (20 bytes per parameter
 // over the data-parallel group, not ZeRO's 16: the engine has no 16-bit working copy
 // yet); the acquire order of the GPT (model/gpt_layout.hpp, gpt_schedule); one
@@ -113,6 +114,7 @@ struct Strategy {
   bool checkpointing = true;        // recompute each block in backward
   int prefetch_groups = 2;          // gathered groups ahead of the one in use (stage 3)
   uint64_t sub_group_elems = 0;     // optimizer sub-group; 0: chosen (<= 1/4 of a shard)
+  uint64_t shard_align_elems = ShardRules::kDefaultAlignElems;  // the engine's shard alignment
   std::string describe() const;     // "stage 3, params nvme, optimizer nvme, mb 4, ckpt"
 };
 // Throws ConfigError naming the field and the valid values.

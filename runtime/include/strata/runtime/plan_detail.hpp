@@ -8,24 +8,13 @@
 #include <vector>
 
 #include "strata/runtime/plan.hpp"
+#include "strata/runtime/shard_layout.hpp"
 
 namespace strata::plan {
 
-struct LayoutGroup {
-  std::string name;
-  uint64_t numel = 0, padded = 0, shard = 0;  // elements, as the engine pads and shards
-  double forward_flops_per_token = 0;
-  std::vector<uint64_t> chunks;               // optimizer sub-groups of the shard, elements
-};
-
-struct Layout {
-  std::vector<LayoutGroup> groups;            // gpt_groups order: embeddings, blocks, final
-  uint64_t max_padded = 0, max_shard = 0, max_numel = 0, max_chunk = 0;
-  uint64_t shard_total = 0, padded_total = 0; // elements
-  uint64_t sub_group = 0;                     // elements per optimizer sub-group
-  uint64_t chunk_count = 0;
-};
-Layout layout(const GptShape& shape, const Strategy& st, int world);
+// The engine's layout of a GPT under a strategy (shard_layout.hpp): the same function the
+// engine calls, over the GPT's groups.
+ShardLayout gpt_shard_layout(const GptShape& shape, const Strategy& st, int world);
 
 // Kernel seconds of one micro-step, per group.
 struct GroupTimes {
@@ -33,6 +22,6 @@ struct GroupTimes {
   double backward_s = 0;  // blocks: with the recompute when checkpointing
   double head_s = 0;      // group 0 only: the tied head's forward and backward
 };
-std::vector<GroupTimes> group_times(const GptShape& shape, const Layout& L, const ClusterSpec& c, const Strategy& st);
+std::vector<GroupTimes> group_times(const GptShape& shape, const ClusterSpec& c, const Strategy& st);
 
 }  // namespace strata::plan

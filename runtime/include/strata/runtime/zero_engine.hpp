@@ -4,7 +4,8 @@
 //
 // Per parameter group (a transformer block, the embeddings, ...), numel elements are
 // padded to a multiple of world size and alignment and cut into equal shards; rank r
-// owns shard r. Per shard the engine keeps, as TieredStore tensors:
+// owns shard r. The layout is decided in one place, shard_layout.hpp, which the planner
+// reads too. Per shard the engine keeps, as TieredStore tensors:
 //   - the fp32 master weights and Adam moments, in sub-groups of at most
 //     sub_group_size elements, home = offload_optimizer's tier;
 //   - the gradient shard, in the same sub-groups and tier (accumulated over
@@ -35,6 +36,7 @@
 #include "strata/offload/cpu_adam.hpp"
 #include "strata/offload/tiered_store.hpp"
 #include "strata/runtime/config.hpp"
+#include "strata/runtime/shard_layout.hpp"
 
 namespace strata {
 
@@ -65,7 +67,8 @@ struct EngineOptions {
   uint64_t max_live_elems = 1'000'000'000;       // gathered parameters alive at once
   uint64_t persistence_threshold_elems = 0;      // smaller groups stay gathered
   uint64_t max_reuse_distance_elems = 0;         // keep gathered if reused this soon
-  uint64_t sub_group_elems = 1'000'000'000;      // optimizer sub-group size
+  uint64_t sub_group_elems = 1'000'000'000;      // optimizer sub-group size; 0: chosen (shard_layout.hpp)
+  uint64_t shard_align_elems = ShardRules::kDefaultAlignElems;  // shards are multiples of this
   bool prefetch = true;
   uint64_t seed = 1234;
   unsigned optimizer_threads = 0;      // 0: all cores
@@ -76,6 +79,8 @@ struct EngineOptions {
 
   // From a parsed configuration (budgets, tiers, NVMe paths, aio, ZeRO options).
   static EngineOptions from_config(const Config& c);
+  // What the shard layout depends on, for a data-parallel group of `world` ranks.
+  ShardStrategy shard_strategy(int world) const;
 };
 
 // Times are seconds on the device's clock (Device::now()): wall time on cpu and cuda,
@@ -131,6 +136,8 @@ class ZeroEngine final : public WeightSource {
   int micro_step() const { return micro_; }
   EngineStats stats() const;
   TieredStore& store() { return *store_; }
+  // Every size the engine allocates by: padding, shards, sub-groups, tier needs.
+  const ShardLayout& layout() const { return layout_; }
   coll::Communicator& comm() { return comm_; }
 
   // The full parameters of group g, gathered to host memory (tests, export).
@@ -166,6 +173,7 @@ class ZeroEngine final : public WeightSource {
   coll::Communicator& comm_;
   coll::Communicator& host_comm_;
   EngineOptions opts_;
+  ShardLayout layout_;
   std::unique_ptr<TieredStore> store_;
   std::unique_ptr<CpuAdam> adam_;
   std::unique_ptr<Stream> reduce_stream_;   // gradient accumulation and norms

@@ -1,0 +1,125 @@
+// How the ZeRO engine lays out model states, written once: every group's padding, shard
+// and optimizer sub-groups, the tensors the engine registers with the TieredStore (name,
+// bytes, dtype, home tier, purpose) and the bytes each tier must hold for which purpose.
+//
+// Three readers, one source:
+//   - the engine (zero_engine.hpp) registers exactly the tensors listed here and checks
+//     its budgets against the totals here;
+//   - the planner (plan.hpp) counts its per-tier bytes from the same totals;
+//   - the simulator runs the real engine, so its budgets and peaks follow too.
+// A change to a rule below (the alignment, the sub-group rule, a tensor's dtype) reaches
+// all three; tests/runtime/test_shard_layout.cpp checks that it does.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "strata/memory/tier.hpp"
+#include "strata/offload/tiered_store.hpp"
+
+namespace strata {
+
+// The rules that decide the layout, apart from the model and the world.
+struct ShardRules {
+  // Shards are multiples of this many elements: 1024 fp32 elements are 4 KiB, so every
+  // tier allocation and every NVMe transfer stays aligned for O_DIRECT with no padding
+  // of its own.
+  static constexpr uint64_t kDefaultAlignElems = 1024;
+  uint64_t align_elems = kDefaultAlignElems;
+  // Optimizer sub-group, elements (rounded down to the alignment, at least one unit).
+  // 0 chooses: a quarter of the largest shard, between 1 Mi and 100 M elements, so the
+  // optimizer can fetch the next sub-group while it updates this one.
+  uint64_t sub_group_elems = 0;
+  // Stage 3: groups of at most this many elements stay gathered on the device.
+  uint64_t persistence_threshold_elems = 0;
+};
+
+struct ShardStrategy {
+  int world = 1;
+  int stage = 3;
+  Tier param_home = Tier::Device;      // stage 3; stages 1 and 2 replicate on the device
+  Tier optimizer_home = Tier::Device;  // master weights, moments, gradient sub-groups
+  ShardRules rules;
+};
+
+// What each tensor the engine registers is for. One value per field of the engine's
+// per-group state; the engine switches on it when it assigns the store's ids.
+enum class StateRole {
+  GatherBuffer,    // stage 3: [padded] gathered parameters, scratch on the device
+  ParamShard,      // stage 3: [shard] working parameters, home param_home
+  ReplicatedParams,// stages 1, 2: [padded] working parameters, home device
+  GradFull,        // [padded] the model's gradient of one micro-batch, scratch on the device
+  GradAccumulated, // stage 1: [padded] accumulated gradient, home device
+  GradReduced,     // stages 2, 3: [shard] reduce-scatter output, scratch on the device
+  Master,          // per sub-group: fp32 master weights, home optimizer_home
+  ExpAvg,          // per sub-group: Adam's first moment
+  ExpAvgSq,        // per sub-group: Adam's second moment
+  Grad,            // per sub-group: the reduced, accumulated gradient
+};
+
+struct StateTensor {
+  StateRole role;
+  int sub_group = -1;  // index into GroupLayout::sub_groups, -1 for whole-group tensors
+  TensorSpec spec;     // what the engine hands TieredStore::add
+};
+
+struct SubGroup {
+  uint64_t offset = 0;  // elements into the rank's shard
+  uint64_t n = 0;       // elements
+};
+
+struct GroupLayout {
+  std::string name;
+  uint64_t numel = 0;   // the model's elements
+  uint64_t padded = 0;  // elements, a multiple of world x align_elems
+  uint64_t shard = 0;   // elements per rank: padded / world
+  bool persistent = false;
+  std::vector<SubGroup> sub_groups;
+  std::vector<StateTensor> tensors;  // registered in this order
+};
+
+// Bytes one rank's tier holds for each purpose. Home copies are rounded up to the tier's
+// allocation unit (kTierAlignment), as the store allocates them.
+struct TierNeed {
+  uint64_t params = 0, grads = 0, optimizer = 0;
+  uint64_t persistent = 0;  // stage 3: gathered groups kept on the device
+  uint64_t homes() const { return params + grads + optimizer + persistent; }
+};
+
+struct ShardLayout {
+  ShardStrategy strategy;  // with sub_group_elems resolved
+  std::vector<GroupLayout> groups;
+  uint64_t sub_group = 0;  // elements per optimizer sub-group
+  uint64_t max_padded = 0, max_shard = 0, max_numel = 0, max_sub_group = 0;  // elements
+  uint64_t shard_total = 0, padded_total = 0;                                // elements
+  uint64_t sub_group_count = 0;
+  std::array<TierNeed, kTierCount> need{};  // indexed by Tier
+  // The device's working set on top of its homes: the largest group in use (its gathered
+  // parameters and gradient, the reduce-scatter output, and its parameter shard and
+  // gradient sub-groups passing through).
+  uint64_t device_working = 0;
+  // Pinned staging the optimizer needs: its sub-groups' four states passing through,
+  // twice (the one updated and the next one fetched), and a parameter shard.
+  uint64_t pinned_staging = 0;
+  // NVMe swap space when sized from the layout: the homes plus an eighth for cache copies
+  // plus 64 MiB, in whole 4 KiB units.
+  uint64_t nvme_capacity() const;
+
+  // Every registered tensor's spec, in registration order (TieredStore::check_plan).
+  std::vector<TensorSpec> tensor_specs() const;
+  // Bytes per element of a role's tensors (fp32 everywhere today).
+  static uint64_t elem_bytes(StateRole role);
+};
+
+struct GroupSize {
+  std::string name;
+  uint64_t numel = 0;
+};
+
+// Throws ConfigError for an empty model, an empty group, a world below 1, a stage outside
+// 1..3 or an alignment that is not a positive multiple of 1024 elements.
+ShardLayout make_shard_layout(const std::vector<GroupSize>& groups, ShardStrategy strategy);
+
+}  // namespace strata

@@ -1,0 +1,157 @@
+#include "strata/runtime/shard_layout.hpp"
+
+#include <algorithm>
+
+#include "strata/core/error.hpp"
+
+namespace strata {
+
+namespace {
+
+uint64_t tier_aligned(uint64_t bytes) { return (bytes + kTierAlignment - 1) / kTierAlignment * kTierAlignment; }
+
+const char* suffix(StateRole r) {
+  switch (r) {
+    case StateRole::GatherBuffer: return ".params.full";
+    case StateRole::ParamShard: return ".params.shard";
+    case StateRole::ReplicatedParams: return ".params";
+    case StateRole::GradFull: return ".grad.full";
+    case StateRole::GradAccumulated: return ".grad_acc";
+    case StateRole::GradReduced: return ".grad.reduced";
+    case StateRole::Master: return ".master";
+    case StateRole::ExpAvg: return ".exp_avg";
+    case StateRole::ExpAvgSq: return ".exp_avg_sq";
+    case StateRole::Grad: return ".grad";
+  }
+  return "";
+}
+
+// The store's accounting group: what `strata train` prints per tier and the planner's
+// TierNeed fields.
+const char* owner(StateRole r) {
+  switch (r) {
+    case StateRole::GatherBuffer: return "gathered";
+    case StateRole::ParamShard:
+    case StateRole::ReplicatedParams: return "params";
+    case StateRole::Master:
+    case StateRole::ExpAvg:
+    case StateRole::ExpAvgSq: return "optimizer";
+    case StateRole::GradFull:
+    case StateRole::GradAccumulated:
+    case StateRole::GradReduced:
+    case StateRole::Grad: return "gradients";
+  }
+  return "";
+}
+
+DType dtype(StateRole) { return DType::F32; }
+
+// The tensors of one group, in the order the engine registers them.
+std::vector<StateTensor> group_tensors(const GroupLayout& g, const ShardStrategy& st) {
+  std::vector<StateTensor> out;
+  auto add = [&](StateRole role, uint64_t elems, Tier home, bool scratch, int sub = -1) {
+    out.push_back({role, sub,
+                   TensorSpec{g.name + suffix(role), elems * ShardLayout::elem_bytes(role), dtype(role), home,
+                              owner(role), scratch}});
+  };
+  if (st.stage == 3) {
+    add(StateRole::GatherBuffer, g.padded, Tier::Device, true);
+    add(StateRole::ParamShard, g.shard, st.param_home, false);
+    add(StateRole::GradReduced, g.shard, Tier::Device, true);
+  } else {
+    add(StateRole::ReplicatedParams, g.padded, Tier::Device, false);
+    if (st.stage == 2)
+      add(StateRole::GradReduced, g.shard, Tier::Device, true);
+    else
+      add(StateRole::GradAccumulated, g.padded, Tier::Device, false);
+  }
+  add(StateRole::GradFull, g.padded, Tier::Device, true);
+  for (size_t i = 0; i < g.sub_groups.size(); ++i)
+    for (StateRole r : {StateRole::Master, StateRole::ExpAvg, StateRole::ExpAvgSq, StateRole::Grad})
+      add(r, g.sub_groups[i].n, st.optimizer_home, false, static_cast<int>(i));
+  return out;
+}
+
+}  // namespace
+
+uint64_t ShardLayout::elem_bytes(StateRole role) { return dtype_size(dtype(role)); }
+
+uint64_t ShardLayout::nvme_capacity() const {
+  const uint64_t homes = need[int(Tier::Nvme)].homes();
+  return tier_aligned(homes + homes / 8 + (64ull << 20));
+}
+
+std::vector<TensorSpec> ShardLayout::tensor_specs() const {
+  std::vector<TensorSpec> specs;
+  for (const GroupLayout& g : groups)
+    for (const StateTensor& t : g.tensors) specs.push_back(t.spec);
+  return specs;
+}
+
+ShardLayout make_shard_layout(const std::vector<GroupSize>& groups, ShardStrategy st) {
+  if (st.stage < 1 || st.stage > 3)
+    throw ConfigError("zero_optimization.stage must be 1, 2 or 3, not " + std::to_string(st.stage));
+  if (st.world < 1) throw ConfigError("world size must be at least 1, not " + std::to_string(st.world));
+  if (groups.empty()) throw ConfigError("the model has no parameter groups");
+  const uint64_t align = st.rules.align_elems;
+  if (align == 0 || align % ShardRules::kDefaultAlignElems != 0)
+    throw ConfigError("shard alignment of " + std::to_string(align) + " elements: give a positive multiple of " +
+                      std::to_string(ShardRules::kDefaultAlignElems) + " (4 KiB of fp32, O_DIRECT's unit)");
+  if (st.stage < 3) st.param_home = Tier::Device;  // stages 1 and 2 replicate parameters
+
+  ShardLayout L;
+  const uint64_t unit = uint64_t(st.world) * align;
+  L.groups.resize(groups.size());
+  for (size_t i = 0; i < groups.size(); ++i) {
+    GroupLayout& g = L.groups[i];
+    g.name = groups[i].name;
+    g.numel = groups[i].numel;
+    if (g.numel == 0) throw ConfigError("parameter group '" + g.name + "' has no elements");
+    g.padded = (g.numel + unit - 1) / unit * unit;
+    g.shard = g.padded / st.world;
+    g.persistent = st.stage == 3 && g.numel <= st.rules.persistence_threshold_elems;
+    L.max_padded = std::max(L.max_padded, g.padded);
+    L.max_shard = std::max(L.max_shard, g.shard);
+    L.max_numel = std::max(L.max_numel, g.numel);
+    L.shard_total += g.shard;
+    L.padded_total += g.padded;
+  }
+  uint64_t sub = st.rules.sub_group_elems;
+  if (sub == 0) sub = std::clamp<uint64_t>(L.max_shard / 4, uint64_t{1} << 20, uint64_t{100'000'000});
+  L.sub_group = std::max(align, sub / align * align);
+  st.rules.sub_group_elems = L.sub_group;
+  L.strategy = st;
+
+  for (GroupLayout& g : L.groups) {
+    for (uint64_t off = 0; off < g.shard; off += L.sub_group) {
+      const uint64_t n = std::min(L.sub_group, g.shard - off);
+      g.sub_groups.push_back({off, n});
+      L.max_sub_group = std::max(L.max_sub_group, n);
+      ++L.sub_group_count;
+    }
+    g.tensors = group_tensors(g, st);
+    for (const StateTensor& t : g.tensors) {
+      if (t.spec.scratch) continue;
+      TierNeed& need = L.need[int(t.spec.home)];
+      const uint64_t b = tier_aligned(t.spec.bytes);
+      switch (t.role) {
+        case StateRole::ParamShard:
+        case StateRole::ReplicatedParams: need.params += b; break;
+        case StateRole::GradAccumulated:
+        case StateRole::Grad: need.grads += b; break;
+        default: need.optimizer += b; break;
+      }
+    }
+    if (g.persistent) L.need[int(Tier::Device)].persistent += g.padded * ShardLayout::elem_bytes(StateRole::GatherBuffer);
+  }
+
+  const uint64_t mp = L.max_padded * ShardLayout::elem_bytes(StateRole::GatherBuffer);
+  const uint64_t ms = L.max_shard * ShardLayout::elem_bytes(StateRole::GradReduced);
+  L.device_working = st.stage == 3 ? 2 * mp + 3 * ms : mp + 2 * ms;
+  L.pinned_staging = st.optimizer_home == Tier::Device
+                         ? ms
+                         : L.max_sub_group * ShardLayout::elem_bytes(StateRole::Master) * 8 + ms;
+  return L;
+}
+
+}  // namespace strata

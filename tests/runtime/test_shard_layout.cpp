@@ -1,0 +1,168 @@
+// The shard layout (runtime/shard_layout.hpp) is the one place that decides padding,
+// shards, sub-groups and per-tier bytes. Each test changes one rule there and checks that
+// the engine (what it registers with the store), the planner (what it counts) and the
+// simulator (the real engine under the plan's budgets) all follow, against sizes the
+// test works out itself from the rule's statement.
+#include <gtest/gtest.h>
+
+#include "strata/collectives/sim_communicator.hpp"
+#include "strata/core/error.hpp"
+#include "strata/runtime/plan.hpp"
+#include "strata/runtime/plan_detail.hpp"
+#include "strata/runtime/shard_layout.hpp"
+#include "strata/runtime/zero_engine.hpp"
+
+using namespace strata;
+using namespace strata::plan;
+
+namespace {
+
+// A GPT whose groups are not multiples of 4 x 4096 elements, so the alignment shows.
+GptShape small_gpt() {
+  GptShape s;
+  s.layers = 3;
+  s.d_model = 200;
+  s.heads = 4;
+  s.seq_len = 48;
+  s.vocab = 1000;
+  return s;
+}
+
+ClusterSpec four_gpus() {
+  ClusterSpec c = find_cluster_preset("dgx-2");
+  c.gpus_per_node = 4;
+  return c;
+}
+
+Strategy pinned_everything(uint64_t align, uint64_t sub_group = 0) {
+  Strategy st;
+  st.stage = 3;
+  st.offload_param = OffloadDevice::Cpu;
+  st.offload_optimizer = OffloadDevice::Cpu;
+  st.shard_align_elems = align;
+  st.sub_group_elems = sub_group;
+  return st;
+}
+
+uint64_t round_up(uint64_t x, uint64_t unit) { return (x + unit - 1) / unit * unit; }
+
+// Sizes from the rule as documented: groups padded to world x align elements, fp32,
+// every home copy rounded up to the tier's 4 KiB allocation unit.
+struct Expected {
+  std::vector<uint64_t> shard;  // elements per group
+  uint64_t param_bytes = 0;     // the parameter shards' homes
+};
+Expected expected(const GptShape& s, int world, uint64_t align) {
+  Expected e;
+  for (const GptGroup& g : gpt_groups(s)) {
+    const uint64_t shard = round_up(g.numel, world * align) / world;
+    e.shard.push_back(shard);
+    e.param_bytes += round_up(4 * shard, 4096);
+  }
+  return e;
+}
+
+// The real engine on the sim backend with the plan's options, rank 0 of the plan's world.
+struct SimEngine {
+  std::unique_ptr<Device> device;
+  std::unique_ptr<coll::Communicator> comm;
+  std::unique_ptr<ZeroEngine> engine;
+  explicit SimEngine(const Plan& p) {
+    device = make_sim_device(p.cost);
+    comm = coll::make_sim_communicator(0, p.world, p.cost);
+    std::vector<GroupSpec> specs;
+    for (const GptGroup& g : gpt_groups(p.shape)) specs.push_back({g.name, g.numel, InitKind::Normal, 0.02f, {}});
+    EngineOptions eo = p.engine;
+    eo.optimizer_threads = 1;
+    engine = std::make_unique<ZeroEngine>(*device, *comm, *comm, eo, specs);
+  }
+  uint64_t owned(Tier t, const std::string& owner) const {
+    const auto& by = engine->stats().store.tiers[int(t)].by_owner;
+    auto it = by.find(owner);
+    return it == by.end() ? 0 : it->second;
+  }
+};
+
+}  // namespace
+
+TEST(ShardLayout, TheAlignmentReachesTheEngineThePlannerAndTheSimulator) {
+  const GptShape s = small_gpt();
+  const ClusterSpec c = four_gpus();
+  const Plan p1 = make_plan(s, c, pinned_everything(1024));
+  const Plan p4 = make_plan(s, c, pinned_everything(4096));
+  ASSERT_TRUE(p1.fits && p4.fits);
+  for (const auto& [p, align] : {std::pair<const Plan&, uint64_t>{p1, 1024}, {p4, 4096}}) {
+    const Expected e = expected(s, 4, align);
+    SCOPED_TRACE("align " + std::to_string(align));
+    // The planner counts the rule's bytes.
+    EXPECT_EQ(p.tiers[1].need.params, double(e.param_bytes));
+    // The engine registers exactly those shards, and its store holds what the plan counted.
+    SimEngine se(p);
+    for (size_t g = 0; g < e.shard.size(); ++g) EXPECT_EQ(se.engine->shard_numel(int(g)), e.shard[g]) << g;
+    EXPECT_EQ(double(se.owned(Tier::Pinned, "params")), p.tiers[1].need.params);
+    EXPECT_EQ(double(se.owned(Tier::Pinned, "optimizer")), p.tiers[1].need.optimizer);
+    EXPECT_EQ(double(se.owned(Tier::Pinned, "gradients")), p.tiers[1].need.grads);
+    // The simulator's engine holds at least its homes and stays in the plan's budget.
+    const SimulateReport r = simulate_plan(p, 1);
+    EXPECT_GE(double(r.peak[1]), p.tiers[1].need.params + p.tiers[1].need.optimizer + p.tiers[1].need.grads);
+    EXPECT_LE(r.peak[1], r.budget[1]);
+  }
+  // A test that cannot fail is a defect: the two alignments give different layouts here.
+  EXPECT_GT(p4.tiers[1].need.params, p1.tiers[1].need.params);
+}
+
+TEST(ShardLayout, TheSubGroupRuleReachesTheEngineAndThePlanner) {
+  const GptShape s = small_gpt();
+  const ClusterSpec c = four_gpus();
+  // 5000 elements round down to the alignment: sub-groups of 4096.
+  const Plan p = make_plan(s, c, pinned_everything(1024, 5000));
+  ASSERT_TRUE(p.fits);
+  EXPECT_EQ(p.engine.sub_group_elems, 4096u);
+  const Expected e = expected(s, 4, 1024);
+  uint64_t subs = 0, max_shard = 0;
+  for (uint64_t shard : e.shard) {
+    subs += (shard + 4095) / 4096;
+    max_shard = std::max(max_shard, shard);
+  }
+  SimEngine se(p);
+  EXPECT_EQ(se.engine->layout().sub_group, 4096u);
+  EXPECT_EQ(se.engine->layout().sub_group_count, subs);
+  // Pinned staging: two sub-groups' four states and a shard, as planned and as the engine
+  // checks its budget.
+  EXPECT_EQ(se.engine->layout().pinned_staging, 8 * 4 * 4096 + 4 * max_shard);
+  EXPECT_EQ(p.tiers[1].need.buffers, double(se.engine->layout().pinned_staging));
+  // Optimizer states per sub-group: each rounded to 4 KiB on its own.
+  uint64_t opt = 0;
+  for (const GroupLayout& g : se.engine->layout().groups)
+    for (const SubGroup& sg : g.sub_groups) opt += 3 * round_up(4 * sg.n, 4096);
+  EXPECT_EQ(double(se.owned(Tier::Pinned, "optimizer")), double(opt));
+  EXPECT_EQ(p.tiers[1].need.optimizer, double(opt));
+}
+
+TEST(ShardLayout, NvmeSwapSpaceIsTheSameInThePlanAndTheEngine) {
+  const GptShape s = small_gpt();
+  Strategy st = pinned_everything(1024);
+  st.offload_param = OffloadDevice::Nvme;
+  st.offload_optimizer = OffloadDevice::Nvme;
+  const Plan p = make_plan(s, four_gpus(), st);
+  ASSERT_TRUE(p.fits) << p.problems.front();
+  const SimulateReport r = simulate_plan(p, 1);
+  EXPECT_EQ(double(r.budget[2]), p.tiers[2].need.total()) << "the swap space the engine sized vs the plan's NVMe bytes";
+  EXPECT_GT(r.peak[2], 0u);
+}
+
+TEST(ShardLayout, BadRulesAreClearErrors) {
+  ShardStrategy st;
+  st.rules.align_elems = 1000;
+  try {
+    make_shard_layout({{"g", 10}}, st);
+    FAIL() << "an alignment that is not a multiple of 1024 elements was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("multiple of 1024"), std::string::npos) << e.what();
+  }
+  st.rules.align_elems = 1024;
+  EXPECT_THROW(make_shard_layout({}, st), ConfigError);
+  EXPECT_THROW(make_shard_layout({{"empty", 0}}, st), ConfigError);
+  st.world = 0;
+  EXPECT_THROW(make_shard_layout({{"g", 10}}, st), ConfigError);
+}
