@@ -135,6 +135,8 @@ void add_train(CLI::App& app) {
       ->required()
       ->check(CLI::ExistingFile);
   t->add_option("--set", g_train.sets, "Override a key: --set strata.steps=50 (repeatable)");
+  t->add_flag_callback("--list-keys", [] { std::fputs(config_keys_text().c_str(), stdout); throw CLI::Success(); },
+                       "Print every config key with what it accepts, its default and meaning, and exit");
   t->add_option("--steps", g_train.steps, "Total optimizer steps (overrides strata.steps)")->check(CLI::PositiveNumber);
   t->add_flag("--resume", g_train.resume, "Continue from the latest complete checkpoint in strata.checkpoint_dir");
   t->add_option("--metrics", g_train.metrics, "Append one JSON object per step to this file (rank 0)");

@@ -71,8 +71,8 @@ TEST(AioConfig, UnknownKeyNamesTheNearestValidOne) {
 }
 
 TEST(AioConfig, BadBlockSizesNameKeyValueAndRange) {
-  for (json v : {json(1000), json(2048), json(6144), json(0), json(-4096), json(1ull << 31), json(65536.0),
-                 json("1M"), json(true)}) {
+  for (json v : {json(1000), json(2048), json(6144), json(0), json(-4096), json(1ull << 31), json(65536.5),
+                 json(6.5536e4 + 1), json("1M"), json(true)}) {
     std::string m = error_of(json{{"block_size", v}});
     ASSERT_FALSE(m.empty()) << "accepted block_size " << v.dump();
     EXPECT_NE(m.find("aio.block_size"), std::string::npos) << m;
@@ -81,6 +81,9 @@ TEST(AioConfig, BadBlockSizesNameKeyValueAndRange) {
   }
   EXPECT_EQ(parse_aio_config(json{{"block_size", 4096}}).block_size, 4096u);
   EXPECT_EQ(parse_aio_config(json{{"block_size", 1 << 30}}).block_size, 1u << 30);
+  // Whole numbers in float notation, as the rest of the configuration reads them.
+  EXPECT_EQ(parse_aio_config(json{{"block_size", 65536.0}}).block_size, 65536u);
+  EXPECT_EQ(parse_aio_config(json::parse(R"({"block_size": 1.048576e6})")).block_size, 1u << 20);
 }
 
 TEST(AioConfig, BadQueueDepthsNameKeyValueAndRange) {

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "strata/core/config_keys.hpp"
 #include "strata/core/error.hpp"
 #include "strata/runtime/config.hpp"
 #include "config_errors.hpp"
@@ -104,7 +106,7 @@ TEST_F(ConfigTest, ZeroInfinityConfigParsesToTheGivenValues) {
     },
     "aio": {"block_size": 262144, "queue_depth": 64, "thread_count": 2, "single_submit": true,
             "overlap_events": false},
-    "activation_checkpointing": {"enabled": true, "partition_activations": true, "cpu_checkpointing": true,
+    "activation_checkpointing": {"enabled": true, "partition_activations": false, "cpu_checkpointing": false,
                                  "contiguous_memory_optimization": false, "number_checkpoints": 4,
                                  "synchronize_checkpoint_boundary": false, "profile": false},
     "strata": {
@@ -131,19 +133,15 @@ TEST_F(ConfigTest, ZeroInfinityConfigParsesToTheGivenValues) {
   EXPECT_FLOAT_EQ(c.optimizer.weight_decay, 0.1f);
 
   EXPECT_EQ(c.zero.stage, 3);
-  EXPECT_FALSE(c.zero.overlap_comm);
   EXPECT_EQ(c.zero.stage3_max_live_parameters, 2'000'000'000u);
   EXPECT_EQ(c.zero.stage3_max_reuse_distance, 3'000'000'000u);
   EXPECT_EQ(c.zero.stage3_prefetch_bucket_size, 10'000'000u);
   EXPECT_EQ(c.zero.stage3_param_persistence_threshold, 100'000u);
-  EXPECT_EQ(c.zero.reduce_bucket_size, 10'000'000u);
   EXPECT_EQ(c.zero.sub_group_size, 100'000'000u);
   EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::Nvme);
   EXPECT_EQ(c.zero.offload_optimizer.nvme_path, std::vector<std::string>{nvme_a});
-  EXPECT_TRUE(c.zero.offload_optimizer.pin_memory);
   EXPECT_EQ(c.zero.offload_param.device, OffloadDevice::Nvme);
   EXPECT_EQ(c.zero.offload_param.nvme_path, (std::vector<std::string>{nvme_a, nvme_b}));
-  EXPECT_FALSE(c.zero.offload_param.pin_memory);
 
   EXPECT_EQ(c.aio.block_size, 262144u);
   EXPECT_EQ(c.aio.queue_depth, 64u);
@@ -152,8 +150,6 @@ TEST_F(ConfigTest, ZeroInfinityConfigParsesToTheGivenValues) {
   EXPECT_FALSE(c.aio.overlap_events);
 
   EXPECT_TRUE(c.activation_checkpointing.enabled);
-  EXPECT_TRUE(c.activation_checkpointing.partition_activations);
-  EXPECT_TRUE(c.activation_checkpointing.cpu_checkpointing);
 
   EXPECT_EQ(c.strata.backend, Backend::Sim);
   EXPECT_EQ(c.strata.device_budget, 2ull << 30);
@@ -174,6 +170,14 @@ TEST_F(ConfigTest, ZeroInfinityConfigParsesToTheGivenValues) {
   EXPECT_EQ(c.strata.data.format, "tokens");
 
   EXPECT_EQ(c.raw, j);
+  // DeepSpeed's tuning keys load, each with one warning that says why it does nothing
+  // here: 2 of fp16, 6 of zero_optimization (overlap_comm false among them), 3 of
+  // offload_optimizer, 4 of offload_param (pin_memory false among them) and 4 of
+  // activation_checkpointing. pin_memory true and the two checkpointing keys at false
+  // are what Strata does, and say nothing.
+  EXPECT_EQ(c.warnings.size(), 19u) << ::testing::PrintToString(c.warnings);
+  EXPECT_HAS(::testing::PrintToString(c.warnings), "zero_optimization.overlap_comm = false has no effect");
+  EXPECT_HAS(::testing::PrintToString(c.warnings), "zero_optimization.offload_param.pin_memory = false has no effect");
   EXPECT_EQ(home_tier(c.zero.offload_param.device), Tier::Nvme);
   EXPECT_NO_THROW(validate_for_world(c, 2));  // 4 * 8 * 2 = 64
 }
@@ -198,7 +202,6 @@ TEST(Config, DefaultsFromAnEmptyObject) {
   EXPECT_TRUE(c.zero.offload_param.nvme_path.empty());
   EXPECT_EQ(c.zero.stage3_prefetch_bucket_size, 50'000'000u);
   EXPECT_EQ(c.zero.stage3_param_persistence_threshold, 100'000u);
-  EXPECT_TRUE(c.zero.overlap_comm);
   EXPECT_EQ(c.aio.block_size, 1u << 20);
   EXPECT_FALSE(c.activation_checkpointing.enabled);
   EXPECT_EQ(c.strata.backend, Backend::Cpu);
@@ -208,6 +211,7 @@ TEST(Config, DefaultsFromAnEmptyObject) {
   EXPECT_EQ(c.strata.data.format, "auto");
   EXPECT_EQ(c.strata.steps, 100);
   EXPECT_EQ(c.strata.checkpoint_every, 0);
+  EXPECT_TRUE(c.warnings.empty());
 }
 
 TEST(Config, OffloadDeviceNamesAndTiers) {
@@ -238,10 +242,14 @@ TEST(Config, OptimizerTypeFollowsDeepSpeed) {
 
 TEST(Config, ElementCountsAcceptFloatNotation) {
   Config c = parse_config(json::parse(R"({"zero_optimization": {"stage3_prefetch_bucket_size": 5e7,
-      "sub_group_size": 1E9, "reduce_bucket_size": 5e8}, "train_micro_batch_size_per_gpu": 2.0})"));
+      "sub_group_size": 1E9, "stage3_max_reuse_distance": 5e8}, "train_micro_batch_size_per_gpu": 2.0,
+      "aio": {"block_size": 1.048576e6, "queue_depth": 6.4e1}})"));
   EXPECT_EQ(c.zero.stage3_prefetch_bucket_size, 50'000'000u);
   EXPECT_EQ(c.zero.sub_group_size, 1'000'000'000u);
-  EXPECT_EQ(c.zero.reduce_bucket_size, 500'000'000u);
+  EXPECT_EQ(c.zero.stage3_max_reuse_distance, 500'000'000u);
+  // The aio section reads numbers the same way (it once refused float notation).
+  EXPECT_EQ(c.aio.block_size, 1u << 20);
+  EXPECT_EQ(c.aio.queue_depth, 64u);
   EXPECT_EQ(c.train_micro_batch_size_per_gpu, 2);
   std::string m = error_of(json::parse(R"({"zero_optimization": {"sub_group_size": 2.5}})"));
   EXPECT_HAS(m, "zero_optimization.sub_group_size = 2.5");
@@ -339,8 +347,8 @@ TEST(Config, OutOfRangeValuesNameTheKeyAndTheRange) {
       {R"({"zero_optimization": {"stage": 0}})", "zero_optimization.stage = 0", "1, 2 or 3"},
       {R"({"zero_optimization": {"stage": 4}})", "zero_optimization.stage = 4", "1, 2 or 3"},
       {R"({"zero_optimization": {"offload_param": {"device": "disk"}}})",
-       "zero_optimization.offload_param.device = \"disk\"", "\"none\", \"cpu\", \"nvme\""},
-      {R"({"strata": {"backend": "tpu"}})", "strata.backend = \"tpu\"", "cpu, cuda, sim"},
+       "zero_optimization.offload_param.device = \"disk\"", "\"none\", \"cpu\" or \"nvme\""},
+      {R"({"strata": {"backend": "tpu"}})", "strata.backend = \"tpu\"", "\"cpu\", \"cuda\" or \"sim\""},
       {R"({"strata": {"model": {"layers": 0}}})", "strata.model.layers = 0", ">= 1"},
       {R"({"strata": {"model": {"seq_len": 0}}})", "strata.model.seq_len = 0", ">= 1"},
       {R"({"strata": {"model": {"vocab": 70000}}})", "strata.model.vocab = 70000", "from 1 to 65536"},
@@ -371,6 +379,204 @@ TEST(Config, BudgetsOfZeroAreRefused) {
     EXPECT_HAS(m, std::string("strata.") + k);
   }
   EXPECT_HAS(error_of(json{{"strata", {{"nvme_budget", 0}}}}), "remove the key to size the NVMe tier from the plan");
+}
+
+// ---- keys without effect, and keys refused ------------------------------------------------
+
+namespace {
+
+// Every row of the tables with its dotted key and, for rows with a field, the target it
+// reads its default from (within `defaults`).
+struct Row {
+  std::string key;
+  const ConfigKey* k;
+  void* target;
+};
+void collect_rows(const ConfigSection& s, void* target, std::vector<Row>& out) {
+  for (const ConfigKey& k : s.keys) {
+    const std::string key = s.path.empty() ? std::string(k.name) : s.path + "." + k.name;
+    if (k.type == KeyType::Section)
+      collect_rows(*k.section, k.enter ? k.enter(target) : target, out);
+    else
+      out.push_back({key, &k, target});
+  }
+}
+std::vector<Row> all_rows(Config& defaults) {
+  std::vector<Row> rows;
+  collect_rows(config_table(), &defaults, rows);
+  return rows;
+}
+
+// A config holding only `key` = v.
+json with_key(const std::string& key, const json& v) {
+  std::string pointer = "/" + key;
+  std::replace(pointer.begin(), pointer.end(), '.', '/');
+  json j = json::object();
+  j[json::json_pointer(pointer)] = v;
+  return j;
+}
+
+// A value the row accepts: its lower bound, or the boolean asked for.
+json valid_value(const ConfigKey& k, bool flag) {
+  switch (k.type) {
+    case KeyType::Boolean: return flag;
+    case KeyType::Whole: return std::max<uint64_t>(k.min, 1);
+    case KeyType::Float:
+    case KeyType::Double: return k.lo_open ? k.lo + 1 : k.lo;
+    default: return 0;
+  }
+}
+
+}  // namespace
+
+TEST(Config, PinMemoryTrueIsWhatStrataDoesAndFalseWarnsOnce) {
+  for (const char* s : {"offload_param", "offload_optimizer"}) {
+    EXPECT_TRUE(parse_config(json{{"zero_optimization", {{s, {{"pin_memory", true}}}}}}).warnings.empty());
+    auto w = parse_config(json{{"zero_optimization", {{s, {{"pin_memory", false}}}}}}).warnings;
+    ASSERT_EQ(w.size(), 1u);
+    EXPECT_HAS(w[0], std::string("zero_optimization.") + s + ".pin_memory = false has no effect");
+    EXPECT_HAS(w[0], "always pinned memory");
+    EXPECT_HAS(error_of(json{{"zero_optimization", {{s, {{"pin_memory", 0}}}}}}), "true or false");
+  }
+}
+
+TEST(Config, OverlapCommIsAlwaysOnAndFalseWarnsOnce) {
+  EXPECT_TRUE(parse_config(json{{"zero_optimization", {{"overlap_comm", true}}}}).warnings.empty());
+  auto w = parse_config(json{{"zero_optimization", {{"overlap_comm", false}}}}).warnings;
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_HAS(w[0], "zero_optimization.overlap_comm = false has no effect");
+  EXPECT_HAS(w[0], "always overlaps communication with compute");
+}
+
+TEST(Config, ReduceBucketSizeWarnsThatEachGroupIsOneCollective) {
+  auto w = parse_config(json::parse(R"({"zero_optimization": {"reduce_bucket_size": 5e8}})")).warnings;
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_HAS(w[0], "zero_optimization.reduce_bucket_size has no effect");
+  EXPECT_HAS(w[0], "each parameter group (a whole transformer block) as one collective");
+  // Still type-checked, as every key without effect.
+  EXPECT_HAS(error_of(json{{"zero_optimization", {{"reduce_bucket_size", 0}}}}),
+             "zero_optimization.reduce_bucket_size = 0 is invalid: expected a whole number >= 1");
+}
+
+TEST(Config, PartitionedAndOffloadedActivationsAreRefusedUntilTheyExist) {
+  for (std::string k : {"partition_activations", "cpu_checkpointing"}) {
+    const std::string key = "activation_checkpointing." + k;
+    std::string m = error_of(json{{"activation_checkpointing", {{"enabled", true}, {k, true}}}});
+    EXPECT_HAS(m, key + " = true is not supported yet");
+    EXPECT_HAS(m, "planned (issue #13)");
+    EXPECT_HAS(m, "set " + key + " to false or remove it");
+    // false is what Strata does: accepted without a word.
+    Config c = parse_config(json{{"activation_checkpointing", {{"enabled", true}, {k, false}}}});
+    EXPECT_TRUE(c.activation_checkpointing.enabled);
+    EXPECT_TRUE(c.warnings.empty()) << ::testing::PrintToString(c.warnings);
+  }
+}
+
+// Every row that does not simply store its value, walked from the tables: a key
+// without effect warns exactly once, naming itself and why; a fixed switch warns only
+// at its other value; a refused one is refused only at its other value.
+TEST(Config, EveryKeyThatDoesNotActSaysSoOnce) {
+  Config defaults;
+  int no_effect = 0, fixed = 0, refused = 0;
+  for (const Row& r : all_rows(defaults)) {
+    const ConfigKey& k = *r.k;
+    if (k.use == KeyUse::Used) continue;
+    ASSERT_NE(k.why, nullptr) << r.key;
+    if (k.use == KeyUse::NoEffect) {
+      ++no_effect;
+      auto w = parse_config(with_key(r.key, valid_value(k, true))).warnings;
+      ASSERT_EQ(w.size(), 1u) << r.key;
+      EXPECT_EQ(w[0], r.key + " has no effect: " + k.why);
+      continue;
+    }
+    EXPECT_TRUE(parse_config(with_key(r.key, k.only)).warnings.empty()) << r.key;
+    if (k.use == KeyUse::Fixed) {
+      ++fixed;
+      auto w = parse_config(with_key(r.key, !k.only)).warnings;
+      ASSERT_EQ(w.size(), 1u) << r.key;
+      EXPECT_HAS(w[0], r.key + " = " + json(!k.only).dump() + " has no effect: " + k.why);
+    } else {
+      ++refused;
+      std::string m = error_of(with_key(r.key, !k.only));
+      EXPECT_HAS(m, r.key + " = " + json(!k.only).dump() + " is not supported yet: " + k.why);
+      EXPECT_HAS(m, "set " + r.key + " to " + json(k.only).dump() + " or remove it");
+    }
+  }
+  // fp16's 7 loss-scaling keys, 5 of zero_optimization, 3 of each offload section, 4 of
+  // activation_checkpointing; pin_memory twice and overlap_comm; fp16.enabled and the
+  // two activation keys of #13.
+  EXPECT_EQ(no_effect, 22);
+  EXPECT_EQ(fixed, 3);
+  EXPECT_EQ(refused, 3);
+}
+
+// A key that is used stores its value (or is one the section's check reads), and its
+// default, the struct's own initialiser, is a value the key accepts.
+TEST(Config, EveryUsedKeyStoresItsValueAndItsDefaultIsAccepted) {
+  Config defaults;
+  for (const Row& r : all_rows(defaults)) {
+    const ConfigKey& k = *r.k;
+    if (k.use != KeyUse::Used) continue;
+    if (!k.field.store) {
+      EXPECT_EQ(r.key, "optimizer.params.adam_w_mode") << "a key no one reads";
+      continue;
+    }
+    ASSERT_NE(k.field.load, nullptr) << r.key;
+    if (k.fallback) continue;  // a default the field does not hold (required, or set from other keys)
+    json v = k.field.load(r.target);
+    if (v.is_null()) continue;  // unset
+    if (k.type == KeyType::Text && v.is_number()) {  // an enum: its choice's name
+      auto c = std::find_if(k.choices.begin(), k.choices.end(), [&](const Choice& c) { return c.value == v; });
+      ASSERT_NE(c, k.choices.end()) << r.key << ": the default is none of the choices";
+      v = c->name;
+    }
+    EXPECT_NO_THROW(read_key(k, r.key, v)) << r.key << " = " << v.dump();
+  }
+}
+
+TEST(Config, TheListingShowsEveryKeyWithItsRangeDefaultAndWhy) {
+  const std::string text = config_keys_text();
+  EXPECT_HAS(text, "aio.block_size: a power of two from 4096 to 1073741824; default 1048576\n");
+  EXPECT_HAS(text, "zero_optimization.sub_group_size: a whole number >= 1; default 1e9\n");
+  EXPECT_HAS(text, "strata.device_budget: ");
+  EXPECT_HAS(text, "; default 1GiB\n");
+  EXPECT_HAS(text, "optimizer.params.betas: a list of two numbers, each in [0, 1); default [0.9, 0.999]\n");
+  EXPECT_HAS(text, "zero_optimization.reduce_bucket_size: a whole number >= 1; default —\n");
+  EXPECT_HAS(text, "No effect, with a warning: Strata reduces each parameter group");
+  Config defaults;
+  for (const Row& r : all_rows(defaults)) EXPECT_HAS("\n" + text, "\n" + r.key + ": ");
+}
+
+// docs/configuration.md holds each section's key list between markers; each must be
+// what the tables give, so the page cannot drift from the parser.
+TEST(Config, TheDocsKeyListsAreTheTables) {
+  const std::string path = std::string(STRATA_DOCS_DIR) + "/configuration.md";
+  std::ifstream f(path);
+  ASSERT_TRUE(f) << "cannot open " << path;
+  const std::string doc((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const std::string open = "<!-- keys: ", open_end = " -->\n", close = "<!-- end keys -->";
+  std::vector<std::string> sections;
+  std::string regenerated;
+  size_t pos = 0;
+  for (size_t b; (b = doc.find(open, pos)) != std::string::npos;) {
+    const size_t name_end = doc.find(open_end, b);
+    ASSERT_NE(name_end, std::string::npos);
+    std::string section = doc.substr(b + open.size(), name_end - b - open.size());
+    if (section == "top level") section = "";
+    const size_t body = name_end + open_end.size(), end = doc.find(close, body);
+    ASSERT_NE(end, std::string::npos) << "no " << close << " after " << open << section;
+    const std::string expected = config_keys_markdown(section);
+    EXPECT_EQ(doc.substr(body, end - body), expected)
+        << "docs/configuration.md's keys of '" << section << "' differ from the tables (runtime/src/"
+        << "config_table.cpp); STRATA_UPDATE_DOCS=1 ./build/tests/runtime/test_config "
+        << "--gtest_filter='*DocsKeyLists*' rewrites them";
+    regenerated += doc.substr(pos, body - pos) + expected;
+    pos = end;
+    sections.push_back(section);
+  }
+  regenerated += doc.substr(pos);
+  EXPECT_EQ(sections, config_doc_sections()) << "every section with a table of its own has one block, in order";
+  if (std::getenv("STRATA_UPDATE_DOCS") && regenerated != doc) std::ofstream(path, std::ios::binary) << regenerated;
 }
 
 // ---- cross-field checks -----------------------------------------------------------------
@@ -659,4 +865,6 @@ TEST_F(ConfigTest, TheDocumentedExampleParses) {
   EXPECT_EQ(c.scheduler.type, LrScheduleType::WarmupCosineLR);
   EXPECT_EQ(c.scheduler.total_num_steps, c.strata.steps);
   EXPECT_NO_THROW(validate_for_world(c, 4));  // the page says 4 * 4 * 4 = 64
+  EXPECT_TRUE(c.warnings.empty()) << "the page says every key of its example acts: "
+                                  << ::testing::PrintToString(c.warnings);
 }

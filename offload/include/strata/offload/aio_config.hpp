@@ -1,4 +1,6 @@
-// The `aio` section of the config, with DeepSpeed's names.
+// The `aio` section of the config, with DeepSpeed's names. Its keys are one table
+// (aio_config_section, in aio_config.cpp) read by the same parser as the rest of the
+// configuration (core/config_keys.hpp), so values follow the same rules everywhere.
 #pragma once
 
 #include <cstdint>
@@ -7,6 +9,8 @@
 #include <nlohmann/json_fwd.hpp>
 
 namespace strata {
+
+struct ConfigSection;
 
 enum class IoEngineKind { Auto, Uring, ThreadPool };
 
@@ -19,6 +23,10 @@ struct AioConfig {
   bool use_sqpoll = false;           // kernel-side submission polling, when permitted
   IoEngineKind engine = IoEngineKind::Auto;  // Auto: io_uring, else the thread pool with a warning
 };
+
+// The table of the `aio` section; its target is an AioConfig. The run configuration's
+// table (runtime/src/config_table.cpp) nests it under "aio".
+const ConfigSection& aio_config_section();
 
 // Parses an `aio` JSON object. Unknown keys and bad values throw ConfigError naming the
 // key, the nearest valid key, and the accepted range.

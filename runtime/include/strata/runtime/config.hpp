@@ -1,16 +1,21 @@
 // The run configuration: a JSON file whose keys follow DeepSpeed's names where the
 // concept is the same, plus a `strata` section for what DeepSpeed lacks (DESIGN.md,
-// "Configuration"). Unknown keys are an error naming the key and the nearest valid one;
-// command-line flags override the file (apply_override).
+// "Configuration"). Every key is one row of a table (runtime/src/config_table.cpp):
+// unknown keys are an error naming the key and the nearest valid one, DeepSpeed keys
+// with no meaning here are accepted with one warning each, and the listing of
+// `strata train --list-keys` and docs/configuration.md come from the same rows.
+// Command-line flags override the file (apply_override).
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "strata/core/config_keys.hpp"
 #include "strata/core/device.hpp"
 #include "strata/memory/tier.hpp"
 #include "strata/model/gpt_layout.hpp"
@@ -32,10 +37,11 @@ struct OptimizerConfig {
   float weight_decay = 0.0f;
 };
 
+// The host tier is always pinned memory, so DeepSpeed's pin_memory has no field
+// (config_table.cpp).
 struct OffloadConfig {
   OffloadDevice device = OffloadDevice::None;
   std::vector<std::string> nvme_path;  // directories; DeepSpeed's string or a list
-  bool pin_memory = true;
 };
 
 struct ZeroConfig {
@@ -47,14 +53,13 @@ struct ZeroConfig {
   uint64_t stage3_max_reuse_distance = 1'000'000'000;  // elements
   uint64_t stage3_param_persistence_threshold = 100'000;  // elements
   uint64_t sub_group_size = 1'000'000'000;      // elements per optimizer sub-group
-  uint64_t reduce_bucket_size = 500'000'000;    // elements
-  bool overlap_comm = true;
+  // No reduce_bucket_size or overlap_comm: each parameter group is reduced as one
+  // collective as soon as its gradient is complete, always overlapped with compute.
 };
 
+// partition_activations and cpu_checkpointing are refused when true (planned, #13).
 struct ActivationCheckpointingConfig {
   bool enabled = false;              // strata extension: recompute each block in backward
-  bool partition_activations = false;
-  bool cpu_checkpointing = false;    // keep the checkpoints in pinned memory
 };
 
 using ModelShape = GptShape;  // model/gpt_layout.hpp
@@ -94,6 +99,9 @@ struct Config {
   StrataSection strata;
 
   nlohmann::json raw;                    // the file as given, for checkpoints' manifests
+  // One line per key given that has no effect here ("<key> has no effect: <why>"), in
+  // the tables' order; parse_config also logs each once per process.
+  std::vector<std::string> warnings;
 };
 
 // Parses and validates. Throws ConfigError naming the key, the problem and the fix.
@@ -111,7 +119,19 @@ void apply_override(nlohmann::json& j, const std::string& assignment);
 // Checks that depend on the world size (batch sizes); throws ConfigError.
 void validate_for_world(const Config& c, int world_size);
 
-// "512MiB", "2GB", "1e9", 4096 -> bytes. Throws ConfigError naming the key.
-uint64_t parse_bytes(const nlohmann::json& v, const std::string& key);
+// Sizes ("512MiB", "2GB", 4096) are read by parse_bytes (core/config_keys.hpp).
+
+// The table of the top level (config_table.cpp); every section's table hangs from it.
+// Its target is a Config.
+const ConfigSection& config_table();
+
+// The key tables as text. config_keys_text: every key with what it accepts, its default
+// and its meaning (`strata train --list-keys`). config_keys_markdown: one section's
+// table ("" for the top level, "zero_optimization", ...), as docs/configuration.md
+// holds it between <!-- keys: SECTION --> and <!-- end keys -->; config_doc_sections
+// lists the sections that have one.
+std::string config_keys_text();
+std::string config_keys_markdown(std::string_view section);
+std::vector<std::string> config_doc_sections();
 
 }  // namespace strata
