@@ -58,8 +58,10 @@ class SwapSpace {
   virtual const std::vector<std::string>& files() const = 0;  // swap file paths; none on sim
 
   // Moves `bytes` (rounded up to layout().align) between the buffer and the space at
-  // logical `offset`, once `after` has completed; a failed `after` fails the transfer.
-  // The event fails with IoError naming path, offset and length.
+  // logical `offset`, once `after` has completed; a failed `after` fails the transfer
+  // with its error. On swap files a failed transfer's IoError names path, offset and
+  // length; the sim has no I/O to fail. The buffer holds `bytes` rounded up and stays
+  // valid until the event completes.
   virtual Event write(uint64_t offset, const void* src, uint64_t bytes, const Event& after, WriteLanded landed) = 0;
   // `expect`: the checksums given to WriteLanded by the last write of these bytes, or
   // empty to skip verification; on a mismatch the event fails with CorruptionError.
