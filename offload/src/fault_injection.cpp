@@ -83,6 +83,7 @@ class FaultBackend final : public IoBackend {
   }
 
   const char* name() const override { return inner_->name(); }
+  bool sqpoll() const override { return inner_->sqpoll(); }
   void set_files(const std::vector<int>& fds) override { inner_->set_files(fds); }
   unsigned buffer_slots() const override { return inner_->buffer_slots(); }
   bool set_buffer(unsigned slot, void* base, uint64_t bytes) override { return inner_->set_buffer(slot, base, bytes); }

@@ -139,6 +139,7 @@ class Ring {
   const std::vector<std::string>& notes() const { return notes_; }
   const char* backend_name() const { return name_; }
   unsigned buffer_slots() const { return slots_; }
+  bool sqpoll() const { return sqpoll_; }
 
  private:
   struct Slot {
@@ -156,6 +157,7 @@ class Ring {
       backend_->set_files(fds);
       name_ = backend_->name();
       slots_ = backend_->buffer_slots();
+      sqpoll_ = backend_->sqpoll();
       slots_in_use_.assign(depth_, Slot{});
       for (unsigned i = depth_; i-- > 0;) free_.push_back(i);
     } catch (...) {
@@ -384,6 +386,7 @@ class Ring {
   std::vector<std::string> notes_;
   const char* name_ = "";
   unsigned slots_ = 0;
+  bool sqpoll_ = false;
   std::thread thread_;
 
   // Shared with callers, under mu_.
@@ -465,17 +468,18 @@ IoEngine::IoEngine(IoEngineOptions opts) : impl_(std::make_unique<Impl>()) {
   m.name = m.rings[0]->backend_name();
   // Fault decorators report their inner backend's name, so the name is the engine's.
   m.notes = m.rings[0]->notes();
-  for (const auto& n : m.notes) {
-    if (n.find("SQPOLL") != std::string::npos)
-      log::warn_once("io-uring-sqpoll", "I/O engine: " + n);
-    else
-      log::debug("I/O engine: " + n);
+  // SQPOLL as running, from the backends (the thread pool has none): on only when every
+  // ring has it, as a config that says so must hold for all of them.
+  auto without = std::find_if(m.rings.begin(), m.rings.end(), [](const auto& r) { return !r->sqpoll(); });
+  if (aio.use_sqpoll && without != m.rings.end() && kind == IoEngineKind::Uring) {
+    // Asked for and refused by the kernel: worth a warning, with the reasons it gave.
+    std::string why;
+    for (const auto& n : (*without)->notes()) why += (why.empty() ? "" : "; ") + n;
+    log::warn_once("io-uring-sqpoll", "I/O engine: aio.use_sqpoll is set but SQPOLL is off (" + why + ")");
+  } else {
+    for (const auto& n : m.notes) log::debug("I/O engine: " + n);
   }
-  if (m.opts.aio.use_sqpoll) {
-    for (const auto& n : m.notes)
-      if (n.find("SQPOLL refused") != std::string::npos) m.opts.aio.use_sqpoll = false;
-    if (kind == IoEngineKind::ThreadPool) m.opts.aio.use_sqpoll = false;
-  }
+  m.opts.aio.use_sqpoll = without == m.rings.end();
   m.opts.aio.engine = kind;
   unsigned slots = m.rings[0]->buffer_slots();
   for (auto& r : m.rings) slots = std::min(slots, r->buffer_slots());

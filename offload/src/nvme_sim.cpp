@@ -1,12 +1,66 @@
-#include "nvme_sim.hpp"
-
+// The swap space on the sim backend. No files and no I/O: a read or a write completes at
+// the virtual time the cost model gives it, on one channel per direction (a transfer
+// waits for the previous one in its direction), after its `after` event and no earlier
+// than the submitting thread's now. Everything is computed on the submitting thread, in
+// call order, so a run is deterministic (nvme_swap.hpp says why this is not an
+// IoBackend). Extents, capacity and peak are kept by the store as usual.
 #include <algorithm>
+#include <mutex>
 
+#include "nvme_swap.hpp"
+#include "strata/core/sim.hpp"
 #include "strata/core/trace.hpp"
 
 namespace strata::detail {
 
-Event SimNvme::transfer(IoDir dir, uint64_t bytes, const Event& after) {
+namespace {
+
+class SimSwap final : public SwapSpace {
+ public:
+  SimSwap(const NvmeStoreOptions& opts, const SimCostModel& cost) : cost_(cost) {
+    // No file system to ask: the store's 4 KiB grain, one stripe unit of block_size.
+    layout_.capacity = opts.capacity / kMinExtentGrain * kMinExtentGrain;
+    layout_.stripe = opts.aio.block_size;
+  }
+
+  const SwapLayout& layout() const override { return layout_; }
+  const std::vector<std::string>& files() const override { return no_files_; }
+
+  Event write(uint64_t offset, const void* src, uint64_t bytes, const Event& after, WriteLanded landed) override {
+    Event ev = transfer(IoDir::Write, bytes, after);
+    // A sim event is complete in real time when it is made, and only a failed `after`
+    // fails it: there are no bytes that could fail to land. So the write is recorded
+    // now, as landed, unless it never started.
+    if (!ev.result()) landed(nullptr, {});
+    return ev;
+  }
+  // Nothing was hashed (no bytes), so `expect` is always empty here.
+  Event read(uint64_t offset, void* dst, uint64_t bytes, const Event& after, std::vector<uint64_t> expect) override {
+    return transfer(IoDir::Read, bytes, after);
+  }
+
+  void register_buffer(void*, uint64_t) override {}
+  void unregister_buffer(void*) override {}
+  std::string engine_name() const override { return "sim"; }
+  IoStats io_stats() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+  }
+
+ private:
+  Event transfer(IoDir dir, uint64_t bytes, const Event& after);
+
+  SimCostModel cost_;
+  SwapLayout layout_;
+  const std::vector<std::string> no_files_;
+  mutable std::mutex mu_;
+  double read_free_ = 0, write_free_ = 0;  // virtual seconds
+  IoStats stats_;
+};
+
+Event SimSwap::transfer(IoDir dir, uint64_t bytes, const Event& after) {
+  // As moved on the device: rounded up to the alignment.
+  bytes = (bytes + layout_.align - 1) / layout_.align * layout_.align;
   double ready = 0;
   std::exception_ptr err;
   try {
@@ -38,9 +92,10 @@ Event SimNvme::transfer(IoDir dir, uint64_t bytes, const Event& after) {
   return sim::event_at(t1, err);
 }
 
-IoStats SimNvme::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+}  // namespace
+
+std::unique_ptr<SwapSpace> make_sim_swap(const NvmeStoreOptions& opts, const SimCostModel& cost) {
+  return std::make_unique<SimSwap>(opts, cost);
 }
 
 }  // namespace strata::detail

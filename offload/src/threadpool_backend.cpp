@@ -36,6 +36,7 @@ class ThreadPoolBackend final : public IoBackend {
   }
 
   const char* name() const override { return "threadpool"; }
+  bool sqpoll() const override { return false; }
   void set_files(const std::vector<int>& fds) override { fds_ = fds; }
   unsigned buffer_slots() const override { return 0; }
   bool set_buffer(unsigned, void*, uint64_t) override { return false; }

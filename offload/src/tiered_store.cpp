@@ -16,7 +16,7 @@ constexpr std::array<Tier, 3> kTiers{Tier::Device, Tier::Pinned, Tier::Nvme};
 
 // A copy of a tensor in one tier.
 struct TieredStore::Slot {
-  enum class State { Absent, Filling, Valid, Failed };
+  enum class State { Absent, Filling, Valid, Failed };  // what each means: tiered_store.hpp
   State state = State::Absent;
   void* ptr = nullptr;  // Device and Pinned tiers
   Extent extent;        // NVMe tier
@@ -176,14 +176,8 @@ void TieredStore::discard(TensorId id) {
 }
 
 void TieredStore::discard_locked(std::unique_lock<std::mutex>& lock, Record& r) {
-  for (Tier t : kTiers) {
-    settle(r, t);  // a fill that has landed needs no wait; its memory is fenced by it
-    while (r.at(t).state == Slot::State::Filling) {
-      Event e = r.at(t).filling->ev;
-      wait_unlocked(lock, e);
-      settle(r, t);
-    }
-  }
+  // A fill that has landed needs no wait: the memory it wrote is fenced by it.
+  for (Tier t : kTiers) wait_while_filling(lock, r, t);
   for (Tier t : kTiers)
     if (r.at(t).pins > 0)
       throw Error("tiered store: cannot remove or discard '" + r.spec.name + "': it is still acquired in the " +
@@ -253,6 +247,18 @@ void TieredStore::settle(Record& r, Tier t) {
   if (s.state != Slot::State::Filling || !s.filling->ev.ready()) return;
   std::shared_ptr<Move> m = s.filling;  // a copy: finish_move resets s.filling
   finish_move(m, m->ev.result());
+}
+
+bool TieredStore::wait_while_filling(std::unique_lock<std::mutex>& lock, Record& r, Tier t) {
+  settle(r, t);  // a fill that has landed needs no wait
+  bool waited = false;
+  while (r.at(t).state == Slot::State::Filling) {
+    Event e = r.at(t).filling->ev;  // a copy: the slot may change while mu_ is released
+    wait_unlocked(lock, e);
+    settle(r, t);
+    waited = true;
+  }
+  return waited;
 }
 
 void TieredStore::finish_move(const std::shared_ptr<Move>& m, std::exception_ptr err) {
@@ -339,20 +345,14 @@ Event TieredStore::fetch_locked(std::unique_lock<std::mutex>& lock, Record& r, T
       if (vs != Slot::State::Valid && vs != Slot::State::Filling) return staged;
       if (vs == Slot::State::Filling && to == Tier::Nvme) {
         Event e = r.at(via).filling->ev;  // the I/O engine cannot wait on a copy stream
-        wait_unlocked(lock, e);
-        settle(r, via);
-        if (r.at(via).state != Slot::State::Valid) return e;
+        wait_while_filling(lock, r, via);
+        if (r.at(via).state != Slot::State::Valid) return e;  // its failure is this fetch's
         continue;
       }
       return start_move(lock, r, via, to);
     }
-    Slot& s = r.at(from);
-    if (s.state == Slot::State::Filling && (from == Tier::Nvme || to == Tier::Nvme)) {
-      // The I/O engine cannot wait on a copy stream: let the source land first.
-      Event e = s.filling->ev;
-      wait_unlocked(lock, e);
-      continue;
-    }
+    // The I/O engine cannot wait on a copy stream: let the source land first.
+    if ((from == Tier::Nvme || to == Tier::Nvme) && wait_while_filling(lock, r, from)) continue;
     return start_move(lock, r, from, to);
   }
 }
@@ -387,7 +387,7 @@ Event TieredStore::start_move(std::unique_lock<std::mutex>&, Record& r, Tier fro
   d.filling = m;
   ++stats_.moves;
   stats_.bytes_moved[idx(from)][idx(to)] += bytes;
-  enqueue_completion(m);
+  enqueue(m->ev, [this, m] { finish_move(m, m->ev.result()); });
   return m->ev;
 }
 
@@ -577,17 +577,10 @@ Acquired TieredStore::acquire_for_overwrite(TensorId id, Tier tier) {
   Record& r = rec(id);
   r.last_use = ++clock_;
   for (;;) {
-    bool busy = false;
-    for (Tier t : kTiers) {
-      settle(r, t);
-      if (r.at(t).state == Slot::State::Filling) {
-        Event e = r.at(t).filling->ev;
-        wait_unlocked(lock, e);
-        busy = true;
-        break;
-      }
-    }
-    if (busy) continue;
+    // Until one pass finds no copy being filled (each wait releases mu_).
+    bool waited = false;
+    for (Tier t : kTiers) waited = wait_while_filling(lock, r, t) || waited;
+    if (waited) continue;
     Slot& s = r.at(tier);
     if (!s.allocated()) {
       allocate_slot(lock, r, tier);
@@ -617,19 +610,9 @@ void TieredStore::release(TensorId id, Tier tier, Access access, Event written) 
                   " tier, but its copy there never became valid (wait on acquire's event)");
     // A move still filling this copy reads from another one, which is about to go:
     // let it land first, as must moves reading the old data elsewhere.
-    while (s.state == Slot::State::Filling && !s.filling->external) {
-      Event e = s.filling->ev;
-      wait_unlocked(lock, e);
-      settle(r, tier);
-    }
-    for (Tier t : kTiers) {
-      if (t != tier) settle(r, t);
-      while (t != tier && r.at(t).state == Slot::State::Filling) {
-        Event e = r.at(t).filling->ev;
-        wait_unlocked(lock, e);
-        settle(r, t);
-      }
-    }
+    if (s.state == Slot::State::Filling && !s.filling->external) wait_while_filling(lock, r, tier);
+    for (Tier t : kTiers)
+      if (t != tier) wait_while_filling(lock, r, t);
     --s.pins;
     try {
       invalidate_others(r, tier);
@@ -647,7 +630,7 @@ void TieredStore::release(TensorId id, Tier tier, Access access, Event written) 
       m->ev = written;
       s.state = Slot::State::Filling;
       s.filling = m;
-      enqueue_completion(m);
+      enqueue(m->ev, [this, m] { finish_move(m, m->ev.result()); });
     }
   } else {
     --s.pins;
@@ -669,11 +652,7 @@ Event TieredStore::drop(TensorId id, Tier tier) {
     Slot& s = r.at(tier);
     const Tier target = staging_tier(tier, r.spec.home) != r.spec.home ? Tier::Pinned : r.spec.home;
     const bool stream_copy = tier != Tier::Nvme && target != Tier::Nvme;
-    if (s.state == Slot::State::Filling && !stream_copy) {
-      Event e = s.filling->ev;
-      wait_unlocked(lock, e);
-      continue;
-    }
+    if (!stream_copy && wait_while_filling(lock, r, tier)) continue;
     if (!s.allocated()) return Event();
     if (s.pins > 0)
       throw Error("tiered store: cannot drop '" + r.spec.name + "' from the " + to_string(tier) +
@@ -681,9 +660,7 @@ Event TieredStore::drop(TensorId id, Tier tier) {
     if (s.sources > 0) {  // copies from it are in flight: let them land
       for (Tier o : kTiers)
         if (r.at(o).state == Slot::State::Filling && r.at(o).filling->from == tier) {
-          Event e = r.at(o).filling->ev;
-          wait_unlocked(lock, e);
-          settle(r, o);
+          wait_while_filling(lock, r, o);
           break;
         }
       continue;
@@ -699,12 +676,9 @@ Event TieredStore::drop(TensorId id, Tier tier) {
     // The only (or about to be the only) valid copy: move it one tier down, to its home
     // or to pinned memory on the way to NVMe, and free this copy once that lands.
     // Stream copies chain behind a fill still in flight; nothing here blocks on them.
+    // A fill of the destination (by another move) lands first.
+    if (wait_while_filling(lock, r, target)) continue;
     Slot& dst = r.at(target);
-    if (dst.state == Slot::State::Filling) {
-      Event e = dst.filling->ev;
-      wait_unlocked(lock, e);
-      continue;
-    }
     if (!dst.allocated()) {
       allocate_slot(lock, r, target);  // may unlock: look again
       continue;
@@ -769,20 +743,7 @@ StoreStats TieredStore::stats() const {
 // ---------------------------------------------------------------------------------------
 // Completion
 
-void TieredStore::enqueue_completion(std::shared_ptr<Move> m) {
-  Event ev = m->ev;
-  auto c = std::make_shared<Completion>();
-  c->move = std::move(m);
-  c->ev = std::move(ev);
-  {
-    std::lock_guard<std::mutex> lock(cq_mu_);
-    completions_.push_back(std::move(c));
-    ++in_flight_;
-  }
-  cq_cv_.notify_one();
-}
-
-void TieredStore::enqueue_deferred(Event ev, std::function<void()> fn) {
+void TieredStore::enqueue(Event ev, std::function<void()> fn) {
   auto c = std::make_shared<Completion>();
   c->ev = std::move(ev);
   c->fn = std::move(fn);
@@ -800,7 +761,7 @@ void TieredStore::discard_after(TensorId id, Event after) {
     std::lock_guard<std::mutex> lock(mu_);
     writes = rec(id).writes;  // unknown ids fail here, not on the completion thread
   }
-  enqueue_deferred(after, [this, id, writes, after] {
+  enqueue(after, [this, id, writes, after] {
     auto it = records_.find(id);
     if (it == records_.end()) return;
     Record& r = *it->second;
@@ -826,12 +787,7 @@ void TieredStore::reap_locked() {
     }
   }
   if (due.empty()) return;
-  for (auto& c : due) {
-    if (c->move)
-      finish_move(c->move, c->ev.result());
-    else
-      c->fn();
-  }
+  for (auto& c : due) c->fn();
   {
     std::lock_guard<std::mutex> lock(cq_mu_);
     in_flight_ -= due.size();
@@ -854,7 +810,7 @@ void TieredStore::completer_loop() {
       c = *it;
       c->taken = true;
     }
-    std::exception_ptr err = c->ev.result();  // waits in real time
+    c->ev.result();  // waits in real time; fn reads how it ended
     {
       std::lock_guard<std::mutex> lock(mu_);
       bool mine = false;
@@ -867,10 +823,7 @@ void TieredStore::completer_loop() {
         }
       }
       if (!mine) continue;  // a caller finished it first (reap_locked)
-      if (c->move)
-        finish_move(c->move, err);
-      else
-        c->fn();
+      c->fn();
       {
         std::lock_guard<std::mutex> cq(cq_mu_);
         --in_flight_;

@@ -51,8 +51,10 @@ class UringBackend final : public IoBackend {
         flags_ = t.flags;
         break;
       }
-      if (t.flags & IORING_SETUP_SQPOLL) sqpoll_err = r;
-      dropped.push_back(std::string(t.what) + " refused: " + errstr(r));
+      if (t.flags & IORING_SETUP_SQPOLL)
+        sqpoll_err = r;  // noted once below, whichever SQPOLL set-up was refused last
+      else
+        dropped.push_back(std::string(t.what) + " refused: " + errstr(r));
     }
     if (r != 0) {
       std::string why = "io_uring_setup refused: " + errstr(r);
@@ -62,9 +64,7 @@ class UringBackend final : public IoBackend {
     live_ = true;
     if (sqpoll && !(flags_ & IORING_SETUP_SQPOLL) && notes)
       notes->push_back("SQPOLL refused (" + errstr(sqpoll_err) + "); the ring thread submits instead");
-    if (notes)
-      for (auto& d : dropped)
-        if (d.rfind("SQPOLL", 0) != 0) notes->push_back(d);
+    if (notes) notes->insert(notes->end(), dropped.begin(), dropped.end());
     defer_ = (flags_ & IORING_SETUP_DEFER_TASKRUN) != 0;
 
     if (io_uring_probe* probe = io_uring_get_probe_ring(&ring_)) {
@@ -108,6 +108,7 @@ class UringBackend final : public IoBackend {
   }
 
   const char* name() const override { return "io_uring"; }
+  bool sqpoll() const override { return (flags_ & IORING_SETUP_SQPOLL) != 0; }
 
   void set_files(const std::vector<int>& fds) override {
     fds_ = fds;

@@ -2,8 +2,12 @@
 // it is made, so a copy is freed (in real time) while, in simulated time, its last
 // reader may still be running. These tests check that memory is nonetheless reused only
 // after its last user in simulated time: a freed range carries a fence, and whoever
-// writes it next waits for the fence. Assertions are on virtual time only.
+// writes it next waits for the fence. The NVMe tier's simulated channels are checked
+// against the cost model too. Assertions are on virtual time only.
 #include <gtest/gtest.h>
+
+#include <stdexcept>
+#include <vector>
 
 #include "strata/core/device.hpp"
 #include "strata/offload/tiered_store.hpp"
@@ -100,4 +104,70 @@ TEST(SimStore, OverwritingACopyWaitsForMovesStillReadingIt) {
   Acquired r = store.acquire(c, Tier::Pinned);
   EXPECT_NEAR(sim::time_of(r.ready), sim::time_of(again), kEps);
   store.release(c, Tier::Pinned);
+}
+
+// The NVMe tier on the sim backend: the same NvmeStore over simulated channels. Each
+// transfer takes the latency plus its bytes (rounded up to the alignment) over the
+// direction's bandwidth; one transfer at a time per direction; reads and writes overlap.
+TEST(SimStore, NvmeTransfersTakeTheCostModelsTimeOnOneChannelPerDirection) {
+  SimCostModel c = costs();
+  c.nvme_latency = 1e-4;
+  c.nvme_read_bandwidth = 2e9;
+  c.nvme_write_bandwidth = 1e9;
+  auto dev = make_sim_device(c);  // starts the virtual clock at 0
+  NvmeStoreOptions o;
+  o.paths = {"/nonexistent/strata-sim"};  // never touched on sim
+  o.capacity = 64 * kMiB;
+  o.sim = c;
+  NvmeStore store(o);
+  EXPECT_EQ(store.engine_name(), "sim");
+  EXPECT_TRUE(store.files().empty());
+  EXPECT_EQ(store.capacity(), 64 * kMiB);
+  const uint64_t a = store.alignment();
+  ASSERT_GT(a, 0u);
+
+  std::vector<char> mem(kMiB + a);  // never read or written on sim; only its alignment is checked
+  void* buf = mem.data() + (a - reinterpret_cast<uintptr_t>(mem.data()) % a) % a;
+  const Extent x = store.allocate(kMiB), y = store.allocate(kMiB);
+  const double write = c.nvme_latency + double(kMiB) / c.nvme_write_bandwidth;
+  const double read = c.nvme_latency + double(kMiB) / c.nvme_read_bandwidth;
+  Event wx = store.write(x, buf, kMiB);
+  Event wy = store.write(y, buf, kMiB);
+  EXPECT_NEAR(sim::time_of(wx), write, kEps);
+  EXPECT_NEAR(sim::time_of(wy), 2 * write, kEps) << "one write at a time";
+  Event rx = store.read(x, buf, kMiB);
+  EXPECT_NEAR(sim::time_of(rx), read, kEps) << "reads do not wait for writes they do not follow";
+  Event ry = store.read(y, buf, kMiB, wy);
+  EXPECT_NEAR(sim::time_of(ry), 2 * write + read, kEps);
+  Event small = store.write(x, buf, 100, ry);  // moves one alignment unit
+  EXPECT_NEAR(sim::time_of(small), 2 * write + read + c.nvme_latency + double(a) / c.nvme_write_bandwidth, kEps);
+  EXPECT_EQ(dev->now(), 0.0) << "nothing above waited in simulated time";
+
+  // A transfer after a failed event fails, and is counted as failed; the extent keeps
+  // what its last write left there.
+  Event failed = sim::event_at(1.0, std::make_exception_ptr(std::runtime_error("the source never became valid")));
+  EXPECT_THROW(sim::time_of(store.write(y, buf, kMiB, failed)), std::runtime_error);
+  EXPECT_NO_THROW(sim::time_of(store.read(y, buf, kMiB)));
+  IoStats s = store.io_stats();
+  EXPECT_EQ(s.transfers, 7u);
+  EXPECT_EQ(s.failed_transfers, 1u);
+  EXPECT_EQ(s.bytes, 5 * kMiB + a);
+}
+
+// The tiered store picks the simulated NVMe tier from its device: no caller chooses it.
+TEST(SimStore, ATieredStoreOnTheSimDeviceUsesTheSimulatedNvmeTier) {
+  SimCostModel c = costs();
+  c.nvme_latency = 0;
+  c.nvme_read_bandwidth = 1e9;
+  auto dev = make_sim_device(c);
+  TieredStoreOptions o = one_tensor_of_device_memory();
+  o.nvme.paths = {"/nonexistent/strata-sim"};
+  o.nvme.capacity = 16 * kMiB;
+  TieredStore store(*dev, o);
+  ASSERT_NE(store.nvme(), nullptr);
+  EXPECT_EQ(store.nvme()->engine_name(), "sim");
+  TensorId t = store.add({"t", kMiB, DType::F32, Tier::Nvme});
+  Event to_device = store.fetch(t, Tier::Device);  // NVMe -> pinned -> device
+  EXPECT_NEAR(sim::time_of(to_device), double(kMiB) / c.nvme_read_bandwidth + kCopy, kEps);
+  EXPECT_EQ(store.nvme()->io_stats().transfers, 1u);
 }

@@ -79,11 +79,15 @@ class IoBackend {
   virtual size_t reap(RawCompletion* out, size_t max) = 0;
   // From any thread: makes a waiting (or the next) submit() return. Wake-ups are sticky.
   virtual void wake() = 0;
+  // Whether a kernel thread polls the submission queue (io_uring SQPOLL) as set up, which
+  // may be less than was asked for. The engine reports it in config().use_sqpoll.
+  virtual bool sqpoll() const = 0;
 };
 
 // io_uring with `depth` data ops outstanding; probes features and drops refused ones
 // (SQPOLL, single-issuer/deferred task running, registered files or buffers), noting
-// each in `notes`. Throws Unavailable with the kernel's reason when io_uring itself is
+// each in `notes`, which are for people: code asks the backend what it kept (sqpoll(),
+// buffer_slots()). Throws Unavailable with the kernel's reason when io_uring itself is
 // refused. Must be called on the thread that will drive it.
 std::unique_ptr<IoBackend> make_uring_backend(unsigned depth, bool sqpoll, std::vector<std::string>* notes);
 // pread/pwrite on min(depth, 64) worker threads.
@@ -161,8 +165,9 @@ class IoEngine {
   std::string name() const;          // "io_uring" or "threadpool"
   uint64_t alignment() const;        // bytes
   const AioConfig& config() const;   // as running: refused features are switched off
+                                     // (use_sqpoll: every ring's backend has SQPOLL)
   bool fixed_buffers() const;        // whether registered buffers are in use
-  const std::vector<std::string>& notes() const;  // features dropped at setup, and why
+  const std::vector<std::string>& notes() const;  // features dropped at setup, and why (for people)
   IoStats stats() const;
 
  private:

@@ -1,7 +1,9 @@
 // The NVMe tier: swap files on one or more directories (`nvme_path`), preallocated with
 // fallocate and carved into extents that are reused when freed. A tensor's extent is
 // striped across every path. All I/O goes through the IoEngine (io_uring with O_DIRECT,
-// or the thread-pool fallback), asynchronously, completing as events.
+// or the thread-pool fallback), asynchronously, completing as events. On the sim
+// backend the same store runs over simulated channels instead of files (`sim` below);
+// callers see no difference but the times.
 #pragma once
 
 #include <cstdint>

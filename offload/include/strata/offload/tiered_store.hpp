@@ -5,7 +5,12 @@
 // Model (DESIGN.md, "Memory manager contract"):
 //  - Every tensor has a home tier. Its home copy is reserved when the tensor is added
 //    and is never evicted; copies in other tiers are caches.
-//  - A copy is Absent, Filling (a move is in flight; the slot has an event) or Valid.
+//  - A copy is Absent (no valid data: not allocated, reserved but out of date, or
+//    handed out for overwrite), Filling (a move or the caller's device work is writing
+//    it; the slot has its event), Valid, or Failed (the move filling it failed while it
+//    was acquired or being read from; it is freed once let go, or filled again by the
+//    next fetch). A home copy whose fill fails goes back to Absent: its space stays
+//    reserved. The copy states are Slot::State in tiered_store.cpp.
 //    When a copy is written (release with Access::Write) every other copy becomes stale:
 //    non-home copies are freed, the home copy is marked out of date until written back.
 //  - Moves return events. Readers wait on events; nothing polls.
@@ -174,9 +179,15 @@ class TieredStore {
   void finish_move(const std::shared_ptr<Move>& m, std::exception_ptr err);
   void settle(Record& r, Tier t);
   void wait_unlocked(std::unique_lock<std::mutex>& lock, const Event& e);
+  // Waits, with mu_ released, until r's copy in t is not being filled, settling each fill
+  // that lands. Returns whether it waited: if so, what the caller saw before may have
+  // changed and must be looked at again.
+  bool wait_while_filling(std::unique_lock<std::mutex>& lock, Record& r, Tier t);
   void reap_locked();  // finishes every completion whose event is complete (mu_ held)
-  void enqueue_completion(std::shared_ptr<Move> m);
-  void enqueue_deferred(Event ev, std::function<void()> fn);
+  // Runs fn under mu_ once ev has completed (finish_move for a move, discard_after's
+  // work), from a completer thread or from the first call into the store that finds ev
+  // complete, whichever comes first; in submission order among those due together.
+  void enqueue(Event ev, std::function<void()> fn);
   void completer_loop();
   uint64_t next_use(TensorId id) const;
   Tier staging_tier(Tier from, Tier to) const;
@@ -205,7 +216,6 @@ class TieredStore {
   std::mutex cq_mu_;
   std::condition_variable cq_cv_;
   struct Completion {
-    std::shared_ptr<Move> move;   // a move to finish, or
     Event ev;                     // an event to wait for, then
     std::function<void()> fn;     // this to run under mu_
     bool taken = false;           // a completer thread is waiting for ev
