@@ -13,6 +13,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "strata/core/clock.hpp"
 #include "strata/core/error.hpp"
 #include "strata/memory/topology.hpp"
 
@@ -25,11 +26,6 @@ namespace strata::bench {
 namespace {
 
 using nlohmann::json;
-
-double steady_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 
 // The directory a file would be created in must exist and be writable.
 void check_writable(const std::string& flag, const std::string& path) {
