@@ -33,7 +33,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <ctime>
 #include <deque>
 #include <filesystem>
 #include <memory>
@@ -73,21 +72,6 @@ struct CapacityOptions {
 };
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-// CPU seconds every thread of this process has run (io_uring's kernel workers included).
-double process_cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
-// CPU seconds the calling thread has run. Against wall time it says what share of a core
-// a single-threaded reference got: on a loaded machine, less than all of one.
-double thread_cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
 
 // The swap file opened again, read-only with O_DIRECT, for the raw-read reference.
 class RawFile {

@@ -23,7 +23,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <ctime>
 #include <memory>
 #include <random>
 #include <string>
@@ -57,13 +56,6 @@ struct CopyOptions {
 
 enum class Direction { HostToDevice, DeviceToHost };
 const char* name_of(Direction d) { return d == Direction::HostToDevice ? "h2d" : "d2h"; }
-
-// CPU seconds the calling thread has run (see bench_capacity.cpp).
-double thread_cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
 
 void fill_random(void* p, uint64_t bytes, uint64_t seed) {
   std::mt19937_64 rng(seed);
