@@ -23,7 +23,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <ctime>
 #include <memory>
 #include <random>
 #include <string>
@@ -58,13 +57,6 @@ struct CopyOptions {
 enum class Direction { HostToDevice, DeviceToHost };
 const char* name_of(Direction d) { return d == Direction::HostToDevice ? "h2d" : "d2h"; }
 
-// CPU seconds the calling thread has run (see bench_capacity.cpp).
-double thread_cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
 void fill_random(void* p, uint64_t bytes, uint64_t seed) {
   std::mt19937_64 rng(seed);
   auto* c = static_cast<char*>(p);
@@ -74,95 +66,103 @@ void fill_random(void* p, uint64_t bytes, uint64_t seed) {
   }
 }
 
-int run_copy(const CopyOptions& o, const std::string& command) {
-  check_output_options(o.out);
-  const uint64_t span = parse_size("--span", o.span);
-  const uint64_t per_sample = parse_size("--bytes-per-sample", o.bytes_per_sample);
-  if (span < 4096) throw ConfigError("--span " + o.span + " must be at least 4K");
-  if (per_sample == 0) throw ConfigError("--bytes-per-sample must be positive");
-  if (o.reps < 1) throw ConfigError("--reps must be at least 1");
+// The options, checked: sizes in bytes, directions by name.
+struct CopyPlan {
+  uint64_t span = 0;        // bytes of each buffer the copies cycle through
+  uint64_t per_sample = 0;  // bytes per timed sample (at least one copy)
   std::vector<uint64_t> sizes;
+  std::vector<Direction> dirs;
+  Backend backend = Backend::Cpu;
+};
+
+CopyPlan check_copy_options(const CopyOptions& o) {
+  CopyPlan z;
+  z.span = parse_size("--span", o.span);
+  z.per_sample = parse_size("--bytes-per-sample", o.bytes_per_sample);
+  if (z.span < 4096) throw ConfigError("--span " + o.span + " must be at least 4K");
+  if (z.per_sample == 0) throw ConfigError("--bytes-per-sample must be positive");
+  if (o.reps < 1) throw ConfigError("--reps must be at least 1");
   for (const auto& s : o.sizes) {
     const uint64_t v = parse_size("--sizes", s);
     if (v == 0) throw ConfigError("--sizes: " + s + " is zero; give sizes of at least 1 byte");
-    if (v > span) throw ConfigError("--sizes: " + s + " is larger than --span " + o.span + "; raise --span");
-    sizes.push_back(v);
+    if (v > z.span) throw ConfigError("--sizes: " + s + " is larger than --span " + o.span + "; raise --span");
+    z.sizes.push_back(v);
   }
-  std::vector<Direction> dirs;
   for (const auto& d : o.directions) {
-    if (d == "h2d") dirs.push_back(Direction::HostToDevice);
-    else if (d == "d2h") dirs.push_back(Direction::DeviceToHost);
+    if (d == "h2d") z.dirs.push_back(Direction::HostToDevice);
+    else if (d == "d2h") z.dirs.push_back(Direction::DeviceToHost);
     else throw ConfigError("--directions: unknown '" + d + "'; use h2d (pinned to device) and/or d2h");
   }
-  if (sizes.empty() || dirs.empty()) throw ConfigError("--sizes and --directions each need at least one value");
-  const Backend backend = parse_backend(o.backend);
-  if (backend == Backend::Sim)
+  if (z.sizes.empty() || z.dirs.empty()) throw ConfigError("--sizes and --directions each need at least one value");
+  z.backend = parse_backend(o.backend);
+  if (z.backend == Backend::Sim)
     throw ConfigError("--backend sim: simulated memory has no bytes to copy; use cpu or cuda");
-  const double load_start = load_average();
+  return z;
+}
 
-  auto dev = make_device({backend, o.ordinal});
-  auto pinned_pool = make_pinned_pool(*dev, {.budget = span});
-  auto arena = make_device_arena(*dev, span);
-  auto* pinned = static_cast<char*>(pinned_pool->try_allocate(span, "bench-copy"));
-  auto* device = static_cast<char*>(arena->try_allocate(span, "bench-copy"));
-  STRATA_CHECK(pinned && device, "pools of --span bytes could not give --span bytes");
-  // The reference's other side: the arena itself when it is host memory (cpu), else a
-  // second host buffer (cuda: device memory cannot be memcpy'd).
-  std::unique_ptr<char[]> host_side_storage;
-  char* ref_device = device;
-  if (backend != Backend::Cpu) {
-    host_side_storage.reset(new char[span]);
-    ref_device = host_side_storage.get();
-  }
-  auto stream = dev->create_stream("bench-copy");
-  {
+struct Point {
+  Direction dir;
+  uint64_t size;
+  uint64_t count;
+  std::vector<double> strata, ref;  // bytes/s
+  std::vector<double> ref_cpu;      // share of a core the memcpy thread got
+};
+
+// The buffers both sides copy between, and one timed sample of each side.
+class CopyBuffers {
+ public:
+  CopyBuffers(Device& dev, Backend backend, uint64_t span)
+      : span_(span), pinned_pool_(make_pinned_pool(dev, {.budget = span})), arena_(make_device_arena(dev, span)) {
+    pinned_ = static_cast<char*>(pinned_pool_->try_allocate(span, "bench-copy"));
+    device_ = static_cast<char*>(arena_->try_allocate(span, "bench-copy"));
+    STRATA_CHECK(pinned_ && device_, "pools of --span bytes could not give --span bytes");
+    // The reference's other side: the arena itself when it is host memory (cpu), else a
+    // second host buffer (cuda: device memory cannot be memcpy'd).
+    ref_device_ = device_;
+    if (backend != Backend::Cpu) {
+      host_side_storage_.reset(new char[span]);
+      ref_device_ = host_side_storage_.get();
+    }
+    stream_ = dev.create_stream("bench-copy");
     // Touch everything first (the arena is mapped lazily), with different bytes on each
     // side so a copy in either direction is visible.
-    fill_random(pinned, span, 1);
+    fill_random(pinned_, span, 1);
     std::vector<char> other(span);
     fill_random(other.data(), span, 2);
-    stream->copy_async(device, other.data(), span);
-    stream->synchronize();
-    std::memcpy(ref_device, other.data(), span);
+    stream_->copy_async(device_, other.data(), span);
+    stream_->synchronize();
+    std::memcpy(ref_device_, other.data(), span);
+    check_.resize(std::min<uint64_t>(span, 1 << 20));
   }
-  std::vector<char> check(std::min<uint64_t>(span, 1 << 20));
-  uint64_t mismatches = 0;
 
-  struct Point {
-    Direction dir;
-    uint64_t size;
-    uint64_t count;
-    std::vector<double> strata, ref;  // bytes/s
-    std::vector<double> ref_cpu;      // share of a core the memcpy thread got
-  };
-  std::vector<Point> points;
-  for (uint64_t size : sizes)
-    for (Direction d : dirs) points.push_back({d, size, std::max<uint64_t>(1, per_sample / size), {}, {}, {}});
-
-  Progress progress("strata bench copy");
-  auto time_strata = [&](Point& p) {
-    const uint64_t slots = span / p.size;
-    char* src = p.dir == Direction::HostToDevice ? pinned : device;
-    char* dst = p.dir == Direction::HostToDevice ? device : pinned;
+  // `p.count` copies through the copy stream; bytes/s. The first block copied is read
+  // back and compared with its source.
+  double time_stream(const Point& p) {
+    const uint64_t slots = span_ / p.size;
+    char* src = p.dir == Direction::HostToDevice ? pinned_ : device_;
+    char* dst = p.dir == Direction::HostToDevice ? device_ : pinned_;
     const auto t0 = Clock::now();
     for (uint64_t i = 0; i < p.count; ++i) {
       const uint64_t off = (i % slots) * p.size;
-      stream->copy_async(dst + off, src + off, p.size);
+      stream_->copy_async(dst + off, src + off, p.size);
     }
-    stream->synchronize();
+    stream_->synchronize();
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     // Read back the first block of the destination and compare it with the source.
-    const uint64_t n = std::min<uint64_t>(p.size, check.size());
-    stream->copy_async(check.data(), p.dir == Direction::HostToDevice ? dst : src, n);
-    stream->synchronize();
+    const uint64_t n = std::min<uint64_t>(p.size, check_.size());
+    stream_->copy_async(check_.data(), p.dir == Direction::HostToDevice ? dst : src, n);
+    stream_->synchronize();
     const char* expect = p.dir == Direction::HostToDevice ? src : dst;
-    if (std::memcmp(check.data(), expect, n) != 0) ++mismatches;
+    if (std::memcmp(check_.data(), expect, n) != 0) ++mismatches_;
     return static_cast<double>(p.count * p.size) / s;
-  };
-  auto time_memcpy = [&](Point& p) {
-    const uint64_t slots = span / p.size;
-    char* src = p.dir == Direction::HostToDevice ? pinned : ref_device;
-    char* dst = p.dir == Direction::HostToDevice ? ref_device : pinned;
+  }
+
+  // The same copies with memcpy on this thread; bytes/s. Adds the share of a core the
+  // thread got to p.ref_cpu.
+  double time_memcpy(Point& p) {
+    const uint64_t slots = span_ / p.size;
+    char* src = p.dir == Direction::HostToDevice ? pinned_ : ref_device_;
+    char* dst = p.dir == Direction::HostToDevice ? ref_device_ : pinned_;
     const double cpu0 = thread_cpu_seconds();
     const auto t0 = Clock::now();
     for (uint64_t i = 0; i < p.count; ++i) {
@@ -174,44 +174,65 @@ int run_copy(const CopyOptions& o, const std::string& command) {
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     p.ref_cpu.push_back((thread_cpu_seconds() - cpu0) / s);
     return static_cast<double>(p.count * p.size) / s;
-  };
+  }
 
-  // One untimed round first: page tables, the worker's first wake-ups.
+  uint64_t mismatches() const { return mismatches_; }
+  void reset_mismatches() { mismatches_ = 0; }
+
+ private:
+  uint64_t span_;  // bytes
+  std::unique_ptr<TierPool> pinned_pool_;
+  std::unique_ptr<TierPool> arena_;
+  char* pinned_ = nullptr;      // span_ bytes of the pinned pool
+  char* device_ = nullptr;      // span_ bytes of the device arena
+  std::unique_ptr<char[]> host_side_storage_;
+  char* ref_device_ = nullptr;  // the memcpy reference's "device" side
+  std::unique_ptr<Stream> stream_;
+  std::vector<char> check_;     // read-back of a copied block
+  uint64_t mismatches_ = 0;
+};
+
+// One untimed round first (page tables, the worker's first wake-ups), then --reps
+// samples of each point; the two sides alternate, and who goes first alternates by
+// repetition and point.
+void measure_points(std::vector<Point>& points, CopyBuffers& buffers, unsigned reps, Progress& progress) {
   for (auto& p : points) {
     progress.show("warm-up " + std::string(name_of(p.dir)) + " " + short_size(p.size));
-    time_strata(p);
-    time_memcpy(p);
+    buffers.time_stream(p);
+    buffers.time_memcpy(p);
   }
-  mismatches = 0;
+  buffers.reset_mismatches();
   for (auto& p : points) p.ref_cpu.clear();
-  for (unsigned rep = 0; rep < o.reps; ++rep) {
+  for (unsigned rep = 0; rep < reps; ++rep) {
     for (size_t i = 0; i < points.size(); ++i) {
       Point& p = points[i];
-      progress.show("rep " + std::to_string(rep + 1) + "/" + std::to_string(o.reps) + ", " + name_of(p.dir) + " " +
+      progress.show("rep " + std::to_string(rep + 1) + "/" + std::to_string(reps) + ", " + name_of(p.dir) + " " +
                     short_size(p.size));
       if ((rep + i) % 2 == 0) {
-        p.strata.push_back(time_strata(p));
-        p.ref.push_back(time_memcpy(p));
+        p.strata.push_back(buffers.time_stream(p));
+        p.ref.push_back(buffers.time_memcpy(p));
       } else {
-        p.ref.push_back(time_memcpy(p));
-        p.strata.push_back(time_strata(p));
+        p.ref.push_back(buffers.time_memcpy(p));
+        p.strata.push_back(buffers.time_stream(p));
       }
     }
   }
-  progress.done();
+}
 
+Report copy_report(const CopyOptions& o, const CopyPlan& z, const Device& dev, const std::vector<Point>& points,
+                   uint64_t mismatches, double load_start, const std::string& command) {
   Report r;
   r.benchmark = "copy";
   r.command = command;
-  r.title = "strata bench copy: " + dev->description() + ", copy stream vs memcpy of the same bytes; GB/s = 1e9 B/s, "
+  r.title = "strata bench copy: " + dev.description() + ", copy stream vs memcpy of the same bytes; GB/s = 1e9 B/s, "
             "median over " + std::to_string(o.reps) + " samples [min, max]";
-  r.config = {{"backend", to_string(backend)},
-              {"device", dev->description()},
-              {"span_bytes", span},
-              {"bytes_per_sample", per_sample},
+  r.config = {{"backend", to_string(z.backend)},
+              {"device", dev.description()},
+              {"span_bytes", z.span},
+              {"bytes_per_sample", z.per_sample},
               {"reps", o.reps},
-              {"reference", backend == Backend::Cpu ? "memcpy between the same pinned and arena (host RAM) buffers"
-                                                    : "memcpy between the pinned pool and a host buffer"},
+              {"reference", z.backend == Backend::Cpu ? "memcpy between the same pinned and arena (host RAM) buffers"
+                                                      : "memcpy between the pinned pool and a host buffer"},
               {"load_average_start", load_start},
               {"load_average_end", load_average()}};
   r.table.columns = {{"direction", "dir", ""},
@@ -253,7 +274,26 @@ int run_copy(const CopyOptions& o, const std::string& command) {
                     " copy-stream samples read back and compared: " + std::to_string(mismatches) + " mismatched.");
   r.notes.push_back("memcpy cpu: the share of a core the memcpy reference's thread got while it ran (median); below "
                     "1, other work on the machine took the rest.");
-  emit(r, o.out);
+  return r;
+}
+
+int run_copy(const CopyOptions& o, const std::string& command) {
+  check_output_options(o.out);
+  const CopyPlan z = check_copy_options(o);
+  const double load_start = load_average();
+
+  auto dev = make_device({z.backend, o.ordinal});
+  CopyBuffers buffers(*dev, z.backend, z.span);
+  std::vector<Point> points;
+  for (uint64_t size : z.sizes)
+    for (Direction d : z.dirs) points.push_back({d, size, std::max<uint64_t>(1, z.per_sample / size), {}, {}, {}});
+
+  Progress progress("strata bench copy");
+  measure_points(points, buffers, o.reps, progress);
+  progress.done();
+
+  const uint64_t mismatches = buffers.mismatches();
+  emit(copy_report(o, z, *dev, points, mismatches, load_start, command), o.out);
   return mismatches == 0 ? 0 : 1;
 }
 

@@ -247,176 +247,227 @@ Run run_fio(const FioSetup& f, const std::string& file, uint64_t file_bytes, con
   return r;
 }
 
-int run_io(const IoBenchOptions& o, const std::string& command_line) {
-  // Inputs.
-  check_output_options(o.out);
-  const uint64_t file_bytes = parse_size("--size", o.size);
-  const uint64_t pinned_bytes = parse_size("--pinned", o.pinned);
-  const uint64_t bytes_target = o.bytes.empty() ? 0 : parse_size("--bytes", o.bytes);
-  if (file_bytes < (1 << 20) || file_bytes % (1 << 20) != 0)
-    throw ConfigError("--size " + o.size + " must be a whole number of MiB, at least 1M");
-  if (pinned_bytes < (1 << 20)) throw ConfigError("--pinned " + o.pinned + " must be at least 1M");
+// The options, checked: sizes in bytes, the patterns by name.
+struct IoPlan {
+  uint64_t file_bytes = 0;    // the test file
+  uint64_t pinned_bytes = 0;  // the pinned pool's budget
+  uint64_t bytes_target = 0;  // bytes per run; 0: --seconds per run
   std::vector<uint64_t> blocks;
+  std::vector<Pattern> patterns;
+  IoEngineKind kind = IoEngineKind::Auto;
+  unsigned reps = 1;          // runs per point (per side)
+};
+
+IoPlan check_io_options(const IoBenchOptions& o) {
+  IoPlan z;
+  z.file_bytes = parse_size("--size", o.size);
+  z.pinned_bytes = parse_size("--pinned", o.pinned);
+  z.bytes_target = o.bytes.empty() ? 0 : parse_size("--bytes", o.bytes);
+  if (z.file_bytes < (1 << 20) || z.file_bytes % (1 << 20) != 0)
+    throw ConfigError("--size " + o.size + " must be a whole number of MiB, at least 1M");
+  if (z.pinned_bytes < (1 << 20)) throw ConfigError("--pinned " + o.pinned + " must be at least 1M");
   for (const auto& b : o.block_sizes) {
     uint64_t v = parse_size("--block-sizes", b);
     if (v < 4096 || (v & (v - 1)) != 0 || v > (64ull << 20))
       throw ConfigError("--block-sizes: " + b + " must be a power of two from 4K to 64M");
-    if (v > pinned_bytes) throw ConfigError("--block-sizes: " + b + " is larger than --pinned " + o.pinned);
-    if (v > file_bytes) throw ConfigError("--block-sizes: " + b + " is larger than --size " + o.size);
-    blocks.push_back(v);
+    if (v > z.pinned_bytes) throw ConfigError("--block-sizes: " + b + " is larger than --pinned " + o.pinned);
+    if (v > z.file_bytes) throw ConfigError("--block-sizes: " + b + " is larger than --size " + o.size);
+    z.blocks.push_back(v);
   }
   for (unsigned d : o.depths)
     if (d < 1 || d > 4096) throw ConfigError("--depths: " + std::to_string(d) + " must be from 1 to 4096");
-  std::vector<Pattern> patterns;
   for (const auto& p : o.patterns) {
-    if (p == "read") patterns.push_back({p, IoDir::Read, false});
-    else if (p == "write") patterns.push_back({p, IoDir::Write, false});
-    else if (p == "randread") patterns.push_back({p, IoDir::Read, true});
-    else if (p == "randwrite") patterns.push_back({p, IoDir::Write, true});
+    if (p == "read") z.patterns.push_back({p, IoDir::Read, false});
+    else if (p == "write") z.patterns.push_back({p, IoDir::Write, false});
+    else if (p == "randread") z.patterns.push_back({p, IoDir::Read, true});
+    else if (p == "randwrite") z.patterns.push_back({p, IoDir::Write, true});
     else throw ConfigError("--patterns: unknown '" + p + "'; use read, write, randread, randwrite (fio's names)");
   }
-  if (blocks.empty() || o.depths.empty() || patterns.empty())
+  if (z.blocks.empty() || o.depths.empty() || z.patterns.empty())
     throw ConfigError("--block-sizes, --depths and --patterns each need at least one value");
-  if (!bytes_target && !(o.seconds > 0)) throw ConfigError("--seconds must be positive");
-  if (file_bytes <= pinned_bytes)
+  if (!z.bytes_target && !(o.seconds > 0)) throw ConfigError("--seconds must be positive");
+  if (z.file_bytes <= z.pinned_bytes)
     std::fprintf(stderr, "strata bench io: note: --size %s is not larger than --pinned %s; reads may repeat buffers\n",
                  o.size.c_str(), o.pinned.c_str());
-  IoEngineKind kind = IoEngineKind::Auto;
-  if (o.engine == "io_uring") kind = IoEngineKind::Uring;
-  else if (o.engine == "threadpool") kind = IoEngineKind::ThreadPool;
+  if (o.engine == "io_uring") z.kind = IoEngineKind::Uring;
+  else if (o.engine == "threadpool") z.kind = IoEngineKind::ThreadPool;
   else if (o.engine != "auto") throw ConfigError("--engine: use auto, io_uring or threadpool");
-  const unsigned reps = o.reps ? o.reps : (o.vs_fio ? 3 : 1);
+  z.reps = o.reps ? o.reps : (o.vs_fio ? 3 : 1);
+  return z;
+}
 
-  FioSetup fio;
-  if (o.vs_fio) {
-    std::string ver;
-    int rc = run_command(shell_quote(o.fio) + " --version", &ver);
-    if (rc != 0) {
-      std::fprintf(stderr,
-                   "strata bench io: --vs-fio needs fio, but '%s --version' failed (exit %d): %s"
-                   "install fio (e.g. apt-get install fio) or run without --vs-fio\n",
-                   o.fio.c_str(), rc, ver.c_str());
-      return 2;
+// fio's executable and version for --vs-fio; false (with the fix on stderr) when
+// `fio --version` fails.
+bool probe_fio(const IoBenchOptions& o, FioSetup& fio) {
+  std::string ver;
+  int rc = run_command(shell_quote(o.fio) + " --version", &ver);
+  if (rc != 0) {
+    std::fprintf(stderr,
+                 "strata bench io: --vs-fio needs fio, but '%s --version' failed (exit %d): %s"
+                 "install fio (e.g. apt-get install fio) or run without --vs-fio\n",
+                 o.fio.c_str(), rc, ver.c_str());
+    return false;
+  }
+  fio.exe = o.fio;
+  fio.extra = o.fio_extra;
+  fio.version = ver.substr(0, ver.find('\n'));
+  return true;
+}
+
+// What every run works on: the test file and a pinned pool of random bytes, registered
+// with each engine made for a point.
+struct IoTarget {
+  BenchFile file;
+  std::unique_ptr<Device> device;
+  std::unique_ptr<TierPool> pool;
+  char* buffers = nullptr;  // the whole pool
+  uint64_t align = 0;       // O_DIRECT alignment of the file, bytes
+  IoEngineKind kind;
+  bool sqpoll;
+
+  IoTarget(const IoBenchOptions& o, const IoPlan& z)
+      : file(o.dir, z.file_bytes), device(make_device({})), pool(make_pinned_pool(*device, {.budget = z.pinned_bytes})),
+        kind(z.kind), sqpoll(o.sqpoll) {
+    buffers = static_cast<char*>(pool->try_allocate(pool->capacity(), "bench-io"));
+    STRATA_CHECK(buffers != nullptr, "the pinned pool could not give its whole capacity");
+    if (o.huge_pages) {
+      // The pool already asks for transparent huge pages; this makes the kernel collapse
+      // every range now, so the whole pool is on 2 MiB pages. fio's buffers stay on 4 KiB.
+      if (madvise(pool->base(), pool->capacity(), MADV_COLLAPSE) != 0)
+        std::fprintf(stderr, "strata bench io: --hugepages: the kernel refused MADV_COLLAPSE (%s)\n",
+                     std::strerror(errno));
     }
-    fio.exe = o.fio;
-    fio.extra = o.fio_extra;
-    fio.version = ver.substr(0, ver.find('\n'));
-  }
-
-  // The file, the buffers, and one pass of writes so every block is really on disk.
-  BenchFile file(o.dir, file_bytes);
-  auto device = make_device({});
-  auto pool = make_pinned_pool(*device, {.budget = pinned_bytes});
-  char* buffers = static_cast<char*>(pool->try_allocate(pool->capacity(), "bench-io"));
-  STRATA_CHECK(buffers != nullptr, "the pinned pool could not give its whole capacity");
-  if (o.huge_pages) {
-    // The pool already asks for transparent huge pages; this makes the kernel collapse
-    // every range now, so the whole pool is on 2 MiB pages. fio's buffers stay on 4 KiB.
-    if (madvise(pool->base(), pool->capacity(), MADV_COLLAPSE) != 0)
-      std::fprintf(stderr, "strata bench io: --hugepages: the kernel refused MADV_COLLAPSE (%s)\n",
-                   std::strerror(errno));
-  }
-  {
     std::mt19937_64 rng(1);
     for (uint64_t i = 0; i + 8 <= pool->capacity(); i += 8) {
       uint64_t v = rng();
       std::memcpy(buffers + i, &v, 8);
     }
+    align = probe_dio_alignment(file.fd());
   }
-  const uint64_t align = probe_dio_alignment(file.fd());
-  auto make_engine = [&](uint64_t bs, unsigned depth) {
+
+  std::unique_ptr<IoEngine> make_engine(uint64_t bs, unsigned depth) const {
     IoEngineOptions eo;
     eo.aio.block_size = bs;
     eo.aio.queue_depth = depth;
     eo.aio.engine = kind;
-    eo.aio.use_sqpoll = o.sqpoll;
+    eo.aio.use_sqpoll = sqpoll;
     eo.files = {IoFile{file.path(), file.fd()}};
     eo.alignment = align;
     auto eng = std::make_unique<IoEngine>(std::move(eo));
     eng->register_buffer(pool->base(), pool->capacity());
     return eng;
-  };
-  Progress progress("strata bench io");
-  std::string engine_name, engine_desc;
-  {
-    progress.show("writing " + format_bytes(file_bytes) + " to " + file.path() + " first");
-    auto eng = make_engine(1 << 20, 16);
-    Pattern fill{"write", IoDir::Write, false};
-    run_strata(*eng, fill, 1 << 20, 16, file_bytes, buffers, pool->capacity(), 0, file_bytes, 0);
-    if (fsync(file.fd()) != 0) throw IoError("fsync of the bench file failed", file.path(), 0, file_bytes, errno);
-    engine_name = eng->name();
-    fio.fixedbufs = eng->fixed_buffers();
-    fio.sqpoll = eng->config().use_sqpoll;
-    engine_desc = engine_name + (eng->fixed_buffers() ? ", registered buffers" : ", unregistered buffers") +
-                  (eng->config().use_sqpoll ? ", SQPOLL" : "");
   }
+};
 
-  // Measure.
-  json points = json::array();
-  const size_t total = patterns.size() * blocks.size() * o.depths.size();
+// The engine as it came up (io_uring or the thread pool, registered buffers, SQPOLL).
+struct EngineInfo {
+  std::string name;
+  std::string description;
+};
+
+// One pass of writes so every block is really on disk (an unwritten extent reads back as
+// zeros without touching it). fio is set up to match what the engine got.
+EngineInfo fill_file(IoTarget& t, uint64_t file_bytes, FioSetup& fio, Progress& progress) {
+  progress.show("writing " + format_bytes(file_bytes) + " to " + t.file.path() + " first");
+  auto eng = t.make_engine(1 << 20, 16);
+  Pattern fill{"write", IoDir::Write, false};
+  run_strata(*eng, fill, 1 << 20, 16, file_bytes, t.buffers, t.pool->capacity(), 0, file_bytes, 0);
+  if (fsync(t.file.fd()) != 0) throw IoError("fsync of the bench file failed", t.file.path(), 0, file_bytes, errno);
+  fio.fixedbufs = eng->fixed_buffers();
+  fio.sqpoll = eng->config().use_sqpoll;
+  EngineInfo info;
+  info.name = eng->name();
+  info.description = info.name + (eng->fixed_buffers() ? ", registered buffers" : ", unregistered buffers") +
+                     (eng->config().use_sqpoll ? ", SQPOLL" : "");
+  return info;
+}
+
+struct Row {
+  std::string pattern;
+  uint64_t bs;
+  unsigned depth;
+  Stats strata, fio;
+};
+
+// Every pattern x block size x depth: --reps runs through a fresh engine, alternating
+// with fio (who goes first alternates too) under --vs-fio.
+std::vector<Row> measure_points(const IoBenchOptions& o, const IoPlan& z, const IoTarget& t, const FioSetup& fio,
+                                Progress& progress) {
+  const size_t total = z.patterns.size() * z.blocks.size() * o.depths.size();
   size_t index = 0;
-  struct Row {
-    std::string pattern;
-    uint64_t bs;
-    unsigned depth;
-    Stats strata, fio;
-  };
   std::vector<Row> rows;
-  for (const auto& pat : patterns) {
-    for (uint64_t bs : blocks) {
+  for (const auto& pat : z.patterns) {
+    for (uint64_t bs : z.blocks) {
       for (unsigned depth : o.depths) {
         ++index;
         Row row{pat.name, bs, depth, {}, {}};
-        auto eng = make_engine(bs, depth);
-        for (unsigned rep = 0; rep < reps; ++rep) {
+        auto eng = t.make_engine(bs, depth);
+        for (unsigned rep = 0; rep < z.reps; ++rep) {
           char head[160];
           std::snprintf(head, sizeof head, "[%zu/%zu] %s bs=%s qd=%u rep %u/%u", index, total, pat.name.c_str(),
-                        short_size(bs).c_str(), depth, rep + 1, reps);
+                        short_size(bs).c_str(), depth, rep + 1, z.reps);
           // Alternate who goes first, so a slow drift favours neither.
           for (int turn = 0; turn < (o.vs_fio ? 2 : 1); ++turn) {
             bool strata_turn = o.vs_fio ? ((rep + turn) % 2 == 0) : true;
             progress.show(std::string(head) + (strata_turn ? " strata" : " fio"));
             if (strata_turn) {
-              Run r = run_strata(*eng, pat, bs, depth, file_bytes, buffers, pool->capacity(), o.seconds, bytes_target,
-                                 1000 * index + rep);
+              Run r = run_strata(*eng, pat, bs, depth, z.file_bytes, t.buffers, t.pool->capacity(), o.seconds,
+                                 z.bytes_target, 1000 * index + rep);
               row.strata.runs.push_back(r.bps());
             } else {
-              Run r = run_fio(fio, file.path(), file_bytes, pat, bs, depth, o.seconds, bytes_target);
+              Run r = run_fio(fio, t.file.path(), z.file_bytes, pat, bs, depth, o.seconds, z.bytes_target);
               row.fio.runs.push_back(r.bps());
             }
           }
         }
         row.strata.finish(bs);
         row.fio.finish(bs);
-        json p{{"pattern", pat.name}, {"block_size", bs}, {"depth", depth}, {"strata", row.strata.to_json()}};
-        if (o.vs_fio) {
-          p["fio"] = row.fio.to_json();
-          p["ratio"] = row.fio.median > 0 ? row.strata.median / row.fio.median : 0.0;
-        }
-        points.push_back(p);
         rows.push_back(std::move(row));
       }
     }
   }
-  progress.done();
+  return rows;
+}
 
-  // Report.
-  const std::string page_note = huge_page_note(pool->base(), pool->capacity());
+// The human table: median [min-max] per point, beside fio's under --vs-fio.
+void print_io_table(std::FILE* out, const std::vector<Row>& rows, bool vs_fio) {
   const double mib = 1024.0 * 1024.0;
-  std::string fio_note;
-  if (o.vs_fio) fio_note = ", alternating with " + fio.version + (fio.extra.empty() ? "" : " (" + fio.extra + ")");
+  if (vs_fio)
+    std::fprintf(out, "%-10s %6s %5s  %-24s %9s  %-24s %10s\n", "pattern", "bs", "depth", "strata MiB/s", "IOPS",
+                 "fio MiB/s", "strata/fio");
+  else
+    std::fprintf(out, "%-10s %6s %5s  %-24s %9s\n", "pattern", "bs", "depth", "strata MiB/s", "IOPS");
+  for (const auto& r : rows) {
+    char sc[64], f[64];
+    std::snprintf(sc, sizeof sc, "%.0f [%.0f-%.0f]", r.strata.median / mib, r.strata.min / mib, r.strata.max / mib);
+    if (vs_fio) {
+      std::snprintf(f, sizeof f, "%.0f [%.0f-%.0f]", r.fio.median / mib, r.fio.min / mib, r.fio.max / mib);
+      std::fprintf(out, "%-10s %6s %5u  %-24s %9.0f  %-24s %10.3f\n", r.pattern.c_str(), short_size(r.bs).c_str(),
+                   r.depth, sc, r.strata.iops, f, r.fio.median > 0 ? r.strata.median / r.fio.median : 0.0);
+    } else {
+      std::fprintf(out, "%-10s %6s %5u  %-24s %9.0f\n", r.pattern.c_str(), short_size(r.bs).c_str(), r.depth, sc,
+                   r.strata.iops);
+    }
+  }
+}
+
+Report io_report(const IoBenchOptions& o, const IoPlan& z, const IoTarget& t, const FioSetup& fio,
+                 const EngineInfo& engine, const std::vector<Row>& rows, const std::string& command_line) {
+  const std::string page_note = huge_page_note(t.pool->base(), t.pool->capacity());
+  const double mib = 1024.0 * 1024.0;
+  const uint64_t pinned = t.pool->capacity();
   Report report;
   report.benchmark = "io";
   report.command = command_line;
   char title[512];
   std::snprintf(title, sizeof title, "strata bench io: %s (%s), O_DIRECT, pinned pool %s (%s), engine %s",
-                file.path().c_str(), format_bytes(file_bytes).c_str(), format_bytes(pool->capacity()).c_str(),
-                page_note.c_str(), engine_desc.c_str());
+                t.file.path().c_str(), format_bytes(z.file_bytes).c_str(), format_bytes(pinned).c_str(),
+                page_note.c_str(), engine.description.c_str());
   report.title = title;
-  report.config = {{"file_bytes", file_bytes}, {"pinned_bytes", pool->capacity()}, {"engine", engine_name},
-                   {"reps", reps}, {"vs_fio", o.vs_fio},
-                   {"seconds_per_run", bytes_target ? json(nullptr) : json(o.seconds)},
-                   {"bytes_per_run", bytes_target ? json(bytes_target) : json(nullptr)}};
+  report.config = {{"file_bytes", z.file_bytes}, {"pinned_bytes", pinned}, {"engine", engine.name},
+                   {"reps", z.reps}, {"vs_fio", o.vs_fio},
+                   {"seconds_per_run", z.bytes_target ? json(nullptr) : json(o.seconds)},
+                   {"bytes_per_run", z.bytes_target ? json(z.bytes_target) : json(nullptr)}};
   report.table.columns = {{"pattern", "pattern", ""},
                           {"block_size", "bs", ""},
                           {"depth", "depth", ""},
@@ -429,58 +480,65 @@ int run_io(const IoBenchOptions& o, const std::string& command_line) {
                                                              {"fio_min_mibps", "min", "%.0f"},
                                                              {"fio_max_mibps", "max", "%.0f"},
                                                              {"ratio", "strata/fio", "%.3f"}});
+  json points = json::array();
   for (const auto& r : rows) {
     json row{{"pattern", r.pattern}, {"block_size", r.bs}, {"depth", r.depth},
              {"strata_mibps", r.strata.median / mib}, {"strata_min_mibps", r.strata.min / mib},
              {"strata_max_mibps", r.strata.max / mib}, {"strata_iops", r.strata.iops}};
+    json p{{"pattern", r.pattern}, {"block_size", r.bs}, {"depth", r.depth}, {"strata", r.strata.to_json()}};
     if (o.vs_fio) {
       row["fio_mibps"] = r.fio.median / mib;
       row["fio_min_mibps"] = r.fio.min / mib;
       row["fio_max_mibps"] = r.fio.max / mib;
       row["ratio"] = r.fio.median > 0 ? r.strata.median / r.fio.median : 0.0;
+      p["fio"] = r.fio.to_json();
+      p["ratio"] = r.fio.median > 0 ? r.strata.median / r.fio.median : 0.0;
     }
     report.table.rows.push_back(std::move(row));
+    points.push_back(p);
   }
-  report.print_human = [&](std::FILE* out) {
+  std::string fio_note;
+  if (o.vs_fio) fio_note = ", alternating with " + fio.version + (fio.extra.empty() ? "" : " (" + fio.extra + ")");
+  report.print_human = [rows, fio_note, vs_fio = o.vs_fio, seconds = o.seconds, bytes_target = z.bytes_target,
+                        reps = z.reps](std::FILE* out) {
     if (bytes_target)
       std::fprintf(out, "%s per run, %u run(s) per point%s\n", format_bytes(bytes_target).c_str(), reps,
                    fio_note.c_str());
     else
-      std::fprintf(out, "%.1f s per run, %u run(s) per point%s\n", o.seconds, reps, fio_note.c_str());
+      std::fprintf(out, "%.1f s per run, %u run(s) per point%s\n", seconds, reps, fio_note.c_str());
     std::fprintf(out, "bandwidth in MiB/s: median [min-max] over the runs\n\n");
-    if (o.vs_fio)
-      std::fprintf(out, "%-10s %6s %5s  %-24s %9s  %-24s %10s\n", "pattern", "bs", "depth", "strata MiB/s", "IOPS",
-                   "fio MiB/s", "strata/fio");
-    else
-      std::fprintf(out, "%-10s %6s %5s  %-24s %9s\n", "pattern", "bs", "depth", "strata MiB/s", "IOPS");
-    for (const auto& r : rows) {
-      char sc[64], f[64];
-      std::snprintf(sc, sizeof sc, "%.0f [%.0f-%.0f]", r.strata.median / mib, r.strata.min / mib, r.strata.max / mib);
-      if (o.vs_fio) {
-        std::snprintf(f, sizeof f, "%.0f [%.0f-%.0f]", r.fio.median / mib, r.fio.min / mib, r.fio.max / mib);
-        std::fprintf(out, "%-10s %6s %5u  %-24s %9.0f  %-24s %10.3f\n", r.pattern.c_str(), short_size(r.bs).c_str(),
-                     r.depth, sc, r.strata.iops, f, r.fio.median > 0 ? r.strata.median / r.fio.median : 0.0);
-      } else {
-        std::fprintf(out, "%-10s %6s %5u  %-24s %9.0f\n", r.pattern.c_str(), short_size(r.bs).c_str(), r.depth, sc,
-                     r.strata.iops);
-      }
-    }
+    print_io_table(out, rows, vs_fio);
   };
   // The fields `strata bench io --json` has always had (bench/plot_io.py reads them).
-  report.extra = {{"file", file.path()},
-                  {"file_bytes", file_bytes},
-                  {"pinned_bytes", pool->capacity()},
+  report.extra = {{"file", t.file.path()},
+                  {"file_bytes", z.file_bytes},
+                  {"pinned_bytes", pinned},
                   {"pinned_pages", page_note},
-                  {"engine", engine_name},
-                  {"engine_description", engine_desc},
-                  {"seconds_per_run", bytes_target ? json(nullptr) : json(o.seconds)},
-                  {"bytes_per_run", bytes_target ? json(bytes_target) : json(nullptr)},
-                  {"reps", reps},
+                  {"engine", engine.name},
+                  {"engine_description", engine.description},
+                  {"seconds_per_run", z.bytes_target ? json(nullptr) : json(o.seconds)},
+                  {"bytes_per_run", z.bytes_target ? json(z.bytes_target) : json(nullptr)},
+                  {"reps", z.reps},
                   {"vs_fio", o.vs_fio},
                   {"fio_version", o.vs_fio ? json(fio.version) : json(nullptr)},
                   {"fio_extra", o.fio_extra},
                   {"points", points}};
-  emit(report, o.out);
+  return report;
+}
+
+int run_io(const IoBenchOptions& o, const std::string& command_line) {
+  check_output_options(o.out);
+  const IoPlan z = check_io_options(o);
+  FioSetup fio;
+  if (o.vs_fio && !probe_fio(o, fio)) return 2;
+
+  IoTarget target(o, z);
+  Progress progress("strata bench io");
+  const EngineInfo engine = fill_file(target, z.file_bytes, fio, progress);
+  const std::vector<Row> rows = measure_points(o, z, target, fio, progress);
+  progress.done();
+
+  emit(io_report(o, z, target, fio, engine, rows, command_line), o.out);
   return 0;
 }
 

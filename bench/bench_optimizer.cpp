@@ -237,99 +237,152 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-int run_optimizer(const OptimizerOptions& o, const std::string& command) {
-  check_output_options(o.out);
-  const unsigned threads = o.threads ? o.threads : std::max(1u, std::thread::hardware_concurrency());
-  const size_t n = o.params;
-  const HalfKind half = parse_half(o.half);
+AdamConfig adam_config(const OptimizerOptions& o) {
   AdamConfig config;
   config.lr = 1e-3;
   config.weight_decay = 0.01;
   config.variant = o.variant == "adamw" ? AdamVariant::AdamW : AdamVariant::Adam;
-  CpuAdam adam(config, CpuAdamOptions{threads, parse_cpu_isa(o.isa)});
+  return config;
+}
 
-  // Adam's state, and triad arrays of the same total size.
-  HostBuffer p(n * 4, o.hugepages), g(n * 4, o.hugepages), m(n * 4, o.hugepages), v(n * 4, o.hugepages);
-  std::unique_ptr<HostBuffer> half_copy;
-  if (half != HalfKind::None) half_copy = std::make_unique<HostBuffer>(n * 2, o.hugepages);
-  const size_t triad_n = n * 16 / kTriadBytesPerElement;
-  HostBuffer ta(triad_n * 8, o.hugepages), tb(triad_n * 8, o.hugepages), tc(triad_n * 8, o.hugepages);
-  // First touch from the threads that will use the memory, values far from denormals.
-  parallel_parts(n, threads, [&](size_t b, size_t e) {
-    for (size_t i = b; i < e; ++i) {
-      p.as<float>()[i] = 0.5f - static_cast<float>(i % 1000) * 1e-3f;
-      g.as<float>()[i] = 1e-2f * (static_cast<float>(i % 77) - 38.0f) + 1e-3f;
-      m.as<float>()[i] = 0.0f;
-      v.as<float>()[i] = 0.0f;
-    }
-  });
-  parallel_parts(triad_n, threads, [&](size_t b, size_t e) {
-    for (size_t i = b; i < e; ++i) {
-      ta.as<double>()[i] = 0.0;
-      tb.as<double>()[i] = 1.0;
-      tc.as<double>()[i] = 2.0;
-    }
-  });
+// The seconds of one round, one pass of each contender.
+struct RoundSeconds {
+  double strata = 0, triad = 0, triad_streaming = 0;
+  double torch_default = 0, torch_foreach = 0;  // with the PyTorch reference only
+};
 
-  std::unique_ptr<TorchAdam> torch;
-  if (o.torch) torch = std::make_unique<TorchAdam>(o, threads);
-
-  const double adam_bytes = static_cast<double>(n) * (kAdamBytesPerParam + (half != HalfKind::None ? 2 : 0));
-  const double triad_bytes = static_cast<double>(triad_n) * kTriadBytesPerElement;
-  const std::string strata_name = std::string("strata CpuAdam (") + to_string(adam.isa()) + ")";
-  std::vector<Series> series = {{strata_name, adam_bytes, double(n), {}},
-                                {"STREAM triad", triad_bytes, 0, {}},
-                                {"STREAM triad, streaming stores", triad_bytes, 0, {}}};
-  if (torch) {
-    const std::string cls = config.variant == AdamVariant::AdamW ? "AdamW" : "Adam";
-    series.push_back({"torch " + cls + " (foreach=False)", double(n) * kAdamBytesPerParam, double(n), {}});
-    series.push_back({"torch " + cls + " (foreach=True)", double(n) * kAdamBytesPerParam, double(n), {}});
+// Everything that is timed, set up before any timing: CpuAdam with its state, the
+// triad's arrays (as many bytes as Adam's state), and the PyTorch process unless
+// --no-torch.
+class Contenders {
+ public:
+  Contenders(const OptimizerOptions& o, unsigned threads)
+      : n_(o.params), threads_(threads), half_(parse_half(o.half)),
+        adam_(adam_config(o), CpuAdamOptions{threads, parse_cpu_isa(o.isa)}),
+        triad_n_(n_ * 16 / kTriadBytesPerElement),
+        p_(n_ * 4, o.hugepages), g_(n_ * 4, o.hugepages), m_(n_ * 4, o.hugepages), v_(n_ * 4, o.hugepages),
+        half_copy_(half_ != HalfKind::None ? std::make_unique<HostBuffer>(n_ * 2, o.hugepages) : nullptr),
+        ta_(triad_n_ * 8, o.hugepages), tb_(triad_n_ * 8, o.hugepages), tc_(triad_n_ * 8, o.hugepages) {
+    // First touch from the threads that will use the memory, values far from denormals.
+    parallel_parts(n_, threads, [&](size_t b, size_t e) {
+      for (size_t i = b; i < e; ++i) {
+        p_.as<float>()[i] = 0.5f - static_cast<float>(i % 1000) * 1e-3f;
+        g_.as<float>()[i] = 1e-2f * (static_cast<float>(i % 77) - 38.0f) + 1e-3f;
+        m_.as<float>()[i] = 0.0f;
+        v_.as<float>()[i] = 0.0f;
+      }
+    });
+    parallel_parts(triad_n_, threads, [&](size_t b, size_t e) {
+      for (size_t i = b; i < e; ++i) {
+        ta_.as<double>()[i] = 0.0;
+        tb_.as<double>()[i] = 1.0;
+        tc_.as<double>()[i] = 2.0;
+      }
+    });
+    if (o.torch) torch_ = std::make_unique<TorchAdam>(o, threads);
   }
 
-  const double load_before = load_average();
-  int64_t t = 0;
-  auto one_round = [&](bool record) {
+  // One pass of each, in a fixed order: a CpuAdam step, PyTorch's two Adams, the triad
+  // with plain and with streaming stores.
+  RoundSeconds round() {
+    RoundSeconds r;
     auto start = std::chrono::steady_clock::now();
-    adam.step(++t, p.as<float>(), g.as<float>(), m.as<float>(), v.as<float>(), n,
-              half_copy ? half_copy->as<void>() : nullptr, half);
-    const double strata_s = seconds_since(start);
-    std::vector<double> torch_default, torch_foreach;
-    if (torch) {
-      torch_default = torch->time("default", 1);
-      torch_foreach = torch->time("foreach", 1);
+    adam_.step(++step_, p_.as<float>(), g_.as<float>(), m_.as<float>(), v_.as<float>(), n_,
+               half_copy_ ? half_copy_->as<void>() : nullptr, half_);
+    r.strata = seconds_since(start);
+    if (torch_) {
+      r.torch_default = torch_->time("default", 1)[0];
+      r.torch_foreach = torch_->time("foreach", 1)[0];
       // libgomp's workers spin for a while after each parallel region; let them go idle
       // before the next timing, so they do not take cores from it.
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
     }
     start = std::chrono::steady_clock::now();
-    parallel_parts(triad_n, threads, [&](size_t b, size_t e) {
-      triad_range(ta.as<double>(), tb.as<double>(), tc.as<double>(), 3.0, b, e);
+    parallel_parts(triad_n_, threads_, [&](size_t b, size_t e) {
+      triad_range(ta_.as<double>(), tb_.as<double>(), tc_.as<double>(), 3.0, b, e);
     });
-    const double triad_s = seconds_since(start);
+    r.triad = seconds_since(start);
     start = std::chrono::steady_clock::now();
-    parallel_parts(triad_n, threads, [&](size_t b, size_t e) {
-      triad_range_streaming(ta.as<double>(), tb.as<double>(), tc.as<double>(), 3.0, b, e);
+    parallel_parts(triad_n_, threads_, [&](size_t b, size_t e) {
+      triad_range_streaming(ta_.as<double>(), tb_.as<double>(), tc_.as<double>(), 3.0, b, e);
     });
-    const double triad_nt_s = seconds_since(start);
-    if (!record) return;
-    series[0].seconds.push_back(strata_s);
-    series[1].seconds.push_back(triad_s);
-    series[2].seconds.push_back(triad_nt_s);
-    if (torch) {
-      series[3].seconds.push_back(torch_default[0]);
-      series[4].seconds.push_back(torch_foreach[0]);
-    }
-  };
-  Progress progress("strata bench optimizer");
-  progress.show("warm-up");
-  one_round(false);  // warm-up: page tables, torch's first allocations
-  for (unsigned r = 0; r < o.reps; ++r) {
-    progress.show("rep " + std::to_string(r + 1) + "/" + std::to_string(o.reps));
-    one_round(true);
+    r.triad_streaming = seconds_since(start);
+    return r;
   }
-  progress.done();
-  const double load_after = load_average();
 
+  size_t params() const { return n_; }
+  size_t triad_elements() const { return triad_n_; }
+  HalfKind half() const { return half_; }
+  CpuIsa isa() const { return adam_.isa(); }
+  const TorchAdam* torch() const { return torch_.get(); }
+
+ private:
+  size_t n_;  // Adam's parameters
+  unsigned threads_;
+  HalfKind half_;
+  CpuAdam adam_;
+  size_t triad_n_;  // triad elements
+  HostBuffer p_, g_, m_, v_;               // [n_] fp32
+  std::unique_ptr<HostBuffer> half_copy_;  // [n_] bf16 or fp16, or none
+  HostBuffer ta_, tb_, tc_;                // [triad_n_] fp64
+  std::unique_ptr<TorchAdam> torch_;
+  int64_t step_ = 0;
+};
+
+// One series per contender: strata, the two triads, then PyTorch's two Adams.
+std::vector<Series> make_series(const Contenders& c, AdamVariant variant) {
+  const double n = static_cast<double>(c.params());
+  const double adam_bytes = n * (kAdamBytesPerParam + (c.half() != HalfKind::None ? 2 : 0));
+  const double triad_bytes = static_cast<double>(c.triad_elements()) * kTriadBytesPerElement;
+  const std::string strata_name = std::string("strata CpuAdam (") + to_string(c.isa()) + ")";
+  std::vector<Series> series = {{strata_name, adam_bytes, n, {}},
+                                {"STREAM triad", triad_bytes, 0, {}},
+                                {"STREAM triad, streaming stores", triad_bytes, 0, {}}};
+  if (c.torch()) {
+    const std::string cls = variant == AdamVariant::AdamW ? "AdamW" : "Adam";
+    series.push_back({"torch " + cls + " (foreach=False)", n * kAdamBytesPerParam, n, {}});
+    series.push_back({"torch " + cls + " (foreach=True)", n * kAdamBytesPerParam, n, {}});
+  }
+  return series;
+}
+
+void record(std::vector<Series>& series, const RoundSeconds& r) {
+  series[0].seconds.push_back(r.strata);
+  series[1].seconds.push_back(r.triad);
+  series[2].seconds.push_back(r.triad_streaming);
+  if (series.size() > 3) {
+    series[3].seconds.push_back(r.torch_default);
+    series[4].seconds.push_back(r.torch_foreach);
+  }
+}
+
+// The human report: the table, then how strata compares with the triad and PyTorch.
+// torch_note: ", torch <version>" with the PyTorch reference, else "".
+void print_optimizer_table(std::FILE* out, const std::vector<Series>& series, const std::string& torch_note,
+                           double load_before, double load_after) {
+  std::fprintf(out, "cpu: %s%s; load average %.2f before, %.2f after\n", cpu_model().c_str(), torch_note.c_str(),
+               load_before, load_after);
+  std::fprintf(out, "%-34s %10s %10s %10s %8s %12s %8s\n", "", "median ms", "min ms", "max ms", "spread",
+               "Mparams/s", "GB/s");
+  for (const Series& s : series) {
+    std::fprintf(out, "%-34s %10.2f %10.2f %10.2f %7.1f%% %12s %8.2f\n", s.name.c_str(), s.median() * 1e3,
+                 s.min() * 1e3, s.max() * 1e3, 100.0 * (s.max() - s.min()) / s.median(),
+                 s.params_per_pass ? std::to_string(static_cast<long>(s.params_per_s() / 1e6)).c_str() : "-",
+                 s.gbps());
+  }
+  std::fprintf(out, "strata / triad bandwidth: %.2f (plain stores), %.2f (streaming stores)\n",
+               series[0].gbps() / series[1].gbps(), series[0].gbps() / series[2].gbps());
+  if (series.size() > 3)
+    std::fprintf(out, "strata / torch: %.2fx (foreach=False), %.2fx (foreach=True)\n",
+                 series[3].median() / series[0].median(), series[4].median() / series[0].median());
+}
+
+Report optimizer_report(const OptimizerOptions& o, const Contenders& c, unsigned threads,
+                        const std::vector<Series>& series, double load_before, double load_after,
+                        const std::string& command) {
+  const size_t n = c.params();
+  const AdamVariant variant = adam_config(o).variant;
+  const TorchAdam* torch = c.torch();
   nlohmann::json ratios;
   ratios["strata_over_triad_bandwidth"] = series[0].gbps() / series[1].gbps();
   ratios["strata_over_triad_streaming_bandwidth"] = series[0].gbps() / series[2].gbps();
@@ -344,12 +397,12 @@ int run_optimizer(const OptimizerOptions& o, const std::string& command) {
   std::snprintf(title, sizeof title,
                 "strata bench optimizer: %s params (%s of fp32 state), %s, %u threads, %u reps, 16-bit copy: %s%s",
                 std::to_string(n).c_str(), format_bytes(n * 16).c_str(),
-                config.variant == AdamVariant::AdamW ? "AdamW" : "Adam", threads, o.reps, o.half.c_str(),
+                variant == AdamVariant::AdamW ? "AdamW" : "Adam", threads, o.reps, o.half.c_str(),
                 o.hugepages ? ", huge pages" : "");
   report.title = title;
   report.config = {{"params", n}, {"threads", threads}, {"reps", o.reps},
-                   {"variant", config.variant == AdamVariant::AdamW ? "adamw" : "adam"}, {"half", o.half},
-                   {"isa", to_string(adam.isa())}, {"hugepages", o.hugepages},
+                   {"variant", variant == AdamVariant::AdamW ? "adamw" : "adam"}, {"half", o.half},
+                   {"isa", to_string(c.isa())}, {"hugepages", o.hugepages},
                    {"load_average_start", load_before}, {"load_average_end", load_after}};
   report.table.columns = {{"name", "", ""},          {"median_ms", "median ms", "%.2f"},
                           {"min_ms", "min ms", "%.2f"}, {"max_ms", "max ms", "%.2f"},
@@ -362,39 +415,25 @@ int run_optimizer(const OptimizerOptions& o, const std::string& command) {
                                                                      : nlohmann::json()},
                                  {"gbps", s.gbps()}, {"min_gbps", s.bytes_per_pass / s.max() / 1e9},
                                  {"max_gbps", s.bytes_per_pass / s.min() / 1e9}});
-  report.print_human = [&](std::FILE* out) {
-    std::fprintf(out, "cpu: %s%s; load average %.2f before, %.2f after\n", cpu_model().c_str(),
-                 torch ? (", torch " + torch->info().value("torch", std::string("?"))).c_str() : "", load_before,
-                 load_after);
-    std::fprintf(out, "%-34s %10s %10s %10s %8s %12s %8s\n", "", "median ms", "min ms", "max ms", "spread",
-                 "Mparams/s", "GB/s");
-    for (const Series& s : series) {
-      std::fprintf(out, "%-34s %10.2f %10.2f %10.2f %7.1f%% %12s %8.2f\n", s.name.c_str(), s.median() * 1e3,
-                   s.min() * 1e3, s.max() * 1e3, 100.0 * (s.max() - s.min()) / s.median(),
-                   s.params_per_pass ? std::to_string(static_cast<long>(s.params_per_s() / 1e6)).c_str() : "-",
-                   s.gbps());
-    }
-    std::fprintf(out, "strata / triad bandwidth: %.2f (plain stores), %.2f (streaming stores)\n",
-                 series[0].gbps() / series[1].gbps(), series[0].gbps() / series[2].gbps());
-    if (torch)
-      std::fprintf(out, "strata / torch: %.2fx (foreach=False), %.2fx (foreach=True)\n",
-                   series[3].median() / series[0].median(), series[4].median() / series[0].median());
+  const std::string torch_note = torch ? ", torch " + torch->info().value("torch", std::string("?")) : "";
+  report.print_human = [series, torch_note, load_before, load_after](std::FILE* out) {
+    print_optimizer_table(out, series, torch_note, load_before, load_after);
   };
   // The fields `strata bench optimizer --json` has always had.
   nlohmann::json& j = report.extra;
   j["params"] = n;
   j["threads"] = threads;
   j["reps"] = o.reps;
-  j["variant"] = config.variant == AdamVariant::AdamW ? "adamw" : "adam";
+  j["variant"] = variant == AdamVariant::AdamW ? "adamw" : "adam";
   j["half"] = o.half;
-  j["isa"] = to_string(adam.isa());
+  j["isa"] = to_string(c.isa());
   j["hugepages"] = o.hugepages;
   j["cpu"] = cpu_model();
   j["load_average_before"] = load_before;
   j["load_average_after"] = load_after;
-  j["adam_bytes_per_param"] = kAdamBytesPerParam + (half != HalfKind::None ? 2 : 0);
+  j["adam_bytes_per_param"] = kAdamBytesPerParam + (c.half() != HalfKind::None ? 2 : 0);
   j["triad_bytes_per_element"] = kTriadBytesPerElement;
-  j["triad_elements"] = triad_n;
+  j["triad_elements"] = c.triad_elements();
   if (torch) j["torch"] = torch->info();
   for (const Series& s : series) {
     nlohmann::json r;
@@ -407,7 +446,27 @@ int run_optimizer(const OptimizerOptions& o, const std::string& command) {
     j["results"][s.name] = r;
   }
   j["ratios"] = ratios;
-  emit(report, o.out);
+  return report;
+}
+
+int run_optimizer(const OptimizerOptions& o, const std::string& command) {
+  check_output_options(o.out);
+  const unsigned threads = o.threads ? o.threads : std::max(1u, std::thread::hardware_concurrency());
+  Contenders contenders(o, threads);
+  std::vector<Series> series = make_series(contenders, adam_config(o).variant);
+
+  const double load_before = load_average();
+  Progress progress("strata bench optimizer");
+  progress.show("warm-up");
+  contenders.round();  // warm-up: page tables, torch's first allocations
+  for (unsigned r = 0; r < o.reps; ++r) {
+    progress.show("rep " + std::to_string(r + 1) + "/" + std::to_string(o.reps));
+    record(series, contenders.round());
+  }
+  progress.done();
+  const double load_after = load_average();
+
+  emit(optimizer_report(o, contenders, threads, series, load_before, load_after, command), o.out);
   return 0;
 }
 

@@ -5,7 +5,6 @@
 // On the cuda backend (--backend cuda; run on an H100, docs/training.md) the reference keeps the
 // parameters on the GPU and the optimizer in pinned memory (there is no GPU optimizer),
 // and the model is GptCuda with NCCL over the one GPU.
-#include <chrono>
 #include <cstdio>
 #include <cerrno>
 #include <cstring>
@@ -20,6 +19,7 @@
 #include "strata/bench/report.hpp"
 #include "strata/collectives/communicator.hpp"
 #include "strata/collectives/nccl.hpp"
+#include "strata/core/clock.hpp"
 #include "strata/core/device.hpp"
 #include "strata/core/error.hpp"
 #include "strata/model/gpt.hpp"
@@ -52,10 +52,6 @@ struct Setup {
   std::vector<double> seconds, exposed, optimizer;
   double exposed_before = 0, opt_wait_before = 0;
 };
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 int run_step(const StepArgs& a) {
   check_output_options(a.out);
@@ -136,7 +132,7 @@ int run_step(const StepArgs& a) {
                                                       std::to_string(a.reps) + ", ") +
                     s.label);
       const EngineStats before = s.engine->stats();
-      const double t0 = now_s();
+      const double t0 = steady_seconds();
       for (int m = 0; m < a.accum; ++m) {
         for (size_t i = 0; i < n; ++i) x[i] = static_cast<int32_t>(rng() % a.shape.vocab);
         for (size_t i = 0; i < n; ++i) y[i] = static_cast<int32_t>(rng() % a.shape.vocab);
@@ -144,7 +140,7 @@ int run_step(const StepArgs& a) {
         model->forward_backward(*s.engine, x.data(), y.data());
       }
       s.engine->step();
-      const double dt = now_s() - t0;
+      const double dt = steady_seconds() - t0;
       const EngineStats after = s.engine->stats();
       if (r < a.warmup) continue;
       s.seconds.push_back(dt);

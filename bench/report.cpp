@@ -9,10 +9,12 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "strata/core/clock.hpp"
 #include "strata/core/error.hpp"
 #include "strata/memory/topology.hpp"
 
@@ -25,11 +27,6 @@ namespace strata::bench {
 namespace {
 
 using nlohmann::json;
-
-double steady_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 
 // The directory a file would be created in must exist and be writable.
 void check_writable(const std::string& flag, const std::string& path) {
@@ -173,6 +170,18 @@ double load_average() {
     std::fclose(f);
   }
   return load;
+}
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 Summary summarize(const std::vector<double>& samples) {

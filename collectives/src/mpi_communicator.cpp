@@ -101,12 +101,12 @@ class MpiCommunicator final : public Communicator {
     size_t count = 0;
   };
 
-  // MPI counts are int: a larger collective must be cut by the caller (bucketing).
+  // MPI counts are int: a larger collective must be cut into pieces by the caller.
   int int_count(size_t count, const char* op) const {
     if (count > static_cast<size_t>(INT_MAX))
       throw CollectiveUsageError(where(op) + std::to_string(count) +
                                  " elements exceed the MPI backend's limit of INT_MAX per rank; cut the "
-                                 "buffer into buckets (bucketing.hpp)");
+                                 "buffer into several collectives");
     return static_cast<int>(count);
   }
 

@@ -14,6 +14,7 @@
 #include <numa.h>
 
 #include "host_memory.hpp"
+#include "strata/core/clock.hpp"
 #include "strata/core/device.hpp"
 #include "strata/core/error.hpp"
 
@@ -142,7 +143,7 @@ class CpuDevice final : public Device {
     int cpu = sched_getcpu();
     return cpu < 0 ? -1 : numa_node_of_cpu(cpu);
   }
-  double now() const override { return detail::steady_seconds(); }
+  double now() const override { return steady_seconds(); }
   void* allocate_host(size_t bytes, int node, bool lock, bool* locked) override {
     return detail::map_host_memory(bytes, node, lock, locked);
   }

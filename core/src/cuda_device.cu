@@ -12,6 +12,7 @@
 #include <string>
 
 #include "host_memory.hpp"
+#include "strata/core/clock.hpp"
 #include "strata/core/device.hpp"
 #include "strata/core/error.hpp"
 
@@ -256,7 +257,7 @@ class CudaDevice final : public Device {
 #endif
     return node;
   }
-  double now() const override { return detail::steady_seconds(); }
+  double now() const override { return steady_seconds(); }
   // NUMA-placed, locked pages; register_host (cudaHostRegister) then pins them for DMA.
   void* allocate_host(size_t bytes, int node, bool lock, bool* locked) override {
     return detail::map_host_memory(bytes, node, lock, locked);

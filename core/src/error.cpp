@@ -44,19 +44,27 @@ void fail_call(const char* kind, const char* call, long code, const std::string&
   fatal(file, line, os.str());
 }
 
-std::string format_bytes(uint64_t bytes) {
-  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+std::string format_bytes(uint64_t bytes, ByteStyle style) {
+  static const char* full_units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  static const char* compact_units[] = {"", "K", "M", "G"};
+  static const int compact_decimals[] = {0, 0, 1, 2};
+  const bool compact = style == ByteStyle::Compact;
+  // Compact keeps to K..G so that a column of them reads at a glance.
+  const int lowest = compact ? 1 : 0, highest = compact ? 3 : 5;
   double v = static_cast<double>(bytes);
-  int u = 0;
-  while (v >= 1024.0 && u < 5) {
+  for (int i = 0; i < lowest; ++i) v /= 1024.0;
+  int u = lowest;
+  while (v >= 1024.0 && u < highest) {
     v /= 1024.0;
     ++u;
   }
   char buf[64];
-  if (u == 0)
+  if (compact)
+    std::snprintf(buf, sizeof buf, "%.*f%s", compact_decimals[u], v, compact_units[u]);
+  else if (u == 0)
     std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(bytes));
   else
-    std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);
+    std::snprintf(buf, sizeof buf, "%.2f %s", v, full_units[u]);
   return buf;
 }
 

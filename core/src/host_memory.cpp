@@ -3,7 +3,6 @@
 #include <sys/mman.h>
 
 #include <cerrno>
-#include <chrono>
 #include <cstring>
 #include <string>
 
@@ -49,11 +48,6 @@ void* map_host_memory(size_t bytes, int node, bool lock, bool* locked) {
 
 void unmap_host_memory(void* p, size_t bytes) {
   if (p) munmap(p, bytes);  // unlocks too
-}
-
-double steady_seconds() {
-  static const auto t0 = std::chrono::steady_clock::now();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace strata::detail

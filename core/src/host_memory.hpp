@@ -12,7 +12,4 @@ namespace strata::detail {
 void* map_host_memory(size_t bytes, int numa_node, bool lock, bool* locked);
 void unmap_host_memory(void* p, size_t bytes);
 
-// Seconds of steady time since the first call in this process.
-double steady_seconds();
-
 }  // namespace strata::detail

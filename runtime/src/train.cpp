@@ -1,6 +1,6 @@
 #include "strata/runtime/train.hpp"
 
-#include <chrono>
+#include <algorithm>
 #include <csignal>
 #include <cerrno>
 #include <cmath>
@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "strata/collectives/communicator.hpp"
+#include "strata/core/clock.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/log.hpp"
 #include "strata/model/data.hpp"
@@ -21,22 +22,6 @@
 namespace strata {
 
 namespace {
-
-std::string human_bytes(uint64_t b) {
-  char buf[32];
-  const double v = static_cast<double>(b);
-  if (v >= 1024.0 * 1024 * 1024)
-    std::snprintf(buf, sizeof buf, "%.2fG", v / (1024.0 * 1024 * 1024));
-  else if (v >= 1024.0 * 1024)
-    std::snprintf(buf, sizeof buf, "%.1fM", v / (1024.0 * 1024));
-  else
-    std::snprintf(buf, sizeof buf, "%.0fK", v / 1024.0);
-  return buf;
-}
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 std::string with_rank(const std::string& path, int rank, int world) {
   if (path.empty() || world == 1) return path;
@@ -78,17 +63,200 @@ class StopSignals {
   void (*saved_[3])(int);
 };
 
-}  // namespace
+// A stop signal on any rank stops every rank after this step (they must agree: the
+// checkpoint save is collective). Returns the signal, 0 for none.
+int agreed_stop_signal(coll::Communicator& comm) {
+  double stop = g_stop_signal;
+  if (comm.size() > 1) comm.all_reduce(std::span<double>(&stop, 1), coll::ReduceOp::Max).wait();
+  return static_cast<int>(stop);
+}
 
-TrainResult train(const Config& cfg, const TrainOptions& topts) {
-  const GptShape shape = cfg.strata.model;
-  validate(shape);
+// What train() checks before it opens anything.
+void check_inputs(const Config& cfg, const TrainOptions& topts) {
+  validate(cfg.strata.model);
   if (cfg.strata.data.path.empty())
     throw ConfigError("strata.data.path is not set: name a text file (byte-level, vocabulary 256) or an llm.c token "
                       "file, in the config or with --set strata.data.path=FILE");
   if (topts.resume && cfg.strata.checkpoint_dir.empty())
     throw ConfigError("--resume needs strata.checkpoint_dir: the directory the earlier run saved into");
+}
 
+// Where a run starts: the latest complete checkpoint in `dir`, loaded into the engine,
+// or step 0 at the start of the data when there is none.
+struct StartPoint {
+  int64_t step = 0;   // optimizer steps already taken
+  DataPosition pos{};
+};
+
+StartPoint resume_latest(ZeroEngine& engine, coll::Communicator& comm, const std::string& dir) {
+  StartPoint start;
+  if (auto latest = latest_checkpoint(dir)) {
+    CheckpointInfo info = load_checkpoint(engine, comm, *latest);
+    start.step = info.step;
+    start.pos = DataPosition::from_json(info.extra.at("data"));
+    if (comm.rank() == 0) log::info("resumed from " + *latest + " at step " + std::to_string(info.step));
+  } else if (comm.rank() == 0) {
+    log::warn("--resume: no complete checkpoint in " + dir + "; starting from step 0");
+  }
+  return start;
+}
+
+// The matmul peak that MFU is measured against, FLOP/s: every rank measures at once (on
+// the cpu they share the machine's cores when they share a machine; on cuda each its own
+// GPU) and the peaks are summed.
+double measure_peak_flops(coll::Communicator& comm, Backend backend) {
+  comm.barrier().wait();
+  double peak = measure_matmul_peak(backend, 0.3);
+  comm.all_reduce(std::span<double>(&peak, 1)).wait();
+  return peak;
+}
+
+// What a step's throughput and MFU are measured against.
+struct StepCost {
+  uint64_t global_tokens = 0;  // tokens per optimizer step, all ranks
+  double flops_per_token = 0;  // model FLOPs, forward and backward
+  double peak_flops = 0;       // FLOP/s, all ranks (measure_peak_flops)
+};
+
+// The timing fields of a step that took `seconds`: throughput, MFU, and the transfer
+// wait it exposed (the engine's running totals now, `st`, against the previous step's).
+void time_step(StepRecord& rec, double seconds, const StepCost& cost, const EngineStats& st,
+               const EngineStats& prev) {
+  rec.seconds = seconds;
+  rec.tokens_per_s = static_cast<double>(cost.global_tokens) / rec.seconds;
+  rec.mfu = cost.flops_per_token * static_cast<double>(cost.global_tokens) / rec.seconds / cost.peak_flops;
+  rec.exposed_s = st.exposed_wait_s - prev.exposed_wait_s + st.optimizer_wait_s;
+  rec.optimizer_s = st.optimizer_s;
+}
+
+// A checkpoint after the step that reached optimizer step `step`: every checkpoint_every
+// steps and after the last, or at once on a stop signal; only with a checkpoint_dir, and
+// never twice for one step (a skipped step leaves the optimizer step unchanged).
+bool should_checkpoint(const StrataSection& s, int64_t step, bool last_step, int64_t saved_step, bool stopping) {
+  if (s.checkpoint_dir.empty() || step == saved_step) return false;
+  if (stopping) return true;
+  return s.checkpoint_every > 0 && (step % s.checkpoint_every == 0 || last_step);
+}
+
+// The mean loss over up to `batches` held-out batches of every rank; -1 when the data
+// holds none. x and y are the step's token buffers.
+double heldout_loss(GptModel& model, ZeroEngine& engine, const TokenDataset& data, coll::Communicator& comm,
+                    int batches, int micro, std::vector<int32_t>& x, std::vector<int32_t>& y) {
+  double sum = 0;
+  int n = 0;
+  for (int b = 0; b < batches; ++b) {
+    if (!data.heldout_batch(b, comm.rank(), comm.size(), micro, x.data(), y.data())) break;
+    sum += model.forward_loss(engine, x.data(), y.data());
+    ++n;
+  }
+  double both[2] = {sum, static_cast<double>(n)};
+  comm.all_reduce(std::span<double>(both, 2)).wait();
+  return both[1] > 0 ? both[0] / both[1] : -1;
+}
+
+// Rank 0's account of the run: the lines on stdout (with --quiet only the stop notice)
+// and the metrics file, one JSON object per step. Other ranks hold a silent one.
+class StepLog {
+ public:
+  // Opens the metrics file at once: a bad path fails before the model is built.
+  StepLog(const Config& cfg, const TrainOptions& topts, int rank)
+      : rank0_(rank == 0), lines_(rank == 0 && !topts.quiet), every_(std::max(1, cfg.steps_per_print)) {
+    if (rank0_ && !topts.metrics_path.empty()) {
+      metrics_.open(topts.metrics_path, std::ios::app);
+      if (!metrics_) throw IoError("cannot open the metrics file for appending", topts.metrics_path, 0, 0, errno);
+    }
+  }
+
+  // What runs where, the memory it has, and the peak MFU is measured against.
+  void header(const GptShape& shape, int world, const Device& device, const EngineOptions& eo, const GptModel& model,
+              const GptOptions& mo, const StepCost& cost) {
+    if (!lines_) return;
+    const uint64_t params = gpt_param_count(shape);
+    std::printf("strata train: %llu parameters (%d layers, d_model %d, %d heads, context %d, vocab %d), %d rank%s "
+                "on %s%s, ZeRO stage %d, params on %s, optimizer on %s\n",
+                static_cast<unsigned long long>(params), shape.layers, shape.d_model, shape.heads, shape.seq_len,
+                shape.vocab, world, world == 1 ? "" : "s", device.description().c_str(),
+                world == 1 ? "" : " (rank 0)", eo.stage, to_string(eo.param_home), to_string(eo.optimizer_home));
+    std::printf("  model states %s (20 B/param: fp32 params, grads, master, Adam moments) vs budgets device %s, pinned %s; activations %s per rank%s; "
+                "%llu tokens per step; matmul peak %.1f GFLOP/s\n",
+                compact(params * 20).c_str(), compact(eo.store.device_budget).c_str(),
+                compact(eo.store.pinned_budget).c_str(), compact(model.activation_bytes()).c_str(),
+                mo.checkpointing == ActivationCheckpointing::None ? "" : " (checkpointed per block)",
+                static_cast<unsigned long long>(cost.global_tokens), cost.peak_flops / 1e9);
+    std::fflush(stdout);
+  }
+
+  // One step: a line every steps_per_print steps and after the last, and a metrics
+  // object with the tiers' use and the bytes moved since the previous step's stats.
+  void step(const StepRecord& rec, bool last_step, const EngineStats& st, const EngineStats& prev) {
+    if (!rank0_) return;
+    const auto& t = st.store.tiers;
+    if (lines_ && (rec.step % every_ == 0 || last_step)) {
+      const auto tier = [&](Tier k) {
+        const TierUsage& u = t[static_cast<int>(k)];
+        return compact(u.used) + "/" + compact(u.budget);
+      };
+      std::printf("step %5lld  loss %.4f  lr %.3e  %8.0f tok/s  MFU %.2f  device %s  pinned %s  nvme %s  exposed %.3fs  "
+                  "step %.2fs%s\n",
+                  static_cast<long long>(rec.step), rec.loss, rec.lr, rec.tokens_per_s, rec.mfu,
+                  tier(Tier::Device).c_str(), tier(Tier::Pinned).c_str(), tier(Tier::Nvme).c_str(), rec.exposed_s,
+                  rec.seconds, rec.stepped ? "" : "  (skipped: non-finite gradients)");
+      std::fflush(stdout);
+    }
+    if (!metrics_.is_open()) return;
+    nlohmann::json j = {{"step", rec.step},          {"loss", rec.loss},       {"lr", rec.lr},
+                        {"seconds", rec.seconds},    {"tokens_per_s", rec.tokens_per_s},
+                        {"mfu", rec.mfu},            {"exposed_s", rec.exposed_s},
+                        {"optimizer_s", rec.optimizer_s}, {"grad_norm", st.last_grad_norm},
+                        {"stepped", rec.stepped}};
+    for (int k = 0; k < kTierCount; ++k) {
+      const char* name = to_string(static_cast<Tier>(k));
+      j["used"][name] = t[k].used;
+      j["peak"][name] = t[k].peak;
+      j["budget"][name] = t[k].budget;
+    }
+    // Bytes moved between tiers in this step, by link ("nvme->pinned", ...).
+    for (int from = 0; from < kTierCount; ++from)
+      for (int to = 0; to < kTierCount; ++to) {
+        const uint64_t b = st.store.bytes_moved[from][to] - prev.store.bytes_moved[from][to];
+        if (b) j["moved"][std::string(to_string(static_cast<Tier>(from))) + "->" + to_string(static_cast<Tier>(to))] = b;
+      }
+    metrics_ << j.dump() << "\n";
+    metrics_.flush();
+  }
+
+  void saved(const std::string& checkpoint) {
+    if (lines_) std::printf("  saved %s\n", checkpoint.c_str());
+  }
+
+  // Printed with --quiet too: the run ended early, and how to continue it.
+  void stopped(int signal, int64_t step, const std::string& checkpoint_dir, const std::string& checkpoint) {
+    if (rank0_)
+      std::printf("stopped by signal %d (%s) after step %lld: %s\n", signal, strsignal(signal),
+                  static_cast<long long>(step),
+                  checkpoint_dir.empty() ? "no checkpoint was written (strata.checkpoint_dir is not set)"
+                                         : ("continue with --resume from " + checkpoint).c_str());
+    std::fflush(stdout);
+  }
+
+  void heldout(double loss) {
+    if (lines_ && loss >= 0) std::printf("held-out loss %.6f\n", loss);
+  }
+
+ private:
+  static std::string compact(uint64_t bytes) { return format_bytes(bytes, ByteStyle::Compact); }
+
+  bool rank0_;   // only rank 0 reports
+  bool lines_;   // rank 0 without --quiet
+  int every_;    // steps_per_print, at least 1
+  std::ofstream metrics_;
+};
+
+}  // namespace
+
+TrainResult train(const Config& cfg, const TrainOptions& topts) {
+  check_inputs(cfg, topts);
+  const GptShape shape = cfg.strata.model;
   // MPI (or self), the device (cuda: the GPU of this rank's local rank) and NCCL on cuda.
   RankContext ctx = open_rank(cfg);
   coll::Communicator* comm = ctx.host_comm.get();
@@ -97,11 +265,7 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
   // Data before the engine: a bad data file fails in a second, before any allocation.
   TokenDataset data(cfg.strata.data, shape.seq_len, shape.vocab, cfg.strata.seed);
   // The metrics file too: a bad path fails now, not after the model is built.
-  std::ofstream metrics;
-  if (rank == 0 && !topts.metrics_path.empty()) {
-    metrics.open(topts.metrics_path, std::ios::app);
-    if (!metrics) throw IoError("cannot open the metrics file for appending", topts.metrics_path, 0, 0, errno);
-  }
+  StepLog step_log(cfg, topts, rank);
 
   EngineOptions eo = EngineOptions::from_config(cfg);
   eo.trace_path = with_rank(cfg.strata.trace, rank, world);
@@ -120,52 +284,23 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
   const LrSchedule lr_schedule{cfg.scheduler};  // a function of optimizer steps: resumes with them
 
   TrainResult res;
-  DataPosition pos{};
-  if (topts.resume) {
-    if (auto latest = latest_checkpoint(cfg.strata.checkpoint_dir)) {
-      CheckpointInfo info = load_checkpoint(*engine, *comm, *latest);
-      res.first_step = info.step;
-      pos = DataPosition::from_json(info.extra.at("data"));
-      if (rank == 0) log::info("resumed from " + *latest + " at step " + std::to_string(info.step));
-    } else if (rank == 0) {
-      log::warn("--resume: no complete checkpoint in " + cfg.strata.checkpoint_dir + "; starting from step 0");
-    }
-  }
-
-  // The matmul peak that MFU is measured against: every rank measures at once (on the cpu
-  // they share the machine's cores when they share a machine; on cuda each its own GPU)
-  // and the peaks are summed.
-  comm->barrier().wait();
-  double peak = measure_matmul_peak(cfg.strata.backend, 0.3);
-  comm->all_reduce(std::span<double>(&peak, 1)).wait();
-  res.peak_flops = peak;
-
-  const uint64_t params = gpt_param_count(shape);
-  const double flops_per_token = gpt_flops_per_token(shape);
-  const uint64_t global_tokens = static_cast<uint64_t>(micro) * accum * world * shape.seq_len;
-  if (rank == 0 && !topts.quiet) {
-    std::printf("strata train: %llu parameters (%d layers, d_model %d, %d heads, context %d, vocab %d), %d rank%s "
-                "on %s%s, ZeRO stage %d, params on %s, optimizer on %s\n",
-                static_cast<unsigned long long>(params), shape.layers, shape.d_model, shape.heads, shape.seq_len,
-                shape.vocab, world, world == 1 ? "" : "s", ctx.device->description().c_str(),
-                world == 1 ? "" : " (rank 0)", eo.stage, to_string(eo.param_home), to_string(eo.optimizer_home));
-    std::printf("  model states %s (20 B/param: fp32 params, grads, master, Adam moments) vs budgets device %s, pinned %s; activations %s per rank%s; "
-                "%llu tokens per step; matmul peak %.1f GFLOP/s\n",
-                human_bytes(params * 20).c_str(), human_bytes(eo.store.device_budget).c_str(),
-                human_bytes(eo.store.pinned_budget).c_str(), human_bytes(model->activation_bytes()).c_str(),
-                mo.checkpointing == ActivationCheckpointing::None ? "" : " (checkpointed per block)",
-                static_cast<unsigned long long>(global_tokens), peak / 1e9);
-    std::fflush(stdout);
-  }
+  const StartPoint start = topts.resume ? resume_latest(*engine, *comm, cfg.strata.checkpoint_dir) : StartPoint{};
+  res.first_step = start.step;
+  DataPosition pos = start.pos;
+  res.peak_flops = measure_peak_flops(*comm, cfg.strata.backend);
+  const StepCost cost{static_cast<uint64_t>(micro) * accum * world * shape.seq_len, gpt_flops_per_token(shape),
+                      res.peak_flops};
+  step_log.header(shape, world, *ctx.device, eo, *model, mo, cost);
 
   const StopSignals stop_signals;
   const size_t local = static_cast<size_t>(micro) * shape.seq_len;
   std::vector<int32_t> x(local), y(local);
-  double exposed_before = engine->stats().exposed_wait_s;
-  auto moved_before = engine->stats().store.bytes_moved;
+  EngineStats prev = engine->stats();  // running totals after the previous step
   int64_t saved_step = res.first_step;  // the checkpoint resumed from, if any
   for (int64_t step = res.first_step; step < cfg.strata.steps; ++step) {
-    const double t0 = now_s();
+    const bool last_step = step + 1 == cfg.strata.steps;
+    const double t0 = steady_seconds();
+    // Forward and backward over the micro-batches; the engine accumulates the gradients.
     double loss = 0;
     for (int m = 0; m < accum; ++m) {
       data.batch(pos, rank, world, micro, x.data(), y.data());
@@ -174,102 +309,39 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
       loss += model->forward_backward(*engine, x.data(), y.data());
     }
     comm->all_reduce(std::span<double>(&loss, 1)).wait();
-    loss /= static_cast<double>(world * accum);
+    // The update, at the learning rate the schedule gives this optimizer step.
     StepRecord rec;
+    rec.loss = loss / static_cast<double>(world * accum);
     rec.lr = lr_schedule.lr_at(engine->optimizer_steps());
     engine->set_learning_rate(rec.lr);
     rec.stepped = engine->step();
-    rec.step = engine->optimizer_steps();
-    if (!rec.stepped) rec.step = step + 1;
-    rec.loss = loss;
-    rec.seconds = now_s() - t0;
-    rec.tokens_per_s = static_cast<double>(global_tokens) / rec.seconds;
-    rec.mfu = flops_per_token * static_cast<double>(global_tokens) / rec.seconds / peak;
-    EngineStats st = engine->stats();
-    rec.exposed_s = st.exposed_wait_s - exposed_before + st.optimizer_wait_s;
-    exposed_before = st.exposed_wait_s;
-    rec.optimizer_s = st.optimizer_s;
+    rec.step = rec.stepped ? engine->optimizer_steps() : step + 1;
+    const double seconds = steady_seconds() - t0;
+    const EngineStats st = engine->stats();
+    time_step(rec, seconds, cost, st, prev);
     res.steps.push_back(rec);
-    const auto moved_now = st.store.bytes_moved;
-    if (!std::isfinite(loss))
-      throw Error("step " + std::to_string(step + 1) + ": the loss is " + std::to_string(loss) +
+    if (!std::isfinite(rec.loss))
+      throw Error("step " + std::to_string(step + 1) + ": the loss is " + std::to_string(rec.loss) +
                   "; lower the learning rate or set gradient_clipping");
+    step_log.step(rec, last_step, st, prev);
+    prev = st;
 
-    if (rank == 0) {
-      const auto& t = st.store.tiers;
-      const auto tier = [&](Tier k) {
-        const TierUsage& u = t[static_cast<int>(k)];
-        return human_bytes(u.used) + "/" + human_bytes(u.budget);
-      };
-      if (!topts.quiet && (rec.step % std::max(1, cfg.steps_per_print) == 0 || step + 1 == cfg.strata.steps)) {
-        std::printf("step %5lld  loss %.4f  lr %.3e  %8.0f tok/s  MFU %.2f  device %s  pinned %s  nvme %s  exposed %.3fs  "
-                    "step %.2fs%s\n",
-                    static_cast<long long>(rec.step), loss, rec.lr, rec.tokens_per_s, rec.mfu, tier(Tier::Device).c_str(),
-                    tier(Tier::Pinned).c_str(), tier(Tier::Nvme).c_str(), rec.exposed_s, rec.seconds,
-                    rec.stepped ? "" : "  (skipped: non-finite gradients)");
-        std::fflush(stdout);
-      }
-      if (metrics.is_open()) {
-        nlohmann::json j = {{"step", rec.step},          {"loss", loss},           {"lr", rec.lr},
-                            {"seconds", rec.seconds},    {"tokens_per_s", rec.tokens_per_s},
-                            {"mfu", rec.mfu},            {"exposed_s", rec.exposed_s},
-                            {"optimizer_s", rec.optimizer_s}, {"grad_norm", st.last_grad_norm},
-                            {"stepped", rec.stepped}};
-        for (int k = 0; k < kTierCount; ++k) {
-          const char* name = to_string(static_cast<Tier>(k));
-          j["used"][name] = t[k].used;
-          j["peak"][name] = t[k].peak;
-          j["budget"][name] = t[k].budget;
-        }
-        // Bytes moved between tiers in this step, by link ("nvme->pinned", ...).
-        for (int from = 0; from < kTierCount; ++from)
-          for (int to = 0; to < kTierCount; ++to) {
-            const uint64_t b = st.store.bytes_moved[from][to] - moved_before[from][to];
-            if (b) j["moved"][std::string(to_string(static_cast<Tier>(from))) + "->" + to_string(static_cast<Tier>(to))] = b;
-          }
-        metrics << j.dump() << "\n";
-        metrics.flush();
-      }
-    }
-    moved_before = moved_now;
-    // A stop signal on any rank stops every rank after this step (they must agree: the
-    // save below is collective).
-    double stop = g_stop_signal;
-    if (world > 1) comm->all_reduce(std::span<double>(&stop, 1), coll::ReduceOp::Max).wait();
-    res.stop_signal = static_cast<int>(stop);
-    // A skipped step leaves optimizer_steps() unchanged: never save the same step twice.
-    if ((cfg.strata.checkpoint_every > 0 || res.stop_signal) && !cfg.strata.checkpoint_dir.empty() &&
-        rec.step != saved_step &&
-        (res.stop_signal || rec.step % cfg.strata.checkpoint_every == 0 || step + 1 == cfg.strata.steps)) {
+    res.stop_signal = agreed_stop_signal(*comm);
+    if (should_checkpoint(cfg.strata, rec.step, last_step, saved_step, res.stop_signal != 0)) {
       saved_step = rec.step;
-      nlohmann::json extra = {{"data", pos.to_json()}, {"loss", loss}};
+      const nlohmann::json extra = {{"data", pos.to_json()}, {"loss", rec.loss}};
       res.last_checkpoint = save_checkpoint(*engine, *comm, cfg.strata.checkpoint_dir, cfg.raw, extra, group_names);
-      if (rank == 0 && !topts.quiet) std::printf("  saved %s\n", res.last_checkpoint.c_str());
+      step_log.saved(res.last_checkpoint);
     }
     if (res.stop_signal) {
-      if (rank == 0)
-        std::printf("stopped by signal %d (%s) after step %lld: %s\n", res.stop_signal, strsignal(res.stop_signal),
-                    static_cast<long long>(rec.step),
-                    cfg.strata.checkpoint_dir.empty()
-                        ? "no checkpoint was written (strata.checkpoint_dir is not set)"
-                        : ("continue with --resume from " + res.last_checkpoint).c_str());
-      std::fflush(stdout);
+      step_log.stopped(res.stop_signal, rec.step, cfg.strata.checkpoint_dir, res.last_checkpoint);
       break;
     }
   }
 
   if (topts.eval_batches > 0 && !res.stop_signal) {
-    double sum = 0;
-    int n = 0;
-    for (int b = 0; b < topts.eval_batches; ++b) {
-      if (!data.heldout_batch(b, rank, world, micro, x.data(), y.data())) break;
-      sum += model->forward_loss(*engine, x.data(), y.data());
-      ++n;
-    }
-    double both[2] = {sum, static_cast<double>(n)};
-    comm->all_reduce(std::span<double>(both, 2)).wait();
-    if (both[1] > 0) res.eval_loss = both[0] / both[1];
-    if (rank == 0 && !topts.quiet && res.eval_loss >= 0) std::printf("held-out loss %.6f\n", res.eval_loss);
+    res.eval_loss = heldout_loss(*model, *engine, data, *comm, topts.eval_batches, micro, x, y);
+    step_log.heldout(res.eval_loss);
   }
   res.stats = engine->stats();
   return res;

@@ -15,7 +15,6 @@
 #include <thread>
 #include <vector>
 
-#include "strata/collectives/bucketing.hpp"
 #include "strata/collectives/communicator.hpp"
 #include "strata/collectives/mpi_backend.hpp"
 #include "strata/core/error.hpp"
@@ -406,31 +405,4 @@ TEST(MpiCommunicator, CreateAndDestroyRepeatedlyWhileBusy) {
     comm.reset();
     EXPECT_EQ(v[99999], n * round + n * (n - 1) / 2) << round;
   }
-}
-
-TEST(MpiCommunicator, BucketedAllReduce) {
-  auto comm = make_mpi();
-  const int n = comm->size(), r = comm->rank();
-  std::vector<std::vector<float>> grads;
-  std::vector<size_t> counts;
-  for (int t = 0; t < 37; ++t) {
-    counts.push_back(1 + static_cast<size_t>(t * t) % 300);
-    grads.emplace_back(counts.back());
-    for (size_t i = 0; i < counts.back(); ++i) grads.back()[i] = static_cast<float>(t * 1000 + i + r);
-  }
-  BucketPlan plan = plan_buckets(counts, {.capacity = 1024, .align = 4});
-  ASSERT_GT(plan.buckets.size(), 2u);
-  std::vector<std::span<const float>> in(grads.begin(), grads.end());
-  std::vector<std::span<float>> out(grads.begin(), grads.end());
-  std::vector<std::vector<float>> bufs(plan.buckets.size(), std::vector<float>(plan.max_count()));
-  std::vector<Event> evs;
-  for (size_t b = 0; b < plan.buckets.size(); ++b) {
-    pack<float>(plan, b, in, bufs[b]);
-    evs.push_back(comm->all_reduce(std::span<float>(bufs[b]).first(plan.buckets[b].count)));
-  }
-  ASSERT_EQ(wait_all(evs), 0);
-  for (size_t b = 0; b < plan.buckets.size(); ++b) unpack<float>(plan, b, bufs[b], out);
-  for (int t = 0; t < 37; ++t)
-    for (size_t i = 0; i < counts[t]; ++i)
-      ASSERT_EQ(grads[t][i], static_cast<float>(n * (t * 1000 + static_cast<int>(i)) + n * (n - 1) / 2)) << t;
 }

@@ -137,6 +137,12 @@ TEST(Device, BackendsAndCuda) {
 TEST(Format, Bytes) {
   EXPECT_EQ(format_bytes(512), "512 B");
   EXPECT_EQ(format_bytes(3ull << 30), "3.00 GiB");
+  // Compact: the same binary units, K to G only, as `strata train` prints its tiers.
+  EXPECT_EQ(format_bytes(512, ByteStyle::Compact), "0K");
+  EXPECT_EQ(format_bytes(40960, ByteStyle::Compact), "40K");
+  EXPECT_EQ(format_bytes(3ull << 19, ByteStyle::Compact), "1.5M");
+  EXPECT_EQ(format_bytes(3ull << 30, ByteStyle::Compact), "3.00G");
+  EXPECT_EQ(format_bytes(2ull << 40, ByteStyle::Compact), "2048.00G");
 }
 
 TEST(CpuStream, ElementwiseOps) {

@@ -78,6 +78,11 @@ nlohmann::json machine_json();
 // skews every number, so reports carry it.
 double load_average();
 void print_machine(std::FILE* out, const nlohmann::json& machine);
+// CPU seconds this thread has run. Against wall time it says what share of a core a
+// single-threaded reference got: on a loaded machine, less than all of one.
+double thread_cpu_seconds();
+// CPU seconds every thread of this process has run (io_uring's kernel workers included).
+double process_cpu_seconds();
 
 // ---------------------------------------------------------------------------------------
 // The report

@@ -69,8 +69,14 @@ int process_rank();
 [[noreturn]] void fail_call(const char* kind, const char* call, long code, const std::string& detail,
                             const char* file, int line);
 
-// Human-readable byte count: "1.50 GiB".
-std::string format_bytes(uint64_t bytes);
+// How format_bytes writes a byte count, in binary units either way.
+enum class ByteStyle {
+  Full,     // "512 B", "1.50 GiB": messages
+  Compact,  // "0K", "12.3M", "1.50G": K to G only, for columns (`strata train`'s lines)
+};
+
+// Human-readable byte count: "1.50 GiB" (Full) or "1.50G" (Compact).
+std::string format_bytes(uint64_t bytes, ByteStyle style = ByteStyle::Full);
 
 }  // namespace strata
 

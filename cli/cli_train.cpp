@@ -8,7 +8,7 @@
 #include "strata/core/error.hpp"
 #include "strata/model/gpt.hpp"
 #include "strata/runtime/checkpoint.hpp"
-#include "strata/runtime/cli.hpp"
+#include "cli.hpp"
 #include "strata/runtime/config.hpp"
 #include "strata/runtime/train.hpp"
 

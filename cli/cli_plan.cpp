@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "strata/core/error.hpp"
-#include "strata/runtime/cli.hpp"
+#include "cli.hpp"
 #include "strata/runtime/plan.hpp"
 
 namespace strata::cli {

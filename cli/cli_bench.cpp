@@ -1,5 +1,5 @@
 #include "strata/bench/commands.hpp"
-#include "strata/runtime/cli.hpp"
+#include "cli.hpp"
 
 namespace strata::cli {
 

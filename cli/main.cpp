@@ -5,7 +5,7 @@
 #include <cstdio>
 
 #include "strata/core/error.hpp"
-#include "strata/runtime/cli.hpp"
+#include "cli.hpp"
 
 namespace strata::cli {
 Runner& selected() {

@@ -3,7 +3,7 @@
 #include <cstdio>
 #include <memory>
 
-#include "strata/runtime/cli.hpp"
+#include "cli.hpp"
 #include "strata/runtime/export.hpp"
 
 namespace strata::cli {
