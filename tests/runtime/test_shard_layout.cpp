@@ -77,7 +77,8 @@ struct SimEngine {
     engine = std::make_unique<ZeroEngine>(*device, *comm, *comm, eo, specs);
   }
   uint64_t owned(Tier t, const std::string& owner) const {
-    const auto& by = engine->stats().store.tiers[int(t)].by_owner;
+    const EngineStats stats = engine->stats();  // by value: keep it alive while reading
+    const auto& by = stats.store.tiers[int(t)].by_owner;
     auto it = by.find(owner);
     return it == by.end() ? 0 : it->second;
   }
