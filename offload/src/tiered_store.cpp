@@ -192,7 +192,7 @@ void TieredStore::check_plan(const std::vector<TensorSpec>& specs, const TieredS
   const std::string* largest_name = nullptr;
   for (const auto& s : specs) {
     if (s.scratch) continue;  // takes room only while filled; checked when it is
-    home[idx(s.home)] += (s.bytes + kTierAlignment - 1) / kTierAlignment * kTierAlignment;
+    home[idx(s.home)] += tier_allocation_bytes(s.bytes);
     if (s.home == Tier::Nvme && s.bytes > largest_staged) {
       largest_staged = s.bytes;
       largest_name = &s.name;

@@ -8,8 +8,6 @@ namespace strata {
 
 namespace {
 
-uint64_t tier_aligned(uint64_t bytes) { return (bytes + kTierAlignment - 1) / kTierAlignment * kTierAlignment; }
-
 const char* suffix(StateRole r) {
   switch (r) {
     case StateRole::GatherBuffer: return ".params.full";
@@ -78,7 +76,7 @@ uint64_t ShardLayout::elem_bytes(StateRole role) { return dtype_size(dtype(role)
 
 uint64_t ShardLayout::nvme_capacity() const {
   const uint64_t homes = need[int(Tier::Nvme)].homes();
-  return tier_aligned(homes + homes / 8 + (64ull << 20));
+  return tier_allocation_bytes(homes + homes / 8 + (64ull << 20));
 }
 
 std::vector<TensorSpec> ShardLayout::tensor_specs() const {
@@ -133,7 +131,7 @@ ShardLayout make_shard_layout(const std::vector<GroupSize>& groups, ShardStrateg
     for (const StateTensor& t : g.tensors) {
       if (t.spec.scratch) continue;
       TierNeed& need = L.need[int(t.spec.home)];
-      const uint64_t b = tier_aligned(t.spec.bytes);
+      const uint64_t b = tier_allocation_bytes(t.spec.bytes);
       switch (t.role) {
         case StateRole::ParamShard:
         case StateRole::ReplicatedParams: need.params += b; break;

@@ -132,8 +132,8 @@ ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communica
     : device_(device), comm_(comm), host_comm_(host_comm), opts_(std::move(opts)) {
   world_ = comm_.size();
   rank_ = comm_.rank();
-  if (opts_.stage < 1 || opts_.stage > 3)
-    throw ConfigError("zero_optimization.stage must be 1, 2 or 3, not " + std::to_string(opts_.stage));
+  // The stage, the groups and the rules are checked by make_shard_layout, below, before
+  // anything is allocated.
   if (opts_.gradient_accumulation_steps < 1)
     throw ConfigError("gradient_accumulation_steps must be at least 1");
   if (opts_.stage < 3) opts_.param_home = Tier::Device;  // stages 1 and 2 replicate parameters

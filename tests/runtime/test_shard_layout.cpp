@@ -164,6 +164,9 @@ TEST(ShardLayout, BadRulesAreClearErrors) {
   st.rules.align_elems = 1024;
   EXPECT_THROW(make_shard_layout({}, st), ConfigError);
   EXPECT_THROW(make_shard_layout({{"empty", 0}}, st), ConfigError);
+  st.stage = 4;
+  EXPECT_THROW(make_shard_layout({{"g", 10}}, st), ConfigError);
+  st.stage = 3;
   st.world = 0;
   EXPECT_THROW(make_shard_layout({{"g", 10}}, st), ConfigError);
 }

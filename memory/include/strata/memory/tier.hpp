@@ -80,5 +80,9 @@ std::unique_ptr<TierPool> make_pinned_pool(Device& device, const PinnedOptions& 
 
 // Alignment of every tier allocation: enough for O_DIRECT on any file system we meet.
 inline constexpr uint64_t kTierAlignment = 4096;
+// The bytes a tier allocation of `bytes` takes: rounded up to kTierAlignment.
+inline constexpr uint64_t tier_allocation_bytes(uint64_t bytes) {
+  return (bytes + kTierAlignment - 1) / kTierAlignment * kTierAlignment;
+}
 
 }  // namespace strata
