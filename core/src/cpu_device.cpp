@@ -15,6 +15,7 @@
 
 #include "host_memory.hpp"
 #include "strata/core/clock.hpp"
+#include "strata/core/convert.hpp"
 #include "strata/core/device.hpp"
 #include "strata/core/error.hpp"
 
@@ -38,20 +39,26 @@ class CpuStream final : public Stream {
     push([=] { std::memcpy(dst, src, bytes); });
   }
   void host_task(std::function<void()> fn) override { push(std::move(fn)); }
-  void fill(float* dst, float value, size_t n) override {
-    push([=] { std::fill(dst, dst + n, value); });
-  }
-  void add(float* dst, const float* src, size_t n) override {
+  void fill_as(void* dst, DType t, float value, size_t n) override {
     push([=] {
-      for (size_t i = 0; i < n; ++i) dst[i] += src[i];
+      if (t == DType::F32) {
+        std::fill(static_cast<float*>(dst), static_cast<float*>(dst) + n, value);
+        return;
+      }
+      float block[1024];
+      std::fill(block, block + std::min<size_t>(n, 1024), value);
+      for (size_t i = 0; i < n; i += 1024)
+        convert_from_f32(static_cast<char*>(dst) + i * dtype_size(t), t, block, std::min<size_t>(1024, n - i));
     });
   }
-  void sum_squares(const float* src, size_t n, double* out) override {
-    push([=] {
-      double acc = 0;
-      for (size_t i = 0; i < n; ++i) acc += static_cast<double>(src[i]) * src[i];
-      *out += acc;
-    });
+  void accumulate(float* dst, const void* src, DType src_t, size_t n) override {
+    push([=] { accumulate_f32(dst, src, src_t, n); });
+  }
+  void convert(void* dst, DType dst_t, const void* src, DType src_t, size_t n) override {
+    push([=] { convert_any(dst, dst_t, src, src_t, n); });
+  }
+  void sum_squares_as(const void* src, DType t, size_t n, double* out) override {
+    push([=] { *out += sum_squares_of(src, t, n); });
   }
   void compute(double, std::function<void()> fn) override { push(std::move(fn)); }
   void wait(const Event& e) override {

@@ -15,6 +15,7 @@
 #include "strata/core/clock.hpp"
 #include "strata/core/device.hpp"
 #include "strata/core/error.hpp"
+#include "strata/core/math/half.hpp"
 
 STRATA_DEFINE_CALL_CHECK(check_cuda_call, "cuda", cudaError_t, code == cudaSuccess,
                          cudaGetErrorString(code))
@@ -90,19 +91,49 @@ void CUDART_CB run_host_call(void* arg) {
   delete call;
 }
 
-__global__ void fill_kernel(float* dst, float v, size_t n) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) dst[i] = v;
-}
-__global__ void add_kernel(float* dst, const float* src, size_t n) {
+// 16-bit values travel as their bits; the conversions are core/math/half.hpp's, the
+// same as the host's.
+struct F32T {
+  using Bits = float;
+  __device__ static float load(float v) { return v; }
+  __device__ static float store(float v) { return v; }
+};
+struct Bf16T {
+  using Bits = uint16_t;
+  __device__ static float load(uint16_t v) { return math::bf16_to_float(v); }
+  __device__ static uint16_t store(float v) { return math::float_to_bf16(v); }
+};
+struct Fp16T {
+  using Bits = uint16_t;
+  __device__ static float load(uint16_t v) { return math::fp16_to_float(v); }
+  __device__ static uint16_t store(float v) { return math::float_to_fp16(v); }
+};
+
+#define STRATA_GRID_LOOP(i, n) \
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    dst[i] += src[i];
+
+template <class T>
+__global__ void fill_kernel(typename T::Bits* dst, float v, size_t n) {
+  const auto bits = T::store(v);
+  STRATA_GRID_LOOP(i, n) dst[i] = bits;
+}
+template <class S>
+__global__ void accumulate_kernel(float* dst, const typename S::Bits* src, size_t n) {
+  STRATA_GRID_LOOP(i, n) dst[i] += S::load(src[i]);
+}
+template <class D, class S>
+__global__ void convert_kernel(typename D::Bits* dst, const typename S::Bits* src, size_t n) {
+  STRATA_GRID_LOOP(i, n) dst[i] = D::store(S::load(src[i]));
 }
 // One block-level partial sum per block, added atomically into a device double.
-__global__ void sum_squares_kernel(const float* src, size_t n, double* out) {
+template <class S>
+__global__ void sum_squares_kernel(const typename S::Bits* src, size_t n, double* out) {
   __shared__ double partial[256];
   double acc = 0;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    acc += double(src[i]) * src[i];
+  STRATA_GRID_LOOP(i, n) {
+    const double v = S::load(src[i]);
+    acc += v * v;
+  }
   partial[threadIdx.x] = acc;
   __syncthreads();
   for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
@@ -110,6 +141,17 @@ __global__ void sum_squares_kernel(const float* src, size_t n, double* out) {
     __syncthreads();
   }
   if (threadIdx.x == 0) atomicAdd(out, partial[0]);
+}
+
+// Calls f(T{}) with T the element-type tag of t.
+template <class F>
+void with_type(DType t, F&& f) {
+  switch (t) {
+    case DType::F32: f(F32T{}); return;
+    case DType::BF16: f(Bf16T{}); return;
+    case DType::F16: f(Fp16T{}); return;
+    default: throw Error(std::string("cuda stream: element type ") + to_string(t) + " is not f32, bf16 or fp16");
+  }
 }
 
 unsigned grid_for(size_t n) { return static_cast<unsigned>(std::min<size_t>((n + 255) / 256, 4096)); }
@@ -133,15 +175,38 @@ class CudaStream final : public Stream {
     auto* call = new HostCall{std::move(fn), &pending_error_, &mu_};
     STRATA_CHECK_CUDA(cudaLaunchHostFunc(s_, run_host_call, call));
   }
-  void fill(float* dst, float value, size_t n) override {
-    if (n) fill_kernel<<<grid_for(n), 256, 0, s_>>>(dst, value, n);
+  void fill_as(void* dst, DType t, float value, size_t n) override {
+    with_type(t, [&](auto T) {
+      using Tag = decltype(T);
+      if (n) fill_kernel<Tag><<<grid_for(n), 256, 0, s_>>>(static_cast<typename Tag::Bits*>(dst), value, n);
+    });
     STRATA_CHECK_CUDA(cudaGetLastError());
   }
-  void add(float* dst, const float* src, size_t n) override {
-    if (n) add_kernel<<<grid_for(n), 256, 0, s_>>>(dst, src, n);
+  void accumulate(float* dst, const void* src, DType src_t, size_t n) override {
+    with_type(src_t, [&](auto S) {
+      using Tag = decltype(S);
+      if (n) accumulate_kernel<Tag><<<grid_for(n), 256, 0, s_>>>(dst, static_cast<const typename Tag::Bits*>(src), n);
+    });
     STRATA_CHECK_CUDA(cudaGetLastError());
   }
-  void sum_squares(const float* src, size_t n, double* out) override {
+  void convert(void* dst, DType dst_t, const void* src, DType src_t, size_t n) override {
+    if (dst_t == src_t) {
+      with_type(dst_t, [](auto) {});  // refuses non-float types
+      copy_async(dst, src, n * dtype_size(dst_t));
+      return;
+    }
+    with_type(dst_t, [&](auto D) {
+      with_type(src_t, [&](auto S) {
+        using DT = decltype(D);
+        using ST = decltype(S);
+        if (n)
+          convert_kernel<DT, ST><<<grid_for(n), 256, 0, s_>>>(static_cast<typename DT::Bits*>(dst),
+                                                              static_cast<const typename ST::Bits*>(src), n);
+      });
+    });
+    STRATA_CHECK_CUDA(cudaGetLastError());
+  }
+  void sum_squares_as(const void* src, DType t, size_t n, double* out) override {
     // Reduce into a device double, copy it to a pinned host double (pageable memory would
     // make the copy, and so this call, wait for the stream) and add it to the host total
     // in a host callback. One pair per stream serves every call: stream order puts each
@@ -155,7 +220,10 @@ class CudaStream final : public Stream {
       host_sum_ = static_cast<double*>(h);
     }
     STRATA_CHECK_CUDA(cudaMemsetAsync(dev_sum_, 0, sizeof(double), s_));
-    if (n) sum_squares_kernel<<<grid_for(n), 256, 0, s_>>>(src, n, dev_sum_);
+    with_type(t, [&](auto S) {
+      using Tag = decltype(S);
+      if (n) sum_squares_kernel<Tag><<<grid_for(n), 256, 0, s_>>>(static_cast<const typename Tag::Bits*>(src), n, dev_sum_);
+    });
     STRATA_CHECK_CUDA(cudaGetLastError());
     STRATA_CHECK_CUDA(cudaMemcpyAsync(host_sum_, dev_sum_, sizeof(double), cudaMemcpyDeviceToHost, s_));
     host_task([host = host_sum_, out] { *out += *host; });

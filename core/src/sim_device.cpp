@@ -56,9 +56,16 @@ class SimStream final : public Stream {
     free_ = std::max(free_, end);
     if (err && !pending_error_) pending_error_ = err;
   }
-  void fill(float*, float, size_t n) override { run(memory_cost(4.0 * n), name_, "fill"); }
-  void add(float*, const float*, size_t n) override { run(memory_cost(12.0 * n), name_, "add"); }
-  void sum_squares(const float*, size_t n, double*) override { run(memory_cost(4.0 * n), name_, "sum_squares"); }
+  void fill_as(void*, DType t, float, size_t n) override { run(memory_cost(1.0 * dtype_size(t) * n), name_, "fill"); }
+  void accumulate(float*, const void*, DType t, size_t n) override {
+    run(memory_cost((8.0 + dtype_size(t)) * n), name_, "add");
+  }
+  void convert(void*, DType dt, const void*, DType st, size_t n) override {
+    run(memory_cost(1.0 * (dtype_size(dt) + dtype_size(st)) * n), name_, "convert");
+  }
+  void sum_squares_as(const void*, DType t, size_t n, double*) override {
+    run(memory_cost(1.0 * dtype_size(t) * n), name_, "sum_squares");
+  }
   void compute(double flops, std::function<void()>) override;
   void wait(const Event& e) override {
     if (e.impl() == nullptr) return;

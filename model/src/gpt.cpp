@@ -16,6 +16,7 @@
 #include "gpt_driver.hpp"
 #include "kernels_cpu.hpp"
 #include "parallel.hpp"
+#include "strata/core/convert.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/math/gpt.hpp"
 
@@ -200,13 +201,18 @@ struct Gpt::Impl {
   }
   void release(WeightSource& ws, int g) { ws.release_params(g); }
   void ready(WeightSource& ws, int g) { ws.grads_ready(g); }
-  void block_forward(int l, const float* w, bool keep_output, int B, int T) {
+  void block_forward(int l, const void* wv, bool keep_output, int B, int T) {
+    const auto* w = static_cast<const float*>(wv);
     block_forward(w, resid[l].data(), acts_for(l), keep_output ? resid[l + 1].data() : nullptr, B, T);
   }
-  void block_backward(int l, const float* w, float* g, int B, int T) {
+  void block_backward(int l, const void* wv, void* gv, int B, int T) {
+    const auto* w = static_cast<const float*>(wv);
+    auto* g = static_cast<float*>(gv);
     block_backward(w, resid[l].data(), acts_for(l), g, B, T);
   }
-  void last_logits(const float* wf, const float* wte, int len, float* out) {
+  void last_logits(const void* wfv, const void* wtev, int len, float* out) {
+    const auto* wf = static_cast<const float*>(wfv);
+    const auto* wte = static_cast<const float*>(wtev);
     const int d = s.d_model;
     const float* x = resid[s.layers].data() + static_cast<long>(len - 1) * d;
     float mean, rstd;
@@ -214,7 +220,8 @@ struct Gpt::Impl {
     cblas_sgemv(CblasRowMajor, CblasNoTrans, s.vocab, d, 1.0f, wte, d, lnf.data(), 1, 0.0f, out, 1);
   }
 
-  void embed(const float* w, int B, int T) {
+  void embed(const void* wv, int B, int T) {
+    const auto* w = static_cast<const float*>(wv);
     const int32_t* tok = inputs;
     const int d = s.d_model;
     const float* wte = w;
@@ -280,12 +287,16 @@ struct Gpt::Impl {
 
   // Final layer norm, tied head and mean cross-entropy over rows [0, bt). With dwte, also
   // backward: dwte (overwritten) gets the head's gradient and dres the final residual's.
-  double head(const float* wf, const float* wte, long bt, float* dwte, float* dlnf_wb) {
+  double head(const void* wfv, const void* wtev, long bt, void* dwtev, void* dlnfv, float loss_scale) {
+    const auto* wf = static_cast<const float*>(wfv);
+    const auto* wte = static_cast<const float*>(wtev);
+    auto* dwte = static_cast<float*>(dwtev);
+    auto* dlnf_wb = static_cast<float*>(dlnfv);
     const int d = s.d_model, V = s.vocab;
     const float* xf = resid[s.layers].data();
     layernorm(xf, wf, wf + d, lnf.data(), meanf.data(), rstdf.data(), bt, d);
     double loss = 0;
-    const float inv_n = 1.0f / static_cast<float>(bt);
+    const float inv_n = loss_scale / static_cast<float>(bt);  // the gradient's scale
     float* dl = dsmall.data();  // gradient of lnf's output
     for (long r0 = 0; r0 < bt; r0 += chunk_rows) {
       const long nr = std::min(chunk_rows, bt - r0);
@@ -321,7 +332,8 @@ struct Gpt::Impl {
   }
 
   // Adds the embedding gradient into g0 (wte part holds the head's; wpe part is written).
-  void embed_backward(float* g0, int B, int T) {
+  void embed_backward(void* g0v, int B, int T) {
+    auto* g0 = static_cast<float*>(g0v);
     const int32_t* tok = inputs;
     const int d = s.d_model;
     float* dwte = g0;
@@ -349,9 +361,9 @@ Gpt::Gpt(const GptShape& shape, const GptOptions& opts)
     : GptModel(shape, opts), impl_(std::make_unique<Impl>(shape, opts)) {}
 Gpt::~Gpt() = default;
 
-double Gpt::forward_backward(WeightSource& ws, const int32_t* inputs, const int32_t* targets) {
+double Gpt::forward_backward(WeightSource& ws, const int32_t* inputs, const int32_t* targets, float loss_scale) {
   const FlushDenormals ftz;
-  return detail::gpt_forward_backward(*impl_, ws, shape_, opts_, inputs, targets);
+  return detail::gpt_forward_backward(*impl_, ws, shape_, opts_, inputs, targets, loss_scale);
 }
 
 double Gpt::forward_loss(WeightSource& ws, const int32_t* inputs, const int32_t* targets) {
@@ -361,7 +373,7 @@ double Gpt::forward_loss(WeightSource& ws, const int32_t* inputs, const int32_t*
 
 void Gpt::next_token_logits(WeightSource& ws, const int32_t* tokens, int len, float* out) {
   const FlushDenormals ftz;
-  detail::gpt_next_token_logits(*impl_, ws, shape_, tokens, len, out);
+  detail::gpt_next_token_logits(*impl_, ws, shape_, opts_, tokens, len, out);
 }
 
 uint64_t Gpt::activation_bytes(const GptShape& s, const GptOptions& o) {
@@ -372,12 +384,20 @@ uint64_t Gpt::activation_bytes() const { return impl_->bytes; }
 
 // ---------------------------------------------------------------------------------------
 
-HostWeights::HostWeights(std::vector<std::vector<float>> groups) : params_(std::move(groups)) {
-  grads_.resize(params_.size());
-  held_.assign(params_.size(), 0);
+HostWeights::HostWeights(std::vector<std::vector<float>> groups, DType dtype) : dtype_(dtype) {
+  if (!is_working_dtype(dtype)) throw Error(std::string("HostWeights: ") + to_string(dtype) + " is not f32, bf16 or fp16");
+  const size_t es = dtype_size(dtype);
+  for (auto& g : groups) {
+    numel_.push_back(g.size());
+    params_.emplace_back(g.size() * es);
+    convert_from_f32(params_.back().data(), dtype, g.data(), g.size());
+    std::vector<float>().swap(g);
+  }
+  grads_.resize(numel_.size());
+  held_.assign(numel_.size(), 0);
 }
 
-const float* HostWeights::acquire_params(int g) {
+const void* HostWeights::acquire_params(int g) {
   ++held_.at(g);
   return params_.at(g).data();
 }
@@ -387,9 +407,16 @@ void HostWeights::release_params(int g) {
   --held_[g];
 }
 
-float* HostWeights::gradient_buffer(int g) {
-  grads_.at(g).assign(params_.at(g).size(), std::nanf(""));  // the model must overwrite every element
+void* HostWeights::gradient_buffer(int g) {
+  // NaN in every element, whatever the type: the model must overwrite each one.
+  grads_.at(g).assign(numel_.at(g) * dtype_size(dtype_), std::byte{0xff});
   return grads_[g].data();
+}
+
+std::vector<float> HostWeights::grads(int g) const {
+  std::vector<float> out(grads_.at(g).size() / dtype_size(dtype_));
+  convert_to_f32(out.data(), grads_[g].data(), dtype_, out.size());
+  return out;
 }
 
 void HostWeights::grads_ready(int) {}

@@ -174,11 +174,16 @@ struct GptCuda::Impl {
     STRATA_CHECK_CUDA(cudaMemcpyAsync(inputs, in, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
     if (tgt) STRATA_CHECK_CUDA(cudaMemcpyAsync(targets, tgt, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
   }
-  void block_forward(int l, const float* w, bool keep_output, int B, int T) {
+  void block_forward(int l, const void* wv, bool keep_output, int B, int T) {
+    const auto* w = static_cast<const float*>(wv);
     block_forward(w, resid[l], acts_for(l), keep_output ? resid[l + 1] : nullptr, B, T);
   }
-  void block_backward(int l, const float* w, float* g, int B, int T) { block_backward(w, resid[l], acts_for(l), g, B, T); }
-  void last_logits(const float* wf, const float* wte, int len, float* out) {
+  void block_backward(int l, const void* wv, void* gv, int B, int T) {
+    const auto* w = static_cast<const float*>(wv);
+    auto* g = static_cast<float*>(gv); block_backward(w, resid[l], acts_for(l), g, B, T); }
+  void last_logits(const void* wfv, const void* wtev, int len, float* out) {
+    const auto* wf = static_cast<const float*>(wfv);
+    const auto* wte = static_cast<const float*>(wtev);
     const int d = s.d_model, V = s.vocab;
     const float* x = resid[s.layers] + static_cast<long>(len - 1) * d;
     cu::layernorm_forward(x, wf, wf + d, lnf, meanf, rstdf, 1, d, stream);
@@ -204,7 +209,8 @@ struct GptCuda::Impl {
     cu::column_sums(dY, db, M, N, stream);
   }
 
-  void embed(const float* w, int B, int T) {
+  void embed(const void* wv, int B, int T) {
+    const auto* w = static_cast<const float*>(wv);
     const int d = s.d_model;
     cu::embed_forward(w, w + static_cast<long>(s.vocab) * d, inputs, resid[0], static_cast<long>(B) * T, T, d, stream);
   }
@@ -244,11 +250,15 @@ struct GptCuda::Impl {
   // Final layer norm, tied head and mean cross-entropy over rows [0, bt) (targets already
   // on the device). With dwte, also backward: dwte (overwritten) gets the head's gradient
   // and dres the final residual's. Synchronises (the loss comes back to the host).
-  double head(const float* wf, const float* wte, long bt, float* dwte, float* dlnf_wb) {
+  double head(const void* wfv, const void* wtev, long bt, void* dwtev, void* dlnfv, float loss_scale) {
+    const auto* wf = static_cast<const float*>(wfv);
+    const auto* wte = static_cast<const float*>(wtev);
+    auto* dwte = static_cast<float*>(dwtev);
+    auto* dlnf_wb = static_cast<float*>(dlnfv);
     const int d = s.d_model, V = s.vocab;
     const float* xf = resid[s.layers];
     cu::layernorm_forward(xf, wf, wf + d, lnf, meanf, rstdf, bt, d, stream);
-    const float inv_n = 1.0f / static_cast<float>(bt);
+    const float inv_n = loss_scale / static_cast<float>(bt);  // the gradient's scale
     for (long r0 = 0; r0 < bt; r0 += chunk_rows) {
       const long nr = std::min(chunk_rows, bt - r0);
       gemm(blas, false, true, nr, V, d, 1.0f, lnf + r0 * d, d, wte, d, 0.0f, logits, V);
@@ -270,7 +280,8 @@ struct GptCuda::Impl {
   }
 
   // Adds the embedding gradient into g0 (the wte part holds the head's; wpe is written).
-  void embed_backward(float* g0, int B, int T) {
+  void embed_backward(void* g0v, int B, int T) {
+    auto* g0 = static_cast<float*>(g0v);
     const int d = s.d_model;
     float* dwpe = g0 + static_cast<long>(s.vocab) * d;
     STRATA_CHECK_CUDA(cudaMemsetAsync(dwpe, 0, static_cast<size_t>(s.seq_len) * d * sizeof(float), stream));
@@ -282,8 +293,8 @@ GptCuda::GptCuda(const GptShape& shape, const GptOptions& opts)
     : GptModel(shape, opts), impl_(std::make_unique<Impl>(shape, opts)) {}
 GptCuda::~GptCuda() = default;
 
-double GptCuda::forward_backward(WeightSource& ws, const int32_t* inputs, const int32_t* targets) {
-  return detail::gpt_forward_backward(*impl_, ws, shape_, opts_, inputs, targets);
+double GptCuda::forward_backward(WeightSource& ws, const int32_t* inputs, const int32_t* targets, float loss_scale) {
+  return detail::gpt_forward_backward(*impl_, ws, shape_, opts_, inputs, targets, loss_scale);
 }
 
 double GptCuda::forward_loss(WeightSource& ws, const int32_t* inputs, const int32_t* targets) {
@@ -291,7 +302,7 @@ double GptCuda::forward_loss(WeightSource& ws, const int32_t* inputs, const int3
 }
 
 void GptCuda::next_token_logits(WeightSource& ws, const int32_t* tokens, int len, float* out) {
-  detail::gpt_next_token_logits(*impl_, ws, shape_, tokens, len, out);
+  detail::gpt_next_token_logits(*impl_, ws, shape_, opts_, tokens, len, out);
 }
 
 uint64_t GptCuda::activation_bytes(const GptShape& s, const GptOptions& o) {

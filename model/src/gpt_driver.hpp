@@ -4,12 +4,14 @@
 //
 // An implementation M provides, all over its own activation buffers:
 //   void load_tokens(const int32_t* inputs, const int32_t* targets, long n)  // host arrays; targets may be null
-//   void embed(const float* w, int B, int T)                 // residual[0] from the loaded inputs
-//   void block_forward(int l, const float* w, bool keep_output, int B, int T)
-//   double head(const float* wf, const float* wte, long bt, float* dwte, float* dlnf)  // loss; backward when dwte
-//   void block_backward(int l, const float* w, float* grad, int B, int T)
-//   void embed_backward(float* g0, int B, int T)
-//   void last_logits(const float* wf, const float* wte, int len, float* host_out)
+// (parameter and gradient buffers are the WeightSource's, of its dtype(), untyped here)
+//   void embed(const void* w, int B, int T)                  // residual[0] from the loaded inputs
+//   void block_forward(int l, const void* w, bool keep_output, int B, int T)
+//   double head(const void* wf, const void* wte, long bt, void* dwte, void* dlnf, float loss_scale)
+//                                             // loss; backward (of loss x loss_scale) when dwte
+//   void block_backward(int l, const void* w, void* grad, int B, int T)
+//   void embed_backward(void* g0, int B, int T)
+//   void last_logits(const void* wf, const void* wte, int len, float* host_out)
 //   void release(WeightSource&, int g)   // done reading group g's parameters (synchronises on cuda)
 //   void ready(WeightSource&, int g)     // group g's gradient is written (synchronises on cuda)
 #pragma once
@@ -32,6 +34,14 @@ inline void check_tokens(const int32_t* t, long n, int vocab, const char* what) 
 }
 
 // Embeddings and every block forward, each group acquired just before use and released after.
+// The model computes in o.precision and reads and writes buffers of that type: the
+// WeightSource must hand out the same.
+inline void check_precision(const WeightSource& ws, const GptOptions& o) {
+  if (ws.dtype() != o.precision)
+    throw Error(std::string("the model was built for ") + to_string(o.precision) + " weights but its weight source holds " +
+                to_string(ws.dtype()) + "; build the model with GptOptions::precision = the source's dtype()");
+}
+
 template <class M>
 void gpt_forward_blocks(M& m, WeightSource& ws, const GptShape& s, int B, int T) {
   const int ge = gpt_embeddings_group();
@@ -49,6 +59,7 @@ void gpt_forward_blocks(M& m, WeightSource& ws, const GptShape& s, int B, int T)
 template <class M>
 long gpt_forward_batch(M& m, WeightSource& ws, const GptShape& s, const GptOptions& o, const int32_t* inputs,
                        const int32_t* targets) {
+  check_precision(ws, o);
   const long bt = static_cast<long>(o.micro_batch) * s.seq_len;
   check_tokens(inputs, bt, s.vocab, "input");
   check_tokens(targets, bt, s.vocab, "target");
@@ -61,21 +72,21 @@ long gpt_forward_batch(M& m, WeightSource& ws, const GptShape& s, const GptOptio
 // gradient buffer is held from the head (tied weights) to the embedding backward.
 template <class M>
 double gpt_forward_backward(M& m, WeightSource& ws, const GptShape& s, const GptOptions& o, const int32_t* inputs,
-                            const int32_t* targets) {
+                            const int32_t* targets, float loss_scale) {
   const long bt = gpt_forward_batch(m, ws, s, o, inputs, targets);
   const int B = o.micro_batch, T = s.seq_len;
   const int ge = gpt_embeddings_group(), gf = gpt_final_group(s);
-  const float* wf = ws.acquire_params(gf);
-  const float* wte = ws.acquire_params(ge);
-  float* g0 = ws.gradient_buffer(ge);  // held until the embedding backward at the end
-  float* gfin = ws.gradient_buffer(gf);
-  const double loss = m.head(wf, wte, bt, g0, gfin);
+  const void* wf = ws.acquire_params(gf);
+  const void* wte = ws.acquire_params(ge);
+  void* g0 = ws.gradient_buffer(ge);  // held until the embedding backward at the end
+  void* gfin = ws.gradient_buffer(gf);
+  const double loss = m.head(wf, wte, bt, g0, gfin, loss_scale);
   m.release(ws, ge);
   m.release(ws, gf);
   m.ready(ws, gf);
   for (int l = s.layers - 1; l >= 0; --l) {
     const int g = gpt_block_group(l);
-    const float* w = ws.acquire_params(g);
+    const void* w = ws.acquire_params(g);
     if (o.checkpointing != ActivationCheckpointing::None) m.block_forward(l, w, false, B, T);  // recompute
     m.block_backward(l, w, ws.gradient_buffer(g), B, T);
     m.release(ws, g);
@@ -91,25 +102,27 @@ double gpt_forward_loss(M& m, WeightSource& ws, const GptShape& s, const GptOpti
                         const int32_t* targets) {
   const long bt = gpt_forward_batch(m, ws, s, o, inputs, targets);
   const int ge = gpt_embeddings_group(), gf = gpt_final_group(s);
-  const float* wf = ws.acquire_params(gf);
-  const float* wte = ws.acquire_params(ge);
-  const double loss = m.head(wf, wte, bt, nullptr, nullptr);
+  const void* wf = ws.acquire_params(gf);
+  const void* wte = ws.acquire_params(ge);
+  const double loss = m.head(wf, wte, bt, nullptr, nullptr, 1.0f);
   m.release(ws, ge);
   m.release(ws, gf);
   return loss;
 }
 
 template <class M>
-void gpt_next_token_logits(M& m, WeightSource& ws, const GptShape& s, const int32_t* tokens, int len, float* out) {
+void gpt_next_token_logits(M& m, WeightSource& ws, const GptShape& s, const GptOptions& o, const int32_t* tokens, int len,
+                           float* out) {
   if (len < 1 || len > s.seq_len)
     throw Error("next_token_logits: " + std::to_string(len) + " tokens; the context holds 1 to " +
                 std::to_string(s.seq_len));
   check_tokens(tokens, len, s.vocab, "input");
+  check_precision(ws, o);
   m.load_tokens(tokens, nullptr, len);
   const int ge = gpt_embeddings_group(), gf = gpt_final_group(s);
   gpt_forward_blocks(m, ws, s, 1, len);
-  const float* wf = ws.acquire_params(gf);
-  const float* wte = ws.acquire_params(ge);
+  const void* wf = ws.acquire_params(gf);
+  const void* wte = ws.acquire_params(ge);
   m.last_logits(wf, wte, len, out);
   m.release(ws, ge);
   m.release(ws, gf);

@@ -34,7 +34,7 @@ double ResidualMlp::run(WeightSource& ws, const float* x, const float* y, int ba
   a_.assign(layers_, std::vector<float>(n));
   std::copy(x, x + n, h_[0].begin());
   for (int b = 0; b < layers_; ++b) {
-    const float* w = ws.acquire_params(b);
+    const float* w = ws.acquire_f32(b);
     const float* c = w + static_cast<size_t>(D) * D;
     float* z = a_[b].data();
     for (int i = 0; i < B; ++i) std::copy(c, c + D, z + static_cast<size_t>(i) * D);
@@ -58,8 +58,8 @@ double ResidualMlp::run(WeightSource& ws, const float* x, const float* y, int ba
   if (!backward) return loss;
   std::vector<float> dz(n), dh_prev(n);
   for (int b = layers_ - 1; b >= 0; --b) {
-    const float* w = ws.acquire_params(b);
-    float* g = ws.gradient_buffer(b);
+    const float* w = ws.acquire_f32(b);
+    float* g = ws.gradient_f32(b);
     const float* a = a_[b].data();
     for (size_t i = 0; i < n; ++i) dz[i] = dh[i] * (1.0f - a[i] * a[i]);
     // dW[D,D] = dz^T[D,B] h[B,D]; dc = column sums of dz; dh_prev = dh + dz W

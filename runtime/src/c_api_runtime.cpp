@@ -296,7 +296,7 @@ strata_buffer Runtime::acquire(int32_t g) {
     throw ApiError(STRATA_ERR_STATE, "strata_acquire of group '" + gr.name +
                                          "' outside a micro-batch; call strata_begin_micro_step first (to read "
                                          "parameters outside training use strata_read_params)");
-  const float* p = engine_->acquire_params(g);
+  const float* p = engine_->acquire_f32(g);
   ++gr.holders;
   return buffer(gr, const_cast<float*>(p));
 }
@@ -323,7 +323,7 @@ strata_buffer Runtime::grad_buffer(int32_t g) {
     throw ApiError(STRATA_ERR_STATE, "group '" + gr.name +
                                          "' already had its gradient for this micro-batch; sum the contributions "
                                          "and hand in one gradient per group per micro-batch");
-  float* p = engine_->gradient_buffer(g);
+  float* p = engine_->gradient_f32(g);
   gr.grad_out = true;
   return buffer(gr, p);
 }

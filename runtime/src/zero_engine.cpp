@@ -400,7 +400,7 @@ void ZeroEngine::prefetch_after(size_t pos) {
   }
 }
 
-const float* ZeroEngine::acquire_params(int g) {
+const void* ZeroEngine::acquire_params(int g) {
   if (g < 0 || g >= num_groups()) throw Error("acquire_params: unknown parameter group " + std::to_string(g));
   Group& gr = groups_[g];
   recording_.push_back(g);
@@ -458,7 +458,7 @@ void ZeroEngine::release_params(int g) {
 // ---------------------------------------------------------------------------------------
 // Gradients: reduce as soon as they are ready, accumulate in the shard's sub-groups.
 
-float* ZeroEngine::gradient_buffer(int g) {
+void* ZeroEngine::gradient_buffer(int g) {
   Group& gr = groups_.at(g);
   if (gr.grad_ptr) throw Error("gradient_buffer: group '" + gr.spec.name + "' already has one outstanding");
   Acquired a = store_->acquire_for_overwrite(gr.gfull, Tier::Device);

@@ -68,7 +68,7 @@ class DeviceWeights final : public WeightSource {
   }
   int num_groups() const override { return static_cast<int>(params_.size()); }
   uint64_t group_numel(int g) const override { return numel_.at(g); }
-  const float* acquire_params(int g) override {
+  const void* acquire_params(int g) override {
     ++held_.at(g);
     return params_.at(g);
   }
@@ -76,7 +76,7 @@ class DeviceWeights final : public WeightSource {
     if (held_.at(g) <= 0) throw Error("release_params: group " + std::to_string(g) + " is not acquired");
     --held_[g];
   }
-  float* gradient_buffer(int g) override {
+  void* gradient_buffer(int g) override {
     // All bytes 0xff: NaN in every float, so the model must overwrite each element.
     // The model's stream does not wait on the legacy default stream: finish here.
     expect_cuda(cudaMemset(grads_.at(g), 0xff, numel_[g] * sizeof(float)), "cudaMemset grads");

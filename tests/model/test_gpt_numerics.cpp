@@ -130,7 +130,8 @@ void check_grads(const Reference& ref, HostWeights& w, const char* what) {
   double worst = 0;
   for (const GptGroup& g : gpt_groups(ref.shape))
     for (const GptTensor& t : g.tensors) {
-      const float* ours = w.grads(t.group).data() + t.offset;
+      const std::vector<float> group_grads = w.grads(t.group);
+      const float* ours = group_grads.data() + t.offset;
       const float* theirs = ref.grads[t.group].data() + t.offset;
       double maxref = 0, maxdiff = 0, maxours = 0;
       for (uint64_t i = 0; i < t.numel(); ++i) {

@@ -52,8 +52,8 @@ int main(int argc, char** argv) {
   for (int step = 0; step < 2; ++step) {
     engine.begin_micro_step();
     for (int g = 0; g < engine.num_groups(); ++g) {
-      const float* p = engine.acquire_params(g);
-      float* grad = engine.gradient_buffer(g);
+      const float* p = engine.acquire_f32(g);
+      float* grad = engine.gradient_f32(g);
       for (uint64_t i = 0; i < engine.group_numel(g); ++i) grad[i] = std::sin(p[i] * 3.0f + static_cast<float>(i));
       engine.release_params(g);
       engine.grads_ready(g);

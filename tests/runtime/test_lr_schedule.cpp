@@ -333,8 +333,8 @@ std::vector<float> two_steps(float built_lr, std::vector<double> lrs, std::vecto
     if (lr >= 0) engine.set_learning_rate(lr);
     if (seen) seen->push_back(engine.learning_rate());
     engine.begin_micro_step();
-    const float* p = engine.acquire_params(0);
-    float* grad = engine.gradient_buffer(0);
+    const float* p = engine.acquire_f32(0);
+    float* grad = engine.gradient_f32(0);
     for (uint64_t i = 0; i < engine.group_numel(0); ++i) grad[i] = std::sin(p[i] * 3.0f + static_cast<float>(i));
     engine.release_params(0);
     engine.grads_ready(0);

@@ -283,12 +283,12 @@ TEST(EngineTrace, TheCpuBackendRecordsTheEnginesSpans) {
     for (int step = 0; step < 2; ++step) {
       engine.begin_micro_step();
       for (int g = 0; g < 4; ++g) {
-        engine.acquire_params(g);
+        engine.acquire_f32(g);
         engine.release_params(g);
       }
       for (int g = 3; g >= 0; --g) {
-        engine.acquire_params(g);
-        float* grad = engine.gradient_buffer(g);
+        engine.acquire_f32(g);
+        float* grad = engine.gradient_f32(g);
         std::fill(grad, grad + 1024, 0.01f);
         engine.release_params(g);
         engine.grads_ready(g);

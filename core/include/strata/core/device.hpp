@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 
+#include "strata/core/dtype.hpp"
 #include "strata/core/event.hpp"
 #include "strata/core/sim.hpp"
 
@@ -34,13 +35,20 @@ class Stream {
   // next event recorded on the stream, and only that one; the cpu backend skips the
   // work queued between the failure and that record point.
   virtual void host_task(std::function<void()> fn) = 0;
-  // Element-wise float operations on device memory, in stream order. The engine's
-  // gradient accumulation and norms use these; the model's kernels live in model/.
-  virtual void fill(float* dst, float value, size_t n) = 0;
-  virtual void add(float* dst, const float* src, size_t n) = 0;  // dst[i] += src[i]
+  // Element-wise operations on device memory, in stream order, over float arrays of type
+  // F32, BF16 or F16 (conversions round to nearest even, core/convert.hpp). The engine's
+  // gradient accumulation, norms and working copies use these; the model's kernels live
+  // in model/.
+  virtual void fill_as(void* dst, DType t, float value, size_t n) = 0;
+  virtual void accumulate(float* dst, const void* src, DType src_t, size_t n) = 0;  // dst[i] += src[i]
+  virtual void convert(void* dst, DType dst_t, const void* src, DType src_t, size_t n) = 0;
   // *out += sum of src[i]^2, accumulated in double; out is host memory, written when
   // the stream reaches this point. (sim: costs the read, leaves *out as it is.)
-  virtual void sum_squares(const float* src, size_t n, double* out) = 0;
+  virtual void sum_squares_as(const void* src, DType t, size_t n, double* out) = 0;
+  // The fp32 forms.
+  void fill(float* dst, float value, size_t n) { fill_as(dst, DType::F32, value, n); }
+  void add(float* dst, const float* src, size_t n) { accumulate(dst, src, DType::F32, n); }
+  void sum_squares(const float* src, size_t n, double* out) { sum_squares_as(src, DType::F32, n, out); }
   // The model's kernels: work of `flops` floating-point operations, in stream order.
   // cpu: runs fn on the stream's worker; cuda: calls fn now, on the calling thread, to
   // enqueue its kernels; sim: takes flops over the device's peak, and fn does not run.

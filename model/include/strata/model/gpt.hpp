@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "strata/core/device.hpp"
+#include "strata/core/dtype.hpp"
 #include "strata/model/gpt_layout.hpp"
 #include "strata/model/weight_source.hpp"
 
@@ -29,6 +30,11 @@ enum class ActivationCheckpointing {
 struct GptOptions {
   int micro_batch = 1;   // sequences per forward
   ActivationCheckpointing checkpointing = ActivationCheckpointing::None;
+  // The element type of the weights and gradients the model reads and writes (its
+  // WeightSource's dtype()) and of its matmul operands: F32, BF16 or F16. Matmuls
+  // accumulate in fp32; layer norms, softmax, GELU, the loss and the residual stream are
+  // fp32 whatever this is.
+  DType precision = DType::F32;
 };
 
 // A GPT on some backend, as a trainer drives it (make_gpt picks the implementation).
@@ -42,9 +48,11 @@ class GptModel {
   const GptOptions& options() const { return opts_; }
 
   // One micro-batch: inputs and targets are HOST arrays [micro_batch, seq_len] of token
-  // ids. Returns the mean cross-entropy loss; every group's gradient (of that mean) goes
-  // to ws's gradient buffers. Groups are acquired in gpt_schedule's order.
-  virtual double forward_backward(WeightSource& ws, const int32_t* inputs, const int32_t* targets) = 0;
+  // ids. Returns the mean cross-entropy loss; every group's gradient of that mean, times
+  // loss_scale (fp16 loss scaling; 1 otherwise), goes to ws's gradient buffers. Groups
+  // are acquired in gpt_schedule's order.
+  virtual double forward_backward(WeightSource& ws, const int32_t* inputs, const int32_t* targets,
+                                  float loss_scale = 1.0f) = 0;
   // Loss only (evaluation): acquires 0, 1..L, L+1, 0 and releases them.
   virtual double forward_loss(WeightSource& ws, const int32_t* inputs, const int32_t* targets) = 0;
   // The logits [vocab] after the last of `len` host tokens (1 <= len <= seq_len) of one
@@ -66,7 +74,8 @@ class Gpt final : public GptModel {
   Gpt(const GptShape& shape, const GptOptions& opts);
   ~Gpt() override;
 
-  double forward_backward(WeightSource& ws, const int32_t* inputs, const int32_t* targets) override;
+  double forward_backward(WeightSource& ws, const int32_t* inputs, const int32_t* targets,
+                          float loss_scale = 1.0f) override;
   double forward_loss(WeightSource& ws, const int32_t* inputs, const int32_t* targets) override;
   void next_token_logits(WeightSource& ws, const int32_t* tokens, int len, float* logits) override;
   uint64_t activation_bytes() const override;
@@ -88,21 +97,25 @@ std::unique_ptr<GptModel> make_gpt(Backend backend, const GptShape& shape, const
 double measure_matmul_peak(Backend backend, double seconds = 0.5);
 
 // A WeightSource over plain host buffers, one per group (sampling from a checkpoint,
-// tests). Gradients land in host buffers the caller can read.
+// tests). The fp32 groups it is given are held as `dtype` (rounded to nearest even when
+// 16-bit); gradients land in host buffers of that type, which grads() reads as fp32.
 class HostWeights final : public WeightSource {
  public:
-  explicit HostWeights(std::vector<std::vector<float>> groups);
-  int num_groups() const override { return static_cast<int>(params_.size()); }
-  uint64_t group_numel(int g) const override { return params_.at(g).size(); }
-  const float* acquire_params(int g) override;
+  explicit HostWeights(std::vector<std::vector<float>> groups, DType dtype = DType::F32);
+  int num_groups() const override { return static_cast<int>(numel_.size()); }
+  uint64_t group_numel(int g) const override { return numel_.at(g); }
+  DType dtype() const override { return dtype_; }
+  const void* acquire_params(int g) override;
   void release_params(int g) override;
-  float* gradient_buffer(int g) override;
+  void* gradient_buffer(int g) override;
   void grads_ready(int g) override;
-  std::vector<float>& params(int g) { return params_.at(g); }
-  const std::vector<float>& grads(int g) const { return grads_.at(g); }
+  // Group g's last gradient, as fp32.
+  std::vector<float> grads(int g) const;
 
  private:
-  std::vector<std::vector<float>> params_, grads_;
+  DType dtype_;
+  std::vector<uint64_t> numel_;
+  std::vector<std::vector<std::byte>> params_, grads_;
   std::vector<int> held_;
 };
 

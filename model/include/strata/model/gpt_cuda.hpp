@@ -31,7 +31,8 @@ class GptCuda final : public GptModel {
 
   // As Gpt (inputs, targets and logits are HOST arrays; the token ids are copied to the
   // device here); every group's gradient goes to ws's DEVICE gradient buffers.
-  double forward_backward(WeightSource& ws, const int32_t* inputs, const int32_t* targets) override;
+  double forward_backward(WeightSource& ws, const int32_t* inputs, const int32_t* targets,
+                          float loss_scale = 1.0f) override;
   double forward_loss(WeightSource& ws, const int32_t* inputs, const int32_t* targets) override;
   void next_token_logits(WeightSource& ws, const int32_t* tokens, int len, float* logits) override;
 

@@ -4,11 +4,17 @@
 // The ZeRO engine (runtime/) implements this; so can another trainer's store.
 //
 // Buffers are device memory of the engine's backend (host memory on the cpu backend),
-// fp32, in the group's flat layout.
+// in the group's flat layout, of element type dtype(): F32, or BF16 / F16 when the
+// source trains in 16 bits (parameters and gradients alike; master weights are the
+// source's business).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+
+#include "strata/core/dtype.hpp"
+#include "strata/core/error.hpp"
 
 namespace strata {
 
@@ -17,17 +23,37 @@ class WeightSource {
   virtual ~WeightSource() = default;
   virtual int num_groups() const = 0;
   virtual uint64_t group_numel(int g) const = 0;  // elements
+  // The element type of every parameter and gradient buffer this source hands out.
+  virtual DType dtype() const { return DType::F32; }
 
   // The full parameters of group g, ready to read when this returns (it waits for any
   // transfer still in flight). Valid until release_params(g).
-  virtual const float* acquire_params(int g) = 0;
+  virtual const void* acquire_params(int g) = 0;
   virtual void release_params(int g) = 0;
 
-  // A buffer of group_numel(g) floats for group g's gradient of this micro-batch. The
+  // A buffer of group_numel(g) elements for group g's gradient of this micro-batch. The
   // model overwrites every element, then calls grads_ready(g); the buffer is not
   // touched by the model after that.
-  virtual float* gradient_buffer(int g) = 0;
+  virtual void* gradient_buffer(int g) = 0;
   virtual void grads_ready(int g) = 0;
+
+  // The same, for callers that only handle fp32 (tests, tools): throws when dtype() is
+  // not F32.
+  const float* acquire_f32(int g) {
+    require_f32("acquire_f32");
+    return static_cast<const float*>(acquire_params(g));
+  }
+  float* gradient_f32(int g) {
+    require_f32("gradient_f32");
+    return static_cast<float*>(gradient_buffer(g));
+  }
+
+ private:
+  void require_f32(const char* what) const {
+    if (dtype() != DType::F32)
+      throw Error(std::string(what) + ": this weight source trains in " + to_string(dtype()) +
+                  ", not fp32; use acquire_params / gradient_buffer with dtype()");
+  }
 };
 
 }  // namespace strata

@@ -109,9 +109,9 @@ class ZeroEngine final : public WeightSource {
   // WeightSource
   int num_groups() const override;
   uint64_t group_numel(int g) const override;
-  const float* acquire_params(int g) override;
+  const void* acquire_params(int g) override;
   void release_params(int g) override;
-  float* gradient_buffer(int g) override;
+  void* gradient_buffer(int g) override;
   void grads_ready(int g) override;
 
   // The order in which the model will acquire groups in one micro-step (forward then
