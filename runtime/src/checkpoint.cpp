@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <span>
 
+#include "strata/core/convert.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/log.hpp"
 
@@ -196,8 +197,17 @@ json info_to_json(const CheckpointInfo& info) {
     for (uint64_t h : f.segments) segs.push_back(hex64(h));
     files.push_back({{"name", f.name}, {"bytes", f.bytes}, {"xxh3", segs}});
   }
-  return {{"format", kFormat}, {"version", kVersion}, {"step", info.step},     {"world_size", info.world_size},
-          {"groups", groups},  {"files", files},      {"config", info.config}, {"extra", info.extra}};
+  json j = {{"format", kFormat}, {"version", kVersion}, {"step", info.step},     {"world_size", info.world_size},
+            {"groups", groups},  {"files", files},      {"config", info.config}, {"extra", info.extra},
+            {"optimizer_steps", info.optimizer_steps}, {"precision", info.precision}};
+  if (info.loss_scaler) {
+    const LossScalerState& ls = *info.loss_scaler;
+    j["loss_scaler"] = {{"scale", ls.scale},
+                        {"iter", ls.iter},
+                        {"last_overflow_iter", ls.last_overflow_iter},
+                        {"hysteresis", ls.hysteresis}};
+  }
+  return j;
 }
 
 uint64_t manifest_hash(const json& body) {
@@ -235,6 +245,14 @@ CheckpointInfo parse_manifest(const fs::path& dir, const fs::path& mpath, const 
     CheckpointInfo info;
     info.dir = dir.string();
     info.step = j.at("step").get<int64_t>();
+    // Written since 16-bit training; older checkpoints trained in fp32 without skips.
+    info.optimizer_steps = j.contains("optimizer_steps") ? j.at("optimizer_steps").get<int64_t>() : info.step;
+    info.precision = j.contains("precision") ? j.at("precision").get<std::string>() : "f32";
+    if (j.contains("loss_scaler")) {
+      const json& ls = j.at("loss_scaler");
+      info.loss_scaler = LossScalerState{ls.at("scale").get<double>(), ls.at("iter").get<int64_t>(),
+                                         ls.at("last_overflow_iter").get<int64_t>(), ls.at("hysteresis").get<int>()};
+    }
     info.world_size = j.at("world_size").get<int>();
     info.config = j.at("config");
     info.extra = j.at("extra");
@@ -391,7 +409,7 @@ std::string save_checkpoint(ZeroEngine& engine, coll::Communicator& host, const 
   STRATA_CHECK(group_names.empty() || group_names.size() == static_cast<size_t>(engine.num_groups()),
                "save_checkpoint: " + std::to_string(group_names.size()) + " group names for " +
                    std::to_string(engine.num_groups()) + " groups");
-  const int64_t step = engine.optimizer_steps();
+  const int64_t step = engine.iterations();
   const fs::path rootp(root);
   const fs::path final_dir = rootp / step_name(step);
   const fs::path tmp = rootp / ("." + step_name(step) + ".tmp");
@@ -453,6 +471,9 @@ std::string save_checkpoint(ZeroEngine& engine, coll::Communicator& host, const 
     try {
       CheckpointInfo info;
       info.step = step;
+      info.optimizer_steps = engine.optimizer_steps();
+      info.precision = precision_name(engine.dtype());
+      if (engine.loss_scaler().enabled()) info.loss_scaler = engine.loss_scaler().state();
       info.world_size = world;
       info.config = config;
       info.extra = extra;
@@ -565,8 +586,15 @@ CheckpointInfo load_checkpoint(ZeroEngine& engine, coll::Communicator& host, con
       ep = std::current_exception();
     }
     if (auto f = agree(host, ep)) f->raise(rank);
-    engine.write_optimizer_shard(g, m.data(), a.data(), v.data(), info.step);
+    engine.write_optimizer_shard(g, m.data(), a.data(), v.data(), info.optimizer_steps);
   }
+  engine.set_iterations(info.step);
+  const std::string now = precision_name(engine.dtype());
+  if (info.precision != now && rank == 0)
+    log::warn("checkpoint '" + dir + "' trained in " + info.precision + "; resuming in " + now +
+              ": its fp32 master weights and moments carry over exactly, the " + now +
+              " working parameters are rebuilt from them");
+  if (engine.loss_scaler().enabled() && info.loss_scaler) engine.loss_scaler().restore(*info.loss_scaler);
   return info;
 }
 

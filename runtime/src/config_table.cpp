@@ -15,6 +15,7 @@
 
 #include <cerrno>
 #include <climits>
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -67,38 +68,60 @@ void check_top(const json&, void* target) {
   const Config& c = config_of(target);
   check_nvme_dirs("zero_optimization.offload_param", c.zero.offload_param);
   check_nvme_dirs("zero_optimization.offload_optimizer", c.zero.offload_optimizer);
-}
-
-// fp16's loss-scaling keys: accepted so that a DeepSpeed config with fp16 turned off
-// loads; they have nothing to act on.
-ConfigKey loss_scaling_key(const char* name, const char* help) {
-  return {.name = name, .type = KeyType::Any, .help = help, .use = KeyUse::NoEffect,
-          .why = "Strata has no fp16 training and so no loss scaling"};
+  if (c.bf16 && c.fp16.enabled)
+    throw ConfigError("bf16.enabled and fp16.enabled are both true: choose one 16-bit type (bf16 needs no loss "
+                      "scaling; fp16 has more mantissa and a narrower range), or neither for fp32");
 }
 
 const ConfigSection kBf16 = {
     .path = "bf16",
     .keys = {{.name = "enabled", .type = KeyType::Boolean,
-              .help = "bf16 working parameters (fp32 master weights). Parsed, but the ZeRO engine refuses `true` at "
-                      "start-up for now: it keeps fp32 working parameters only.",
+              .help = "Train in bf16: 16-bit working parameters and gradients in every tier, gather and "
+                      "reduce-scatter, 16-bit matmuls with fp32 accumulation; fp32 master weights and Adam moments "
+                      "(docs/mixed-precision.md).",
               .field = STRATA_CONFIG_FIELD(Config, bf16)}},
     .inline_in_parent = true,
 };
 
+void* fp16_of(void* t) { return &config_of(t).fp16; }
+
+// DeepSpeed's dynamic loss scaler: the scale must start at or above its floor.
+void check_fp16(const json&, void* target) {
+  const Fp16Config& f = *static_cast<Fp16Config*>(target);
+  if (!f.enabled || f.loss_scale > 0) return;
+  if (f.min_loss_scale > std::ldexp(1.0, f.initial_scale_power))
+    throw ConfigError("fp16.min_loss_scale = " + std::to_string(f.min_loss_scale) +
+                      " is above the first dynamic loss scale 2^fp16.initial_scale_power = 2^" +
+                      std::to_string(f.initial_scale_power) +
+                      ": lower min_loss_scale or raise initial_scale_power");
+}
+
 const ConfigSection kFp16 = {
     .path = "fp16",
-    .keys = {{.name = "enabled", .type = KeyType::Boolean, .help = "fp16 training with loss scaling.",
-              .use = KeyUse::Refused, .only = false,
-              .why = "Strata has no loss scaling; it trains fp32 working parameters (a bf16 working copy is "
-                     "planned)"},
-             loss_scaling_key("auto_cast", "DeepSpeed: cast the model's inputs to fp16."),
-             loss_scaling_key("loss_scale", "DeepSpeed: a static loss scale; 0 for dynamic scaling."),
-             loss_scaling_key("initial_scale_power", "DeepSpeed: the first dynamic loss scale, as a power of 2."),
-             loss_scaling_key("loss_scale_window", "DeepSpeed: steps between raises of the dynamic loss scale."),
-             loss_scaling_key("hysteresis", "DeepSpeed: overflows tolerated before the loss scale is lowered."),
-             loss_scaling_key("consecutive_hysteresis", "DeepSpeed: refill the hysteresis after a step without "
-                                                        "overflow."),
-             loss_scaling_key("min_loss_scale", "DeepSpeed: the lowest dynamic loss scale.")},
+    .keys = {{.name = "enabled", .type = KeyType::Boolean,
+              .help = "Train in fp16 with loss scaling: as bf16, with IEEE half working parameters and gradients.",
+              .field = STRATA_CONFIG_FIELD(Fp16Config, enabled)},
+             {.name = "auto_cast", .type = KeyType::Any, .help = "DeepSpeed: cast the model's inputs to fp16.",
+              .use = KeyUse::NoEffect, .why = "the model's inputs are token ids; its compute precision is fp16.enabled"},
+             {.name = "loss_scale", .type = KeyType::Double, .lo = 0, .note = "0 for dynamic scaling",
+              .help = "A static loss scale, or 0 for dynamic loss scaling.",
+              .field = STRATA_CONFIG_FIELD(Fp16Config, loss_scale)},
+             {.name = "initial_scale_power", .type = KeyType::Whole, .min = 0, .max = 63,
+              .help = "The first dynamic loss scale is 2 to this power.",
+              .field = STRATA_CONFIG_FIELD(Fp16Config, initial_scale_power)},
+             {.name = "loss_scale_window", .type = KeyType::Whole, .min = 1, .max = kMaxInt,
+              .help = "Dynamic scaling doubles the scale after this many steps without overflow.",
+              .field = STRATA_CONFIG_FIELD(Fp16Config, loss_scale_window)},
+             {.name = "hysteresis", .type = KeyType::Whole, .min = 1, .max = kMaxInt,
+              .help = "Overflowing steps (each skipped) before the dynamic scale is halved.",
+              .field = STRATA_CONFIG_FIELD(Fp16Config, hysteresis)},
+             {.name = "consecutive_hysteresis", .type = KeyType::Boolean,
+              .help = "Refill the hysteresis after every step without overflow (else only when the scale grows).",
+              .field = STRATA_CONFIG_FIELD(Fp16Config, consecutive_hysteresis)},
+             {.name = "min_loss_scale", .type = KeyType::Double, .lo = 0, .lo_open = true,
+              .help = "The dynamic scale is never halved below this.",
+              .field = STRATA_CONFIG_FIELD(Fp16Config, min_loss_scale)}},
+    .check = check_fp16,
     .inline_in_parent = true,
 };
 
@@ -552,7 +575,7 @@ ConfigSection make_top() {
            .help = "Print loss and throughput every this many steps.",
            .field = STRATA_CONFIG_FIELD(Config, steps_per_print)},
           {.name = "bf16", .type = KeyType::Section, .section = &kBf16},
-          {.name = "fp16", .type = KeyType::Section, .section = &kFp16},
+          {.name = "fp16", .type = KeyType::Section, .section = &kFp16, .enter = fp16_of},
           {.name = "optimizer", .type = KeyType::Section, .help = "Adam or AdamW and its parameters (table below).",
            .section = &kOptimizer},
           {.name = "scheduler", .type = KeyType::Section, .fallback = "none: constant lr",

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "strata/core/convert.hpp"
 #include "strata/core/error.hpp"
 
 namespace strata {
@@ -42,15 +43,28 @@ const char* owner(StateRole r) {
   return "";
 }
 
-DType dtype(StateRole) { return DType::F32; }
+DType role_dtype(StateRole r, const ShardStrategy& st) {
+  switch (r) {
+    case StateRole::GatherBuffer:
+    case StateRole::ParamShard:
+    case StateRole::ReplicatedParams:
+    case StateRole::GradFull:
+    case StateRole::GradReduced: return st.working;
+    case StateRole::GradAccumulated:
+    case StateRole::Grad: return st.grads;
+    case StateRole::Master:
+    case StateRole::ExpAvg:
+    case StateRole::ExpAvgSq: return DType::F32;
+  }
+  return DType::F32;
+}
 
 // The tensors of one group, in the order the engine registers them.
 std::vector<StateTensor> group_tensors(const GroupLayout& g, const ShardStrategy& st) {
   std::vector<StateTensor> out;
   auto add = [&](StateRole role, uint64_t elems, Tier home, bool scratch, int sub = -1) {
-    out.push_back({role, sub,
-                   TensorSpec{g.name + suffix(role), elems * ShardLayout::elem_bytes(role), dtype(role), home,
-                              owner(role), scratch}});
+    const DType t = role_dtype(role, st);
+    out.push_back({role, sub, TensorSpec{g.name + suffix(role), elems * dtype_size(t), t, home, owner(role), scratch}});
   };
   if (st.stage == 3) {
     add(StateRole::GatherBuffer, g.padded, Tier::Device, true);
@@ -72,7 +86,11 @@ std::vector<StateTensor> group_tensors(const GroupLayout& g, const ShardStrategy
 
 }  // namespace
 
-uint64_t ShardLayout::elem_bytes(StateRole role) { return dtype_size(dtype(role)); }
+DType grads_dtype(DType working, int gradient_accumulation_steps) {
+  return gradient_accumulation_steps > 1 ? DType::F32 : working;
+}
+
+DType ShardLayout::dtype(StateRole role) const { return role_dtype(role, strategy); }
 
 uint64_t ShardLayout::nvme_capacity() const {
   const uint64_t homes = need[int(Tier::Nvme)].homes();
@@ -96,6 +114,11 @@ ShardLayout make_shard_layout(const std::vector<GroupSize>& groups, ShardStrateg
     throw ConfigError("shard alignment of " + std::to_string(align) + " elements: give a positive multiple of " +
                       std::to_string(ShardRules::kDefaultAlignElems) + " (4 KiB of fp32, O_DIRECT's unit)");
   if (st.stage < 3) st.param_home = Tier::Device;  // stages 1 and 2 replicate parameters
+  for (DType t : {st.working, st.grads})
+    if (!is_working_dtype(t))
+      throw ConfigError(std::string("shard layout: element type ") + to_string(t) + " is not f32, bf16 or fp16");
+  if (st.grads != DType::F32 && st.grads != st.working)
+    throw ConfigError("shard layout: reduced gradients are fp32 or the working type");
 
   ShardLayout L;
   const uint64_t unit = uint64_t(st.world) * align;
@@ -140,15 +163,19 @@ ShardLayout make_shard_layout(const std::vector<GroupSize>& groups, ShardStrateg
         default: need.optimizer += b; break;
       }
     }
-    if (g.persistent) L.need[int(Tier::Device)].persistent += g.padded * ShardLayout::elem_bytes(StateRole::GatherBuffer);
+    if (g.persistent) L.need[int(Tier::Device)].persistent += g.padded * L.elem_bytes(StateRole::GatherBuffer);
   }
 
-  const uint64_t mp = L.max_padded * ShardLayout::elem_bytes(StateRole::GatherBuffer);
-  const uint64_t ms = L.max_shard * ShardLayout::elem_bytes(StateRole::GradReduced);
-  L.device_working = st.stage == 3 ? 2 * mp + 3 * ms : mp + 2 * ms;
-  L.pinned_staging = st.optimizer_home == Tier::Device
-                         ? ms
-                         : L.max_sub_group * ShardLayout::elem_bytes(StateRole::Master) * 8 + ms;
+  // In working elements: the gathered parameters and the model's gradient (mp each), the
+  // reduce-scatter output and, stage 3, the parameter shard passing through (ms each);
+  // the reduced gradient's sub-groups passing through (mg).
+  const uint64_t mp = L.max_padded * L.elem_bytes(StateRole::GatherBuffer);
+  const uint64_t ms = L.max_shard * L.elem_bytes(StateRole::GradReduced);
+  const uint64_t mg = L.max_shard * L.elem_bytes(StateRole::Grad);
+  L.device_working = st.stage == 3 ? 2 * mp + 2 * ms + mg : mp + ms + mg;
+  // Two sub-groups' states (master and moments fp32, the gradient) and a parameter shard.
+  const uint64_t per_elem = 3 * L.elem_bytes(StateRole::Master) + L.elem_bytes(StateRole::Grad);
+  L.pinned_staging = st.optimizer_home == Tier::Device ? ms : 2 * L.max_sub_group * per_elem + ms;
   return L;
 }
 

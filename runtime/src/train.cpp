@@ -11,6 +11,7 @@
 
 #include "strata/collectives/communicator.hpp"
 #include "strata/core/clock.hpp"
+#include "strata/core/convert.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/log.hpp"
 #include "strata/model/data.hpp"
@@ -160,7 +161,10 @@ class StepLog {
  public:
   // Opens the metrics file at once: a bad path fails before the model is built.
   StepLog(const Config& cfg, const TrainOptions& topts, int rank)
-      : rank0_(rank == 0), lines_(rank == 0 && !topts.quiet), every_(std::max(1, cfg.steps_per_print)) {
+      : rank0_(rank == 0),
+        lines_(rank == 0 && !topts.quiet),
+        every_(std::max(1, cfg.steps_per_print)),
+        loss_scaled_(cfg.fp16.enabled) {
     if (rank0_ && !topts.metrics_path.empty()) {
       metrics_.open(topts.metrics_path, std::ios::app);
       if (!metrics_) throw IoError("cannot open the metrics file for appending", topts.metrics_path, 0, 0, errno);
@@ -168,8 +172,8 @@ class StepLog {
   }
 
   // What runs where, the memory it has, and the peak MFU is measured against.
-  void header(const GptShape& shape, int world, const Device& device, const EngineOptions& eo, const GptModel& model,
-              const GptOptions& mo, const StepCost& cost) {
+  void header(const GptShape& shape, int world, const Device& device, const EngineOptions& eo, const ZeroEngine& engine,
+              const GptModel& model, const GptOptions& mo, const StepCost& cost) {
     if (!lines_) return;
     const uint64_t params = gpt_param_count(shape);
     std::printf("strata train: %llu parameters (%d layers, d_model %d, %d heads, context %d, vocab %d), %d rank%s "
@@ -177,12 +181,20 @@ class StepLog {
                 static_cast<unsigned long long>(params), shape.layers, shape.d_model, shape.heads, shape.seq_len,
                 shape.vocab, world, world == 1 ? "" : "s", device.description().c_str(),
                 world == 1 ? "" : " (rank 0)", eo.stage, to_string(eo.param_home), to_string(eo.optimizer_home));
-    std::printf("  model states %s (20 B/param: fp32 params, grads, master, Adam moments) vs budgets device %s, pinned %s; activations %s per rank%s; "
-                "%llu tokens per step; matmul peak %.1f GFLOP/s\n",
-                compact(params * 20).c_str(), compact(eo.store.device_budget).c_str(),
+    // Bytes per parameter from the shard layout: working parameters, reduced gradients,
+    // fp32 master weights and Adam's two moments.
+    const ShardLayout& L = engine.layout();
+    const uint64_t pb = L.elem_bytes(StateRole::ParamShard), gb = L.elem_bytes(StateRole::Grad),
+                   ob = 3 * L.elem_bytes(StateRole::Master);
+    std::printf("  %s: model states %s (%llu B/param: %s params, %s grads, fp32 master and Adam moments) vs budgets "
+                "device %s, pinned %s; activations %s per rank%s; %llu tokens per step; %s matmul peak %.1f GFLOP/s\n",
+                precision_name(eo.precision), compact(params * (pb + gb + ob)).c_str(),
+                static_cast<unsigned long long>(pb + gb + ob), precision_name(L.dtype(StateRole::ParamShard)),
+                precision_name(L.dtype(StateRole::Grad)), compact(eo.store.device_budget).c_str(),
                 compact(eo.store.pinned_budget).c_str(), compact(model.activation_bytes()).c_str(),
                 mo.checkpointing == ActivationCheckpointing::None ? "" : " (checkpointed per block)",
-                static_cast<unsigned long long>(cost.global_tokens), cost.peak_flops / 1e9);
+                static_cast<unsigned long long>(cost.global_tokens), precision_name(eo.precision),
+                cost.peak_flops / 1e9);
     std::fflush(stdout);
   }
 
@@ -196,11 +208,14 @@ class StepLog {
         const TierUsage& u = t[static_cast<int>(k)];
         return compact(u.used) + "/" + compact(u.budget);
       };
+      // fp16: the loss scale the next step's gradients carry.
+      const std::string scale = loss_scaled_ ? "  scale " + format_scale(st.loss_scale) : "";
       std::printf("step %5lld  loss %.4f  lr %.3e  %8.0f tok/s  MFU %.2f  device %s  pinned %s  nvme %s  exposed %.3fs  "
-                  "step %.2fs%s\n",
+                  "step %.2fs%s%s\n",
                   static_cast<long long>(rec.step), rec.loss, rec.lr, rec.tokens_per_s, rec.mfu,
                   tier(Tier::Device).c_str(), tier(Tier::Pinned).c_str(), tier(Tier::Nvme).c_str(), rec.exposed_s,
-                  rec.seconds, rec.stepped ? "" : "  (skipped: non-finite gradients)");
+                  rec.seconds, scale.c_str(),
+                  rec.stepped ? "" : loss_scaled_ ? "  (skipped: fp16 overflow)" : "  (skipped: non-finite gradients)");
       std::fflush(stdout);
     }
     if (!metrics_.is_open()) return;
@@ -208,7 +223,8 @@ class StepLog {
                         {"seconds", rec.seconds},    {"tokens_per_s", rec.tokens_per_s},
                         {"mfu", rec.mfu},            {"exposed_s", rec.exposed_s},
                         {"optimizer_s", rec.optimizer_s}, {"grad_norm", st.last_grad_norm},
-                        {"stepped", rec.stepped}};
+                        {"stepped", rec.stepped}, {"skipped_steps", st.skipped_steps}};
+    if (loss_scaled_) j["loss_scale"] = st.loss_scale;
     for (int k = 0; k < kTierCount; ++k) {
       const char* name = to_string(static_cast<Tier>(k));
       j["used"][name] = t[k].used;
@@ -245,10 +261,16 @@ class StepLog {
 
  private:
   static std::string compact(uint64_t bytes) { return format_bytes(bytes, ByteStyle::Compact); }
+  static std::string format_scale(double s) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", s);
+    return buf;
+  }
 
   bool rank0_;   // only rank 0 reports
   bool lines_;   // rank 0 without --quiet
   int every_;    // steps_per_print, at least 1
+  bool loss_scaled_ = false;  // fp16: lines and metrics show the loss scale
   std::ofstream metrics_;
 };
 
@@ -270,8 +292,9 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
   EngineOptions eo = EngineOptions::from_config(cfg);
   eo.trace_path = with_rank(cfg.strata.trace, rank, world);
   const int micro = cfg.train_micro_batch_size_per_gpu, accum = cfg.gradient_accumulation_steps;
-  GptOptions mo{micro, cfg.activation_checkpointing.enabled ? ActivationCheckpointing::PerBlock
-                                                            : ActivationCheckpointing::None};
+  GptOptions mo{micro,
+                cfg.activation_checkpointing.enabled ? ActivationCheckpointing::PerBlock : ActivationCheckpointing::None,
+                cfg.precision()};
   // The model first: its activations (device memory on cuda) are allocated beside the
   // engine's device budget, so a budget too large for the GPU fails in the engine's
   // allocation, which names strata.device_budget.
@@ -290,7 +313,7 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
   res.peak_flops = measure_peak_flops(*comm, cfg.strata.backend);
   const StepCost cost{static_cast<uint64_t>(micro) * accum * world * shape.seq_len, gpt_flops_per_token(shape),
                       res.peak_flops};
-  step_log.header(shape, world, *ctx.device, eo, *model, mo, cost);
+  step_log.header(shape, world, *ctx.device, eo, *engine, *model, mo, cost);
 
   const StopSignals stop_signals;
   const size_t local = static_cast<size_t>(micro) * shape.seq_len;
@@ -306,7 +329,7 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
       data.batch(pos, rank, world, micro, x.data(), y.data());
       pos = data.advance(pos, world * micro);
       engine->begin_micro_step();
-      loss += model->forward_backward(*engine, x.data(), y.data());
+      loss += model->forward_backward(*engine, x.data(), y.data(), static_cast<float>(engine->loss_scale()));
     }
     comm->all_reduce(std::span<double>(&loss, 1)).wait();
     // The update, at the learning rate the schedule gives this optimizer step.
@@ -315,7 +338,7 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
     rec.lr = lr_schedule.lr_at(engine->optimizer_steps());
     engine->set_learning_rate(rec.lr);
     rec.stepped = engine->step();
-    rec.step = rec.stepped ? engine->optimizer_steps() : step + 1;
+    rec.step = engine->iterations();
     const double seconds = steady_seconds() - t0;
     const EngineStats st = engine->stats();
     time_step(rec, seconds, cost, st, prev);

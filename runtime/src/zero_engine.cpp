@@ -7,6 +7,7 @@
 #include <numbers>
 #include <sstream>
 
+#include "strata/core/convert.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/log.hpp"
 
@@ -43,10 +44,17 @@ float init_value(const GroupSpec& s, uint64_t seed, uint64_t group, uint64_t ind
   return 0.0f;
 }
 
-coll::ConstView floats(const void* p, uint64_t n) {
-  return coll::ConstView::elements(p, n, coll::DataType::F32);
+coll::ConstView view(const void* p, uint64_t n, DType t) { return coll::ConstView::elements(p, n, t); }
+coll::MutView view_mut(void* p, uint64_t n, DType t) { return coll::MutView::elements(p, n, t); }
+
+const void* at(const void* p, uint64_t elems, uint64_t elem_bytes) {
+  return static_cast<const std::byte*>(p) + elems * elem_bytes;
 }
-coll::MutView floats_mut(void* p, uint64_t n) { return coll::MutView::elements(p, n, coll::DataType::F32); }
+void* at(void* p, uint64_t elems, uint64_t elem_bytes) { return static_cast<std::byte*>(p) + elems * elem_bytes; }
+
+HalfKind half_kind(DType t) {
+  return t == DType::BF16 ? HalfKind::Bf16 : t == DType::F16 ? HalfKind::Fp16 : HalfKind::None;
+}
 
 }  // namespace
 
@@ -62,18 +70,19 @@ struct ZeroEngine::Group {
   uint64_t padded = 0;   // elements, as the layout pads (shard_layout.hpp)
   uint64_t shard = 0;    // elements per rank
   bool persistent = false;
-  TensorId full = 0;     // [padded] f32: stage 3 a scratch gather buffer, else replicated params
-  TensorId pshard = 0;   // stage 3: [shard] f32 working parameters, home offload_param
-  TensorId gfull = 0;    // [padded] f32 scratch: the model's gradient of one micro-batch
-  TensorId gacc = 0;     // stage 1: [padded] f32 accumulated gradient, home device
-  TensorId rs_out = 0;   // stages 2, 3: [shard] f32 scratch, reduce-scatter output
+  // Types as the layout says (shard_layout.hpp): working (w) or reduced-gradient (g).
+  TensorId full = 0;     // [padded] w: stage 3 a scratch gather buffer, else replicated params
+  TensorId pshard = 0;   // stage 3: [shard] w working parameters, home offload_param
+  TensorId gfull = 0;    // [padded] w scratch: the model's gradient of one micro-batch
+  TensorId gacc = 0;     // stage 1: [padded] g accumulated gradient, home device
+  TensorId rs_out = 0;   // stages 2, 3: [shard] w scratch, reduce-scatter output
   std::vector<Chunk> chunks;
 
   enum class Full { Released, Gathering, Ready };
   Full state = Full::Released;
   Event gathered;
-  float* full_ptr = nullptr;
-  float* grad_ptr = nullptr;
+  void* full_ptr = nullptr;
+  void* grad_ptr = nullptr;
   Event grad_tail_zeroed;
   Event grad_consumed;   // the last reduction that read gfull
   Event reduced_consumed;  // the last accumulation that read rs_out
@@ -82,12 +91,9 @@ struct ZeroEngine::Group {
 };
 
 EngineOptions EngineOptions::from_config(const Config& c) {
-  if (c.bf16)
-    throw ConfigError(
-        "bf16.enabled = true: the engine keeps fp32 working parameters and does not have a bf16 working copy "
-        "yet; set bf16.enabled to false (the CPU optimizer can already write bf16 copies, the engine does not "
-        "use them)");
   EngineOptions o;
+  o.precision = c.precision();
+  o.fp16 = c.fp16;
   o.stage = c.zero.stage;
   o.param_home = home_tier(c.zero.offload_param.device);
   o.optimizer_home = home_tier(c.zero.offload_optimizer.device);
@@ -124,6 +130,8 @@ ShardStrategy EngineOptions::shard_strategy(int world) const {
   s.rules.align_elems = shard_align_elems;
   s.rules.sub_group_elems = sub_group_elems;
   s.rules.persistence_threshold_elems = persistence_threshold_elems;
+  s.working = precision;
+  s.grads = grads_dtype(precision, gradient_accumulation_steps);
   return s;
 }
 
@@ -147,6 +155,16 @@ ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communica
   std::vector<GroupSize> sizes;
   for (const GroupSpec& g : groups) sizes.push_back({g.name, g.numel});
   layout_ = make_shard_layout(sizes, opts_.shard_strategy(world_));
+  work_t_ = layout_.dtype(StateRole::GatherBuffer);
+  grad_t_ = layout_.dtype(StateRole::Grad);
+  wb_ = dtype_size(work_t_);
+  gb_ = dtype_size(grad_t_);
+  if (opts_.precision == DType::F16) {  // fp16 always scales: with DeepSpeed's defaults unless configured
+    Fp16Config f = opts_.fp16;
+    f.enabled = true;
+    scaler_ = LossScaler(f);
+  }
+  stats_.loss_scale = scaler_.scale();
   groups_.resize(groups.size());
   for (size_t g = 0; g < groups.size(); ++g) {
     Group& gr = groups_[g];
@@ -280,9 +298,11 @@ void ZeroEngine::init_shards() {
     if (opts_.stage == 3) {
       Acquired p = store_->acquire_for_overwrite(gr.pshard, Tier::Pinned);
       p.ready.wait();
-      device_.host_compute(4.0 * gr.shard, [&] {
-        auto* pp = static_cast<float*>(p.data);
-        for (uint64_t i = 0; i < gr.shard; ++i) pp[i] = init_value(gr.spec, opts_.seed, g, base + i);
+      // The working copy is the master weights rounded to the working type.
+      device_.host_compute((4.0 + wb_) * gr.shard, [&] {
+        std::vector<float> vals(gr.shard);
+        for (uint64_t i = 0; i < gr.shard; ++i) vals[i] = init_value(gr.spec, opts_.seed, g, base + i);
+        convert_from_f32(p.data, work_t_, vals.data(), gr.shard);
       });
       store_->release(gr.pshard, Tier::Pinned, Access::Write);
       if (opts_.param_home != Tier::Pinned) {
@@ -293,14 +313,16 @@ void ZeroEngine::init_shards() {
       // Replicated parameters: fill this rank's slice, then gather the others.
       Acquired f = store_->acquire(gr.full, Tier::Device);
       f.ready.wait();
-      std::vector<float> slice(gr.shard);
-      device_.host_compute(4.0 * gr.shard, [&] {
-        for (uint64_t i = 0; i < gr.shard; ++i) slice[i] = init_value(gr.spec, opts_.seed, g, base + i);
+      std::vector<std::byte> slice(gr.shard * wb_);
+      device_.host_compute((4.0 + wb_) * gr.shard, [&] {
+        std::vector<float> vals(gr.shard);
+        for (uint64_t i = 0; i < gr.shard; ++i) vals[i] = init_value(gr.spec, opts_.seed, g, base + i);
+        convert_from_f32(slice.data(), work_t_, vals.data(), gr.shard);
       });
-      auto* fp = static_cast<float*>(f.data);
-      reduce_stream_->copy_async(fp + base, slice.data(), gr.shard * 4);
+      void* mine = at(f.data, base, wb_);
+      reduce_stream_->copy_async(mine, slice.data(), gr.shard * wb_);
       Event copied = reduce_stream_->record();
-      comm_.all_gather(floats(fp + base, gr.shard), floats_mut(fp, gr.padded), copied).wait();
+      comm_.all_gather(view(mine, gr.shard, work_t_), view_mut(f.data, gr.padded, work_t_), copied).wait();
       store_->release(gr.full, Tier::Device, Access::Write);
     }
   }
@@ -340,12 +362,12 @@ void ZeroEngine::start_gather(int g, bool ahead) {
   if (gr.state != Group::Full::Released) return;
   Acquired ps = store_->acquire(gr.pshard, Tier::Device);
   Acquired fb = store_->acquire_for_overwrite(gr.full, Tier::Device);
-  gr.full_ptr = static_cast<float*>(fb.data);
-  gr.gathered = comm_.all_gather(floats(ps.data, gr.shard), floats_mut(fb.data, gr.padded),
+  gr.full_ptr = fb.data;
+  gr.gathered = comm_.all_gather(view(ps.data, gr.shard, work_t_), view_mut(fb.data, gr.padded, work_t_),
                                  when_all({ps.ready, fb.ready}));
   gr.gather_issued = device_.now();
   gr.state = Group::Full::Gathering;
-  live_full_bytes_ += gr.persistent ? 0 : gr.padded * 4;
+  live_full_bytes_ += gr.persistent ? 0 : gr.padded * wb_;
   ++stats_.gathers;
   if (ahead) ++stats_.prefetched;
 }
@@ -362,7 +384,7 @@ void ZeroEngine::wait_gathered(Group& gr) {
     store_->release(gr.full, Tier::Device);
     store_->discard(gr.full);
     gr.state = Group::Full::Released;
-    live_full_bytes_ -= gr.persistent ? 0 : gr.padded * 4;
+    live_full_bytes_ -= gr.persistent ? 0 : gr.padded * wb_;
     throw;
   }
   waited(t0, "wait params", &gr);
@@ -392,10 +414,10 @@ void ZeroEngine::prefetch_after(size_t pos) {
     window += hg.spec.numel;
     if (window > opts_.prefetch_bucket_elems) break;
     if (hg.state != Group::Full::Released) continue;
-    const uint64_t bytes = hg.persistent ? 0 : hg.padded * 4;
+    const uint64_t bytes = hg.persistent ? 0 : hg.padded * wb_;
     // Decided from sizes and the schedule alone, so every rank gathers in the same order.
     if (live_full_bytes_ + bytes > prefetch_room_) break;
-    if ((live_full_bytes_ + bytes) / 4 > opts_.max_live_elems) break;
+    if ((live_full_bytes_ + bytes) / wb_ > opts_.max_live_elems) break;
     start_gather(h, true);
   }
 }
@@ -426,7 +448,7 @@ const void* ZeroEngine::acquire_params(int g) {
     Acquired f = store_->acquire(gr.full, Tier::Device);
     f.ready.wait();
     waited(t0, "wait params", &gr);
-    gr.full_ptr = static_cast<float*>(f.data);
+    gr.full_ptr = f.data;
   }
   ++gr.holders;
   return gr.full_ptr;
@@ -437,7 +459,7 @@ void ZeroEngine::drop_full(Group& gr) {
   store_->discard(gr.full);
   gr.state = Group::Full::Released;
   gr.full_ptr = nullptr;
-  live_full_bytes_ -= gr.persistent ? 0 : gr.padded * 4;
+  live_full_bytes_ -= gr.persistent ? 0 : gr.padded * wb_;
 }
 
 void ZeroEngine::release_params(int g) {
@@ -467,26 +489,28 @@ void* ZeroEngine::gradient_buffer(int g) {
   const double t0 = device_.now();
   when_all({a.ready, gr.grad_consumed}).wait();
   waited(t0, "wait gradient buffer", &gr);
-  gr.grad_ptr = static_cast<float*>(a.data);
+  gr.grad_ptr = a.data;
   // The model writes [0, numel); the padding is zeroed here.
-  reduce_stream_->fill(gr.grad_ptr + gr.spec.numel, 0.0f, gr.padded - gr.spec.numel);
+  reduce_stream_->fill_as(at(gr.grad_ptr, gr.spec.numel, wb_), work_t_, 0.0f, gr.padded - gr.spec.numel);
   gr.grad_tail_zeroed = reduce_stream_->record();
   return gr.grad_ptr;
 }
 
-void ZeroEngine::accumulate_chunks(Group& gr, const float* reduced, Event reduced_ready, bool first, bool last) {
+void ZeroEngine::accumulate_chunks(Group& gr, const void* reduced, DType t, Event reduced_ready, bool first,
+                                   bool last) {
+  const uint64_t tb = dtype_size(t);
   for (Chunk& c : gr.chunks) {
     Acquired a = first ? store_->acquire_for_overwrite(c.grad, Tier::Device) : store_->acquire(c.grad, Tier::Device);
-    auto* dst = static_cast<float*>(a.data);
     reduce_stream_->wait(a.ready);
     reduce_stream_->wait(reduced_ready);
+    const void* src = at(reduced, c.offset, tb);
     if (first)
-      reduce_stream_->copy_async(dst, reduced + c.offset, c.n * 4);
-    else
-      reduce_stream_->add(dst, reduced + c.offset, c.n);
+      reduce_stream_->convert(a.data, grad_t_, src, t, c.n);  // a copy when the types agree
+    else  // later micro-steps: grad_t_ is fp32 (grads_dtype)
+      reduce_stream_->accumulate(static_cast<float*>(a.data), src, t, c.n);
     if (last) {
       c.sumsq = 0;
-      reduce_stream_->sum_squares(dst, c.n, &c.sumsq);
+      reduce_stream_->sum_squares_as(a.data, grad_t_, c.n, &c.sumsq);
     }
     Event done = reduce_stream_->record();
     store_->release(c.grad, Tier::Device, Access::Write, done);
@@ -505,13 +529,12 @@ void ZeroEngine::grads_ready(int g) {
   if (opts_.stage == 1) {
     // Full gradients stay on the device and are all-reduced at the step.
     Acquired acc = store_->acquire(gr.gacc, Tier::Device);
-    auto* ap = static_cast<float*>(acc.data);
     reduce_stream_->wait(acc.ready);
     reduce_stream_->wait(gr.grad_tail_zeroed);
     if (micro_ == 0)
-      reduce_stream_->copy_async(ap, gr.grad_ptr, gr.padded * 4);
+      reduce_stream_->convert(acc.data, grad_t_, gr.grad_ptr, work_t_, gr.padded);
     else
-      reduce_stream_->add(ap, gr.grad_ptr, gr.padded);
+      reduce_stream_->accumulate(static_cast<float*>(acc.data), gr.grad_ptr, work_t_, gr.padded);
     Event done = reduce_stream_->record();
     store_->release(gr.gacc, Tier::Device, Access::Write, done);
     store_->discard_after(gr.gfull, done);
@@ -519,11 +542,11 @@ void ZeroEngine::grads_ready(int g) {
   } else {
     Acquired out = store_->acquire_for_overwrite(gr.rs_out, Tier::Device);
     // Written only once the previous accumulation has read the last contents.
-    Event reduced = comm_.reduce_scatter(floats(gr.grad_ptr, gr.padded), floats_mut(out.data, gr.shard),
+    Event reduced = comm_.reduce_scatter(view(gr.grad_ptr, gr.padded, work_t_), view_mut(out.data, gr.shard, work_t_),
                                          coll::ReduceOp::Sum,
                                          when_all({gr.grad_tail_zeroed, gr.reduced_consumed, out.ready}));
     store_->release(gr.rs_out, Tier::Device, Access::Write, reduced);
-    accumulate_chunks(gr, static_cast<const float*>(out.data), reduced, micro_ == 0, last);
+    accumulate_chunks(gr, out.data, work_t_, reduced, micro_ == 0, last);
     gr.reduced_consumed = reduce_stream_->record();
     store_->discard_after(gr.gfull, reduced);
     store_->discard_after(gr.rs_out, gr.reduced_consumed);
@@ -541,8 +564,8 @@ double ZeroEngine::global_grad_norm() {
     for (const Chunk& c : gr.chunks) local += c.sumsq;
   double total = local;
   host_comm_.all_reduce(std::span<double>(&total, 1)).wait();
-  const double scale = static_cast<double>(world_) * opts_.gradient_accumulation_steps;
-  return std::sqrt(total) / scale;  // of the averaged gradient
+  const double scale = static_cast<double>(world_) * opts_.gradient_accumulation_steps * scaler_.scale();
+  return std::sqrt(total) / scale;  // of the averaged, unscaled gradient
 }
 
 bool ZeroEngine::step() {
@@ -555,9 +578,8 @@ bool ZeroEngine::step() {
   if (opts_.stage == 1) {
     for (Group& gr : groups_) {
       Acquired acc = store_->acquire(gr.gacc, Tier::Device);
-      auto* ap = static_cast<float*>(acc.data);
-      Event reduced = comm_.all_reduce(floats_mut(ap, gr.padded), coll::ReduceOp::Sum, acc.ready);
-      accumulate_chunks(gr, ap + static_cast<uint64_t>(rank_) * gr.shard, reduced, true, true);
+      Event reduced = comm_.all_reduce(view_mut(acc.data, gr.padded, grad_t_), coll::ReduceOp::Sum, acc.ready);
+      accumulate_chunks(gr, at(acc.data, static_cast<uint64_t>(rank_) * gr.shard, gb_), grad_t_, reduced, true, true);
       store_->release(gr.gacc, Tier::Device, Access::Write, reduced);
     }
   }
@@ -567,15 +589,28 @@ bool ZeroEngine::step() {
   const double norm = global_grad_norm();
   stats_.last_grad_norm = norm;
   micro_ = -1;
+  ++iterations_;
+  // Every rank has the same norm (all-reduced): all skip together, before any state changes.
+  const double scale_used = scaler_.scale();
   if (!std::isfinite(norm)) {
-    log::warn("gradient norm is not finite; skipping this optimizer step");
+    ++stats_.skipped_steps;
+    scaler_.update(true);
+    if (scaler_.enabled())
+      log::info("fp16: gradients overflowed at loss scale " + std::to_string(scale_used) +
+                "; step skipped, the scale is now " + std::to_string(scaler_.scale()));
+    else
+      log::warn("gradient norm is not finite; skipping this optimizer step");
+    stats_.loss_scale = scaler_.scale();
     refresh_params();
     return false;
   }
+  scaler_.update(false);
+  stats_.loss_scale = scaler_.scale();
   double coef = 1.0;
   if (opts_.gradient_clipping > 0) coef = std::min(1.0, opts_.gradient_clipping / (norm + 1e-6));
+  // Averaging, clipping and the loss scale, applied by the optimizer as it reads the gradient.
   const float grad_scale =
-      static_cast<float>(coef / (static_cast<double>(world_) * opts_.gradient_accumulation_steps));
+      static_cast<float>(coef / (static_cast<double>(world_) * opts_.gradient_accumulation_steps * scale_used));
   ++step_count_;
 
   const double t_opt = device_.now();
@@ -598,6 +633,7 @@ bool ZeroEngine::step() {
   prefetch(0);
   Group* open_group = nullptr;
   Acquired params{};
+  std::vector<std::byte> half_copy;  // stages 1, 2 in 16 bits: a sub-group's working copy
   auto close_group = [&] {
     if (!open_group) return;
     Group& gr = *open_group;
@@ -632,16 +668,22 @@ bool ZeroEngine::step() {
     for (Acquired* x : {&m, &a, &v, &gd}) x->ready.wait();
     const double t1 = device_.now();
     stats_.optimizer_wait_s += t1 - t0;
-    // One fused pass: 28 bytes per parameter (read weight, gradient and both moments,
-    // write weight and moments), plus the gradient's scaling and the copy to the shard.
-    const double bytes = 28.0 * c.n + (grad_scale != 1.0f ? 8.0 * c.n : 0.0) + (opts_.stage == 3 ? 8.0 * c.n : 0.0);
+    // One fused pass: read the weight, both moments and the (scaled) gradient, write the
+    // weight and moments and, in 16 bits, the working copy; fp32 copies it after.
+    const HalfKind kind = half_kind(work_t_);
+    // Where the 16-bit working copy goes: the parameter shard (stage 3, host memory in
+    // the optimizer's tier) or a host buffer that a stream copies into the replicated
+    // parameters (stages 1 and 2, device memory).
+    if (kind != HalfKind::None && opts_.stage != 3) half_copy.resize(c.n * wb_);
+    void* half_out = kind == HalfKind::None ? nullptr
+                     : opts_.stage == 3     ? at(params.data, c.offset, wb_)
+                                            : half_copy.data();
+    const double bytes = (24.0 + gb_) * c.n + (kind != HalfKind::None ? wb_ * c.n : opts_.stage == 3 ? 8.0 * c.n : 0.0);
     device_.host_compute(bytes, [&] {
-      auto* grad = static_cast<float*>(gd.data);
-      if (grad_scale != 1.0f)
-        for (uint64_t k = 0; k < c.n; ++k) grad[k] *= grad_scale;
-      adam_->step(step_count_, static_cast<float*>(m.data), grad, static_cast<float*>(a.data),
-                  static_cast<float*>(v.data), c.n);
-      if (opts_.stage == 3) std::memcpy(static_cast<float*>(params.data) + c.offset, m.data, c.n * 4);
+      adam_->step(step_count_, static_cast<float*>(m.data), AdamGrads{gd.data, grad_t_, grad_scale},
+                  static_cast<float*>(a.data), static_cast<float*>(v.data), c.n, half_out, kind);
+      if (opts_.stage == 3 && kind == HalfKind::None)
+        std::memcpy(at(params.data, c.offset, 4), m.data, c.n * 4);
     });
     if (trace::Recorder* r = trace::active()) {
       if (t1 > t0) r->record("wait", "wait optimizer states " + gr.spec.name, t0, t1);
@@ -650,15 +692,15 @@ bool ZeroEngine::step() {
                 t1, device_.now());
     }
     if (opts_.stage != 3) {
-      auto* full = static_cast<float*>(params.data) + static_cast<uint64_t>(rank_) * gr.shard + c.offset;
-      reduce_stream_->copy_async(full, m.data, c.n * 4);
+      void* full = at(params.data, static_cast<uint64_t>(rank_) * gr.shard + c.offset, wb_);
+      reduce_stream_->copy_async(full, kind == HalfKind::None ? m.data : half_copy.data(), c.n * wb_);
       reduce_stream_->synchronize();  // the master copy may move once released
     }
     for (TensorId id : {c.master, c.exp_avg, c.exp_avg_sq}) {
       store_->release(id, t, Access::Write);
       if (t != opts_.optimizer_home) store_->drop(id, t);  // write back behind the next update
     }
-    store_->release(c.grad, t, Access::Write);  // scaled in place; the old copies go
+    store_->release(c.grad, t);  // read only; the next step overwrites it
     if (t != opts_.optimizer_home) store_->drop(c.grad, t);
   }
   close_group();
@@ -676,9 +718,8 @@ void ZeroEngine::refresh_params() {
   // Replicated parameters: every rank updated its slice; gather the rest.
   for (Group& gr : groups_) {
     Acquired f = store_->acquire(gr.full, Tier::Device);
-    auto* fp = static_cast<float*>(f.data);
-    const uint64_t base = static_cast<uint64_t>(rank_) * gr.shard;
-    Event ev = comm_.all_gather(floats(fp + base, gr.shard), floats_mut(fp, gr.padded), f.ready);
+    const void* mine = at(f.data, static_cast<uint64_t>(rank_) * gr.shard, wb_);
+    Event ev = comm_.all_gather(view(mine, gr.shard, work_t_), view_mut(f.data, gr.padded, work_t_), f.ready);
     ev.wait();
     store_->release(gr.full, Tier::Device, Access::Write);
   }
@@ -697,10 +738,12 @@ std::vector<float> ZeroEngine::gather_full_params(int g) {
   Group& gr = groups_.at(g);
   std::vector<float> out(gr.spec.numel);
   // The full parameters are device memory, which host code may not address (cuda): a
-  // stream copies them out on every backend.
-  const auto copy_out = [&](const float* src) {
-    reduce_stream_->copy_async(out.data(), src, gr.spec.numel * 4);
+  // stream copies them out on every backend, then they are widened on the host.
+  const auto copy_out = [&](const void* src) {
+    std::vector<std::byte> raw(gr.spec.numel * wb_);
+    reduce_stream_->copy_async(raw.data(), src, raw.size());
     reduce_stream_->synchronize();
+    convert_to_f32(out.data(), raw.data(), work_t_, gr.spec.numel);
   };
   if (opts_.stage == 3) {
     const bool was_ready = gr.state != Group::Full::Released;
@@ -711,7 +754,7 @@ std::vector<float> ZeroEngine::gather_full_params(int g) {
   } else {
     Acquired f = store_->acquire(gr.full, Tier::Device);
     f.ready.wait();
-    copy_out(static_cast<const float*>(f.data));
+    copy_out(f.data);
     store_->release(gr.full, Tier::Device);
   }
   return out;
@@ -752,18 +795,19 @@ void ZeroEngine::write_optimizer_shard(int g, const float* master, const float* 
   if (opts_.stage == 3) {
     Acquired p = store_->acquire_for_overwrite(gr.pshard, Tier::Pinned);
     p.ready.wait();
-    device_.host_compute(8.0 * gr.shard, [&] { std::memcpy(p.data, master, gr.shard * 4); });
+    device_.host_compute((4.0 + wb_) * gr.shard, [&] { convert_from_f32(p.data, work_t_, master, gr.shard); });
     store_->release(gr.pshard, Tier::Pinned, Access::Write);
     if (opts_.param_home != Tier::Pinned) store_->drop(gr.pshard, Tier::Pinned).wait();
     drop_full(gr);
   } else {
     Acquired f = store_->acquire(gr.full, Tier::Device);
     f.ready.wait();
-    auto* fp = static_cast<float*>(f.data);
-    const uint64_t base = static_cast<uint64_t>(rank_) * gr.shard;
-    reduce_stream_->copy_async(fp + base, master, gr.shard * 4);
+    std::vector<std::byte> working(gr.shard * wb_);
+    convert_from_f32(working.data(), work_t_, master, gr.shard);
+    void* mine = at(f.data, static_cast<uint64_t>(rank_) * gr.shard, wb_);
+    reduce_stream_->copy_async(mine, working.data(), working.size());
     Event copied = reduce_stream_->record();
-    comm_.all_gather(floats(fp + base, gr.shard), floats_mut(fp, gr.padded), copied).wait();
+    comm_.all_gather(view(mine, gr.shard, work_t_), view_mut(f.data, gr.padded, work_t_), copied).wait();
     store_->release(gr.full, Tier::Device, Access::Write);
   }
   step_count_ = step_count;

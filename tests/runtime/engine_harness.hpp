@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "strata/collectives/communicator.hpp"
+#include "strata/core/convert.hpp"
 #include "strata/core/device.hpp"
 #include "strata/model/mlp.hpp"
 #include "strata/runtime/zero_engine.hpp"
@@ -25,8 +26,9 @@ struct RunSpec {
   float clip = 0.0f;
   bool give_schedule = true;  // else the engine learns the order from the first step
   uint64_t sub_group = 1u << 30;
+  DType precision = DType::F32;
   std::string label() const {
-    return "stage " + std::to_string(stage) + ", params " + to_string(param) + ", optimizer " + to_string(optimizer) +
+    return std::string(precision_name(precision)) + ", stage " + std::to_string(stage) + ", params " + to_string(param) + ", optimizer " + to_string(optimizer) +
            ", accum " + std::to_string(accum) + (clip > 0 ? ", clipped" : "") + (give_schedule ? "" : ", traced");
   }
 };
@@ -53,6 +55,7 @@ inline EngineOptions test_engine_options(const RunSpec& spec, uint64_t group_num
                                         uint64_t seed = 42) {
   EngineOptions o;
   o.stage = spec.stage;
+  o.precision = spec.precision;
   o.param_home = home_tier(spec.param);
   o.optimizer_home = home_tier(spec.optimizer);
   o.optimizer.kind = OptimizerKind::AdamW;

@@ -36,7 +36,8 @@ inline RunResult train_gpt(coll::Communicator& comm, coll::Communicator& host, c
   ZeroEngine engine(*device, comm, host, o, gpt_group_specs(shape));
   if (spec.give_schedule) engine.set_schedule(gpt_schedule(shape));
   const int world = comm.size(), rank = comm.rank(), local = kGptGlobalBatch / world;
-  Gpt model(shape, {local, checkpointing ? ActivationCheckpointing::PerBlock : ActivationCheckpointing::None});
+  Gpt model(shape, {local, checkpointing ? ActivationCheckpointing::PerBlock : ActivationCheckpointing::None,
+                    spec.precision});
   std::vector<int32_t> x(static_cast<size_t>(local) * shape.seq_len), y(x.size());
   RunResult r;
   for (int step = 0; step < steps; ++step) {
@@ -45,7 +46,7 @@ inline RunResult train_gpt(coll::Communicator& comm, coll::Communicator& host, c
       for (int i = 0; i < local; ++i)
         gpt_row(step, m, rank * local + i, shape, &x[i * shape.seq_len], &y[i * shape.seq_len]);
       engine.begin_micro_step();
-      loss += model.forward_backward(engine, x.data(), y.data());
+      loss += model.forward_backward(engine, x.data(), y.data(), static_cast<float>(engine.loss_scale()));
     }
     host.all_reduce(std::span<double>(&loss, 1)).wait();
     r.losses.push_back(loss / (world * spec.accum));

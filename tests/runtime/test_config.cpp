@@ -171,11 +171,11 @@ TEST_F(ConfigTest, ZeroInfinityConfigParsesToTheGivenValues) {
 
   EXPECT_EQ(c.raw, j);
   // DeepSpeed's tuning keys load, each with one warning that says why it does nothing
-  // here: 2 of fp16, 6 of zero_optimization (overlap_comm false among them), 3 of
+  // here: 0 of fp16 (its keys act now), 6 of zero_optimization (overlap_comm false among them), 3 of
   // offload_optimizer, 4 of offload_param (pin_memory false among them) and 4 of
   // activation_checkpointing. pin_memory true and the two checkpointing keys at false
   // are what Strata does, and say nothing.
-  EXPECT_EQ(c.warnings.size(), 19u) << ::testing::PrintToString(c.warnings);
+  EXPECT_EQ(c.warnings.size(), 17u) << ::testing::PrintToString(c.warnings);
   EXPECT_HAS(::testing::PrintToString(c.warnings), "zero_optimization.overlap_comm = false has no effect");
   EXPECT_HAS(::testing::PrintToString(c.warnings), "zero_optimization.offload_param.pin_memory = false has no effect");
   EXPECT_EQ(home_tier(c.zero.offload_param.device), Tier::Nvme);
@@ -502,12 +502,12 @@ TEST(Config, EveryKeyThatDoesNotActSaysSoOnce) {
       EXPECT_HAS(m, "set " + r.key + " to " + json(k.only).dump() + " or remove it");
     }
   }
-  // fp16's 7 loss-scaling keys, 5 of zero_optimization, 3 of each offload section, 4 of
-  // activation_checkpointing; pin_memory twice and overlap_comm; fp16.enabled and the
-  // two activation keys of #13.
-  EXPECT_EQ(no_effect, 22);
+  // fp16.auto_cast, 5 of zero_optimization, 3 of each offload section, 4 of
+  // activation_checkpointing; pin_memory twice and overlap_comm; the two activation keys
+  // of #13.
+  EXPECT_EQ(no_effect, 16);
   EXPECT_EQ(fixed, 3);
-  EXPECT_EQ(refused, 3);
+  EXPECT_EQ(refused, 2);
 }
 
 // A key that is used stores its value (or is one the section's check reads), and its
@@ -661,12 +661,34 @@ TEST_F(ConfigTest, NvmeDirectoryThatIsNotWritable) {
   EXPECT_HAS(m, "Permission denied");
 }
 
-TEST(Config, Fp16IsRefusedWithTheFix) {
-  std::string m = error_of(json::parse(R"({"fp16": {"enabled": true, "loss_scale": 0}})"));
-  EXPECT_HAS(m, "fp16.enabled = true is not supported");
-  EXPECT_HAS(m, "set fp16.enabled to false");
+TEST(Config, PrecisionSections) {
+  Config c = parse_config(json::parse(R"({"fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 12,
+      "loss_scale_window": 50, "hysteresis": 3, "consecutive_hysteresis": true, "min_loss_scale": 0.25}})"));
+  EXPECT_EQ(c.precision(), DType::F16);
+  EXPECT_EQ(c.fp16.initial_scale_power, 12);
+  EXPECT_EQ(c.fp16.loss_scale_window, 50);
+  EXPECT_EQ(c.fp16.hysteresis, 3);
+  EXPECT_TRUE(c.fp16.consecutive_hysteresis);
+  EXPECT_EQ(c.fp16.min_loss_scale, 0.25);
+  EXPECT_EQ(parse_config(json::parse(R"({"bf16": {"enabled": true}})")).precision(), DType::BF16);
+  EXPECT_EQ(parse_config(json::object()).precision(), DType::F32);
   // A DeepSpeed config with fp16 turned off parses.
   EXPECT_EQ(error_of(json::parse(R"({"fp16": {"enabled": false, "loss_scale_window": 1000, "hysteresis": 2}})")), "");
+}
+
+TEST(Config, PrecisionErrorsNameTheFix) {
+  std::string m = error_of(json::parse(R"({"bf16": {"enabled": true}, "fp16": {"enabled": true}})"));
+  EXPECT_HAS(m, "bf16.enabled and fp16.enabled are both true");
+  EXPECT_HAS(m, "choose one");
+  EXPECT_HAS(error_of(json::parse(R"({"fp16": {"enabled": true, "hysteresis": 0}})")), "fp16.hysteresis = 0");
+  EXPECT_HAS(error_of(json::parse(R"({"fp16": {"enabled": true, "loss_scale_window": -1}})")), "fp16.loss_scale_window");
+  EXPECT_HAS(error_of(json::parse(R"({"fp16": {"enabled": true, "initial_scale_power": 200}})")),
+             "fp16.initial_scale_power = 200");
+  EXPECT_HAS(error_of(json::parse(R"({"fp16": {"enabled": true, "loss_scale": -1}})")), "fp16.loss_scale = -1");
+  EXPECT_HAS(error_of(json::parse(R"({"fp16": {"enabled": true, "min_loss_scale": 0}})")), "fp16.min_loss_scale = 0");
+  m = error_of(json::parse(R"({"fp16": {"enabled": true, "initial_scale_power": 2, "min_loss_scale": 8}})"));
+  EXPECT_HAS(m, "fp16.min_loss_scale = 8");
+  EXPECT_HAS(m, "lower min_loss_scale or raise initial_scale_power");
 }
 
 TEST(Config, CheckpointEveryNeedsADirectory) {

@@ -3,7 +3,9 @@
 // (Across ranks: test_gpt_engine_mpi.cpp.)
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "gpt_harness.hpp"
 
@@ -23,6 +25,37 @@ TEST(GptEngine, EveryStageAndOffloadMatchesStageOneWithoutOffload) {
       // One process: the same sums in the same order, so the same bits.
       for (int s = 0; s < steps; ++s) EXPECT_EQ(got.losses[s], ref.losses[s]) << spec.label() << ", step " << s;
     }
+}
+
+// In 16 bits too: at one rank every stage and offload reduces, accumulates and rounds the
+// same values in the same order.
+TEST(GptEngine, SixteenBitEveryStageAndOffloadMatchesStageOneWithoutOffload) {
+  auto self = coll::make_host_communicator(coll::HostBackend::Self);
+  TempDir dir("gpt-engine-16");
+  const int steps = 20;
+  for (DType p : {DType::BF16, DType::F16}) {
+    RunResult ref = train_gpt(*self, *self, {.stage = 1, .precision = p}, steps, "");
+    EXPECT_LT(ref.losses.back(), 0.8 * ref.losses.front()) << precision_name(p) << ": the GPT does not learn";
+    for (int stage : {1, 2, 3})
+      for (OffloadDevice off : {OffloadDevice::None, OffloadDevice::Cpu, OffloadDevice::Nvme}) {
+        RunSpec spec{.stage = stage, .param = stage == 3 ? off : OffloadDevice::None, .optimizer = off, .precision = p};
+        RunResult got = train_gpt(*self, *self, spec, steps, dir.path.string());
+        for (int s = 0; s < steps; ++s) EXPECT_EQ(got.losses[s], ref.losses[s]) << spec.label() << ", step " << s;
+      }
+  }
+}
+
+// bf16 follows the fp32 run's loss curve: the same model and data, 16-bit rounding only.
+TEST(GptEngine, Bf16FollowsTheFp32LossCurve) {
+  auto self = coll::make_host_communicator(coll::HostBackend::Self);
+  const int steps = 30;
+  RunResult f32 = train_gpt(*self, *self, {.stage = 3}, steps, "");
+  RunResult b16 = train_gpt(*self, *self, {.stage = 3, .precision = DType::BF16}, steps, "");
+  double worst = 0;
+  for (int s = 0; s < steps; ++s) worst = std::max(worst, std::abs(b16.losses[s] - f32.losses[s]) / f32.losses[s]);
+  std::printf("bf16 vs fp32 over %d steps: loss %.4f -> %.4f vs %.4f -> %.4f, max rel diff %.2e\n", steps,
+              b16.losses.front(), b16.losses.back(), f32.losses.front(), f32.losses.back(), worst);
+  EXPECT_LT(worst, 0.03);
 }
 
 TEST(GptEngine, ActivationCheckpointingGivesTheSameLosses) {

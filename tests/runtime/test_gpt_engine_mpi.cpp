@@ -15,6 +15,9 @@ namespace {
 // sums, then a reduce-scatter), so results differ by float rounding that Adam carries
 // forward. A wrong shard, a lost micro-batch or a stale copy gives differences of 1e-2.
 constexpr double kLossRtol = 5e-5;  // measured: 1.7e-6 at world 2, 1.0e-5 at world 4
+// In 16 bits the reduce-scatter sums 16-bit partial gradients of each rank (one rounding
+// of the sum per element), where one rank has nothing to sum.
+constexpr double kLossRtol16 = 2e-2;
 
 coll::Communicator& world() {
   static auto comm = coll::make_host_communicator(coll::HostBackend::Mpi);
@@ -41,4 +44,27 @@ TEST(GptEngineMpi, EveryStageAndOffloadMatchesOneRankWithoutOffload) {
         std::printf("world %d, %s: loss %.4f -> %.4f, max rel loss diff %.2e\n", comm.size(), spec.label().c_str(),
                     got.losses.front(), got.losses.back(), worst);
     }
+}
+
+TEST(GptEngineMpi, SixteenBitEveryStageAndOffloadMatchesOneRank) {
+  coll::Communicator& comm = world();
+  ASSERT_GT(comm.size(), 1) << "run this under mpirun with at least 2 ranks";
+  TempDir dir("gpt-mpi16-r" + std::to_string(comm.rank()));
+  auto self = coll::make_host_communicator(coll::HostBackend::Self);
+  const int steps = 20;
+  for (DType p : {DType::BF16, DType::F16}) {
+    RunResult ref = train_gpt(*self, *self, {.stage = 1, .precision = p}, steps, "");
+    for (int stage : {1, 2, 3})
+      for (OffloadDevice off : {OffloadDevice::None, OffloadDevice::Cpu, OffloadDevice::Nvme}) {
+        RunSpec spec{.stage = stage, .param = stage == 3 ? off : OffloadDevice::None, .optimizer = off, .precision = p};
+        RunResult got = train_gpt(comm, comm, spec, steps, dir.path.string());
+        double worst = 0;
+        for (int s = 0; s < steps; ++s)
+          worst = std::max(worst, std::abs(got.losses[s] - ref.losses[s]) / std::abs(ref.losses[s]));
+        EXPECT_LE(worst, kLossRtol16) << spec.label() << " at world " << comm.size();
+        if (comm.rank() == 0)
+          std::printf("world %d, %s: loss %.4f -> %.4f, max rel loss diff %.2e\n", comm.size(), spec.label().c_str(),
+                      got.losses.front(), got.losses.back(), worst);
+      }
+  }
 }

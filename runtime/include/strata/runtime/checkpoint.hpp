@@ -8,6 +8,7 @@
 //   manifest.json   written last, by rank 0, after every rank's file is complete and
 //                   fsync'd: format version, step, world size, the groups (name, numel,
 //                   padded numel, shard), per-rank file size and the xxh3 of every segment,
+//                   the optimizer's step count, the precision and (fp16) the loss scaler,
 //                   the run's config and the caller's `extra` (data position, RNG state,
 //                   ...), and the xxh3 of the manifest itself
 // Every rank writes into <root>/.step-<N>.tmp/; once rank 0 has the manifest written it
@@ -51,7 +52,10 @@ struct CheckpointFile {
 
 struct CheckpointInfo {
   std::string dir;          // <root>/step-<N>
-  int64_t step = 0;         // optimizer steps taken when it was saved
+  int64_t step = 0;         // training steps taken when it was saved (skipped ones included)
+  int64_t optimizer_steps = 0;  // of which the optimizer took (Adam's t); older manifests: = step
+  std::string precision = "f32";  // the working precision it trained in ("f32", "bf16", "fp16")
+  std::optional<LossScalerState> loss_scaler;  // fp16 runs: the scaler, to resume it exactly
   int world_size = 0;       // ranks that wrote it
   nlohmann::json config;    // the configuration of the run that saved it
   nlohmann::json extra;     // what the caller stored (data position, RNG state, ...)
@@ -83,6 +87,10 @@ std::optional<std::string> latest_checkpoint(const std::string& root);
 CheckpointInfo read_checkpoint_info(const std::string& dir);
 
 // Collective: loads optimizer shards (and so the working parameters) into the engine.
+// The fp32 master weights and moments are stored whatever the precision, so a checkpoint
+// resumes in any precision: the working copy is the masters rounded to the engine's type.
+// Resuming in another precision than the one saved says so in a warning; an fp16 run
+// resumed in fp16 gets its loss scaler back.
 // The engine's groups must match the checkpoint's (names and numels; otherwise a
 // ConfigError naming the first difference, e.g. "checkpoint is of another model
 // shape"). A checkpoint written by a different world size is re-sharded: each rank

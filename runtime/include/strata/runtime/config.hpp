@@ -17,6 +17,7 @@
 
 #include "strata/core/config_keys.hpp"
 #include "strata/core/device.hpp"
+#include "strata/core/dtype.hpp"
 #include "strata/memory/tier.hpp"
 #include "strata/model/gpt_layout.hpp"
 #include "strata/offload/aio_config.hpp"
@@ -84,12 +85,26 @@ struct StrataSection {
   std::string checkpoint_dir;
 };
 
+// DeepSpeed's `fp16` section: fp16 training with loss scaling (runtime/loss_scaler.hpp).
+struct Fp16Config {
+  bool enabled = false;
+  double loss_scale = 0;          // static scale; 0: dynamic
+  int initial_scale_power = 16;   // dynamic: the first scale is 2^this
+  int loss_scale_window = 1000;   // dynamic: clean steps before the scale doubles
+  int hysteresis = 2;             // dynamic: overflows before the scale halves
+  bool consecutive_hysteresis = false;
+  double min_loss_scale = 1;
+};
+
 struct Config {
   int train_micro_batch_size_per_gpu = 1;
   int gradient_accumulation_steps = 1;
   std::optional<int> train_batch_size;   // checked against micro * accum * world
   float gradient_clipping = 0.0f;        // global norm; 0 = off
-  bool bf16 = false;
+  bool bf16 = false;                     // bf16.enabled
+  Fp16Config fp16;
+  // The working precision the two sections ask for: BF16, F16 or F32.
+  DType precision() const { return bf16 ? DType::BF16 : fp16.enabled ? DType::F16 : DType::F32; }
   int steps_per_print = 1;
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;             // DeepSpeed's `scheduler`; Constant when absent

@@ -41,8 +41,21 @@ struct ShardStrategy {
   int stage = 3;
   Tier param_home = Tier::Device;      // stage 3; stages 1 and 2 replicate on the device
   Tier optimizer_home = Tier::Device;  // master weights, moments, gradient sub-groups
+  // Element types. `working`: the parameters the model reads and the gradients it writes,
+  // in every gather and reduce-scatter (F32, BF16 or F16). `grads`: the reduced gradient
+  // the optimizer reads (the sub-groups' Grad, stage 1's GradAccumulated); fp32 whenever
+  // it is accumulated over micro-steps (grads_dtype below). Master weights and Adam's
+  // moments are always fp32.
+  DType working = DType::F32;
+  DType grads = DType::F32;
   ShardRules rules;
 };
+
+// The reduced gradient's type: the working type when each step reduces one micro-batch
+// (nothing is summed in it, so 16 bits lose nothing), fp32 when micro-steps are
+// accumulated (DeepSpeed's default for bf16: a sum of many 16-bit terms in 16 bits loses
+// the small ones).
+DType grads_dtype(DType working, int gradient_accumulation_steps);
 
 // What each tensor the engine registers is for. One value per field of the engine's
 // per-group state; the engine switches on it when it assigns the store's ids.
@@ -109,8 +122,9 @@ struct ShardLayout {
 
   // Every registered tensor's spec, in registration order (TieredStore::check_plan).
   std::vector<TensorSpec> tensor_specs() const;
-  // Bytes per element of a role's tensors (fp32 everywhere today).
-  static uint64_t elem_bytes(StateRole role);
+  // Element type and bytes per element of a role's tensors (from the strategy's types).
+  DType dtype(StateRole role) const;
+  uint64_t elem_bytes(StateRole role) const { return dtype_size(dtype(role)); }
 };
 
 struct GroupSize {

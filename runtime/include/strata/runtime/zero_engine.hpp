@@ -36,6 +36,7 @@
 #include "strata/offload/cpu_adam.hpp"
 #include "strata/offload/tiered_store.hpp"
 #include "strata/runtime/config.hpp"
+#include "strata/runtime/loss_scaler.hpp"
 #include "strata/runtime/shard_layout.hpp"
 
 namespace strata {
@@ -58,6 +59,10 @@ struct GroupSpec {
 
 struct EngineOptions {
   int stage = 3;
+  // The working type of parameters and gradients (F32, BF16 or F16; shard_layout.hpp says
+  // which tensor has which type). fp16: `fp16` configures the loss scaler.
+  DType precision = DType::F32;
+  Fp16Config fp16;
   Tier param_home = Tier::Device;      // stage 3: where parameter shards live
   Tier optimizer_home = Tier::Device;  // master weights, moments, gradient shards
   OptimizerConfig optimizer;
@@ -93,7 +98,9 @@ struct EngineStats {
   uint64_t gathers = 0;           // all_gathers started
   uint64_t prefetched = 0;        // of which ahead of need
   uint64_t trace_departures = 0;  // steps that left the recorded acquire order
-  double last_grad_norm = 0;      // before clipping, of the averaged gradient
+  double last_grad_norm = 0;      // before clipping, of the averaged gradient (loss scale divided out)
+  uint64_t skipped_steps = 0;     // steps whose gradients were not finite (fp16 overflows included)
+  double loss_scale = 1;          // the scale of the next micro-steps' gradients
   StoreStats store;
 };
 
@@ -109,6 +116,7 @@ class ZeroEngine final : public WeightSource {
   // WeightSource
   int num_groups() const override;
   uint64_t group_numel(int g) const override;
+  DType dtype() const override { return work_t_; }
   const void* acquire_params(int g) override;
   void release_params(int g) override;
   void* gradient_buffer(int g) override;
@@ -121,8 +129,13 @@ class ZeroEngine final : public WeightSource {
   void begin_micro_step();
   // Call after the last micro-batch's backward: reduces what is left, clips, runs the
   // optimizer over every shard and refreshes the working parameters. Returns true
-  // when it stepped (the clip norm is finite), false when it skipped the step.
+  // when it stepped, false when it skipped the step because some rank's gradients were
+  // not finite (an fp16 overflow): then no state changed, and the loss scaler reacted.
   bool step();
+  // The scale the model's gradients must carry (GptModel::forward_backward's loss_scale):
+  // the fp16 loss scale, 1 otherwise.
+  double loss_scale() const { return scaler_.scale(); }
+  LossScaler& loss_scaler() { return scaler_; }
   // The learning rate of the next step() and the ones after it, until set again; it
   // starts as opts.optimizer.lr. A schedule sets it before every step:
   // set_learning_rate(LrSchedule::lr_at(optimizer_steps())).
@@ -132,7 +145,12 @@ class ZeroEngine final : public WeightSource {
   }
   double learning_rate() const { return adam_->config().lr; }
 
+  // Steps the optimizer took (Adam's t; the learning-rate schedule's position).
   int64_t optimizer_steps() const { return step_count_; }
+  // step() calls, skipped steps included: the training loop's count, which names
+  // checkpoints. Equal to optimizer_steps() unless a step was skipped.
+  int64_t iterations() const { return iterations_; }
+  void set_iterations(int64_t n) { iterations_ = n; }
   int micro_step() const { return micro_; }
   EngineStats stats() const;
   TieredStore& store() { return *store_; }
@@ -140,7 +158,8 @@ class ZeroEngine final : public WeightSource {
   const ShardLayout& layout() const { return layout_; }
   coll::Communicator& comm() { return comm_; }
 
-  // The full parameters of group g, gathered to host memory (tests, export).
+  // The full working parameters of group g, gathered to host memory as fp32 (tests,
+  // export); in 16-bit training these are the 16-bit values, widened.
   std::vector<float> gather_full_params(int g);
   // This rank's optimizer state for checkpoints: [master, exp_avg, exp_avg_sq] of its
   // shard of group g, each shard_numel(g) floats.
@@ -160,7 +179,9 @@ class ZeroEngine final : public WeightSource {
   void drop_full(Group& gr);
   uint64_t reuse_distance(int g, size_t pos) const;
   void reduce_group(int g);
-  void accumulate_chunks(Group& gr, const float* reduced, Event reduced_ready, bool first, bool last);
+  // Adds the reduced gradient of this rank's shard (`reduced`, of type t) into the
+  // group's sub-groups; the first micro-step overwrites them.
+  void accumulate_chunks(Group& gr, const void* reduced, DType t, Event reduced_ready, bool first, bool last);
   void adopt_schedule(std::vector<int> order);
   void refresh_params();
   double global_grad_norm();
@@ -176,6 +197,9 @@ class ZeroEngine final : public WeightSource {
   ShardLayout layout_;
   std::unique_ptr<TieredStore> store_;
   std::unique_ptr<CpuAdam> adam_;
+  LossScaler scaler_;
+  DType work_t_ = DType::F32, grad_t_ = DType::F32;  // the layout's working and reduced-gradient types
+  uint64_t wb_ = 4, gb_ = 4;                          // their bytes
   std::unique_ptr<Stream> reduce_stream_;   // gradient accumulation and norms
   Tier opt_compute_tier_ = Tier::Pinned;    // where the CPU optimizer reads its states
   std::vector<Group> groups_;
@@ -190,6 +214,7 @@ class ZeroEngine final : public WeightSource {
   uint64_t live_full_bytes_ = 0; // gathered parameters alive, bytes (persistent ones excluded)
   uint64_t prefetch_room_ = 0;   // device bytes that gathered parameters may use
   int64_t step_count_ = 0;
+  int64_t iterations_ = 0;
   std::vector<double> norm_parts_;  // per-chunk squared norms of the last micro-step (host)
   mutable EngineStats stats_;
 };
