@@ -215,6 +215,18 @@ __global__ void cross_entropy_kernel(float* logits, const int32_t* targets, floa
   }
 }
 
+// splitmix64's finaliser of (seed, i): 24 random bits to [-1, 1).
+template <class S>
+__global__ void fill_uniform_kernel(typename S::Bits* p, long n, uint32_t seed) {
+  for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    uint64_t z = (static_cast<uint64_t>(seed) << 32) + static_cast<uint64_t>(i) + 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    p[i] = S::store(static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f);
+  }
+}
+
 }  // namespace
 
 void embed_forward(const void* wte, const void* wpe, DType t, const int32_t* tok, float* x, long rows, int T, int d,
@@ -319,6 +331,14 @@ void cross_entropy_rows(float* logits, const int32_t* targets, float* row_loss, 
     using S = decltype(tag);
     cross_entropy_kernel<S>
         <<<static_cast<unsigned>(rows), kThreads, 0, s>>>(logits, targets, row_loss, V, inv_n, as<S>(grad), grad_ld);
+  });
+  STRATA_CHECK_CUDA(cudaGetLastError());
+}
+
+void fill_uniform(void* p, DType t, long n, uint32_t seed, cudaStream_t s) {
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    fill_uniform_kernel<S><<<grid_for(n), kThreads, 0, s>>>(as<S>(p), n, seed);
   });
   STRATA_CHECK_CUDA(cudaGetLastError());
 }

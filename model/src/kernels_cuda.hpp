@@ -70,6 +70,10 @@ void gelu_backward(float* grad, const float* in, long n, cudaStream_t s);       
 void cross_entropy_rows(float* logits, const int32_t* targets, float* row_loss, long rows, int V, float inv_n,
                         void* grad, DType t, long grad_ld, cudaStream_t s);
 
+// Values of type t drawn from a hash of (seed, index), uniform in [-1, 1): data for the
+// matmul peak (not zeros, which run faster than real data on the tensor cores).
+void fill_uniform(void* p, DType t, long n, uint32_t seed, cudaStream_t s);
+
 // Causal attention over qkv [B*T, 3d] (q, k, v; heads contiguous; type t) into out
 // [B*T, d] (type t, rounded) and the log-sum-exp lse [B, H, T] (fp32). Flash-style: one
 // block per (b, h, query tile), online softmax in fp32 over fp32 tiles in shared memory;

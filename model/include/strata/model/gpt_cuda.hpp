@@ -53,5 +53,9 @@ class GptCuda final : public GptModel {
 // cuBLAS sgemm (fp32, no TF32: the math the model uses) on square matrices on the
 // current GPU, best of runs over about `seconds`, FLOP/s: the cuda backend's MFU peak.
 double measure_cuda_matmul_peak(double seconds = 0.5);
+// The peak in `precision`: the fp32 one above for F32; for BF16 and F16, cublasGemmEx on
+// 8192 x 8192 random 16-bit matrices with fp32 accumulation (tensor cores) and a 16-bit
+// result, as the model's matmuls. Throws ConfigError for any other type.
+double measure_cuda_matmul_peak(DType precision, double seconds = 0.5);
 
 }  // namespace strata
