@@ -65,7 +65,6 @@ class CudaEvent final : public detail::EventImpl {
     std::lock_guard<std::mutex> lock(settlement_->mu);
     return settlement_->settled;
   }
-  cudaEvent_t handle() const { return ev_; }
   void* cuda_event_handle() override { return ev_; }
   const std::shared_ptr<EventSettlement>& settlement() const { return settlement_; }
 
@@ -161,12 +160,21 @@ class CudaStream final : public Stream {
   CudaStream(int ordinal, std::string name) : ordinal_(ordinal), name_(std::move(name)) {
     STRATA_CHECK_CUDA(cudaSetDevice(ordinal_));
     STRATA_CHECK_CUDA(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
+    // sum_squares_as's result: a device double and its pinned host copy (pageable memory
+    // would make the copy, and so the call, wait for the stream), one pair per stream,
+    // taken here rather than on the first call (no allocation on the hot path).
+    void* d = nullptr;
+    void* h = nullptr;
+    STRATA_CHECK_CUDA(cudaMalloc(&d, sizeof(double)));
+    STRATA_CHECK_CUDA(cudaMallocHost(&h, sizeof(double)));
+    dev_sum_ = static_cast<double*>(d);
+    host_sum_ = static_cast<double*>(h);
   }
   ~CudaStream() override {
     cudaStreamSynchronize(s_);
     cudaStreamDestroy(s_);
-    if (dev_sum_) cudaFree(dev_sum_);
-    if (host_sum_) cudaFreeHost(host_sum_);
+    cudaFree(dev_sum_);
+    cudaFreeHost(host_sum_);
   }
   void copy_async(void* dst, const void* src, size_t bytes) override {
     STRATA_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s_));
@@ -175,7 +183,12 @@ class CudaStream final : public Stream {
     auto* call = new HostCall{std::move(fn), &pending_error_, &mu_};
     STRATA_CHECK_CUDA(cudaLaunchHostFunc(s_, run_host_call, call));
   }
+  // The typed ops launch kernels, which go to the calling thread's current device: a
+  // thread other than the one that made this stream (the engine's reduce thread, say)
+  // may have another GPU current, so each op selects this stream's first, as the NCCL
+  // communicator does (a cheap call when it already is).
   void fill_as(void* dst, DType t, float value, size_t n) override {
+    STRATA_CHECK_CUDA(cudaSetDevice(ordinal_));
     with_type(t, [&](auto T) {
       using Tag = decltype(T);
       if (n) fill_kernel<Tag><<<grid_for(n), 256, 0, s_>>>(static_cast<typename Tag::Bits*>(dst), value, n);
@@ -183,6 +196,7 @@ class CudaStream final : public Stream {
     STRATA_CHECK_CUDA(cudaGetLastError());
   }
   void accumulate(float* dst, const void* src, DType src_t, size_t n) override {
+    STRATA_CHECK_CUDA(cudaSetDevice(ordinal_));
     with_type(src_t, [&](auto S) {
       using Tag = decltype(S);
       if (n) accumulate_kernel<Tag><<<grid_for(n), 256, 0, s_>>>(dst, static_cast<const typename Tag::Bits*>(src), n);
@@ -195,6 +209,7 @@ class CudaStream final : public Stream {
       copy_async(dst, src, n * dtype_size(dst_t));
       return;
     }
+    STRATA_CHECK_CUDA(cudaSetDevice(ordinal_));
     with_type(dst_t, [&](auto D) {
       with_type(src_t, [&](auto S) {
         using DT = decltype(D);
@@ -207,18 +222,10 @@ class CudaStream final : public Stream {
     STRATA_CHECK_CUDA(cudaGetLastError());
   }
   void sum_squares_as(const void* src, DType t, size_t n, double* out) override {
-    // Reduce into a device double, copy it to a pinned host double (pageable memory would
-    // make the copy, and so this call, wait for the stream) and add it to the host total
-    // in a host callback. One pair per stream serves every call: stream order puts each
-    // call's memset after the previous call's callback has read the result.
-    if (!dev_sum_) {
-      void* d = nullptr;
-      void* h = nullptr;
-      STRATA_CHECK_CUDA(cudaMalloc(&d, sizeof(double)));
-      STRATA_CHECK_CUDA(cudaMallocHost(&h, sizeof(double)));
-      dev_sum_ = static_cast<double*>(d);
-      host_sum_ = static_cast<double*>(h);
-    }
+    // Reduce into the device double, copy it to the pinned host double and add it to the
+    // host total in a host callback. One pair per stream serves every call: stream order
+    // puts each call's memset after the previous call's callback has read the result.
+    STRATA_CHECK_CUDA(cudaSetDevice(ordinal_));
     STRATA_CHECK_CUDA(cudaMemsetAsync(dev_sum_, 0, sizeof(double), s_));
     with_type(t, [&](auto S) {
       using Tag = decltype(S);
@@ -254,7 +261,7 @@ class CudaStream final : public Stream {
   cudaStream_t s_{};
   std::mutex mu_;
   std::exception_ptr pending_error_;
-  double* dev_sum_ = nullptr;   // sum_squares: device accumulator
+  double* dev_sum_ = nullptr;   // sum_squares_as: device accumulator
   double* host_sum_ = nullptr;  // and its pinned host copy
 
   // CUDA events are waited on by the GPU; host events (I/O completions) in a host

@@ -1,5 +1,6 @@
 // Causal multi-head attention on the cuda backend, flash-style (FlashAttention-2's loop
-// order, fp32 on the CUDA cores): one block of 256 threads per (query or key tile,
+// order, fp32 on the CUDA cores; q, k, v, the output and its gradient stored as the
+// model's precision S and converted to fp32 as tiles are staged, storage_cuda.cuh): one block of 256 threads per (query or key tile,
 // batch x head). A block stages its tile of q (or k, v) and each visiting tile of k, v
 // (or q, dout) in shared memory, coalesced; the [BT, BT] tile of scores lives in
 // registers and shared memory, never the [T, T] matrix. Forward keeps an online softmax
@@ -13,11 +14,14 @@
 //
 // The math is attention_cpu.cpp's: scores scaled by 1/sqrt(head_dim), probabilities by
 // exp_approx, the online-softmax correction by expf; masked scores are exactly 0.
+// Statistics (running max, sum, log-sum-exp, the probabilities and dS) are fp32; the
+// output is rounded once when stored; dq, dk, dv are written fp32.
 #include <cuda_runtime.h>
 
 #include <cstddef>
 
 #include "kernels_cuda.hpp"
+#include "storage_cuda.cuh"
 
 #include "strata/core/math/gpt.hpp"
 
@@ -39,14 +43,14 @@ size_t most_floats(int bt, int hd) {
   return m;
 }
 
-// Copies rows t0 .. t0+BT-1 (zeros past T) of a [T, ld]-strided head slice into a
-// [BT, hd + 1] tile.
-template <int BT>
-__device__ void load_tile(float* tile, const float* src, long ld, int t0, int T, int hd) {
+// Copies rows t0 .. t0+BT-1 (zeros past T) of a [T, ld]-strided head slice of type S
+// into a [BT, hd + 1] fp32 tile.
+template <int BT, class S>
+__device__ void load_tile(float* tile, const typename S::Bits* src, long ld, int t0, int T, int hd) {
   const int pitch = hd + 1;
   for (int i = threadIdx.x; i < BT * hd; i += kThreads) {
     const int r = i / hd, c = i - r * hd;
-    tile[r * pitch + c] = t0 + r < T ? src[static_cast<long>(t0 + r) * ld + c] : 0.0f;
+    tile[r * pitch + c] = t0 + r < T ? S::load(src[static_cast<long>(t0 + r) * ld + c]) : 0.0f;
   }
 }
 
@@ -68,9 +72,10 @@ __device__ float row_sum(float v) {
 }
 
 // grid (query tiles, B*H). out [B*T, d], lse [B*H, T].
-template <int BT>
-__global__ void __launch_bounds__(kThreads) attention_forward_kernel(const float* qkv, float* out, float* lse, int T,
-                                                                     int d, int H, float scale) {
+template <int BT, class S>
+__global__ void __launch_bounds__(kThreads)
+    attention_forward_kernel(const typename S::Bits* qkv, typename S::Bits* out, float* lse, int T, int d, int H,
+                             float scale) {
   constexpr int R = BT / 16;  // rows (and columns) per thread
   extern __shared__ float smem[];
   const int hd = d / H, pitch = hd + 1;
@@ -82,9 +87,9 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(const float
   const int bh = blockIdx.y, b = bh / H, h = bh % H;
   const int q0 = blockIdx.x * BT, ty = threadIdx.x / 16, tx = threadIdx.x % 16;
   const long ld = 3L * d;
-  const float* base = qkv + static_cast<long>(b) * T * ld + static_cast<long>(h) * hd;
+  const typename S::Bits* base = qkv + static_cast<long>(b) * T * ld + static_cast<long>(h) * hd;
 
-  load_tile<BT>(Qs, base, ld, q0, T, hd);
+  load_tile<BT, S>(Qs, base, ld, q0, T, hd);
   for (int i = threadIdx.x; i < BT * hd; i += kThreads) Os[i] = 0.0f;
   float m[R], l[R];
 #pragma unroll
@@ -92,8 +97,8 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(const float
 
   for (int k0 = 0; k0 <= q0 && k0 < T; k0 += BT) {  // key tiles up to the diagonal
     __syncthreads();  // the previous tile's Ks, Vs, Ps are no longer read
-    load_tile<BT>(Ks, base + d, ld, k0, T, hd);
-    load_tile<BT>(Vs, base + 2 * d, ld, k0, T, hd);
+    load_tile<BT, S>(Ks, base + d, ld, k0, T, hd);
+    load_tile<BT, S>(Vs, base + 2 * d, ld, k0, T, hd);
     __syncthreads();
     float corr[R];
 #pragma unroll
@@ -137,29 +142,34 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(const float
     const int r = ty + 16 * i, q = q0 + r;
     if (q >= T) continue;
     const float inv = 1.0f / l[i];
-    float* O = out + (static_cast<long>(b) * T + q) * d + static_cast<long>(h) * hd;
-    for (int c = tx; c < hd; c += 16) O[c] = Os[r * hd + c] * inv;
+    typename S::Bits* O = out + (static_cast<long>(b) * T + q) * d + static_cast<long>(h) * hd;
+    for (int c = tx; c < hd; c += 16) O[c] = S::store(Os[r * hd + c] * inv);
     if (tx == 0) lse[static_cast<long>(bh) * T + q] = m[i] + logf(l[i]);
   }
 }
 
-// dot[bh, t] = dout_t . out_t over the head's channels (the softmax backward's D).
-__global__ void attention_dot_kernel(const float* out, const float* dout, float* dotp, int B, int T, int d, int H) {
+// dot[bh, t] = dout_t . out_t over the head's channels (the softmax backward's D), fp32.
+template <class S>
+__global__ void attention_dot_kernel(const typename S::Bits* out, const typename S::Bits* dout, float* dotp, int B,
+                                     int T, int d, int H) {
   const int hd = d / H;
   const long n = static_cast<long>(B) * H * T;
   for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     const long bh = i / T;
     const int t = static_cast<int>(i % T), b = static_cast<int>(bh / H), h = static_cast<int>(bh % H);
     const long off = (static_cast<long>(b) * T + t) * d + static_cast<long>(h) * hd;
-    dotp[i] = dot_rows(out + off, dout + off, hd);
+    float acc = 0.0f;  // dot_rows over the converted values
+#pragma unroll 4
+    for (int c = 0; c < hd; ++c) acc = fmaf(S::load(out[off + c]), S::load(dout[off + c]), acc);
+    dotp[i] = acc;
   }
 }
 
 // dQ_q = scale sum_{k <= q} dS_qk K_k, dS_qk = P_qk (dO_q . V_k - D_q). grid (query tiles, B*H).
-template <int BT>
-__global__ void __launch_bounds__(kThreads) attention_dq_kernel(const float* qkv, const float* lse, const float* dout,
-                                                                const float* dotp, float* dqkv, int T, int d, int H,
-                                                                float scale) {
+template <int BT, class S>
+__global__ void __launch_bounds__(kThreads)
+    attention_dq_kernel(const typename S::Bits* qkv, const float* lse, const typename S::Bits* dout,
+                        const float* dotp, float* dqkv, int T, int d, int H, float scale) {
   constexpr int R = BT / 16;
   extern __shared__ float smem[];
   const int hd = d / H, pitch = hd + 1;
@@ -173,10 +183,10 @@ __global__ void __launch_bounds__(kThreads) attention_dq_kernel(const float* qkv
   const int q0 = blockIdx.x * BT, ty = threadIdx.x / 16, tx = threadIdx.x % 16;
   const long ld = 3L * d;
   const long qoff = static_cast<long>(b) * T * ld + static_cast<long>(h) * hd;
-  const float* base = qkv + qoff;
+  const typename S::Bits* base = qkv + qoff;
 
-  load_tile<BT>(Qs, base, ld, q0, T, hd);
-  load_tile<BT>(dOs, dout + static_cast<long>(b) * T * d + static_cast<long>(h) * hd, d, q0, T, hd);
+  load_tile<BT, S>(Qs, base, ld, q0, T, hd);
+  load_tile<BT, S>(dOs, dout + static_cast<long>(b) * T * d + static_cast<long>(h) * hd, d, q0, T, hd);
   for (int i = threadIdx.x; i < BT * hd; i += kThreads) dQs[i] = 0.0f;
   float L[R], D[R];
 #pragma unroll
@@ -188,8 +198,8 @@ __global__ void __launch_bounds__(kThreads) attention_dq_kernel(const float* qkv
 
   for (int k0 = 0; k0 <= q0 && k0 < T; k0 += BT) {
     __syncthreads();
-    load_tile<BT>(Ks, base + d, ld, k0, T, hd);
-    load_tile<BT>(Vs, base + 2 * d, ld, k0, T, hd);
+    load_tile<BT, S>(Ks, base + d, ld, k0, T, hd);
+    load_tile<BT, S>(Vs, base + 2 * d, ld, k0, T, hd);
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < R; ++i) {
@@ -228,10 +238,10 @@ __global__ void __launch_bounds__(kThreads) attention_dq_kernel(const float* qkv
 }
 
 // dV_k = sum_{q >= k} P_qk dO_q and dK_k = scale sum_{q >= k} dS_qk Q_q. grid (key tiles, B*H).
-template <int BT>
-__global__ void __launch_bounds__(kThreads) attention_dkv_kernel(const float* qkv, const float* lse,
-                                                                 const float* dout, const float* dotp, float* dqkv,
-                                                                 int T, int d, int H, float scale) {
+template <int BT, class S>
+__global__ void __launch_bounds__(kThreads)
+    attention_dkv_kernel(const typename S::Bits* qkv, const float* lse, const typename S::Bits* dout,
+                         const float* dotp, float* dqkv, int T, int d, int H, float scale) {
   constexpr int R = BT / 16;
   extern __shared__ float smem[];
   const int hd = d / H, pitch = hd + 1;
@@ -249,17 +259,17 @@ __global__ void __launch_bounds__(kThreads) attention_dkv_kernel(const float* qk
   const int k0 = blockIdx.x * BT, ty = threadIdx.x / 16, tx = threadIdx.x % 16;
   const long ld = 3L * d;
   const long qoff = static_cast<long>(b) * T * ld + static_cast<long>(h) * hd;
-  const float* base = qkv + qoff;
-  const float* dObase = dout + static_cast<long>(b) * T * d + static_cast<long>(h) * hd;
+  const typename S::Bits* base = qkv + qoff;
+  const typename S::Bits* dObase = dout + static_cast<long>(b) * T * d + static_cast<long>(h) * hd;
 
-  load_tile<BT>(Ks, base + d, ld, k0, T, hd);
-  load_tile<BT>(Vs, base + 2 * d, ld, k0, T, hd);
+  load_tile<BT, S>(Ks, base + d, ld, k0, T, hd);
+  load_tile<BT, S>(Vs, base + 2 * d, ld, k0, T, hd);
   for (int i = threadIdx.x; i < BT * hd; i += kThreads) dKs[i] = dVs[i] = 0.0f;
 
   for (int q0 = k0; q0 < T; q0 += BT) {  // query tiles from the diagonal on
     __syncthreads();
-    load_tile<BT>(Qs, base, ld, q0, T, hd);
-    load_tile<BT>(dOs, dObase, d, q0, T, hd);
+    load_tile<BT, S>(Qs, base, ld, q0, T, hd);
+    load_tile<BT, S>(dOs, dObase, d, q0, T, hd);
     for (int i = threadIdx.x; i < BT; i += kThreads) {
       const bool in = q0 + i < T;
       Ls[i] = in ? lse[static_cast<long>(bh) * T + q0 + i] : 0.0f;
@@ -324,29 +334,31 @@ void allow_shared(Kernel kernel, size_t bytes) {
   STRATA_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
-template <int BT>
-void forward_with(const float* qkv, float* out, float* lse, int B, int T, int d, int H, cudaStream_t s) {
+template <int BT, class S>
+void forward_with(const void* qkv, void* out, float* lse, int B, int T, int d, int H, cudaStream_t s) {
   const int hd = d / H;
   const float scale = 1.0f / sqrtf(static_cast<float>(hd));
   const size_t bytes = forward_floats(BT, hd) * sizeof(float);
-  allow_shared(attention_forward_kernel<BT>, bytes);
+  allow_shared(attention_forward_kernel<BT, S>, bytes);
   const dim3 grid((T + BT - 1) / BT, static_cast<unsigned>(B * H));
-  attention_forward_kernel<BT><<<grid, kThreads, bytes, s>>>(qkv, out, lse, T, d, H, scale);
+  attention_forward_kernel<BT, S><<<grid, kThreads, bytes, s>>>(as<S>(qkv), as<S>(out), lse, T, d, H, scale);
   STRATA_CHECK_CUDA(cudaGetLastError());
 }
 
-template <int BT>
-void backward_with(const float* qkv, const float* lse, const float* dout, float* dqkv, const float* dotp, int B, int T,
+template <int BT, class S>
+void backward_with(const void* qkv, const float* lse, const void* dout, float* dqkv, const float* dotp, int B, int T,
                    int d, int H, cudaStream_t s) {
   const int hd = d / H;
   const float scale = 1.0f / sqrtf(static_cast<float>(hd));
   const dim3 grid((T + BT - 1) / BT, static_cast<unsigned>(B * H));
   const size_t dq_bytes = dq_floats(BT, hd) * sizeof(float), dkv_bytes = dkv_floats(BT, hd) * sizeof(float);
-  allow_shared(attention_dq_kernel<BT>, dq_bytes);
-  allow_shared(attention_dkv_kernel<BT>, dkv_bytes);
-  attention_dq_kernel<BT><<<grid, kThreads, dq_bytes, s>>>(qkv, lse, dout, dotp, dqkv, T, d, H, scale);
+  allow_shared(attention_dq_kernel<BT, S>, dq_bytes);
+  allow_shared(attention_dkv_kernel<BT, S>, dkv_bytes);
+  attention_dq_kernel<BT, S>
+      <<<grid, kThreads, dq_bytes, s>>>(as<S>(qkv), lse, as<S>(dout), dotp, dqkv, T, d, H, scale);
   STRATA_CHECK_CUDA(cudaGetLastError());
-  attention_dkv_kernel<BT><<<grid, kThreads, dkv_bytes, s>>>(qkv, lse, dout, dotp, dqkv, T, d, H, scale);
+  attention_dkv_kernel<BT, S>
+      <<<grid, kThreads, dkv_bytes, s>>>(as<S>(qkv), lse, as<S>(dout), dotp, dqkv, T, d, H, scale);
   STRATA_CHECK_CUDA(cudaGetLastError());
 }
 
@@ -369,23 +381,31 @@ int attention_tile(int head_dim) {
   return 0;
 }
 
-void attention_forward(const float* qkv, float* out, float* lse, int B, int T, int d, int H, cudaStream_t s) {
-  if (tile_or_throw(d / H) == 64)
-    forward_with<64>(qkv, out, lse, B, T, d, H, s);
-  else
-    forward_with<32>(qkv, out, lse, B, T, d, H, s);
+void attention_forward(const void* qkv, void* out, DType t, float* lse, int B, int T, int d, int H, cudaStream_t s) {
+  const int bt = tile_or_throw(d / H);
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    if (bt == 64)
+      forward_with<64, S>(qkv, out, lse, B, T, d, H, s);
+    else
+      forward_with<32, S>(qkv, out, lse, B, T, d, H, s);
+  });
 }
 
-void attention_backward(const float* qkv, const float* out, const float* lse, const float* dout, float* dqkv,
+void attention_backward(const void* qkv, const void* out, DType t, const float* lse, const void* dout, float* dqkv,
                         float* dotp, int B, int T, int d, int H, cudaStream_t s) {
   const long n = static_cast<long>(B) * H * T;
   const unsigned blocks = static_cast<unsigned>(n / 256 + 1 < 65535 ? n / 256 + 1 : 65535);
-  attention_dot_kernel<<<blocks, 256, 0, s>>>(out, dout, dotp, B, T, d, H);
-  STRATA_CHECK_CUDA(cudaGetLastError());
-  if (tile_or_throw(d / H) == 64)
-    backward_with<64>(qkv, lse, dout, dqkv, dotp, B, T, d, H, s);
-  else
-    backward_with<32>(qkv, lse, dout, dqkv, dotp, B, T, d, H, s);
+  const int bt = tile_or_throw(d / H);
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    attention_dot_kernel<S><<<blocks, 256, 0, s>>>(as<S>(out), as<S>(dout), dotp, B, T, d, H);
+    STRATA_CHECK_CUDA(cudaGetLastError());
+    if (bt == 64)
+      backward_with<64, S>(qkv, lse, dout, dqkv, dotp, B, T, d, H, s);
+    else
+      backward_with<32, S>(qkv, lse, dout, dqkv, dotp, B, T, d, H, s);
+  });
 }
 
 }  // namespace strata::detail::cuda

@@ -3,18 +3,27 @@
 // include); the kernels are in kernels_cuda.cu and attention_cuda.cu behind plain
 // launchers. Every step mirrors Gpt::Impl in gpt.cpp, buffer for buffer.
 //
-// Compiled and linked in CI, never run there (no GPU); checked on an H100 (docs/training.md).
+// Precision (GptOptions::precision, docs/mixed-precision.md): in fp32 the matmuls are
+// cuBLAS sgemm without TF32, as they always were. In bf16 and fp16 they are cublasGemmEx
+// over 16-bit operands with fp32 accumulation on the tensor cores; the activations that
+// feed a matmul are stored 16-bit, the residual stream, fc and every activation gradient
+// fp32, and each gradient of an activation is rounded just before the matmuls that read it.
+//
+// Compiled and linked in CI, never run there (no GPU). fp32 was checked on an H100
+// (docs/training.md); bf16 and fp16 have not run on a GPU (docs/mixed-precision.md).
 #include "strata/model/gpt_cuda.hpp"
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "gpt_driver.hpp"
 #include "kernels_cuda.hpp"
+#include "strata/core/convert.hpp"
 #include "strata/core/error.hpp"
 
 STRATA_DEFINE_CALL_CHECK(check_cublas_call, "cublas", cublasStatus_t, code == CUBLAS_STATUS_SUCCESS,
@@ -27,20 +36,37 @@ namespace cu = detail::cuda;
 
 namespace {
 
-constexpr uint64_t kLogitsChunkBytes = 32ull << 20;  // one chunk of [rows, vocab] logits, as gpt.cpp
+constexpr uint64_t kLogitsChunkBytes = 32ull << 20;  // one chunk of [rows, vocab] fp32 logits, as gpt.cpp
+// cuBLAS's workspace in 16 bits, from the model's own allocation (so activation_bytes
+// counts it): the size cuBLAS's documentation recommends on Hopper (cublasSetWorkspace).
+constexpr uint64_t kCublasWorkspaceBytes = 32ull << 20;
 
 // Hands out pieces of one device allocation; with no base it only counts (activation_bytes).
 struct Arena {
   char* base = nullptr;
   uint64_t used = 0;  // bytes
-  template <class T>
-  T* take(uint64_t n) {
+  void* take_bytes(uint64_t bytes) {
     used = (used + 255) & ~uint64_t{255};
-    T* p = base ? reinterpret_cast<T*>(base + used) : nullptr;
-    used += n * sizeof(T);
+    void* p = base ? base + used : nullptr;
+    used += bytes;
     return p;
   }
+  template <class T>
+  T* take(uint64_t n) {
+    return static_cast<T*>(take_bytes(n * sizeof(T)));
+  }
+  void* take_as(DType t, uint64_t n) { return take_bytes(n * dtype_size(t)); }
 };
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::F32: return CUDA_R_32F;
+    case DType::BF16: return CUDA_R_16BF;
+    case DType::F16: return CUDA_R_16F;
+    default: break;
+  }
+  throw ConfigError(std::string("the cuda GPT computes in f32, bf16 or fp16, not ") + to_string(t));
+}
 
 // Row-major C[M,N] = alpha op(A) op(B) + beta C through column-major cuBLAS: the same
 // product transposed, C^T = op(B)^T op(A)^T, so the operands swap and the flags stay.
@@ -51,23 +77,39 @@ void gemm(cublasHandle_t h, bool ta, bool tb, long M, long N, long K, float alph
                                   static_cast<int>(ldb), A, static_cast<int>(lda), &beta, C, static_cast<int>(ldc)));
 }
 
+// The same over 16-bit A and B (type ab): fp32 accumulation (CUBLAS_COMPUTE_32F, tensor
+// cores), C of type ct: F32, or ab, rounded once from the fp32 result (the handle
+// disallows reduced-precision split-K reductions, so no partial sum is rounded).
+void gemm_ex(cublasHandle_t h, bool ta, bool tb, long M, long N, long K, float alpha, const void* A, long lda,
+             const void* B, long ldb, DType ab, float beta, void* C, DType ct, long ldc) {
+  STRATA_CHECK_CUBLAS(cublasGemmEx(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                   static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha, B,
+                                   cuda_type(ab), static_cast<int>(ldb), A, cuda_type(ab), static_cast<int>(lda), &beta,
+                                   C, cuda_type(ct), static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
 }  // namespace
 
 // Activations one block keeps from forward for backward, device memory (rows = B*T).
+// `h` is the model's precision (fp32, or the 16-bit type: rounded when stored).
 struct BlockActsCuda {
-  float *ln1, *mean1, *rstd1;  // [BT, d], [BT], [BT]
-  float* qkv;                  // [BT, 3d]
-  float *att, *lse;            // [BT, d], [B, H, T]
+  void* ln1;                   // [BT, d] h
+  float *mean1, *rstd1;        // [BT], [BT]
+  void* qkv;                   // [BT, 3d] h
+  void* att;                   // [BT, d] h
+  float* lse;                  // [B, H, T]
   float* x2;                   // [BT, d]  residual after attention
-  float *ln2, *mean2, *rstd2;  // [BT, d], [BT], [BT]
-  float *fc, *gel;             // [BT, 4d] before and after GELU
-  void carve(Arena& a, long bt, int d, int heads) {
-    ln1 = a.take<float>(bt * d); mean1 = a.take<float>(bt); rstd1 = a.take<float>(bt);
-    qkv = a.take<float>(bt * 3 * d);
-    att = a.take<float>(bt * d); lse = a.take<float>(bt * heads);
+  void* ln2;                   // [BT, d] h
+  float *mean2, *rstd2;        // [BT], [BT]
+  float* fc;                   // [BT, 4d] before GELU (GELU's backward reads it)
+  void* gel;                   // [BT, 4d] h, after GELU
+  void carve(Arena& a, long bt, int d, int heads, DType h) {
+    ln1 = a.take_as(h, bt * d); mean1 = a.take<float>(bt); rstd1 = a.take<float>(bt);
+    qkv = a.take_as(h, bt * 3 * d);
+    att = a.take_as(h, bt * d); lse = a.take<float>(bt * heads);
     x2 = a.take<float>(bt * d);
-    ln2 = a.take<float>(bt * d); mean2 = a.take<float>(bt); rstd2 = a.take<float>(bt);
-    fc = a.take<float>(bt * 4 * d); gel = a.take<float>(bt * 4 * d);
+    ln2 = a.take_as(h, bt * d); mean2 = a.take<float>(bt); rstd2 = a.take<float>(bt);
+    fc = a.take<float>(bt * 4 * d); gel = a.take_as(h, bt * 4 * d);
   }
 };
 
@@ -75,16 +117,27 @@ struct GptCuda::Impl {
   GptShape s;
   GptOptions o;
   GptBlockLayout lay;
+  DType t;                                 // the precision: weights, gradients, 16-bit activations
+  size_t es;                               // bytes per element of t
+  bool half;                               // t is bf16 or fp16
   long bt_max = 0, chunk_rows = 0;
+  long logits_ld = 0;                      // row pitch of the head's gradient chunk: V, or V rounded up to 8 in 16 bits
   // Device memory, all carved from `mem`:
   std::vector<float*> resid;               // [L+1][BT, d]: block inputs, then the final residual
   std::vector<BlockActsCuda> acts;         // L (no checkpointing) or 1 (recompute scratch)
-  float *lnf, *meanf, *rstdf;              // [BT, d], [BT], [BT]
+  void* lnf;                               // [BT, d] h
+  float *meanf, *rstdf;                    // [BT], [BT]
   float *dres, *dsmall, *dbig, *dqkv;      // gradients: [BT, d], [BT, d], [BT, 4d], [BT, 3d]
-  float* logits;                           // [chunk rows, V]
+                                           // (dqkv also holds the qkv matmul's fp32 result in 16-bit forward)
+  float* logits;                           // [chunk rows, V] (in fp32 also the head's gradient, in place)
   float* dot;                              // [B, H, T] attention backward scratch
   float* row_loss;                         // [BT]
   int32_t *inputs, *targets;               // [BT] token ids, copied from the host
+  // 16-bit only (null in fp32):
+  void* dh = nullptr;                      // [BT, 4d] h: an activation gradient rounded for the matmuls
+  void* dlogits = nullptr;                 // [chunk rows, logits_ld] h: the head's rounded gradient
+  float* dwte32 = nullptr;                 // [V, d] the tied wte gradient, head + embedding, rounded once at the end
+  void* workspace = nullptr;               // kCublasWorkspaceBytes, cuBLAS's
   void* mem = nullptr;
   uint64_t bytes = 0;
   cudaStream_t stream = nullptr;
@@ -94,9 +147,13 @@ struct GptCuda::Impl {
   struct CountOnly {};
   // Lays the buffers out without allocating: bytes only (activation_bytes).
   Impl(const GptShape& shape, const GptOptions& opts, CountOnly)
-      : s(shape), o(opts), lay(gpt_block_layout(shape.d_model)) {
+      : s(shape), o(opts), lay(gpt_block_layout(shape.d_model)), t(opts.precision) {
     validate(s);
     if (o.micro_batch < 1) throw ConfigError("micro_batch = " + std::to_string(o.micro_batch) + " must be at least 1");
+    if (!is_working_dtype(t))
+      throw ConfigError(std::string("the cuda GPT computes in f32, bf16 or fp16, not ") + to_string(t));
+    es = dtype_size(t);
+    half = t != DType::F32;
     // The attention kernels put batch x head on the grid's y dimension, at most 65535.
     if (static_cast<long>(o.micro_batch) * s.heads > 65535)
       throw ConfigError("micro_batch x heads = " + std::to_string(static_cast<long>(o.micro_batch) * s.heads) +
@@ -124,8 +181,17 @@ struct GptCuda::Impl {
     STRATA_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     STRATA_CHECK_CUBLAS(cublasCreate(&blas));
     STRATA_CHECK_CUBLAS(cublasSetStream(blas, stream));
-    // Plain fp32 (no TF32), so results match the cpu model's within fp32 rounding.
-    STRATA_CHECK_CUBLAS(cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH));
+    if (!half) {
+      // Plain fp32 (no TF32), so results match the cpu model's within fp32 rounding.
+      STRATA_CHECK_CUBLAS(cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH));
+    } else {
+      // Tensor cores over the 16-bit operands with fp32 accumulation; a 16-bit output (the
+      // weight gradients) is rounded once from fp32, never summed in 16 bits.
+      STRATA_CHECK_CUBLAS(cublasSetMathMode(
+          blas, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+      // After cublasSetStream, which resets the workspace to cuBLAS's own pool.
+      STRATA_CHECK_CUBLAS(cublasSetWorkspace(blas, workspace, kCublasWorkspaceBytes));
+    }
     host_loss.resize(bt_max);
   }
 
@@ -136,7 +202,8 @@ struct GptCuda::Impl {
     if (mem) cudaFree(mem);
   }
 
-  // Lays every buffer out in `a` (counting only, when a has no base).
+  // Lays every buffer out in `a` (counting only, when a has no base). In fp32 the layout
+  // is the one before 16-bit training existed; the 16-bit-only buffers come last.
   void carve(Arena& a) {
     const int d = s.d_model;
     bt_max = static_cast<long>(o.micro_batch) * s.seq_len;
@@ -144,8 +211,8 @@ struct GptCuda::Impl {
     resid.assign(s.layers + 1, nullptr);
     for (auto& r : resid) r = a.take<float>(bt_max * d);
     acts.assign(o.checkpointing == ActivationCheckpointing::None ? s.layers : 1, BlockActsCuda{});
-    for (auto& ac : acts) ac.carve(a, bt_max, d, s.heads);
-    lnf = a.take<float>(bt_max * d); meanf = a.take<float>(bt_max); rstdf = a.take<float>(bt_max);
+    for (auto& ac : acts) ac.carve(a, bt_max, d, s.heads, t);
+    lnf = a.take_as(t, bt_max * d); meanf = a.take<float>(bt_max); rstdf = a.take<float>(bt_max);
     dres = a.take<float>(bt_max * d); dsmall = a.take<float>(bt_max * d);
     dbig = a.take<float>(bt_max * 4 * d); dqkv = a.take<float>(bt_max * 3 * d);
     logits = a.take<float>(static_cast<uint64_t>(chunk_rows) * s.vocab);
@@ -153,9 +220,22 @@ struct GptCuda::Impl {
     row_loss = a.take<float>(bt_max);
     inputs = a.take<int32_t>(bt_max);
     targets = a.take<int32_t>(bt_max);
+    logits_ld = s.vocab;
+    if (!half) return;
+    // A pitch of 8 elements keeps every row of the gradient chunk 16-byte aligned for the
+    // tensor cores whatever the vocabulary (GPT-2's 50257 is odd).
+    logits_ld = (static_cast<long>(s.vocab) + 7) / 8 * 8;
+    dh = a.take_as(t, bt_max * 4 * d);
+    dlogits = a.take_as(t, static_cast<uint64_t>(chunk_rows) * logits_ld);
+    dwte32 = a.take<float>(static_cast<uint64_t>(s.vocab) * d);
+    workspace = a.take_bytes(kCublasWorkspaceBytes);
   }
 
   BlockActsCuda& acts_for(int l) { return o.checkpointing == ActivationCheckpointing::None ? acts[l] : acts[0]; }
+
+  // Element i of a buffer of type t (weights, gradients, 16-bit activations).
+  const void* at(const void* p, uint64_t i) const { return static_cast<const char*>(p) + i * es; }
+  void* at(void* p, uint64_t i) const { return static_cast<char*>(p) + i * es; }
 
   void sync() { STRATA_CHECK_CUDA(cudaStreamSynchronize(stream)); }
   // The WeightSource contract: the model is done with a buffer when it hands it back.
@@ -168,108 +248,146 @@ struct GptCuda::Impl {
     ws.grads_ready(g);
   }
 
+  // Row-major C[M,N] = op(A) op(B) + beta C over operands of type t (fp32 accumulation);
+  // C is fp32, or of type t (rounded once) where ct says so. fp32: sgemm.
+  void matmul(bool ta, bool tb, long M, long N, long K, const void* A, long lda, const void* B, long ldb, float beta,
+              void* C, DType ct, long ldc) {
+    if (!half) {
+      gemm(blas, ta, tb, M, N, K, 1.0f, static_cast<const float*>(A), lda, static_cast<const float*>(B), ldb, beta,
+           static_cast<float*>(C), ldc);
+      return;
+    }
+    gemm_ex(blas, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, t, beta, C, ct, ldc);
+  }
+
   // The driver's operations (gpt_driver.hpp) not defined below.
   void load_tokens(const int32_t* in, const int32_t* tgt, long n) {
     // Pageable host memory: the copy is staged before cudaMemcpyAsync returns.
     STRATA_CHECK_CUDA(cudaMemcpyAsync(inputs, in, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
     if (tgt) STRATA_CHECK_CUDA(cudaMemcpyAsync(targets, tgt, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
   }
-  void block_forward(int l, const void* wv, bool keep_output, int B, int T) {
-    const auto* w = static_cast<const float*>(wv);
+  void block_forward(int l, const void* w, bool keep_output, int B, int T) {
     block_forward(w, resid[l], acts_for(l), keep_output ? resid[l + 1] : nullptr, B, T);
   }
-  void block_backward(int l, const void* wv, void* gv, int B, int T) {
-    const auto* w = static_cast<const float*>(wv);
-    auto* g = static_cast<float*>(gv); block_backward(w, resid[l], acts_for(l), g, B, T); }
-  void last_logits(const void* wfv, const void* wtev, int len, float* out) {
-    const auto* wf = static_cast<const float*>(wfv);
-    const auto* wte = static_cast<const float*>(wtev);
+  void block_backward(int l, const void* w, void* g, int B, int T) { block_backward(w, resid[l], acts_for(l), g, B, T); }
+  void last_logits(const void* wf, const void* wte, int len, float* out) {
     const int d = s.d_model, V = s.vocab;
     const float* x = resid[s.layers] + static_cast<long>(len - 1) * d;
-    cu::layernorm_forward(x, wf, wf + d, lnf, meanf, rstdf, 1, d, stream);
-    // logits = wte [V, d] lnf [d]: column-major, wte is [d, V], so its transpose times lnf.
-    const float one = 1.0f, zero = 0.0f;
-    STRATA_CHECK_CUBLAS(cublasSgemv(blas, CUBLAS_OP_T, d, V, &one, wte, d, lnf, 1, &zero, logits, 1));
+    cu::layernorm_forward(x, wf, at(wf, d), t, lnf, meanf, rstdf, 1, d, stream);
+    if (!half) {
+      // logits = wte [V, d] lnf [d]: column-major, wte is [d, V], so its transpose times lnf.
+      const float one = 1.0f, zero = 0.0f;
+      STRATA_CHECK_CUBLAS(cublasSgemv(blas, CUBLAS_OP_T, d, V, &one, static_cast<const float*>(wte), d,
+                                      static_cast<const float*>(lnf), 1, &zero, logits, 1));
+    } else {
+      matmul(false, true, 1, V, d, lnf, d, wte, d, 0.0f, logits, DType::F32, V);  // [1, d] wte^T
+    }
     STRATA_CHECK_CUDA(
         cudaMemcpyAsync(out, logits, static_cast<size_t>(V) * sizeof(float), cudaMemcpyDeviceToHost, stream));
     sync();
   }
 
-  // Y[M,N] = X[M,K] W[N,K]^T + b
-  void linear(const float* X, const float* W, const float* bias, float* Y, long M, int N, int K) {
-    gemm(blas, false, true, M, N, K, 1.0f, X, K, W, K, 0.0f, Y, N);
-    cu::add_bias_rows(Y, bias, M, N, stream);
+  // Y[M,N] = X[M,K] W[N,K]^T + b, fp32 Y.
+  void linear(const void* X, const void* W, const void* bias, float* Y, long M, int N, int K) {
+    matmul(false, true, M, N, K, X, K, W, K, 0.0f, Y, DType::F32, N);
+    cu::add_bias_rows(Y, bias, t, M, N, stream);
+  }
+  // The same stored as type t: round(X W^T + b), the fp32 product held in `scratch`.
+  void linear_rounded(const void* X, const void* W, const void* bias, void* Y, float* scratch, long M, int N, int K) {
+    if (!half) return linear(X, W, bias, static_cast<float*>(Y), M, N, K);
+    matmul(false, true, M, N, K, X, K, W, K, 0.0f, scratch, DType::F32, N);
+    cu::add_bias_rows_to(scratch, bias, t, Y, M, N, stream);
   }
 
-  // dX = dY W (overwritten; skipped when null), dW = dY^T X, db = colsum(dY).
-  void linear_backward(const float* dY, const float* X, const float* W, float* dX, float* dW, float* db, long M, int N,
+  // dY (fp32) in; in 16 bits it is rounded before the matmuls. dX = dY W (fp32,
+  // overwritten; skipped when null), dW = dY^T X (type t, rounded once), db = colsum(dY)
+  // (summed in fp32 over the fp32 dY, rounded once).
+  void linear_backward(const float* dY, const void* X, const void* W, float* dX, void* dW, void* db, long M, int N,
                        int K) {
-    if (dX) gemm(blas, false, false, M, K, N, 1.0f, dY, N, W, K, 0.0f, dX, K);
-    gemm(blas, true, false, N, K, M, 1.0f, dY, N, X, K, 0.0f, dW, K);
-    cu::column_sums(dY, db, M, N, stream);
+    const void* g = dY;
+    if (half) {
+      cu::round_to(dY, dh, t, M * N, stream);
+      g = dh;
+    }
+    if (dX) matmul(false, false, M, K, N, g, N, W, K, 0.0f, dX, DType::F32, K);
+    matmul(true, false, N, K, M, g, N, X, K, 0.0f, dW, t, K);
+    cu::column_sums(dY, db, t, M, N, stream);
   }
 
-  void embed(const void* wv, int B, int T) {
-    const auto* w = static_cast<const float*>(wv);
+  void embed(const void* w, int B, int T) {
     const int d = s.d_model;
-    cu::embed_forward(w, w + static_cast<long>(s.vocab) * d, inputs, resid[0], static_cast<long>(B) * T, T, d, stream);
+    cu::embed_forward(w, at(w, static_cast<uint64_t>(s.vocab) * d), t, inputs, resid[0], static_cast<long>(B) * T, T,
+                      d, stream);
   }
 
-  void block_forward(const float* w, const float* x, BlockActsCuda& a, float* out, int B, int T) {
+  void block_forward(const void* w, const float* x, BlockActsCuda& a, float* out, int B, int T) {
     const int d = s.d_model;
     const long bt = static_cast<long>(B) * T;
-    cu::layernorm_forward(x, w + lay.ln1_w, w + lay.ln1_b, a.ln1, a.mean1, a.rstd1, bt, d, stream);
-    linear(a.ln1, w + lay.qkv_w, w + lay.qkv_b, a.qkv, bt, 3 * d, d);
-    cu::attention_forward(a.qkv, a.att, a.lse, B, T, d, s.heads, stream);
-    linear(a.att, w + lay.attn_proj_w, w + lay.attn_proj_b, a.x2, bt, d, d);
+    cu::layernorm_forward(x, at(w, lay.ln1_w), at(w, lay.ln1_b), t, a.ln1, a.mean1, a.rstd1, bt, d, stream);
+    // dqkv is free in forward (and in a recompute, before its block's backward).
+    linear_rounded(a.ln1, at(w, lay.qkv_w), at(w, lay.qkv_b), a.qkv, dqkv, bt, 3 * d, d);
+    cu::attention_forward(a.qkv, a.att, t, a.lse, B, T, d, s.heads, stream);
+    linear(a.att, at(w, lay.attn_proj_w), at(w, lay.attn_proj_b), a.x2, bt, d, d);
     cu::add_into(a.x2, x, bt * d, stream);
-    cu::layernorm_forward(a.x2, w + lay.ln2_w, w + lay.ln2_b, a.ln2, a.mean2, a.rstd2, bt, d, stream);
-    linear(a.ln2, w + lay.fc_w, w + lay.fc_b, a.fc, bt, 4 * d, d);
-    cu::gelu_forward(a.fc, a.gel, bt * 4 * d, stream);
+    cu::layernorm_forward(a.x2, at(w, lay.ln2_w), at(w, lay.ln2_b), t, a.ln2, a.mean2, a.rstd2, bt, d, stream);
+    linear(a.ln2, at(w, lay.fc_w), at(w, lay.fc_b), a.fc, bt, 4 * d, d);
+    cu::gelu_forward(a.fc, a.gel, t, bt * 4 * d, stream);
     if (!out) return;
-    linear(a.gel, w + lay.mlp_proj_w, w + lay.mlp_proj_b, out, bt, d, 4 * d);
+    linear(a.gel, at(w, lay.mlp_proj_w), at(w, lay.mlp_proj_b), out, bt, d, 4 * d);
     cu::add_into(out, a.x2, bt * d, stream);
   }
 
   // dres: gradient of the block's output in, of its input out. g: the block's gradient.
-  void block_backward(const float* w, const float* x, BlockActsCuda& a, float* g, int B, int T) {
+  void block_backward(const void* w, const float* x, BlockActsCuda& a, void* g, int B, int T) {
     const int d = s.d_model;
     const long bt = static_cast<long>(B) * T;
-    linear_backward(dres, a.gel, w + lay.mlp_proj_w, dbig, g + lay.mlp_proj_w, g + lay.mlp_proj_b, bt, d, 4 * d);
+    linear_backward(dres, a.gel, at(w, lay.mlp_proj_w), dbig, at(g, lay.mlp_proj_w), at(g, lay.mlp_proj_b), bt, d,
+                    4 * d);
     cu::gelu_backward(dbig, a.fc, bt * 4 * d, stream);
-    linear_backward(dbig, a.ln2, w + lay.fc_w, dsmall, g + lay.fc_w, g + lay.fc_b, bt, 4 * d, d);
-    cu::layernorm_backward(dsmall, a.x2, w + lay.ln2_w, a.mean2, a.rstd2, dres, g + lay.ln2_w, g + lay.ln2_b, bt, d,
-                           stream);
-    linear_backward(dres, a.att, w + lay.attn_proj_w, dsmall, g + lay.attn_proj_w, g + lay.attn_proj_b, bt, d, d);
-    cu::attention_backward(a.qkv, a.att, a.lse, dsmall, dqkv, dot, B, T, d, s.heads, stream);
-    linear_backward(dqkv, a.ln1, w + lay.qkv_w, dsmall, g + lay.qkv_w, g + lay.qkv_b, bt, 3 * d, d);
-    cu::layernorm_backward(dsmall, x, w + lay.ln1_w, a.mean1, a.rstd1, dres, g + lay.ln1_w, g + lay.ln1_b, bt, d,
-                           stream);
+    linear_backward(dbig, a.ln2, at(w, lay.fc_w), dsmall, at(g, lay.fc_w), at(g, lay.fc_b), bt, 4 * d, d);
+    cu::layernorm_backward(dsmall, a.x2, at(w, lay.ln2_w), t, a.mean2, a.rstd2, dres, at(g, lay.ln2_w),
+                           at(g, lay.ln2_b), bt, d, stream);
+    linear_backward(dres, a.att, at(w, lay.attn_proj_w), dsmall, at(g, lay.attn_proj_w), at(g, lay.attn_proj_b), bt,
+                    d, d);
+    // The attention output's gradient feeds attention's products with V and P: rounded
+    // as every matmul's dY is (in fp32 the kernels read dsmall itself).
+    const void* dout = dsmall;
+    if (half) {
+      cu::round_to(dsmall, dh, t, bt * d, stream);
+      dout = dh;
+    }
+    cu::attention_backward(a.qkv, a.att, t, a.lse, dout, dqkv, dot, B, T, d, s.heads, stream);
+    linear_backward(dqkv, a.ln1, at(w, lay.qkv_w), dsmall, at(g, lay.qkv_w), at(g, lay.qkv_b), bt, 3 * d, d);
+    cu::layernorm_backward(dsmall, x, at(w, lay.ln1_w), t, a.mean1, a.rstd1, dres, at(g, lay.ln1_w), at(g, lay.ln1_b),
+                           bt, d, stream);
   }
 
   // Final layer norm, tied head and mean cross-entropy over rows [0, bt) (targets already
   // on the device). With dwte, also backward: dwte (overwritten) gets the head's gradient
-  // and dres the final residual's. Synchronises (the loss comes back to the host).
-  double head(const void* wfv, const void* wtev, long bt, void* dwtev, void* dlnfv, float loss_scale) {
-    const auto* wf = static_cast<const float*>(wfv);
-    const auto* wte = static_cast<const float*>(wtev);
-    auto* dwte = static_cast<float*>(dwtev);
-    auto* dlnf_wb = static_cast<float*>(dlnfv);
+  // and dres the final residual's. In 16 bits the head's gradient goes to the fp32
+  // dwte32 instead, where the embedding backward adds to it before it is rounded into
+  // dwte once. Synchronises (the loss comes back to the host).
+  double head(const void* wf, const void* wte, long bt, void* dwte, void* dlnf_wb, float loss_scale) {
     const int d = s.d_model, V = s.vocab;
     const float* xf = resid[s.layers];
-    cu::layernorm_forward(xf, wf, wf + d, lnf, meanf, rstdf, bt, d, stream);
+    cu::layernorm_forward(xf, wf, at(wf, d), t, lnf, meanf, rstdf, bt, d, stream);
     const float inv_n = loss_scale / static_cast<float>(bt);  // the gradient's scale
+    // The gradient of a chunk's logits: in place over the fp32 logits, or rounded to the
+    // 16-bit chunk (after the loss scale: fp16's small gradients survive the rounding).
+    void* dlog = dwte == nullptr ? nullptr : half ? dlogits : static_cast<void*>(logits);
+    float* dwte_acc = half ? dwte32 : static_cast<float*>(dwte);
     for (long r0 = 0; r0 < bt; r0 += chunk_rows) {
       const long nr = std::min(chunk_rows, bt - r0);
-      gemm(blas, false, true, nr, V, d, 1.0f, lnf + r0 * d, d, wte, d, 0.0f, logits, V);
-      cu::cross_entropy_rows(logits, targets + r0, row_loss + r0, nr, V, inv_n, dwte != nullptr, stream);
+      matmul(false, true, nr, V, d, at(lnf, r0 * d), d, wte, d, 0.0f, logits, DType::F32, V);
+      cu::cross_entropy_rows(logits, targets + r0, row_loss + r0, nr, V, inv_n, dlog, t, logits_ld, stream);
       if (!dwte) continue;
-      gemm(blas, false, false, nr, d, V, 1.0f, logits, V, wte, d, 0.0f, dsmall + r0 * d, d);
-      gemm(blas, true, false, V, d, nr, 1.0f, logits, V, lnf + r0 * d, d, r0 == 0 ? 0.0f : 1.0f, dwte, d);
+      matmul(false, false, nr, d, V, dlog, logits_ld, wte, d, 0.0f, dsmall + r0 * d, DType::F32, d);
+      matmul(true, false, V, d, nr, dlog, logits_ld, at(lnf, r0 * d), d, r0 == 0 ? 0.0f : 1.0f, dwte_acc, DType::F32,
+             d);
     }
     if (dwte) {
       STRATA_CHECK_CUDA(cudaMemsetAsync(dres, 0, bt * d * sizeof(float), stream));
-      cu::layernorm_backward(dsmall, xf, wf, meanf, rstdf, dres, dlnf_wb, dlnf_wb + d, bt, d, stream);
+      cu::layernorm_backward(dsmall, xf, wf, t, meanf, rstdf, dres, dlnf_wb, at(dlnf_wb, d), bt, d, stream);
     }
     STRATA_CHECK_CUDA(
         cudaMemcpyAsync(host_loss.data(), row_loss, bt * sizeof(float), cudaMemcpyDeviceToHost, stream));
@@ -279,13 +397,16 @@ struct GptCuda::Impl {
     return loss / static_cast<double>(bt);
   }
 
-  // Adds the embedding gradient into g0 (the wte part holds the head's; wpe is written).
-  void embed_backward(void* g0v, int B, int T) {
-    auto* g0 = static_cast<float*>(g0v);
+  // Adds the embedding gradient to the wte part (the head's, in fp32: g0 itself, or
+  // dwte32 rounded into g0 here in 16 bits); wpe's part is written.
+  void embed_backward(void* g0, int B, int T) {
     const int d = s.d_model;
-    float* dwpe = g0 + static_cast<long>(s.vocab) * d;
-    STRATA_CHECK_CUDA(cudaMemsetAsync(dwpe, 0, static_cast<size_t>(s.seq_len) * d * sizeof(float), stream));
-    cu::embed_backward(dres, inputs, g0, dwpe, B, T, d, stream);
+    const uint64_t wte_numel = static_cast<uint64_t>(s.vocab) * d;
+    void* dwpe = at(g0, wte_numel);
+    // All-zero bits are +0 in every element type.
+    STRATA_CHECK_CUDA(cudaMemsetAsync(dwpe, 0, static_cast<size_t>(s.seq_len) * d * es, stream));
+    cu::embed_backward(dres, inputs, half ? dwte32 : static_cast<float*>(g0), dwpe, t, B, T, d, stream);
+    if (half) cu::round_to(dwte32, g0, t, static_cast<long>(wte_numel), stream);
   }
 };
 
@@ -311,30 +432,16 @@ uint64_t GptCuda::activation_bytes(const GptShape& s, const GptOptions& o) {
 
 uint64_t GptCuda::activation_bytes() const { return impl_->bytes; }
 
-double measure_cuda_matmul_peak(double seconds) {
-  const int n = 4096;
-  const size_t bytes = static_cast<size_t>(n) * n * sizeof(float);
-  void *va = nullptr, *vb = nullptr, *vc = nullptr;
-  cudaStream_t stream = nullptr;
-  cublasHandle_t h = nullptr;
+namespace {
+
+// Best FLOP/s of `run` (one n x n x n product on `stream`, enqueued by cuBLAS) over
+// batches of a few runs, for about `seconds` of GPU time in total, after one warm-up run
+// (kernel selection, clocks).
+double best_matmul_rate(const std::function<void()>& run, cudaStream_t stream, int n, double seconds) {
   cudaEvent_t start = nullptr, stop = nullptr;
-  STRATA_CHECK_CUDA(cudaMalloc(&va, bytes));
-  STRATA_CHECK_CUDA(cudaMalloc(&vb, bytes));
-  STRATA_CHECK_CUDA(cudaMalloc(&vc, bytes));
-  STRATA_CHECK_CUDA(cudaMemset(va, 0, bytes));
-  STRATA_CHECK_CUDA(cudaMemset(vb, 0, bytes));
-  const auto* a = static_cast<const float*>(va);
-  const auto* b = static_cast<const float*>(vb);
-  auto* c = static_cast<float*>(vc);
-  STRATA_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   STRATA_CHECK_CUDA(cudaEventCreate(&start));
   STRATA_CHECK_CUDA(cudaEventCreate(&stop));
-  STRATA_CHECK_CUBLAS(cublasCreate(&h));
-  STRATA_CHECK_CUBLAS(cublasSetStream(h, stream));
-  STRATA_CHECK_CUBLAS(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));  // fp32, as the model
-  const float one = 1.0f, zero = 0.0f;
-  const auto run = [&] { STRATA_CHECK_CUBLAS(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a, n, b, n, &zero, c, n)); };
-  run();  // warm-up: kernel selection, clocks
+  run();
   STRATA_CHECK_CUDA(cudaStreamSynchronize(stream));
   double best = 0, spent = 0;
   do {
@@ -348,14 +455,76 @@ double measure_cuda_matmul_peak(double seconds) {
     spent += ms / 1e3;
     best = std::max(best, kReps * 2.0 * n * n * static_cast<double>(n) / (ms / 1e3));
   } while (spent < seconds);
-  cublasDestroy(h);
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  cudaStreamDestroy(stream);
-  cudaFree(va);
-  cudaFree(vb);
-  cudaFree(vc);
   return best;
+}
+
+// Three n x n matrices of `bytes_per` bytes per element on the current GPU, a stream and a
+// cuBLAS handle on it; freed on scope exit.
+struct MatmulBench {
+  void *a = nullptr, *b = nullptr, *c = nullptr;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t h = nullptr;
+  MatmulBench(int n, size_t bytes_per) {
+    const size_t bytes = static_cast<size_t>(n) * n * bytes_per;
+    STRATA_CHECK_CUDA(cudaMalloc(&a, bytes));
+    STRATA_CHECK_CUDA(cudaMalloc(&b, bytes));
+    STRATA_CHECK_CUDA(cudaMalloc(&c, bytes));
+    STRATA_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    STRATA_CHECK_CUBLAS(cublasCreate(&h));
+    STRATA_CHECK_CUBLAS(cublasSetStream(h, stream));
+  }
+  ~MatmulBench() {
+    cudaStreamSynchronize(stream);
+    cublasDestroy(h);
+    cudaStreamDestroy(stream);
+    cudaFree(a);
+    cudaFree(b);
+    cudaFree(c);
+  }
+};
+
+}  // namespace
+
+double measure_cuda_matmul_peak(double seconds) {
+  const int n = 4096;
+  MatmulBench m(n, sizeof(float));
+  STRATA_CHECK_CUDA(cudaMemsetAsync(m.a, 0, static_cast<size_t>(n) * n * sizeof(float), m.stream));
+  STRATA_CHECK_CUDA(cudaMemsetAsync(m.b, 0, static_cast<size_t>(n) * n * sizeof(float), m.stream));
+  STRATA_CHECK_CUBLAS(cublasSetMathMode(m.h, CUBLAS_DEFAULT_MATH));  // fp32, as the model
+  const float one = 1.0f, zero = 0.0f;
+  const auto* a = static_cast<const float*>(m.a);
+  const auto* b = static_cast<const float*>(m.b);
+  auto* c = static_cast<float*>(m.c);
+  return best_matmul_rate(
+      [&] { STRATA_CHECK_CUBLAS(cublasSgemm(m.h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a, n, b, n, &zero, c, n)); },
+      m.stream, n, seconds);
+}
+
+double measure_cuda_matmul_peak(DType precision, double seconds) {
+  if (precision == DType::F32) return measure_cuda_matmul_peak(seconds);
+  if (precision != DType::BF16 && precision != DType::F16)
+    throw ConfigError(std::string("measure_cuda_matmul_peak: no matmul peak for ") + to_string(precision) +
+                      "; the model computes in f32, bf16 or fp16");
+  // 8192: large enough to fill an H100's or H200's tensor cores (16 GFLOP per product,
+  // about 1.4 ms at 800 TFLOP/s); random operands, since zeros run faster than real data.
+  const int n = 8192;
+  const long numel = static_cast<long>(n) * n;
+  MatmulBench m(n, dtype_size(precision));
+  cu::fill_uniform(m.a, precision, numel, 1, m.stream);
+  cu::fill_uniform(m.b, precision, numel, 2, m.stream);
+  // As the model's matmuls: tensor cores, fp32 accumulation, the 16-bit result rounded once.
+  STRATA_CHECK_CUBLAS(cublasSetMathMode(
+      m.h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+  const cudaDataType_t ty = cuda_type(precision);
+  const float one = 1.0f, zero = 0.0f;
+  return best_matmul_rate(
+      [&] {
+        STRATA_CHECK_CUBLAS(cublasGemmEx(m.h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, m.a, ty, n, m.b, ty, n, &zero,
+                                         m.c, ty, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      },
+      m.stream, n, seconds);
 }
 
 }  // namespace strata

@@ -1,10 +1,13 @@
 // The GPT's element-wise, layer-norm, embedding and loss kernels on the cuda backend.
-// Simple grid-stride loops, one block per row where a row is reduced. Compiled and linked
-// in CI, never run there (no GPU); checked on an H100 (see kernels_cuda.hpp).
+// Simple grid-stride loops, one block per row where a row is reduced. Each kernel is
+// templated on the storage type of its typed operands (storage_cuda.cuh) and computes in
+// fp32. Compiled and linked in CI, never run there (no GPU); the fp32 instances were
+// checked on an H100 (see kernels_cuda.hpp).
 #include "kernels_cuda.hpp"
 
 #include <cuda_runtime.h>
 
+#include "storage_cuda.cuh"
 #include "strata/core/math/gpt.hpp"
 
 namespace strata::detail::cuda {
@@ -43,13 +46,14 @@ __device__ float block_max(float v) {
   return t;
 }
 
-__global__ void embed_forward_kernel(const float* wte, const float* wpe, const int32_t* tok, float* x, long rows,
-                                     int T, int d) {
+template <class S>
+__global__ void embed_forward_kernel(const typename S::Bits* wte, const typename S::Bits* wpe, const int32_t* tok,
+                                     float* x, long rows, int T, int d) {
   const long n = rows * d;
   for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     const long r = i / d;
     const int c = static_cast<int>(i % d);
-    x[i] = wte[static_cast<long>(tok[r]) * d + c] + wpe[(r % T) * d + c];
+    x[i] = S::load(wte[static_cast<long>(tok[r]) * d + c]) + S::load(wpe[(r % T) * d + c]);
   }
 }
 
@@ -63,18 +67,20 @@ __global__ void embed_backward_wte_kernel(const float* dres, const int32_t* tok,
 }
 
 // One thread per (t, c): a fixed order of additions, so dwpe is deterministic.
-__global__ void embed_backward_wpe_kernel(const float* dres, float* dwpe, int B, int T, int d) {
+template <class S>
+__global__ void embed_backward_wpe_kernel(const float* dres, typename S::Bits* dwpe, int B, int T, int d) {
   const long n = static_cast<long>(T) * d;
   for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     float acc = 0.0f;
     for (int b = 0; b < B; ++b) acc += dres[static_cast<long>(b) * T * d + i];
-    dwpe[i] = acc;
+    dwpe[i] = S::store(acc);
   }
 }
 
 // Two passes over the row, as math::layernorm_row (mean, then variance about it).
-__global__ void layernorm_forward_kernel(const float* x, const float* w, const float* b, float* y, float* mean,
-                                         float* rstd, int n) {
+template <class S>
+__global__ void layernorm_forward_kernel(const float* x, const typename S::Bits* w, const typename S::Bits* b,
+                                         typename S::Bits* y, float* mean, float* rstd, int n) {
   const long r = blockIdx.x;
   const float* xr = x + r * n;
   float s = 0.0f;
@@ -86,8 +92,8 @@ __global__ void layernorm_forward_kernel(const float* x, const float* w, const f
     v += c * c;
   }
   const float rs = 1.0f / sqrtf(block_sum(v) / static_cast<float>(n) + math::kLayerNormEps);
-  float* yr = y + r * n;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = (xr[i] - m) * rs * w[i] + b[i];
+  typename S::Bits* yr = y + r * n;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = S::store((xr[i] - m) * rs * S::load(w[i]) + S::load(b[i]));
   if (threadIdx.x == 0) {
     mean[r] = m;
     rstd[r] = rs;
@@ -95,15 +101,16 @@ __global__ void layernorm_forward_kernel(const float* x, const float* w, const f
 }
 
 // dx += rstd (g - mean(g) - xhat mean(g xhat)), g = dy w: math::layernorm_row_backward's dx.
-__global__ void layernorm_backward_dx_kernel(const float* dy, const float* x, const float* w, const float* mean,
-                                             const float* rstd, float* dx, int n) {
+template <class S>
+__global__ void layernorm_backward_dx_kernel(const float* dy, const float* x, const typename S::Bits* w,
+                                             const float* mean, const float* rstd, float* dx, int n) {
   const long r = blockIdx.x;
   const float m = mean[r], rs = rstd[r];
   const float* dyr = dy + r * n;
   const float* xr = x + r * n;
   float sg = 0.0f, sgx = 0.0f;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const float g = dyr[i] * w[i];
+    const float g = dyr[i] * S::load(w[i]);
     sg += g;
     sgx += g * (xr[i] - m) * rs;
   }
@@ -113,13 +120,16 @@ __global__ void layernorm_backward_dx_kernel(const float* dy, const float* x, co
   float* dxr = dx + r * n;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     const float xh = (xr[i] - m) * rs;
-    dxr[i] += rs * (dyr[i] * w[i] - sum_g - xh * sum_gx);
+    dxr[i] += rs * (dyr[i] * S::load(w[i]) - sum_g - xh * sum_gx);
   }
 }
 
-// One thread per column: dw = sum over rows of dy xhat, db = sum of dy (no atomics).
+// One thread per column: dw = sum over rows of dy xhat, db = sum of dy (no atomics), in
+// fp32, stored once.
+template <class S>
 __global__ void layernorm_backward_params_kernel(const float* dy, const float* x, const float* mean,
-                                                 const float* rstd, float* dw, float* db, long rows, int n) {
+                                                 const float* rstd, typename S::Bits* dw, typename S::Bits* db,
+                                                 long rows, int n) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     float aw = 0.0f, ab = 0.0f;
     for (long r = 0; r < rows; ++r) {
@@ -127,22 +137,26 @@ __global__ void layernorm_backward_params_kernel(const float* dy, const float* x
       aw += g * (x[r * n + i] - mean[r]) * rstd[r];
       ab += g;
     }
-    dw[i] = aw;
-    db[i] = ab;
+    dw[i] = S::store(aw);
+    db[i] = S::store(ab);
   }
 }
 
-__global__ void add_bias_rows_kernel(float* y, const float* bias, long rows, int n) {
+// out[i] = O(y[i] + bias[i % n]); out may be y (O = F32: in place).
+template <class S, class O>
+__global__ void add_bias_rows_kernel(const float* y, const typename S::Bits* bias, typename O::Bits* out, long rows,
+                                     int n) {
   const long total = rows * n;
   for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < total; i += gridDim.x * blockDim.x)
-    y[i] += bias[i % n];
+    out[i] = O::store(y[i] + S::load(bias[i % n]));
 }
 
-__global__ void column_sums_kernel(const float* x, float* out, long rows, int n) {
+template <class S>
+__global__ void column_sums_kernel(const float* x, typename S::Bits* out, long rows, int n) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     float acc = 0.0f;
     for (long r = 0; r < rows; ++r) acc += x[r * n + i];
-    out[i] = acc;
+    out[i] = S::store(acc);
   }
 }
 
@@ -151,9 +165,16 @@ __global__ void add_into_kernel(float* y, const float* x, long n) {
     y[i] += x[i];
 }
 
-__global__ void gelu_forward_kernel(const float* in, float* out, long n) {
+template <class S>
+__global__ void round_to_kernel(const float* src, typename S::Bits* dst, long n) {
   for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
-    out[i] = math::gelu(in[i]);
+    dst[i] = S::store(src[i]);
+}
+
+template <class S>
+__global__ void gelu_forward_kernel(const float* in, typename S::Bits* out, long n) {
+  for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    out[i] = S::store(math::gelu(in[i]));
 }
 
 __global__ void gelu_backward_kernel(float* grad, const float* in, long n) {
@@ -162,9 +183,13 @@ __global__ void gelu_backward_kernel(float* grad, const float* in, long n) {
 }
 
 // One block per row, as the cpu model: max, exp_approx(z - max) and its sum, then
-// loss = log(sum) - (z_t - max); with backward, z becomes (softmax - onehot) * inv_n.
+// loss = log(sum) - (z_t - max); with grad, (softmax - onehot) * inv_n stored as S. The
+// products are rounded before the subtraction (__fmul_rn: no fused multiply-add), as
+// the cpu model scales, then subtracts. grad may alias z (each thread rewrites only
+// the elements it read).
+template <class S>
 __global__ void cross_entropy_kernel(float* logits, const int32_t* targets, float* row_loss, int V, float inv_n,
-                                     bool backward) {
+                                     typename S::Bits* grad, long grad_ld) {
   const long r = blockIdx.x;
   float* z = logits + r * V;
   const int tgt = targets[r];
@@ -172,6 +197,7 @@ __global__ void cross_entropy_kernel(float* logits, const int32_t* targets, floa
   float mx = -INFINITY;
   for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, z[j]);
   mx = block_max(mx);  // its barriers also order the reads of z[tgt] before the writes below
+  const bool backward = grad != nullptr;
   float s = 0.0f;
   for (int j = threadIdx.x; j < V; j += blockDim.x) {
     const float p = math::exp_approx(z[j] - mx);
@@ -182,51 +208,93 @@ __global__ void cross_entropy_kernel(float* logits, const int32_t* targets, floa
   if (threadIdx.x == 0) row_loss[r] = logf(sum) - (zt - mx);
   if (!backward) return;
   const float k = inv_n / sum;
-  for (int j = threadIdx.x; j < V; j += blockDim.x) z[j] *= k;
-  __syncthreads();
-  if (threadIdx.x == 0) z[tgt] -= inv_n;
+  typename S::Bits* g = grad + r * grad_ld;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) {
+    const float p = __fmul_rn(z[j], k);
+    g[j] = S::store(j == tgt ? p - inv_n : p);
+  }
+}
+
+// splitmix64's finaliser of (seed, i): 24 random bits to [-1, 1).
+template <class S>
+__global__ void fill_uniform_kernel(typename S::Bits* p, long n, uint32_t seed) {
+  for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    uint64_t z = (static_cast<uint64_t>(seed) << 32) + static_cast<uint64_t>(i) + 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    p[i] = S::store(static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f);
+  }
 }
 
 }  // namespace
 
-void embed_forward(const float* wte, const float* wpe, const int32_t* tok, float* x, long rows, int T, int d,
+void embed_forward(const void* wte, const void* wpe, DType t, const int32_t* tok, float* x, long rows, int T, int d,
                    cudaStream_t s) {
-  embed_forward_kernel<<<grid_for(rows * d), kThreads, 0, s>>>(wte, wpe, tok, x, rows, T, d);
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    embed_forward_kernel<S><<<grid_for(rows * d), kThreads, 0, s>>>(as<S>(wte), as<S>(wpe), tok, x, rows, T, d);
+  });
   STRATA_CHECK_CUDA(cudaGetLastError());
 }
 
-void embed_backward(const float* dres, const int32_t* tok, float* dwte, float* dwpe, int B, int T, int d,
+void embed_backward(const float* dres, const int32_t* tok, float* dwte, void* dwpe, DType t, int B, int T, int d,
                     cudaStream_t s) {
   const long rows = static_cast<long>(B) * T;
   embed_backward_wte_kernel<<<grid_for(rows * d), kThreads, 0, s>>>(dres, tok, dwte, rows, d);
   STRATA_CHECK_CUDA(cudaGetLastError());
-  embed_backward_wpe_kernel<<<grid_for(static_cast<long>(T) * d), kThreads, 0, s>>>(dres, dwpe, B, T, d);
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    embed_backward_wpe_kernel<S><<<grid_for(static_cast<long>(T) * d), kThreads, 0, s>>>(dres, as<S>(dwpe), B, T, d);
+  });
   STRATA_CHECK_CUDA(cudaGetLastError());
 }
 
-void layernorm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, long rows,
-                       int n, cudaStream_t s) {
+void layernorm_forward(const float* x, const void* w, const void* b, DType t, void* y, float* mean, float* rstd,
+                       long rows, int n, cudaStream_t s) {
   if (rows <= 0) return;
-  layernorm_forward_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, w, b, y, mean, rstd, n);
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    layernorm_forward_kernel<S>
+        <<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, as<S>(w), as<S>(b), as<S>(y), mean, rstd, n);
+  });
   STRATA_CHECK_CUDA(cudaGetLastError());
 }
 
-void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
-                        float* dx, float* dw, float* db, long rows, int n, cudaStream_t s) {
+void layernorm_backward(const float* dy, const float* x, const void* w, DType t, const float* mean, const float* rstd,
+                        float* dx, void* dw, void* db, long rows, int n, cudaStream_t s) {
   if (rows <= 0) return;
-  layernorm_backward_dx_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(dy, x, w, mean, rstd, dx, n);
-  STRATA_CHECK_CUDA(cudaGetLastError());
-  layernorm_backward_params_kernel<<<grid_for(n), kThreads, 0, s>>>(dy, x, mean, rstd, dw, db, rows, n);
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    layernorm_backward_dx_kernel<S><<<static_cast<unsigned>(rows), kThreads, 0, s>>>(dy, x, as<S>(w), mean, rstd, dx, n);
+    STRATA_CHECK_CUDA(cudaGetLastError());
+    layernorm_backward_params_kernel<S>
+        <<<grid_for(n), kThreads, 0, s>>>(dy, x, mean, rstd, as<S>(dw), as<S>(db), rows, n);
+  });
   STRATA_CHECK_CUDA(cudaGetLastError());
 }
 
-void add_bias_rows(float* y, const float* bias, long rows, int n, cudaStream_t s) {
-  add_bias_rows_kernel<<<grid_for(rows * n), kThreads, 0, s>>>(y, bias, rows, n);
+void add_bias_rows(float* y, const void* bias, DType t, long rows, int n, cudaStream_t s) {
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    add_bias_rows_kernel<S, F32S><<<grid_for(rows * n), kThreads, 0, s>>>(y, as<S>(bias), y, rows, n);
+  });
   STRATA_CHECK_CUDA(cudaGetLastError());
 }
 
-void column_sums(const float* x, float* out, long rows, int n, cudaStream_t s) {
-  column_sums_kernel<<<grid_for(n), kThreads, 0, s>>>(x, out, rows, n);
+void add_bias_rows_to(const float* y, const void* bias, DType t, void* out, long rows, int n, cudaStream_t s) {
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    add_bias_rows_kernel<S, S><<<grid_for(rows * n), kThreads, 0, s>>>(y, as<S>(bias), as<S>(out), rows, n);
+  });
+  STRATA_CHECK_CUDA(cudaGetLastError());
+}
+
+void column_sums(const float* x, void* out, DType t, long rows, int n, cudaStream_t s) {
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    column_sums_kernel<S><<<grid_for(n), kThreads, 0, s>>>(x, as<S>(out), rows, n);
+  });
   STRATA_CHECK_CUDA(cudaGetLastError());
 }
 
@@ -235,8 +303,19 @@ void add_into(float* y, const float* x, long n, cudaStream_t s) {
   STRATA_CHECK_CUDA(cudaGetLastError());
 }
 
-void gelu_forward(const float* in, float* out, long n, cudaStream_t s) {
-  gelu_forward_kernel<<<grid_for(n), kThreads, 0, s>>>(in, out, n);
+void round_to(const float* src, void* dst, DType t, long n, cudaStream_t s) {
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    round_to_kernel<S><<<grid_for(n), kThreads, 0, s>>>(src, as<S>(dst), n);
+  });
+  STRATA_CHECK_CUDA(cudaGetLastError());
+}
+
+void gelu_forward(const float* in, void* out, DType t, long n, cudaStream_t s) {
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    gelu_forward_kernel<S><<<grid_for(n), kThreads, 0, s>>>(in, as<S>(out), n);
+  });
   STRATA_CHECK_CUDA(cudaGetLastError());
 }
 
@@ -246,9 +325,21 @@ void gelu_backward(float* grad, const float* in, long n, cudaStream_t s) {
 }
 
 void cross_entropy_rows(float* logits, const int32_t* targets, float* row_loss, long rows, int V, float inv_n,
-                        bool backward, cudaStream_t s) {
+                        void* grad, DType t, long grad_ld, cudaStream_t s) {
   if (rows <= 0) return;
-  cross_entropy_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(logits, targets, row_loss, V, inv_n, backward);
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    cross_entropy_kernel<S>
+        <<<static_cast<unsigned>(rows), kThreads, 0, s>>>(logits, targets, row_loss, V, inv_n, as<S>(grad), grad_ld);
+  });
+  STRATA_CHECK_CUDA(cudaGetLastError());
+}
+
+void fill_uniform(void* p, DType t, long n, uint32_t seed, cudaStream_t s) {
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    fill_uniform_kernel<S><<<grid_for(n), kThreads, 0, s>>>(as<S>(p), n, seed);
+  });
   STRATA_CHECK_CUDA(cudaGetLastError());
 }
 

@@ -2,9 +2,18 @@
 // on one stream: the counterpart of kernels_cpu.hpp and attention_cpu.hpp. All pointers
 // are device memory; every launch is asynchronous on `s` and checks its launch error.
 //
+// Element types: `t` is the model's precision (F32, BF16 or F16). Pointers typed `void*`
+// hold elements of type t: the weights and gradient buffers, and the activations that
+// feed a matmul (layer-norm outputs, qkv, the attention output, GELU's output; rounded to
+// nearest even when stored, docs/mixed-precision.md). `float*` pointers are fp32 whatever
+// t is: the residual stream, statistics, fc, and the gradients of activations. All math
+// is fp32 in registers. With t = F32 every kernel computes what it did before 16-bit
+// training existed (the conversions are the identity).
+//
 // Compiled and linked in CI, where they never run (no GPU): tests/model/test_gpt_cuda.cpp
-// compares them against the cpu model where a GPU is present and skips otherwise (it ran
-// and passed on an H100, 2026-11-22; docs/training.md).
+// compares them against the cpu model where a GPU is present and skips otherwise (the
+// fp32 kernels ran and passed on an H100, 2026-11-22; docs/training.md; the 16-bit ones
+// have not run, docs/mixed-precision.md).
 //
 // This header is included from C++20 (gpt_cuda.cpp) and C++17 CUDA sources alike, so it
 // holds plain declarations only.
@@ -14,6 +23,7 @@
 
 #include <cstdint>
 
+#include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
 
 // The same checker core/src/cuda_device.cu generates (identical definition, so one
@@ -23,43 +33,60 @@ STRATA_DEFINE_CALL_CHECK(check_cuda_call, "cuda", cudaError_t, code == cudaSucce
 
 namespace strata::detail::cuda {
 
-// x[r] = wte[tok[r]] + wpe[r % T] over rows of d.
-void embed_forward(const float* wte, const float* wpe, const int32_t* tok, float* x, long rows, int T, int d,
+// x[r] = wte[tok[r]] + wpe[r % T] over rows of d, in fp32 (wte, wpe of type t).
+void embed_forward(const void* wte, const void* wpe, DType t, const int32_t* tok, float* x, long rows, int T, int d,
                    cudaStream_t s);
-// dwte[tok[r]] += dres[r] (atomicAdd: tokens repeat); dwpe[t] = sum over b of dres[b*T + t]
-// (overwritten; rows t >= T of dwpe, up to seq_len, are left to the caller).
-void embed_backward(const float* dres, const int32_t* tok, float* dwte, float* dwpe, int B, int T, int d,
+// dwte[tok[r]] += dres[r] (fp32, atomicAdd: tokens repeat); dwpe[t] = sum over b of
+// dres[b*T + t] in fp32, stored as type t (overwritten; rows t >= T of dwpe, up to
+// seq_len, are left to the caller).
+void embed_backward(const float* dres, const int32_t* tok, float* dwte, void* dwpe, DType t, int B, int T, int d,
                     cudaStream_t s);
 
-// One block per row: y = LN(x) w + b; mean, rstd [rows] for backward.
-void layernorm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, long rows,
-                       int n, cudaStream_t s);
-// dx += LN backward of dy (one block per row); dw, db overwritten (one thread per column).
-void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
-                        float* dx, float* dw, float* db, long rows, int n, cudaStream_t s);
+// One block per row: y = LN(x) w + b over fp32 x, stored as type t (w, b of type t);
+// mean, rstd [rows] fp32 for backward.
+void layernorm_forward(const float* x, const void* w, const void* b, DType t, void* y, float* mean, float* rstd,
+                       long rows, int n, cudaStream_t s);
+// dx += LN backward of dy (one block per row; fp32); dw, db summed in fp32 and stored
+// once as type t, overwritten (one thread per column). w of type t.
+void layernorm_backward(const float* dy, const float* x, const void* w, DType t, const float* mean, const float* rstd,
+                        float* dx, void* dw, void* db, long rows, int n, cudaStream_t s);
 
-void add_bias_rows(float* y, const float* bias, long rows, int n, cudaStream_t s);  // y[r] += bias
-void column_sums(const float* x, float* out, long rows, int n, cudaStream_t s);      // out = sum of rows
-void add_into(float* y, const float* x, long n, cudaStream_t s);                     // y += x
-void gelu_forward(const float* in, float* out, long n, cudaStream_t s);
-void gelu_backward(float* grad, const float* in, long n, cudaStream_t s);  // grad *= gelu'(in)
+// y[r] += bias (fp32 y, bias of type t).
+void add_bias_rows(float* y, const void* bias, DType t, long rows, int n, cudaStream_t s);
+// out[r] = round(y[r] + bias): a linear's fp32 result plus its bias, stored as type t.
+void add_bias_rows_to(const float* y, const void* bias, DType t, void* out, long rows, int n, cudaStream_t s);
+// out = sum of the rows of fp32 x, in fp32, stored once as type t.
+void column_sums(const float* x, void* out, DType t, long rows, int n, cudaStream_t s);
+void add_into(float* y, const float* x, long n, cudaStream_t s);  // y += x, fp32
+// dst = round(src): fp32 to type t (a copy when t is F32).
+void round_to(const float* src, void* dst, DType t, long n, cudaStream_t s);
+void gelu_forward(const float* in, void* out, DType t, long n, cudaStream_t s);  // out = round(gelu(in))
+void gelu_backward(float* grad, const float* in, long n, cudaStream_t s);        // grad *= gelu'(in), fp32
 
-// Softmax cross-entropy of each row of logits [rows, V]: row_loss[r] = logsumexp - z[target].
-// With `backward`, logits become the gradient of the mean loss: (softmax - onehot) * inv_n.
+// Softmax cross-entropy of each row of fp32 logits [rows, V]: row_loss[r] = logsumexp -
+// z[target]. With `grad` (null: loss only), the gradient of the mean loss times the loss
+// scale, (softmax - onehot) * inv_n, is stored as type t in grad [rows, grad_ld]; grad
+// may be the logits themselves when t is F32 and grad_ld is V. The logits are scratch.
 void cross_entropy_rows(float* logits, const int32_t* targets, float* row_loss, long rows, int V, float inv_n,
-                        bool backward, cudaStream_t s);
+                        void* grad, DType t, long grad_ld, cudaStream_t s);
 
-// Causal attention over qkv [B*T, 3d] (q, k, v; heads contiguous) into out [B*T, d] and
-// the log-sum-exp lse [B, H, T]. Flash-style: one block per (b, h, query tile), online
-// softmax; no more than one [BT, BT] tile of scores exists per block. Both launchers
-// throw ConfigError where attention_tile(d / H) is 0.
+// Values of type t drawn from a hash of (seed, index), uniform in [-1, 1): data for the
+// matmul peak (not zeros, which run faster than real data on the tensor cores).
+void fill_uniform(void* p, DType t, long n, uint32_t seed, cudaStream_t s);
+
+// Causal attention over qkv [B*T, 3d] (q, k, v; heads contiguous; type t) into out
+// [B*T, d] (type t, rounded) and the log-sum-exp lse [B, H, T] (fp32). Flash-style: one
+// block per (b, h, query tile), online softmax in fp32 over fp32 tiles in shared memory;
+// no more than one [BT, BT] tile of scores exists per block. Both launchers throw
+// ConfigError where attention_tile(d / H) is 0.
 // The attention kernels' tile rows BT for this head dimension on the current GPU: 64, or
 // 32 where a 64-row tile's shared memory is more than a block may have; 0 where neither fits.
 int attention_tile(int head_dim);
-void attention_forward(const float* qkv, float* out, float* lse, int B, int T, int d, int H, cudaStream_t s);
-// dqkv (overwritten) from dout [B*T, d], recomputing scores from lse. dot [B, H, T] is
-// scratch for rowsum(dout * out).
-void attention_backward(const float* qkv, const float* out, const float* lse, const float* dout, float* dqkv,
+void attention_forward(const void* qkv, void* out, DType t, float* lse, int B, int T, int d, int H, cudaStream_t s);
+// dqkv (fp32, overwritten) from dout [B*T, d] (type t: the rounded gradient of out),
+// recomputing the probabilities from lse in fp32. dot [B, H, T] is scratch for
+// rowsum(dout * out).
+void attention_backward(const void* qkv, const void* out, DType t, const float* lse, const void* dout, float* dqkv,
                         float* dot, int B, int T, int d, int H, cudaStream_t s);
 
 }  // namespace strata::detail::cuda

@@ -1,19 +1,37 @@
 // GptCuda (the GPT on the cuda backend) against the cpu Gpt on the same random weights and
-// tokens: the loss (forward_backward and forward_loss), next-token logits at two lengths
+// tokens: the loss (forward_backward and forward_loss), next-token logits at three lengths
 // (one across the 64-row attention tile edge) and every tensor of every gradient, with and
-// without per-block activation checkpointing. The weights reach the GPU through
-// DeviceWeights, a WeightSource over device buffers that fills each gradient buffer with
-// NaN when handed out, so an element the model fails to write cannot pass.
+// without per-block activation checkpointing, in fp32, bf16 and fp16. The weights reach
+// the GPU through DeviceWeights, a WeightSource over device buffers of the model's
+// precision that fills each gradient buffer with NaN when handed out, so an element the
+// model fails to write cannot pass.
 //
 // Needs a GPU: skips with the reason where there is none, or where Strata was built
 // without the cuda backend (CI: compiled, linked and skipped; run on an H100 by hand,
-// docs/training.md says when).
+// docs/training.md says when). The bf16 and fp16 cases have NOT run yet: no GPU was lent
+// when they were written (docs/mixed-precision.md, "The cuda backend"); their tolerances
+// come from the rounding argument below, not from a measurement, and are to be tightened
+// to about 3x the measured error on the first run.
 //
-// Tolerances: both sides compute in fp32 with different summation orders (cuBLAS vs
-// OpenBLAS, per-thread vs tiled attention sums, atomics in the embedding gradient), so
-// agreement is to fp32 rounding over the depth of the model: loss relative 1e-4; logits
-// and each gradient tensor max|diff| <= 1e-4 * max|cpu| (entries near zero lose relative
-// precision, so scale by the tensor's largest), and no tensor is all zeros.
+// Tolerances, per quantity (loss relative; logits and each gradient tensor max|diff| <=
+// tol * max|cpu|, since entries near zero lose relative precision; no tensor all zeros):
+// - fp32: both sides compute in fp32 with different summation orders (cuBLAS vs
+//   OpenBLAS, per-thread vs tiled attention sums, atomics in the embedding gradient), so
+//   agreement is to fp32 rounding over the depth of the model: 1e-4 for all three.
+// - bf16 vs the cpu model in bf16: both round at the same points (docs/mixed-precision.md)
+//   with the same conversions, so they differ only where fp32 sums in a different order
+//   land on opposite sides of a rounding boundary: such an element moves by one bf16 ulp
+//   (2^-8 relative) and that perturbs what follows it. A gradient written in bf16 can thus
+//   be one ulp off (0.4% of itself) plus what arrived from upstream: 2e-2 for gradients,
+//   1e-2 for logits (fp32, fewer roundings upstream), 2e-3 for the loss (a mean over rows).
+// - fp16 vs the cpu model in fp16, loss scale 1024 on both: fp16 keeps 3 more mantissa
+//   bits than bf16 (ulp 2^-11), so an eighth of bf16's figures, rounded up: 3e-3, 2e-3,
+//   3e-4.
+// - bf16 vs the cpu model in fp32 (on the same bf16 weights): a check that does not lean
+//   on the cpu model's own 16-bit path. Activations rounded to bf16 (relative error up to
+//   2^-9 each) move logits and gradients by a few tenths of a percent per layer: 5e-2 for
+//   gradients and logits, 1e-2 for the loss. Wrong layouts, types or missing terms move
+//   them by O(1).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,6 +41,7 @@
 #include <tuple>
 #include <vector>
 
+#include "strata/core/convert.hpp"
 #include "strata/core/device.hpp"
 #include "strata/core/error.hpp"
 #include "strata/model/gpt.hpp"
@@ -43,19 +62,23 @@ void expect_cuda(cudaError_t rc, const char* what) {
   if (rc != cudaSuccess) throw Error(std::string(what) + " failed: " + cudaGetErrorString(rc));
 }
 
-// A WeightSource over device buffers, one per group; grads_ready copies the group's
-// gradient back to the host for the comparison.
+// A WeightSource over device buffers of type `dtype`, one per group (the fp32 groups it
+// is given are rounded to nearest even when 16-bit, as HostWeights does); grads_ready
+// copies the group's gradient back to the host, as fp32, for the comparison.
 class DeviceWeights final : public WeightSource {
  public:
-  explicit DeviceWeights(const std::vector<std::vector<float>>& groups) {
+  explicit DeviceWeights(const std::vector<std::vector<float>>& groups, DType dtype = DType::F32)
+      : dtype_(dtype), es_(dtype_size(dtype)) {
     for (const auto& g : groups) {
+      std::vector<std::byte> typed(g.size() * es_);
+      convert_from_f32(typed.data(), dtype_, g.data(), g.size());
       void* p = nullptr;
       void* d = nullptr;
-      expect_cuda(cudaMalloc(&p, g.size() * sizeof(float)), "cudaMalloc params");
-      expect_cuda(cudaMalloc(&d, g.size() * sizeof(float)), "cudaMalloc grads");
-      expect_cuda(cudaMemcpy(p, g.data(), g.size() * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy params");
-      params_.push_back(static_cast<float*>(p));
-      grads_.push_back(static_cast<float*>(d));
+      expect_cuda(cudaMalloc(&p, typed.size()), "cudaMalloc params");
+      expect_cuda(cudaMalloc(&d, typed.size()), "cudaMalloc grads");
+      expect_cuda(cudaMemcpy(p, typed.data(), typed.size(), cudaMemcpyHostToDevice), "cudaMemcpy params");
+      params_.push_back(p);
+      grads_.push_back(d);
       numel_.push_back(g.size());
     }
     expect_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // uploads complete
@@ -63,11 +86,12 @@ class DeviceWeights final : public WeightSource {
     host_grads_.resize(groups.size());
   }
   ~DeviceWeights() override {
-    for (float* p : params_) cudaFree(p);
-    for (float* p : grads_) cudaFree(p);
+    for (void* p : params_) cudaFree(p);
+    for (void* p : grads_) cudaFree(p);
   }
   int num_groups() const override { return static_cast<int>(params_.size()); }
   uint64_t group_numel(int g) const override { return numel_.at(g); }
+  DType dtype() const override { return dtype_; }
   const void* acquire_params(int g) override {
     ++held_.at(g);
     return params_.at(g);
@@ -77,22 +101,26 @@ class DeviceWeights final : public WeightSource {
     --held_[g];
   }
   void* gradient_buffer(int g) override {
-    // All bytes 0xff: NaN in every float, so the model must overwrite each element.
-    // The model's stream does not wait on the legacy default stream: finish here.
-    expect_cuda(cudaMemset(grads_.at(g), 0xff, numel_[g] * sizeof(float)), "cudaMemset grads");
+    // All bytes 0xff: NaN in every element of every type (f32, bf16 and fp16 alike), so
+    // the model must overwrite each one. The model's stream does not wait on the legacy
+    // default stream: finish here.
+    expect_cuda(cudaMemset(grads_.at(g), 0xff, numel_[g] * es_), "cudaMemset grads");
     expect_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     return grads_[g];
   }
   void grads_ready(int g) override {
+    std::vector<std::byte> typed(numel_[g] * es_);
+    expect_cuda(cudaMemcpy(typed.data(), grads_[g], typed.size(), cudaMemcpyDeviceToHost), "cudaMemcpy grads");
     host_grads_.at(g).resize(numel_[g]);
-    expect_cuda(cudaMemcpy(host_grads_[g].data(), grads_[g], numel_[g] * sizeof(float), cudaMemcpyDeviceToHost),
-                "cudaMemcpy grads");
+    convert_to_f32(host_grads_[g].data(), typed.data(), dtype_, numel_[g]);
   }
   const std::vector<float>& grads(int g) const { return host_grads_.at(g); }
   int held(int g) const { return held_.at(g); }
 
  private:
-  std::vector<float*> params_, grads_;
+  DType dtype_;
+  size_t es_;  // bytes per element
+  std::vector<void*> params_, grads_;
   std::vector<uint64_t> numel_;
   std::vector<int> held_;
   std::vector<std::vector<float>> host_grads_;
@@ -136,8 +164,31 @@ void expect_close(const float* got, const float* ref, uint64_t n, float tol, con
   }
 }
 
-// One model on both backends: loss, gradients, forward_loss and next-token logits.
-void compare_with_cpu(const GptShape& shape, const GptOptions& opts) {
+struct Tolerance {
+  double loss;   // relative
+  float logits;  // max|diff| / max|cpu|
+  float grads;   // the same, for each gradient tensor
+};
+constexpr Tolerance kF32{1e-4, 1e-4f, 1e-4f};
+constexpr Tolerance kBf16{2e-3, 1e-2f, 2e-2f};
+constexpr Tolerance kFp16{3e-4, 2e-3f, 3e-3f};
+constexpr Tolerance kBf16VsF32{1e-2, 5e-2f, 5e-2f};
+
+// The weights as `t` holds them, back in fp32 (the same values in either precision).
+std::vector<std::vector<float>> rounded_to(std::vector<std::vector<float>> groups, DType t) {
+  for (auto& g : groups) {
+    std::vector<std::byte> typed(g.size() * dtype_size(t));
+    convert_from_f32(typed.data(), t, g.data(), g.size());
+    convert_to_f32(g.data(), typed.data(), t, g.size());
+  }
+  return groups;
+}
+
+// One model on both backends: loss, gradients, forward_loss and next-token logits. The
+// cuda model computes in opts.precision, the cpu model in cpu_precision (the same, or
+// fp32 over the same 16-bit weights); both scale the loss's gradient by loss_scale.
+void compare_with_cpu(const GptShape& shape, const GptOptions& opts, DType cpu_precision, const Tolerance& tol,
+                      float loss_scale = 1.0f) {
   const long bt = static_cast<long>(opts.micro_batch) * shape.seq_len;
   std::mt19937 rng(7);
   std::uniform_int_distribution<int> tok(0, shape.vocab - 1);
@@ -145,33 +196,40 @@ void compare_with_cpu(const GptShape& shape, const GptOptions& opts) {
   for (long i = 0; i < bt; ++i) inputs[i] = tok(rng), targets[i] = tok(rng);
   inputs[3] = inputs[5] = inputs[90];  // repeated tokens: the embedding gradient's atomics add up
 
-  const auto weights = random_weights(shape, 11);
-  HostWeights host(weights);
-  Gpt cpu(shape, opts);
-  const double cpu_loss = cpu.forward_backward(host, inputs.data(), targets.data());
+  const auto weights = rounded_to(random_weights(shape, 11), opts.precision);
+  GptOptions cpu_opts = opts;
+  cpu_opts.precision = cpu_precision;
+  HostWeights host(weights, cpu_precision);
+  auto cpu = make_gpt(Backend::Cpu, shape, cpu_opts);
+  const double cpu_loss = cpu->forward_backward(host, inputs.data(), targets.data(), loss_scale);
 
-  DeviceWeights dev(weights);
+  DeviceWeights dev(weights, opts.precision);
   GptCuda gpu(shape, opts);
   EXPECT_EQ(gpu.activation_bytes(), GptCuda::activation_bytes(shape, opts));
-  const double gpu_loss = gpu.forward_backward(dev, inputs.data(), targets.data());
-  EXPECT_NEAR(gpu_loss, cpu_loss, 1e-4 * std::fabs(cpu_loss));
+  const double gpu_loss = gpu.forward_backward(dev, inputs.data(), targets.data(), loss_scale);
+  EXPECT_NEAR(gpu_loss, cpu_loss, tol.loss * std::fabs(cpu_loss));
   for (int g = 0; g < dev.num_groups(); ++g) EXPECT_EQ(dev.held(g), 0) << "group " << g << " still acquired";
 
   const auto groups = gpt_groups(shape);
   for (size_t g = 0; g < groups.size(); ++g) {
     ASSERT_EQ(dev.grads(static_cast<int>(g)).size(), groups[g].numel) << "grads_ready never called for group " << g;
+    const std::vector<float> ref = host.grads(static_cast<int>(g));
     for (const GptTensor& t : groups[g].tensors)
-      expect_close(dev.grads(static_cast<int>(g)).data() + t.offset, host.grads(static_cast<int>(g)).data() + t.offset,
-                   t.numel(), 1e-4f, "gradient of " + t.name);
+      expect_close(dev.grads(static_cast<int>(g)).data() + t.offset, ref.data() + t.offset, t.numel(), tol.grads,
+                   "gradient of " + t.name);
   }
 
-  EXPECT_NEAR(gpu.forward_loss(dev, inputs.data(), targets.data()), cpu_loss, 1e-4 * std::fabs(cpu_loss));
+  EXPECT_NEAR(gpu.forward_loss(dev, inputs.data(), targets.data()), cpu_loss, tol.loss * std::fabs(cpu_loss));
   for (int len : {shape.seq_len, std::min(70, shape.seq_len - 1), 1}) {
     std::vector<float> ref(shape.vocab), got(shape.vocab);
-    cpu.next_token_logits(host, inputs.data(), len, ref.data());
+    cpu->next_token_logits(host, inputs.data(), len, ref.data());
     gpu.next_token_logits(dev, inputs.data(), len, got.data());
-    expect_close(got.data(), ref.data(), ref.size(), 1e-4f, "logits after " + std::to_string(len) + " tokens");
+    expect_close(got.data(), ref.data(), ref.size(), tol.logits, "logits after " + std::to_string(len) + " tokens");
   }
+}
+
+std::string checkpointing_name(const ::testing::TestParamInfo<ActivationCheckpointing>& info) {
+  return info.param == ActivationCheckpointing::None ? "None" : "PerBlock";
 }
 
 class GptCudaVsCpu : public ::testing::TestWithParam<ActivationCheckpointing> {};
@@ -181,7 +239,35 @@ TEST_P(GptCudaVsCpu, LossLogitsGradients) {
   if (!cuda_available(&why)) GTEST_SKIP() << why;
   // seq_len 80 crosses the 64-row attention tile; vocab not a multiple of the block size.
   compare_with_cpu({.layers = 2, .d_model = 64, .heads = 4, .seq_len = 80, .vocab = 97},
-                   {.micro_batch = 2, .checkpointing = GetParam()});
+                   {.micro_batch = 2, .checkpointing = GetParam()}, DType::F32, kF32);
+}
+
+// The same model in bf16 against the cpu model in bf16 (docs/mixed-precision.md's
+// contract on both sides).
+class GptCudaBf16VsCpu : public ::testing::TestWithParam<ActivationCheckpointing> {};
+
+TEST_P(GptCudaBf16VsCpu, LossLogitsGradients) {
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << why;
+  compare_with_cpu({.layers = 2, .d_model = 64, .heads = 4, .seq_len = 80, .vocab = 97},
+                   {.micro_batch = 2, .checkpointing = GetParam(), .precision = DType::BF16}, DType::BF16, kBf16);
+}
+
+// fp16 with a loss scale on both sides: every gradient written is scaled by it.
+TEST(GptCudaFp16VsCpu, LossScaledGradients) {
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << why;
+  compare_with_cpu({.layers = 2, .d_model = 64, .heads = 4, .seq_len = 80, .vocab = 97},
+                   {.micro_batch = 2, .precision = DType::F16}, DType::F16, kFp16, 1024.0f);
+}
+
+// bf16 on the GPU against fp32 on the cpu over the same bf16 weights: close to the fp32
+// result whatever state the cpu model's own 16-bit path is in.
+TEST(GptCudaBf16VsCpuF32, CloseToFp32) {
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << why;
+  compare_with_cpu({.layers = 2, .d_model = 64, .heads = 4, .seq_len = 80, .vocab = 97},
+                   {.micro_batch = 2, .precision = DType::BF16}, DType::F32, kBf16VsF32);
 }
 
 // Head dimensions the attention kernels handle differently: not a multiple of the 16
@@ -193,16 +279,30 @@ TEST(GptCudaHeads, LossLogitsGradients) {
   if (!cuda_available(&why)) GTEST_SKIP() << why;
   for (const auto& [d, heads, T] : {std::tuple{48, 2, 65}, std::tuple{256, 2, 130}, std::tuple{288, 2, 70}}) {
     SCOPED_TRACE("head dimension " + std::to_string(d / heads) + ", seq_len " + std::to_string(T));
-    compare_with_cpu({.layers = 1, .d_model = d, .heads = heads, .seq_len = T, .vocab = 97}, {.micro_batch = 2});
+    const GptShape shape{.layers = 1, .d_model = d, .heads = heads, .seq_len = T, .vocab = 97};
+    compare_with_cpu(shape, {.micro_batch = 2}, DType::F32, kF32);
+    SCOPED_TRACE("bf16");
+    compare_with_cpu(shape, {.micro_batch = 2, .precision = DType::BF16}, DType::BF16, kBf16);
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Checkpointing, GptCudaVsCpu,
                          ::testing::Values(ActivationCheckpointing::None, ActivationCheckpointing::PerBlock),
-                         [](const auto& info) {
-                           return info.param == ActivationCheckpointing::None ? std::string("None")
-                                                                              : std::string("PerBlock");
-                         });
+                         checkpointing_name);
+INSTANTIATE_TEST_SUITE_P(Checkpointing, GptCudaBf16VsCpu,
+                         ::testing::Values(ActivationCheckpointing::None, ActivationCheckpointing::PerBlock),
+                         checkpointing_name);
+
+// The 16-bit matmul peak on this GPU: the tensor cores, far above the fp32 one (about
+// 15x on an H100: 990 vs 67 TFLOP/s dense by the datasheet; 2x is a floor that a
+// misconfigured GEMM, e.g. one falling back to fp32 CUDA cores, would not reach).
+TEST(GptCudaPeak, SixteenBitAboveFp32) {
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << why;
+  const double f32 = measure_cuda_matmul_peak(DType::F32, 0.1);
+  EXPECT_GT(f32, 0.0);
+  for (DType t : {DType::BF16, DType::F16}) EXPECT_GT(measure_cuda_matmul_peak(t, 0.1), 2.0 * f32) << to_string(t);
+}
 
 // Host-only: sizes the layout without a GPU, so this part runs in CI.
 TEST(GptCudaSizes, CheckpointingKeepsLess) {
@@ -216,6 +316,28 @@ TEST(GptCudaSizes, CheckpointingKeepsLess) {
   EXPECT_GE(all, 4ull * (shape.layers + 1) * 2 * shape.seq_len * shape.d_model);
   EXPECT_THROW(GptCuda::activation_bytes(shape, {.micro_batch = 0}), ConfigError);
 }
+
+// Host-only: in 16 bits the activations that feed a matmul (ln1, qkv, att, ln2, gel) are
+// stored 16-bit, the rest fp32, so a layer's share shrinks, but by less than half.
+TEST(GptCudaSizes, SixteenBitActivations) {
+  const GptShape shape{.layers = 4, .d_model = 128, .heads = 4, .seq_len = 64, .vocab = 256};
+  const auto per_layer = [&](DType t) {
+    return GptCuda::activation_bytes(shape, {.micro_batch = 2, .precision = t}) -
+           GptCuda::activation_bytes(
+               shape, {.micro_batch = 2, .checkpointing = ActivationCheckpointing::PerBlock, .precision = t});
+  };
+  const uint64_t bt = 2ull * shape.seq_len, d = shape.d_model, layers_kept = shape.layers - 1;
+  for (DType t : {DType::BF16, DType::F16}) {
+    SCOPED_TRACE(to_string(t));
+    EXPECT_LT(per_layer(t), per_layer(DType::F32));
+    // 16-bit: ln1, qkv, att, ln2, gel (10d per row); fp32: x2, fc (5d per row).
+    EXPECT_GE(per_layer(t), layers_kept * bt * (2 * 10 * d + 4 * 5 * d));
+  }
+  EXPECT_THROW(GptCuda::activation_bytes(shape, {.precision = DType::I32}), ConfigError);
+}
+
+// Host-only: the peak refuses a type the model does not compute in before touching a GPU.
+TEST(GptCudaPeak, RefusesOtherTypes) { EXPECT_THROW(measure_cuda_matmul_peak(DType::F64, 0.1), ConfigError); }
 
 #else  // no cuda backend in this build
 

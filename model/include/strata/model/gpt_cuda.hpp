@@ -1,13 +1,17 @@
 // The GPT of gpt.hpp on the cuda backend: the same model, algorithm and WeightSource
-// protocol as Gpt, with every buffer the WeightSource hands out in DEVICE memory (fp32,
-// the group's flat layout from gpt_layout.hpp). Token arrays stay host arrays: they are
-// copied to the device here. Linear layers and the tied head are cuBLAS sgemm (the head
-// over row chunks, as on the cpu); the rest are the kernels of model/src/*_cuda.cu, on one
-// stream this class creates.
+// protocol as Gpt, with every buffer the WeightSource hands out in DEVICE memory (of type
+// GptOptions::precision, the group's flat layout from gpt_layout.hpp). Token arrays stay
+// host arrays: they are copied to the device here. Linear layers and the tied head are
+// cuBLAS (the head over row chunks, as on the cpu): sgemm without TF32 in fp32,
+// cublasGemmEx over 16-bit operands with fp32 accumulation on the tensor cores in bf16
+// and fp16, rounding where docs/mixed-precision.md says; the rest are the kernels of
+// model/src/*_cuda.cu, on one stream this class creates.
 //
 // Status: compiled and linked in CI (STRATA_HAVE_CUDA), never run there: CI has no GPU.
-// tests/model/test_gpt_cuda.cpp compares it against Gpt where a GPU is present (it passed
-// on an H100, docs/training.md) and skips with the reason elsewhere. Built only when the cuda backend is (STRATA_HAVE_CUDA).
+// tests/model/test_gpt_cuda.cpp compares it against Gpt where a GPU is present and skips
+// with the reason elsewhere. fp32 passed on an H100 (docs/training.md); bf16 and fp16
+// have not run on a GPU yet (docs/mixed-precision.md, "The cuda backend"). Built only
+// when the cuda backend is (STRATA_HAVE_CUDA).
 //
 // Synchronisation: the stream is synchronised before the loss or logits are returned and
 // before every release_params / grads_ready, so when the model calls those it is done
@@ -24,8 +28,9 @@ namespace strata {
 class GptCuda final : public GptModel {
  public:
   // Allocates every activation and scratch buffer on the current CUDA device up front
-  // (activation_bytes()), creates the stream and the cuBLAS handle. Throws OutOfBudget
-  // when the GPU cannot hold the activations.
+  // (activation_bytes(); in 16 bits cuBLAS's workspace too), creates the stream and the
+  // cuBLAS handle. Throws OutOfBudget when the GPU cannot hold the activations, and
+  // ConfigError for a precision other than F32, BF16 or F16.
   GptCuda(const GptShape& shape, const GptOptions& opts);
   ~GptCuda() override;
 
@@ -48,5 +53,9 @@ class GptCuda final : public GptModel {
 // cuBLAS sgemm (fp32, no TF32: the math the model uses) on square matrices on the
 // current GPU, best of runs over about `seconds`, FLOP/s: the cuda backend's MFU peak.
 double measure_cuda_matmul_peak(double seconds = 0.5);
+// The peak in `precision`: the fp32 one above for F32; for BF16 and F16, cublasGemmEx on
+// 8192 x 8192 random 16-bit matrices with fp32 accumulation (tensor cores) and a 16-bit
+// result, as the model's matmuls. Throws ConfigError for any other type.
+double measure_cuda_matmul_peak(DType precision, double seconds = 0.5);
 
 }  // namespace strata
