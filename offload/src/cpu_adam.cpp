@@ -16,7 +16,7 @@ namespace strata {
 
 namespace detail {
 void adam_kernel_scalar(const math::AdamStepScalars& s, const AdamArrays& a, size_t n) {
-  adam_scalar_range(s, a, 0, n);
+  dispatch_adam(a, [&](auto kind, auto grad) { adam_scalar_range<kind.value, grad.value>(s, a, 0, n); });
 }
 }  // namespace detail
 
@@ -161,16 +161,19 @@ CpuAdam::CpuAdam(const AdamConfig& config, const CpuAdamOptions& options)
 
 CpuAdam::~CpuAdam() = default;
 
-void CpuAdam::step(int64_t t, float* params, const float* grads, float* exp_avg, float* exp_avg_sq,
-                   size_t n, void* half_out, HalfKind kind) {
+void CpuAdam::step(int64_t t, float* params, AdamGrads grads, float* exp_avg, float* exp_avg_sq, size_t n,
+                   void* half_out, HalfKind kind) {
+  if (grads.type != DType::F32 && grads.type != DType::BF16 && grads.type != DType::F16)
+    throw Error(std::string("CpuAdam::step: gradients of type ") + to_string(grads.type) +
+                "; the optimizer reads float, bfloat16 or float16 gradients");
   STRATA_CHECK(t >= 1, "Adam steps count from 1, got " + std::to_string(t));
   STRATA_CHECK((half_out != nullptr) == (kind != HalfKind::None),
                "a 16-bit output buffer goes with a 16-bit kind, and none with HalfKind::None");
   if (n == 0) return;
-  STRATA_CHECK(params && grads && exp_avg && exp_avg_sq, "null array for a non-empty shard");
+  STRATA_CHECK(params && grads.data && exp_avg && exp_avg_sq, "null array for a non-empty shard");
 
   const math::AdamStepScalars scalars = math::adam_step_scalars(config_, t);
-  const detail::AdamArrays arrays{params, grads, exp_avg, exp_avg_sq, half_out, kind};
+  const detail::AdamArrays arrays{params, grads.data, grads.type, grads.scale, exp_avg, exp_avg_sq, half_out, kind};
   const detail::AdamKernel kernel = kernel_for(isa_);
 
   const size_t by_size = std::max<size_t>(1, n / min_elements_per_thread_);

@@ -13,8 +13,8 @@ namespace {
 
 struct Scalars256 {
   __m256 beta1, one_minus_beta1, beta2, one_minus_beta2, neg_step_size, bias_correction2_sqrt, eps,
-      grad_decay, param_decay;
-  explicit Scalars256(const math::AdamStepScalars& s)
+      grad_decay, param_decay, grad_scale;
+  Scalars256(const math::AdamStepScalars& s, float scale)
       : beta1(_mm256_set1_ps(s.beta1)),
         one_minus_beta1(_mm256_set1_ps(s.one_minus_beta1)),
         beta2(_mm256_set1_ps(s.beta2)),
@@ -23,8 +23,22 @@ struct Scalars256 {
         bias_correction2_sqrt(_mm256_set1_ps(s.bias_correction2_sqrt)),
         eps(_mm256_set1_ps(s.eps)),
         grad_decay(_mm256_set1_ps(s.grad_decay)),
-        param_decay(_mm256_set1_ps(s.param_decay)) {}
+        param_decay(_mm256_set1_ps(s.param_decay)),
+        grad_scale(_mm256_set1_ps(scale)) {}
 };
+
+// Gradient elements [i, i + 8) widened to fp32, exactly as bf16_to_float and
+// fp16_to_float do (VCVTPH2PS converts every fp16, subnormals included, exactly).
+template <DType G>
+inline __m256 load_grad8(const void* grads, size_t i) {
+  if constexpr (G == DType::F32) {
+    return _mm256_loadu_ps(static_cast<const float*>(grads) + i);
+  } else {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(grads) + i));
+    if constexpr (G == DType::BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    else return _mm256_cvtph_ps(h);
+  }
+}
 
 // float_to_bf16 on 8 lanes.
 inline __m128i to_bf16(__m256 x) {
@@ -40,10 +54,10 @@ inline __m128i to_bf16(__m256 x) {
 }
 
 // Elements [i, i + 8).
-template <math::HalfKind Kind>
+template <math::HalfKind Kind, DType G>
 inline void update8(const Scalars256& s, const AdamArrays& a, uint16_t* half, size_t i) {
   __m256 p = _mm256_loadu_ps(a.params + i);
-  __m256 g = _mm256_loadu_ps(a.grads + i);
+  __m256 g = _mm256_mul_ps(load_grad8<G>(a.grads, i), s.grad_scale);
   __m256 m = _mm256_loadu_ps(a.exp_avg + i);
   __m256 v = _mm256_loadu_ps(a.exp_avg_sq + i);
   p = _mm256_mul_ps(p, s.param_decay);
@@ -63,31 +77,28 @@ inline void update8(const Scalars256& s, const AdamArrays& a, uint16_t* half, si
   }
 }
 
-template <math::HalfKind Kind>
+template <math::HalfKind Kind, DType G>
 void run(const math::AdamStepScalars& scalars, const AdamArrays& a, size_t n) {
-  const Scalars256 s(scalars);
+  const Scalars256 s(scalars, a.grad_scale);
   uint16_t* half = static_cast<uint16_t*>(a.half_out);
+  const auto* grads = static_cast<const GradElement<G>*>(a.grads);
   size_t i = 0;
-  for (; i + kPrefetchAhead + 16 <= n; i += 16) {  // one cache line of each array
+  for (; i + kPrefetchAhead + 16 <= n; i += 16) {  // one cache line of each fp32 array
     _mm_prefetch(reinterpret_cast<const char*>(a.params + i + kPrefetchAhead), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(a.grads + i + kPrefetchAhead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(grads + i + kPrefetchAhead), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(a.exp_avg + i + kPrefetchAhead), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(a.exp_avg_sq + i + kPrefetchAhead), _MM_HINT_T0);
-    update8<Kind>(s, a, half, i);
-    update8<Kind>(s, a, half, i + 8);
+    update8<Kind, G>(s, a, half, i);
+    update8<Kind, G>(s, a, half, i + 8);
   }
-  for (; i + 8 <= n; i += 8) update8<Kind>(s, a, half, i);
-  adam_scalar_range(scalars, a, i, n);
+  for (; i + 8 <= n; i += 8) update8<Kind, G>(s, a, half, i);
+  adam_scalar_range<Kind, G>(scalars, a, i, n);
 }
 
 }  // namespace
 
 void adam_kernel_avx2(const math::AdamStepScalars& s, const AdamArrays& a, size_t n) {
-  switch (a.kind) {
-    case math::HalfKind::None: return run<math::HalfKind::None>(s, a, n);
-    case math::HalfKind::Bf16: return run<math::HalfKind::Bf16>(s, a, n);
-    case math::HalfKind::Fp16: return run<math::HalfKind::Fp16>(s, a, n);
-  }
+  dispatch_adam(a, [&](auto kind, auto grad) { run<kind.value, grad.value>(s, a, n); });
 }
 
 }  // namespace strata::detail

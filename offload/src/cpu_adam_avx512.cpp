@@ -19,8 +19,8 @@ namespace {
 
 struct Scalars512 {
   __m512 beta1, one_minus_beta1, beta2, one_minus_beta2, neg_step_size, bias_correction2_sqrt, eps,
-      grad_decay, param_decay;
-  explicit Scalars512(const math::AdamStepScalars& s)
+      grad_decay, param_decay, grad_scale;
+  Scalars512(const math::AdamStepScalars& s, float scale)
       : beta1(_mm512_set1_ps(s.beta1)),
         one_minus_beta1(_mm512_set1_ps(s.one_minus_beta1)),
         beta2(_mm512_set1_ps(s.beta2)),
@@ -29,8 +29,23 @@ struct Scalars512 {
         bias_correction2_sqrt(_mm512_set1_ps(s.bias_correction2_sqrt)),
         eps(_mm512_set1_ps(s.eps)),
         grad_decay(_mm512_set1_ps(s.grad_decay)),
-        param_decay(_mm512_set1_ps(s.param_decay)) {}
+        param_decay(_mm512_set1_ps(s.param_decay)),
+        grad_scale(_mm512_set1_ps(scale)) {}
 };
+
+// Gradient elements [i, i + 16) widened to fp32, exactly as bf16_to_float and
+// fp16_to_float do. bf16 is a shift (AVX512-BF16 has no widening conversion, and is not
+// needed for one); VCVTPH2PS converts every fp16, subnormals included, exactly.
+template <DType G>
+inline __m512 load_grad16(const void* grads, size_t i) {
+  if constexpr (G == DType::F32) {
+    return _mm512_loadu_ps(static_cast<const float*>(grads) + i);
+  } else {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(grads) + i));
+    if constexpr (G == DType::BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    else return _mm512_cvtph_ps(h);
+  }
+}
 
 // float_to_bf16 on 16 lanes.
 inline __m256i to_bf16(__m512 x) {
@@ -43,10 +58,10 @@ inline __m256i to_bf16(__m512 x) {
 }
 
 // Elements [i, i + 16).
-template <math::HalfKind Kind>
+template <math::HalfKind Kind, DType G>
 inline void update16(const Scalars512& s, const AdamArrays& a, uint16_t* half, size_t i) {
   __m512 p = _mm512_loadu_ps(a.params + i);
-  __m512 g = _mm512_loadu_ps(a.grads + i);
+  __m512 g = _mm512_mul_ps(load_grad16<G>(a.grads, i), s.grad_scale);
   __m512 m = _mm512_loadu_ps(a.exp_avg + i);
   __m512 v = _mm512_loadu_ps(a.exp_avg_sq + i);
   p = _mm512_mul_ps(p, s.param_decay);
@@ -66,30 +81,27 @@ inline void update16(const Scalars512& s, const AdamArrays& a, uint16_t* half, s
   }
 }
 
-template <math::HalfKind Kind>
+template <math::HalfKind Kind, DType G>
 void run(const math::AdamStepScalars& scalars, const AdamArrays& a, size_t n) {
-  const Scalars512 s(scalars);
+  const Scalars512 s(scalars, a.grad_scale);
   uint16_t* half = static_cast<uint16_t*>(a.half_out);
+  const auto* grads = static_cast<const GradElement<G>*>(a.grads);
   size_t i = 0;
   for (; i + kPrefetchAhead + 16 <= n; i += 16) {
     _mm_prefetch(reinterpret_cast<const char*>(a.params + i + kPrefetchAhead), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(a.grads + i + kPrefetchAhead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(grads + i + kPrefetchAhead), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(a.exp_avg + i + kPrefetchAhead), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(a.exp_avg_sq + i + kPrefetchAhead), _MM_HINT_T0);
-    update16<Kind>(s, a, half, i);
+    update16<Kind, G>(s, a, half, i);
   }
-  for (; i + 16 <= n; i += 16) update16<Kind>(s, a, half, i);
-  adam_scalar_range(scalars, a, i, n);
+  for (; i + 16 <= n; i += 16) update16<Kind, G>(s, a, half, i);
+  adam_scalar_range<Kind, G>(scalars, a, i, n);
 }
 
 }  // namespace
 
 void adam_kernel_avx512(const math::AdamStepScalars& s, const AdamArrays& a, size_t n) {
-  switch (a.kind) {
-    case math::HalfKind::None: return run<math::HalfKind::None>(s, a, n);
-    case math::HalfKind::Bf16: return run<math::HalfKind::Bf16>(s, a, n);
-    case math::HalfKind::Fp16: return run<math::HalfKind::Fp16>(s, a, n);
-  }
+  dispatch_adam(a, [&](auto kind, auto grad) { run<kind.value, grad.value>(s, a, n); });
 }
 
 }  // namespace strata::detail

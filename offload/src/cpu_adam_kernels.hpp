@@ -4,7 +4,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
+#include "strata/core/dtype.hpp"
+#include "strata/core/error.hpp"
 #include "strata/core/math/adam.hpp"
 #include "strata/core/math/half.hpp"
 
@@ -12,7 +15,9 @@ namespace strata::detail {
 
 struct AdamArrays {
   float* params;        // [n] fp32, updated in place
-  const float* grads;   // [n] fp32
+  const void* grads;    // [n] of grad_type: fp32, or bf16 or fp16 bits
+  DType grad_type;      // F32, BF16 or F16 (checked by CpuAdam::step)
+  float grad_scale;     // each gradient is multiplied by this as it is read
   float* exp_avg;       // [n] fp32, updated in place
   float* exp_avg_sq;    // [n] fp32, updated in place
   void* half_out;       // [n] bf16 or fp16 bits, or null when kind is None
@@ -21,7 +26,7 @@ struct AdamArrays {
   AdamArrays offset(size_t i) const {
     AdamArrays a = *this;
     a.params += i;
-    a.grads += i;
+    a.grads = static_cast<const char*>(grads) + i * (grad_type == DType::F32 ? 4 : 2);
     a.exp_avg += i;
     a.exp_avg_sq += i;
     if (half_out) a.half_out = static_cast<uint16_t*>(half_out) + i;
@@ -31,30 +36,66 @@ struct AdamArrays {
 
 using AdamKernel = void (*)(const math::AdamStepScalars& s, const AdamArrays& a, size_t n);
 
-// The vector kernels prefetch each input stream this many elements (1 KiB) ahead, one
-// cache line per 16 elements. The hardware prefetchers stop at 4 KiB page boundaries;
-// on the development machine (Xeon, 2 cores, 4 KiB pages) this gave 5% with two
-// threads and 9% with one, bringing the step to the speed of a kernel that moves the
-// same bytes with no arithmetic (docs/bench-optimizer.md).
+// The element type of a gradient array: float, or the bits of a bf16 or fp16.
+template <DType G>
+using GradElement = std::conditional_t<G == DType::F32, float, uint16_t>;
+
+// Calls fn(half kind, gradient type), each as a std::integral_constant, for the arrays'
+// 16-bit output and gradient type: one instantiation of a kernel per pair, so that
+// neither is branched on per element.
+template <typename Fn>
+void dispatch_adam(const AdamArrays& a, const Fn& fn) {
+  auto with_grad = [&](auto kind) {
+    switch (a.grad_type) {
+      case DType::F32: return fn(kind, std::integral_constant<DType, DType::F32>{});
+      case DType::BF16: return fn(kind, std::integral_constant<DType, DType::BF16>{});
+      case DType::F16: return fn(kind, std::integral_constant<DType, DType::F16>{});
+      default: fatal(__FILE__, __LINE__, "CpuAdam kernel entered with an unchecked gradient type");
+    }
+  };
+  switch (a.kind) {
+    case math::HalfKind::None: return with_grad(std::integral_constant<math::HalfKind, math::HalfKind::None>{});
+    case math::HalfKind::Bf16: return with_grad(std::integral_constant<math::HalfKind, math::HalfKind::Bf16>{});
+    case math::HalfKind::Fp16: return with_grad(std::integral_constant<math::HalfKind, math::HalfKind::Fp16>{});
+  }
+}
+
+// The vector kernels prefetch each input stream this many elements (1 KiB of an fp32
+// array) ahead, one cache line per 16 elements. The hardware prefetchers stop at 4 KiB
+// page boundaries; on the development machine (Xeon, 2 cores, 4 KiB pages) this gave 5%
+// with two threads and 9% with one, bringing the step to the speed of a kernel that
+// moves the same bytes with no arithmetic (docs/bench-optimizer.md).
 constexpr size_t kPrefetchAhead = 256;
+
+// Gradient element i, widened to fp32 (exactly) and scaled.
+template <DType G>
+STRATA_FORCE_INLINE float scaled_grad(const AdamArrays& a, size_t i) {
+  const GradElement<G> x = static_cast<const GradElement<G>*>(a.grads)[i];
+  float g;
+  if constexpr (G == DType::F32) g = x;
+  else if constexpr (G == DType::BF16) g = math::bf16_to_float(x);
+  else g = math::fp16_to_float(x);
+  return math::adam_scaled_grad(g, a.grad_scale);
+}
 
 // Elements [begin, end) with the shared per-element function. Always inlined, so that
 // each ISA's file compiles its own copy with its own flags (fma is one instruction there,
 // a libm call in the baseline build; the bits are the same) and the linker cannot hand a
 // baseline caller the AVX-512 copy.
+template <math::HalfKind Kind, DType G>
 STRATA_FORCE_INLINE void adam_scalar_range(const math::AdamStepScalars& s, const AdamArrays& a, size_t begin,
-                              size_t end) {
+                                           size_t end) {
   uint16_t* half = static_cast<uint16_t*>(a.half_out);
   for (size_t i = begin; i < end; ++i) {
     float p = a.params[i];
     float m = a.exp_avg[i];
     float v = a.exp_avg_sq[i];
-    math::adam_update(s, p, a.grads[i], m, v);
+    math::adam_update(s, p, scaled_grad<G>(a, i), m, v);
     a.params[i] = p;
     a.exp_avg[i] = m;
     a.exp_avg_sq[i] = v;
-    if (a.kind == math::HalfKind::Bf16) half[i] = math::float_to_bf16(p);
-    if (a.kind == math::HalfKind::Fp16) half[i] = math::float_to_fp16(p);
+    if constexpr (Kind == math::HalfKind::Bf16) half[i] = math::float_to_bf16(p);
+    if constexpr (Kind == math::HalfKind::Fp16) half[i] = math::float_to_fp16(p);
   }
 }
 

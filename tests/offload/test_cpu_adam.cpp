@@ -1,6 +1,8 @@
 // CpuAdam against PyTorch: every kernel (scalar, AVX2, AVX-512) must reproduce
 // torch.optim.Adam and torch.optim.AdamW (foreach=False) over several steps with weight
-// decay, on sizes that are not multiples of the vector widths. The reference file is
+// decay, on sizes that are not multiples of the vector widths, with fp32, bf16 and fp16
+// gradients scaled as they are read (torch is given the same widened, scaled gradient),
+// and give the scalar kernel's bits for every 16-bit gradient value. The reference file is
 // written by adam_reference.py (a CTest fixture that runs first); its path comes from
 // $STRATA_ADAM_REFERENCE. A missing file is a failure, never a skip.
 #include <gtest/gtest.h>
@@ -38,14 +40,17 @@ namespace {
 constexpr double kRelTol = 1e-6;
 
 constexpr uint32_t kMagic = 0x4D414453;  // "SDAM"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 
 struct Case {
   AdamConfig config;
   uint32_t steps = 0;
   size_t n = 0;
+  DType grad_type = DType::F32;        // F32, BF16 or F16
+  float grad_scale = 1.0f;
   std::vector<float> params0;          // [n]
-  std::vector<float> grads;            // [steps, n]
+  std::vector<float> grads32;          // [steps, n] when grad_type is F32, else empty
+  std::vector<uint16_t> grads16;       // [steps, n] bf16 or fp16 bits, else empty
   std::vector<float> params;           // [n] torch, after `steps` steps
   std::vector<float> exp_avg;          // [n]
   std::vector<float> exp_avg_sq;       // [n]
@@ -53,8 +58,24 @@ struct Case {
   std::vector<uint16_t> params_fp16;   // [n] torch's p.to(float16)
   std::string name() const {
     return std::string(config.variant == AdamVariant::AdamW ? "AdamW" : "Adam") + " n=" + std::to_string(n) +
-           " steps=" + std::to_string(steps) + " wd=" + std::to_string(config.weight_decay);
+           " steps=" + std::to_string(steps) + " wd=" + std::to_string(config.weight_decay) + " grads " +
+           to_string(grad_type) + " x" + std::to_string(grad_scale);
   }
+  // The gradients of step t (from 1) as CpuAdam is given them.
+  AdamGrads grads(uint32_t t) const {
+    const size_t at = size_t{t - 1} * n;
+    return {grad_type == DType::F32 ? static_cast<const void*>(grads32.data() + at) : grads16.data() + at,
+            grad_type, grad_scale};
+  }
+  // The fp32 gradient element i of step t after widening and scaling, as torch was given it.
+  float grad(uint32_t t, size_t i) const {
+    const size_t at = size_t{t - 1} * n + i;
+    const float g = grad_type == DType::F32    ? grads32[at]
+                    : grad_type == DType::BF16 ? math::bf16_to_float(grads16[at])
+                                               : math::fp16_to_float(grads16[at]);
+    return g * grad_scale;
+  }
+  bool plain_f32() const { return grad_type == DType::F32 && grad_scale == 1.0f; }
 };
 
 struct Reference {
@@ -126,8 +147,15 @@ const Reference& reference() {
       k.config.beta2 = r.get<double>();
       k.config.eps = r.get<double>();
       k.config.weight_decay = r.get<double>();
+      const uint32_t grad_type = r.get<uint32_t>();
+      if (grad_type > 2) throw std::runtime_error(path + ": unknown gradient type " + std::to_string(grad_type));
+      k.grad_type = grad_type == 0 ? DType::F32 : grad_type == 1 ? DType::BF16 : DType::F16;
+      k.grad_scale = r.get<float>();
       k.params0 = r.array<float>(k.n);
-      k.grads = r.array<float>(size_t{k.steps} * k.n);
+      if (k.grad_type == DType::F32)
+        k.grads32 = r.array<float>(size_t{k.steps} * k.n);
+      else
+        k.grads16 = r.array<uint16_t>(size_t{k.steps} * k.n);
       k.params = r.array<float>(k.n);
       k.exp_avg = r.array<float>(k.n);
       k.exp_avg_sq = r.array<float>(k.n);
@@ -176,15 +204,23 @@ struct State {
   explicit State(const Case& k) : params(k.params0), exp_avg(k.n), exp_avg_sq(k.n) {}
 };
 
+// Which step() a test calls: Auto takes the fp32 overload for unscaled fp32 gradients
+// (so that it keeps its tests) and AdamGrads for the rest; Typed always takes AdamGrads.
+enum class Api { Auto, Typed };
+
 // Runs every step of a case, starting from zero moments as torch does.
 State run_case(const Case& k, CpuIsa isa, unsigned threads, void* half_out = nullptr,
-               HalfKind kind = HalfKind::None) {
+               HalfKind kind = HalfKind::None, Api api = Api::Auto) {
   // A small minimum per thread, so that the reference sizes are split over the threads.
   CpuAdam adam(k.config, CpuAdamOptions{threads, isa, /*min_elements_per_thread=*/1000});
   State s(k);
-  for (uint32_t t = 1; t <= k.steps; ++t)
-    adam.step(t, s.params.data(), k.grads.data() + size_t{t - 1} * k.n, s.exp_avg.data(),
-              s.exp_avg_sq.data(), k.n, half_out, kind);
+  for (uint32_t t = 1; t <= k.steps; ++t) {
+    if (api == Api::Auto && k.plain_f32())
+      adam.step(t, s.params.data(), static_cast<const float*>(k.grads(t).data), s.exp_avg.data(),
+                s.exp_avg_sq.data(), k.n, half_out, kind);
+    else
+      adam.step(t, s.params.data(), k.grads(t), s.exp_avg.data(), s.exp_avg_sq.data(), k.n, half_out, kind);
+  }
   return s;
 }
 
@@ -205,7 +241,7 @@ Magnitudes magnitudes(const Case& k) {
   for (size_t i = 0; i < k.n; ++i) {
     double p = k.params0[i], ap = std::fabs(p), am = 0, av = 0;
     for (uint32_t t = 1; t <= k.steps; ++t) {
-      const double g = k.grads[size_t{t - 1} * k.n + i];
+      const double g = k.grad(t, i);
       if (c.variant == AdamVariant::AdamW) p *= 1 - c.lr * c.weight_decay;
       const double ag = std::fabs(g) + (c.variant == AdamVariant::Adam ? std::fabs(c.weight_decay * p) : 0.0);
       am = c.beta1 * am + (1 - c.beta1) * ag;
@@ -259,6 +295,13 @@ class cpu_adam : public ::testing::TestWithParam<CpuIsa> {
 TEST_P(cpu_adam, MatchesTorch) {
   const Reference& ref = reference();
   ASSERT_FALSE(ref.cases.empty());
+  // The reference must keep a scaled case of every gradient type, or this test would
+  // pass without reading one.
+  for (DType type : {DType::F32, DType::BF16, DType::F16}) {
+    size_t scaled = 0;
+    for (const Case& k : ref.cases) scaled += k.grad_type == type && k.grad_scale != 1.0f;
+    EXPECT_GT(scaled, 0u) << "no case with scaled " << to_string(type) << " gradients";
+  }
   for (const Case& k : ref.cases) {
     SCOPED_TRACE(k.name());
     // A no-op or a zeroing kernel must not pass: torch's results moved away from the inputs.
@@ -334,6 +377,77 @@ TEST_P(cpu_adam, HalfCopyIsRoundedResult) {
   }
 }
 
+// The fp32 overload is AdamGrads{grads, F32, 1}, bit for bit.
+TEST_P(cpu_adam, Fp32OverloadIsUnscaledFp32Grads) {
+  size_t cases = 0;
+  for (const Case& k : reference().cases) {
+    if (!k.plain_f32()) continue;
+    SCOPED_TRACE(k.name());
+    ++cases;
+    const State want = run_case(k, GetParam(), 3, nullptr, HalfKind::None, Api::Auto);
+    const State got = run_case(k, GetParam(), 3, nullptr, HalfKind::None, Api::Typed);
+    size_t differ = 0;
+    for (size_t i = 0; i < k.n; ++i)
+      differ += bits(got.params[i]) != bits(want.params[i]) || bits(got.exp_avg[i]) != bits(want.exp_avg[i]) ||
+                bits(got.exp_avg_sq[i]) != bits(want.exp_avg_sq[i]);
+    EXPECT_EQ(differ, 0u);
+  }
+  EXPECT_GT(cases, 0u);
+}
+
+// Every bf16 and fp16 bit pattern as a gradient (subnormals, infinities and NaNs
+// included), under several scales, with and without a 16-bit copy: each kernel gives the
+// scalar kernel's bits for the weights, both moments and the copy. The widening is the
+// part of the vector kernels that the torch cases cannot reach exhaustively.
+TEST_P(cpu_adam, EveryHalfGradientBitIdenticalToScalar) {
+  constexpr size_t n = 65536 + 13;  // every pattern, then a tail no vector width divides
+  constexpr uint32_t steps = 2;
+  std::vector<uint16_t> grads(steps * n);
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = static_cast<uint16_t>(i * 40503u + (i / n) * 7u);
+  std::vector<float> params0(n), exp_avg0(n), exp_avg_sq0(n);
+  for (size_t i = 0; i < n; ++i) {  // a state with history, not zeros
+    params0[i] = 0.5f - static_cast<float>(i % 1013) * 1e-3f;
+    exp_avg0[i] = 1e-3f * (static_cast<float>(i % 61) - 30.0f);
+    exp_avg_sq0[i] = 1e-6f * static_cast<float>(i % 97);
+  }
+  struct Run {
+    std::vector<float> params, exp_avg, exp_avg_sq;
+    std::vector<uint16_t> half;
+  };
+  auto run = [&](CpuIsa isa, const AdamConfig& config, DType type, float scale, HalfKind kind) {
+    CpuAdam adam(config, CpuAdamOptions{3, isa, /*min_elements_per_thread=*/1000});
+    Run r{params0, exp_avg0, exp_avg_sq0, std::vector<uint16_t>(kind == HalfKind::None ? 0 : n)};
+    for (uint32_t t = 1; t <= steps; ++t)
+      adam.step(t, r.params.data(), AdamGrads{grads.data() + (t - 1) * n, type, scale}, r.exp_avg.data(),
+                r.exp_avg_sq.data(), n, kind == HalfKind::None ? nullptr : r.half.data(), kind);
+    return r;
+  };
+  AdamConfig adam;
+  adam.variant = AdamVariant::Adam;
+  adam.weight_decay = 0.01;
+  AdamConfig adamw;
+  adamw.weight_decay = 0.1;
+  for (DType type : {DType::BF16, DType::F16}) {
+    for (float scale : {1.0f, 0.37f, 3e4f}) {
+      for (const AdamConfig* config : {&adam, &adamw}) {
+        const HalfKind kind = type == DType::BF16 ? HalfKind::Bf16 : HalfKind::Fp16;
+        SCOPED_TRACE(std::string(to_string(type)) + " x" + std::to_string(scale) +
+                     (config->variant == AdamVariant::Adam ? " Adam" : " AdamW"));
+        const Run want = run(CpuIsa::Scalar, *config, type, scale, kind);
+        const Run got = run(GetParam(), *config, type, scale, kind);
+        size_t differ = 0, finite = 0;
+        for (size_t i = 0; i < n; ++i) {
+          differ += bits(got.params[i]) != bits(want.params[i]) || bits(got.exp_avg[i]) != bits(want.exp_avg[i]) ||
+                    bits(got.exp_avg_sq[i]) != bits(want.exp_avg_sq[i]) || got.half[i] != want.half[i];
+          finite += std::isfinite(want.params[i]) && want.params[i] != params0[i];
+        }
+        EXPECT_EQ(differ, 0u);
+        EXPECT_GT(finite, n / 2) << "most weights should have moved to finite values";
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(isa, cpu_adam, ::testing::ValuesIn(kernels()),
                          [](const auto& info) { return std::string(to_string(info.param)); });
 
@@ -376,6 +490,26 @@ TEST(cpu_adam_half, RoundTripsEveryValue) {
   EXPECT_EQ(math::fp16_to_float(0x0001), std::ldexp(1.0f, -24));
   EXPECT_EQ(math::fp16_to_float(0x7BFF), 65504.0f);
   EXPECT_EQ(math::bf16_to_float(0x3F81), 1.0f + std::ldexp(1.0f, -7));
+}
+
+// A gradient type the optimizer cannot read is refused with an Error naming it, before
+// anything is touched, empty shards included.
+TEST(cpu_adam_grads, RefusesOtherTypes) {
+  CpuAdam adam(AdamConfig{}, 1);
+  std::vector<float> p(8, 1.0f), m(8), v(8);
+  const std::vector<int32_t> g(8, 1);
+  for (DType type : {DType::U8, DType::I32, DType::I64, DType::F64}) {
+    for (size_t n : {size_t{8}, size_t{0}}) {
+      try {
+        adam.step(1, p.data(), AdamGrads{g.data(), type, 1.0f}, m.data(), v.data(), n);
+        ADD_FAILURE() << to_string(type) << " gradients were accepted";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(to_string(type)), std::string::npos) << e.what();
+      }
+    }
+  }
+  EXPECT_EQ(p, std::vector<float>(8, 1.0f));
+  EXPECT_EQ(m, std::vector<float>(8, 0.0f));
 }
 
 TEST(cpu_adam_isa, ParsesNamesAndRefusesUnknown) {

@@ -3,8 +3,10 @@
 // One pass over memory per step: for each element it reads the master weight, the
 // gradient and both moments, writes the weight and moments back, and, when asked,
 // writes the 16-bit working copy of the weight (bf16 or fp16) in the same pass. That is
-// 28 bytes per parameter (+2 for the copy), so the step runs at memory bandwidth; the
-// unfused torch.optim.Adam makes about ten passes.
+// 28 bytes per parameter with fp32 gradients, 26 with 16-bit ones (+2 for the copy), so
+// the step runs at memory bandwidth; the unfused torch.optim.Adam makes about ten passes.
+// The gradient is widened and scaled in that same pass (AdamGrads), so the caller needs
+// neither a conversion pass nor a scaling pass before the step.
 //
 // The element-wise math is strata::math::adam_update (core/math/adam.hpp), the same
 // function the cuda backend runs. Vector kernels (AVX-512, AVX2+FMA+F16C) are chosen at
@@ -18,6 +20,7 @@
 #include <memory>
 #include <string>
 
+#include "strata/core/dtype.hpp"
 #include "strata/core/math/adam.hpp"
 #include "strata/core/math/half.hpp"
 
@@ -42,6 +45,16 @@ struct CpuAdamOptions {
   size_t min_elements_per_thread = 1 << 16;  // below this a step uses fewer threads
 };
 
+// The gradient as the optimizer reads it: n elements of `type` (F32, BF16 or F16, each
+// aligned to its size), each widened to fp32 and multiplied by `scale` in fp32 before
+// the update (averaging over ranks and micro-steps, clipping, 1/loss_scale):
+// g = math::adam_scaled_grad(float(data[i]), scale). A scale of 1 changes nothing.
+struct AdamGrads {
+  const void* data = nullptr;  // [n] of `type`
+  DType type = DType::F32;
+  float scale = 1.0f;
+};
+
 class CpuAdam {
  public:
   explicit CpuAdam(const AdamConfig& config, const CpuAdamOptions& options = {});
@@ -52,11 +65,18 @@ class CpuAdam {
 
   // Takes step t (t >= 1: the first step is 1, as torch counts after its increment) over
   // one shard of n elements. params, exp_avg and exp_avg_sq ([n], fp32) are updated in
-  // place; grads ([n], fp32) is only read. When kind is not None, half_out ([n], bf16 or
-  // fp16 bits) receives the updated params rounded to nearest even. The arrays must not
-  // overlap. Blocks until the step is done; not reentrant (one step at a time).
+  // place; grads ([n] of grads.type) is only read, and scaled as it is read. When kind is
+  // not None, half_out ([n], bf16 or fp16 bits) receives the updated params rounded to
+  // nearest even. The arrays must not overlap. Blocks until the step is done; not
+  // reentrant (one step at a time). A gradient type other than F32, BF16 or F16 throws
+  // Error.
+  void step(int64_t t, float* params, AdamGrads grads, float* exp_avg, float* exp_avg_sq, size_t n,
+            void* half_out = nullptr, HalfKind kind = HalfKind::None);
+  // fp32 gradients, unscaled: step(t, params, AdamGrads{grads}, ...).
   void step(int64_t t, float* params, const float* grads, float* exp_avg, float* exp_avg_sq,
-            size_t n, void* half_out = nullptr, HalfKind kind = HalfKind::None);
+            size_t n, void* half_out = nullptr, HalfKind kind = HalfKind::None) {
+    step(t, params, AdamGrads{grads, DType::F32, 1.0f}, exp_avg, exp_avg_sq, n, half_out, kind);
+  }
 
   const AdamConfig& config() const { return config_; }
   void set_lr(double lr) { config_.lr = lr; }  // for learning-rate schedules

@@ -114,8 +114,13 @@ STRATA_HD STRATA_FORCE_INLINE float fma_rn(float a, float b, float c) {
 }
 }  // namespace detail
 
+// The gradient as the update reads it: the stored gradient widened to fp32 (exact from
+// bf16 or fp16) times the caller's scale (averaging over ranks and micro-steps, clipping,
+// the inverse of the fp16 loss scale), one rounding. A scale of 1 leaves g unchanged.
+STRATA_HD STRATA_FORCE_INLINE float adam_scaled_grad(float g, float scale) { return detail::mul_rn(g, scale); }
+
 // One element of one step. p, m, v are the fp32 master weight and moments, updated in
-// place; g is the fp32 gradient.
+// place; g is the fp32 gradient, already scaled (adam_scaled_grad).
 STRATA_HD STRATA_FORCE_INLINE void adam_update(const AdamStepScalars& s, float& p, float g, float& m, float& v) {
   using namespace detail;
   p = mul_rn(p, s.param_decay);
