@@ -7,10 +7,11 @@
 // a[i] = b[i] + s*c[i] over doubles with the same number of threads. Interleaving keeps
 // slow drifts of the machine (other tenants, frequency) from favouring one of them.
 //
-// Adam moves 28 bytes per parameter (reads p, g, m, v: 16; writes p, m, v: 12), +2 for
-// a 16-bit copy; the triad moves 24 bytes per element, counted as STREAM counts them
-// (the read-for-ownership of `a` is not counted). Its arrays hold as many bytes as
-// Adam's state, both far beyond the caches at the default size.
+// Adam moves 28 bytes per parameter (reads p, g, m, v: 16; writes p, m, v: 12), 2 fewer
+// with 16-bit gradients (--grad), +2 for a 16-bit copy; the triad moves 24 bytes per
+// element, counted as STREAM counts them (the read-for-ownership of `a` is not counted).
+// Its arrays hold as many bytes as Adam's state, both far beyond the caches at the
+// default size.
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -37,6 +38,7 @@
 
 #include "strata/bench/commands.hpp"
 #include "strata/bench/report.hpp"
+#include "strata/core/convert.hpp"
 #include "strata/core/error.hpp"
 #include "strata/offload/cpu_adam.hpp"
 
@@ -60,6 +62,7 @@ struct OptimizerOptions {
   std::string isa = "auto";
   std::string variant = "adam";  // adam | adamw
   std::string half = "none";     // none | bf16 | fp16
+  std::string grad = "f32";      // the gradient CpuAdam reads: f32 | bf16 | fp16
   bool hugepages = false;
   bool torch = true;
   std::string python = "/usr/bin/python3";
@@ -233,6 +236,12 @@ HalfKind parse_half(const std::string& s) {
   throw ConfigError("--half '" + s + "': choose none, bf16 or fp16");
 }
 
+// Bytes one CpuAdam step moves per parameter: 28 with fp32 gradients, 26 with 16-bit
+// ones, +2 for a 16-bit copy.
+double adam_bytes_per_param(DType grad, HalfKind half) {
+  return kAdamBytesPerParam - 4.0 + static_cast<double>(dtype_size(grad)) + (half != HalfKind::None ? 2 : 0);
+}
+
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -257,19 +266,25 @@ struct RoundSeconds {
 class Contenders {
  public:
   Contenders(const OptimizerOptions& o, unsigned threads)
-      : n_(o.params), threads_(threads), half_(parse_half(o.half)),
+      : n_(o.params), threads_(threads), half_(parse_half(o.half)), grad_(parse_precision(o.grad)),
         adam_(adam_config(o), CpuAdamOptions{threads, parse_cpu_isa(o.isa)}),
         triad_n_(n_ * 16 / kTriadBytesPerElement),
-        p_(n_ * 4, o.hugepages), g_(n_ * 4, o.hugepages), m_(n_ * 4, o.hugepages), v_(n_ * 4, o.hugepages),
+        p_(n_ * 4, o.hugepages), g_(n_ * dtype_size(grad_), o.hugepages), m_(n_ * 4, o.hugepages),
+        v_(n_ * 4, o.hugepages),
         half_copy_(half_ != HalfKind::None ? std::make_unique<HostBuffer>(n_ * 2, o.hugepages) : nullptr),
         ta_(triad_n_ * 8, o.hugepages), tb_(triad_n_ * 8, o.hugepages), tc_(triad_n_ * 8, o.hugepages) {
     // First touch from the threads that will use the memory, values far from denormals.
     parallel_parts(n_, threads, [&](size_t b, size_t e) {
-      for (size_t i = b; i < e; ++i) {
-        p_.as<float>()[i] = 0.5f - static_cast<float>(i % 1000) * 1e-3f;
-        g_.as<float>()[i] = 1e-2f * (static_cast<float>(i % 77) - 38.0f) + 1e-3f;
-        m_.as<float>()[i] = 0.0f;
-        v_.as<float>()[i] = 0.0f;
+      float g[1024];  // the gradient in fp32, converted to its type a block at a time
+      for (size_t block = b; block < e; block += 1024) {
+        const size_t end = std::min(e, block + 1024);
+        for (size_t i = block; i < end; ++i) {
+          p_.as<float>()[i] = 0.5f - static_cast<float>(i % 1000) * 1e-3f;
+          g[i - block] = 1e-2f * (static_cast<float>(i % 77) - 38.0f) + 1e-3f;
+          m_.as<float>()[i] = 0.0f;
+          v_.as<float>()[i] = 0.0f;
+        }
+        convert_from_f32(g_.as<char>() + block * dtype_size(grad_), grad_, g, end - block);
       }
     });
     parallel_parts(triad_n_, threads, [&](size_t b, size_t e) {
@@ -287,7 +302,7 @@ class Contenders {
   RoundSeconds round() {
     RoundSeconds r;
     auto start = std::chrono::steady_clock::now();
-    adam_.step(++step_, p_.as<float>(), g_.as<float>(), m_.as<float>(), v_.as<float>(), n_,
+    adam_.step(++step_, p_.as<float>(), AdamGrads{g_.as<void>(), grad_, 1.0f}, m_.as<float>(), v_.as<float>(), n_,
                half_copy_ ? half_copy_->as<void>() : nullptr, half_);
     r.strata = seconds_since(start);
     if (torch_) {
@@ -313,6 +328,7 @@ class Contenders {
   size_t params() const { return n_; }
   size_t triad_elements() const { return triad_n_; }
   HalfKind half() const { return half_; }
+  DType grad() const { return grad_; }
   CpuIsa isa() const { return adam_.isa(); }
   const TorchAdam* torch() const { return torch_.get(); }
 
@@ -320,9 +336,10 @@ class Contenders {
   size_t n_;  // Adam's parameters
   unsigned threads_;
   HalfKind half_;
+  DType grad_;  // CpuAdam's gradient type
   CpuAdam adam_;
   size_t triad_n_;  // triad elements
-  HostBuffer p_, g_, m_, v_;               // [n_] fp32
+  HostBuffer p_, g_, m_, v_;               // [n_] fp32; g_ of grad_
   std::unique_ptr<HostBuffer> half_copy_;  // [n_] bf16 or fp16, or none
   HostBuffer ta_, tb_, tc_;                // [triad_n_] fp64
   std::unique_ptr<TorchAdam> torch_;
@@ -332,9 +349,10 @@ class Contenders {
 // One series per contender: strata, the two triads, then PyTorch's two Adams.
 std::vector<Series> make_series(const Contenders& c, AdamVariant variant) {
   const double n = static_cast<double>(c.params());
-  const double adam_bytes = n * (kAdamBytesPerParam + (c.half() != HalfKind::None ? 2 : 0));
+  const double adam_bytes = n * adam_bytes_per_param(c.grad(), c.half());
   const double triad_bytes = static_cast<double>(c.triad_elements()) * kTriadBytesPerElement;
-  const std::string strata_name = std::string("strata CpuAdam (") + to_string(c.isa()) + ")";
+  const std::string grads = c.grad() != DType::F32 ? std::string(", ") + precision_name(c.grad()) + " grads" : "";
+  const std::string strata_name = std::string("strata CpuAdam (") + to_string(c.isa()) + grads + ")";
   std::vector<Series> series = {{strata_name, adam_bytes, n, {}},
                                 {"STREAM triad", triad_bytes, 0, {}},
                                 {"STREAM triad, streaming stores", triad_bytes, 0, {}}};
@@ -362,10 +380,10 @@ void print_optimizer_table(std::FILE* out, const std::vector<Series>& series, co
                            double load_before, double load_after) {
   std::fprintf(out, "cpu: %s%s; load average %.2f before, %.2f after\n", cpu_model().c_str(), torch_note.c_str(),
                load_before, load_after);
-  std::fprintf(out, "%-34s %10s %10s %10s %8s %12s %8s\n", "", "median ms", "min ms", "max ms", "spread",
+  std::fprintf(out, "%-36s %10s %10s %10s %8s %12s %8s\n", "", "median ms", "min ms", "max ms", "spread",
                "Mparams/s", "GB/s");
   for (const Series& s : series) {
-    std::fprintf(out, "%-34s %10.2f %10.2f %10.2f %7.1f%% %12s %8.2f\n", s.name.c_str(), s.median() * 1e3,
+    std::fprintf(out, "%-36s %10.2f %10.2f %10.2f %7.1f%% %12s %8.2f\n", s.name.c_str(), s.median() * 1e3,
                  s.min() * 1e3, s.max() * 1e3, 100.0 * (s.max() - s.min()) / s.median(),
                  s.params_per_pass ? std::to_string(static_cast<long>(s.params_per_s() / 1e6)).c_str() : "-",
                  s.gbps());
@@ -395,13 +413,15 @@ Report optimizer_report(const OptimizerOptions& o, const Contenders& c, unsigned
   report.command = command;
   char title[256];
   std::snprintf(title, sizeof title,
-                "strata bench optimizer: %s params (%s of fp32 state), %s, %u threads, %u reps, 16-bit copy: %s%s",
+                "strata bench optimizer: %s params (%s of fp32 state), %s, %u threads, %u reps, 16-bit copy: %s%s%s",
                 std::to_string(n).c_str(), format_bytes(n * 16).c_str(),
                 variant == AdamVariant::AdamW ? "AdamW" : "Adam", threads, o.reps, o.half.c_str(),
+                c.grad() != DType::F32 ? (std::string(", ") + precision_name(c.grad()) + " gradients").c_str() : "",
                 o.hugepages ? ", huge pages" : "");
   report.title = title;
   report.config = {{"params", n}, {"threads", threads}, {"reps", o.reps},
                    {"variant", variant == AdamVariant::AdamW ? "adamw" : "adam"}, {"half", o.half},
+                   {"grad", precision_name(c.grad())},
                    {"isa", to_string(c.isa())}, {"hugepages", o.hugepages},
                    {"load_average_start", load_before}, {"load_average_end", load_after}};
   report.table.columns = {{"name", "", ""},          {"median_ms", "median ms", "%.2f"},
@@ -426,12 +446,13 @@ Report optimizer_report(const OptimizerOptions& o, const Contenders& c, unsigned
   j["reps"] = o.reps;
   j["variant"] = variant == AdamVariant::AdamW ? "adamw" : "adam";
   j["half"] = o.half;
+  j["grad"] = precision_name(c.grad());
   j["isa"] = to_string(c.isa());
   j["hugepages"] = o.hugepages;
   j["cpu"] = cpu_model();
   j["load_average_before"] = load_before;
   j["load_average_after"] = load_after;
-  j["adam_bytes_per_param"] = kAdamBytesPerParam + (c.half() != HalfKind::None ? 2 : 0);
+  j["adam_bytes_per_param"] = adam_bytes_per_param(c.grad(), c.half());
   j["triad_bytes_per_element"] = kTriadBytesPerElement;
   j["triad_elements"] = c.triad_elements();
   if (torch) j["torch"] = torch->info();
@@ -488,6 +509,10 @@ void add_optimizer(CLI::App& bench, Runner& run) {
   cmd->add_option("--half", opts->half, "16-bit copy written by CpuAdam: none, bf16, fp16")
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "bf16", "fp16"}));
+  cmd->add_option("--grad", opts->grad,
+                  "gradient type CpuAdam reads: f32, bf16, fp16 (PyTorch is always given fp32 gradients)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16", "fp16"}));
   cmd->add_flag("--hugepages", opts->hugepages, "ask for transparent huge pages for Strata's and the triad's arrays");
   cmd->add_flag("!--no-torch", opts->torch, "skip the PyTorch reference");
   cmd->add_option("--python", opts->python, "Python with PyTorch")->capture_default_str();
