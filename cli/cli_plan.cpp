@@ -13,8 +13,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "strata/core/convert.hpp"
 #include "strata/core/error.hpp"
 #include "cli.hpp"
+
 #include "strata/runtime/plan.hpp"
 
 namespace strata::cli {
@@ -67,6 +69,7 @@ struct PlanArgs {
   std::string offload_param = "none", offload_optimizer = "cpu";
   int micro_batch = 1, grad_accum = 1, prefetch_groups = 2;
   uint64_t sub_group = 0;
+  std::string precision = "f32";
   bool no_checkpointing = false;
   bool search = false, simulate = false, json = false;
   int simulate_steps = 3;
@@ -260,6 +263,7 @@ int run_plan(const PlanArgs& a) {
   st.checkpointing = !a.no_checkpointing;
   st.prefetch_groups = a.prefetch_groups;
   st.sub_group_elems = a.sub_group;
+  st.precision = parse_precision(a.precision);
   plan::validate(st);
 
   nlohmann::json out;
@@ -347,6 +351,8 @@ void add_plan(CLI::App& app) {
   p->add_flag("--no-checkpointing", args->no_checkpointing, "keep every block's activations (no recompute)");
   p->add_option("--prefetch-groups", args->prefetch_groups, "gathered groups ahead of use")->capture_default_str();
   p->add_option("--sub-group", args->sub_group, "optimizer sub-group, elements (0: chosen)");
+  p->add_option("--precision", args->precision, "working parameters and gradients: f32, bf16 or fp16")
+      ->capture_default_str();
   p->add_flag("--search", args->search, "find the fastest strategy that fits, and say why the others lost");
   p->add_flag("--simulate", args->simulate, "also run the real engine on the sim backend for this configuration");
   p->add_option("--simulate-steps", args->simulate_steps, "optimizer steps to simulate")->capture_default_str();

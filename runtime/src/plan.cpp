@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "strata/core/convert.hpp"
 #include "strata/core/error.hpp"
 #include "strata/runtime/plan_detail.hpp"
 
@@ -32,6 +33,7 @@ std::string Strategy::describe() const {
   os << ", optimizer " << to_string(offload_optimizer) << ", micro-batch " << micro_batch;
   if (grad_accum > 1) os << " x " << grad_accum << " accumulated";
   os << (checkpointing ? ", checkpointing" : ", no checkpointing");
+  if (precision != DType::F32) os << ", " << precision_name(precision);
   return os.str();
 }
 
@@ -47,15 +49,18 @@ void validate(const Strategy& s) {
   if (s.prefetch_groups < 0) throw ConfigError("--prefetch-groups must be 0 or more");
 }
 
-double activation_bytes(const GptShape& s, int micro_batch, bool checkpointing) {
-  // fp32, per token of the micro-batch. A block saves for backward: ln_1's input and
-  // output, q, k, v, the attention output, the residual, ln_2's output, the MLP's input
-  // to GELU and its output (4d each), and per head the softmax statistics: 16 d + 2 heads
-  // values. Attention is computed block-wise (no [seq, seq] scores) and the head in row
-  // chunks (no full logits), as the cpu model does (model/gpt.hpp).
+double activation_bytes(const GptShape& s, int micro_batch, bool checkpointing, DType precision) {
+  // Per token of the micro-batch. A block saves for backward: ln_1's input and output,
+  // q, k, v, the attention output, the residual, ln_2's output, the MLP's input to GELU
+  // and its output (4d each), and per head the softmax statistics: 16 d + 2 heads values.
+  // In 16 bits the ones that feed matmuls (ln_1 and ln_2 outputs, q, k, v, the attention
+  // output, GELU's output: 10 d) are 16-bit, the rest fp32 (docs/mixed-precision.md).
+  // Attention is computed block-wise (no [seq, seq] scores) and the head in row chunks
+  // (no full logits), as the cpu model does (model/gpt.hpp).
   const double T = double(micro_batch) * s.seq_len;
   const double d = s.d_model;
-  const double block = (16 * d + 2.0 * s.heads) * 4 * T;
+  const double e = double(dtype_size(precision));
+  const double block = ((6 * d + 2.0 * s.heads) * 4 + 10 * d * e) * T;
   const double boundary = 3 * d * 4 * T;  // embedding output, final norm in and out
   const double logits_chunk = std::min<double>(T, 1024) * s.vocab * 4 * 2;  // a chunk and its gradient
   const double blocks = checkpointing ? s.layers * d * 4 * T + block : s.layers * block;
@@ -75,6 +80,8 @@ ShardLayout gpt_shard_layout(const GptShape& shape, const Strategy& st, int worl
   ss.optimizer_home = home_tier(st.offload_optimizer);
   ss.rules.align_elems = st.shard_align_elems;
   ss.rules.sub_group_elems = st.sub_group_elems;
+  ss.working = st.precision;
+  ss.grads = grads_dtype(st.precision, st.grad_accum);
   return make_shard_layout(sizes, ss);
 }
 
@@ -139,10 +146,14 @@ class Planner {
     s3_ = st.stage == 3;
     param_home_ = s3_ ? home_tier(st.offload_param) : Tier::Device;
     opt_home_ = home_tier(st.offload_optimizer);
-    mp4_ = 4.0 * L_.max_padded;
-    ms4_ = 4.0 * L_.max_shard;
-    sh0_ = 4.0 * L_.groups[0].shard;
-    pd0_ = 4.0 * L_.groups[0].padded;
+    // Bytes per element from the layout: working parameters and gradients (w), the
+    // reduced gradient the optimizer reads (g), fp32 optimizer states.
+    wb_ = double(L_.elem_bytes(StateRole::GatherBuffer));
+    gb_ = double(L_.elem_bytes(StateRole::Grad));
+    mp4_ = wb_ * L_.max_padded;
+    ms4_ = wb_ * L_.max_shard;
+    sh0_ = wb_ * L_.groups[0].shard;
+    pd0_ = wb_ * L_.groups[0].padded;
     params_move_ = s3_ && param_home_ != Tier::Device;
     grads_move_ = opt_home_ != Tier::Device;
   }
@@ -168,6 +179,7 @@ class Planner {
   int w_ = 1, A_ = 1, G_ = 0;
   bool s3_ = false, params_move_ = false, grads_move_ = false;
   Tier param_home_ = Tier::Device, opt_home_ = Tier::Device;
+  double wb_ = 4, gb_ = 4;                        // bytes per working element, per reduced-gradient element
   double mp4_ = 0, ms4_ = 0, sh0_ = 0, pd0_ = 0;  // bytes: largest padded group and shard, group 0's
   double home_[kTierCount] = {0, 0, 0};          // bytes of home copies per tier
   double emb_grad_ = 0, dev_budget_ = 0;
@@ -205,9 +217,9 @@ void Planner::count_bytes() {
   // gathered groups, the embeddings' gradient held through backward (the tied head's
   // gradient arrives first, the lookup's last), and what the runtime cannot use.
   const double lookahead = s3_ ? st_.prefetch_groups * mp4_ : 0.0;
-  emb_grad_ = 4.0 * L_.groups[0].padded;
+  emb_grad_ = wb_ * L_.groups[0].padded;
   dev.buffers = double(L_.device_working) + lookahead + emb_grad_ + cl_.device_reserve;
-  dev.activations = activation_bytes(s_, st_.micro_batch, st_.checkpointing);
+  dev.activations = activation_bytes(s_, st_.micro_batch, st_.checkpointing, st_.precision);
   // Pinned staging: the optimizer's sub-groups passing through (as the engine reserves
   // it) and parameter shards on their way from NVMe.
   pin.buffers = double(L_.pinned_staging) + (param_home_ == Tier::Nvme ? (st_.prefetch_groups + 1) * ms4_ : 0.0);
@@ -271,6 +283,7 @@ void Planner::set_engine() {
   e.max_reuse_distance_elems = 0;
   e.sub_group_elems = L_.sub_group;
   e.shard_align_elems = st_.shard_align_elems;
+  e.precision = st_.precision;
   e.prefetch = st_.prefetch_groups > 0;
   // What the engine may use on the device: the HBM less what the runtime cannot use and
   // less the activations, which the engine does not hold (the model does).
@@ -296,7 +309,7 @@ void Planner::micro_step_lanes() {
   double blocks_s4 = 0;
   for (int g = 0; g < G_; ++g) {
     const GroupLayout& lg = L_.groups[g];
-    const double sh4 = 4.0 * lg.shard, pd4 = 4.0 * lg.padded;
+    const double sh4 = wb_ * lg.shard, pd4 = wb_ * lg.padded;
     const bool block = g > 0 && g < G_ - 1;
     if (s3_) {
       f_coll_.add_timed(pd4, coll(pd4));                          // all_gather
@@ -309,7 +322,7 @@ void Planner::micro_step_lanes() {
       if (block) blocks_s4 += sh4;
     }
     if (grads_move_ && st_.stage >= 2)
-      for (const SubGroup& sg : lg.sub_groups) b_d2h_.add(4.0 * sg.n, c.d2h_bandwidth, c.pcie_latency);
+      for (const SubGroup& sg : lg.sub_groups) b_d2h_.add(gb_ * sg.n, c.d2h_bandwidth, c.pcie_latency);
   }
   if (params_move_) {
     // Backward fetches again what the caches could not keep (Belady keeps the blocks
@@ -332,11 +345,11 @@ void Planner::micro_step_lanes() {
   if (A_ > 1 && grads_move_ && st_.stage >= 2)
     for (const GroupLayout& lg : L_.groups)  // micro-steps after the first fetch the accumulated gradient back
       for (const SubGroup& sg : lg.sub_groups)
-        b_h2d_.add(4.0 * sg.n * (A_ - 1) / A_, c.h2d_bandwidth, c.pcie_latency * (A_ - 1) / A_);
+        b_h2d_.add(gb_ * sg.n * (A_ - 1) / A_, c.h2d_bandwidth, c.pcie_latency * (A_ - 1) / A_);
   // Gradients on their way to an NVMe home wait in pinned memory until the optimizer;
   // what does not fit is written back during backward and read again by the optimizer.
   if (opt_home_ == Tier::Nvme) {
-    const double S4 = 4.0 * L_.shard_total;
+    const double S4 = gb_ * L_.shard_total;
     grad_spill_ = std::max(0.0, S4 - std::max(0.0, pin_room - (params_move_ ? blocks_s4 : 0.0)));
     if (grad_spill_ > 0) b_nvw_.add(grad_spill_, c.nvme_write_bandwidth, c.nvme_latency);
   }
@@ -360,33 +373,33 @@ void Planner::boundary_lanes() {
   const SimCostModel& c = p_.cost;
   // Stage 1: all-reduce of the full gradient at the step, then its shard to the optimizer.
   if (st_.stage == 1) {
-    for (const GroupLayout& lg : L_.groups) stage1_ += coll(2 * 4.0 * lg.padded);
+    for (const GroupLayout& lg : L_.groups) stage1_ += coll(2 * gb_ * lg.padded);
     if (grads_move_)
       for (const GroupLayout& lg : L_.groups)
-        for (const SubGroup& sg : lg.sub_groups) s1_d2h_.add(4.0 * sg.n, c.d2h_bandwidth, c.pcie_latency);
+        for (const SubGroup& sg : lg.sub_groups) s1_d2h_.add(gb_ * sg.n, c.d2h_bandwidth, c.pcie_latency);
     stage1_ = std::max(stage1_, s1_d2h_.time) + (grads_move_ ? c.pcie_latency + sh0_ / c.d2h_bandwidth : 0.0);
   }
 
   // Optimizer: per sub-group, read its states while the previous one is updated and the
-  // one before written back. The update streams 28 bytes per parameter, 8 more to scale
-  // the gradient (world x accumulation > 1) and 8 more to copy into the parameter shard
-  // (stage 3) through the host.
-  const double scale_bytes = (double(w_) * A_ != 1.0) ? 8.0 : 0.0;
-  per_param_ = 28.0 + scale_bytes + (s3_ ? 8.0 : 0.0);
+  // one before written back. The update streams 24 bytes of fp32 states per parameter
+  // and the reduced gradient (scaled as it is read), and writes the 16-bit working copy
+  // in the same pass; in fp32, stage 3 copies the master weights into the parameter shard
+  // (8 more).
+  per_param_ = 24.0 + gb_ + (wb_ < 4 ? wb_ : s3_ ? 8.0 : 0.0);
   opt_compute_ = per_param_ * L_.shard_total / c.host_bandwidth;
   double opt_serial = 0;  // work the optimizer's thread waits for, per sub-group
   for (const GroupLayout& lg : L_.groups) {
     for (const SubGroup& sg : lg.sub_groups) {
-      const double b = 4.0 * sg.n;
+      const double b = 4.0 * sg.n;  // one fp32 state
       if (opt_home_ == Tier::Nvme) {
         o_nvr_.add(3 * b, c.nvme_read_bandwidth, 3 * c.nvme_latency);  // master, exp_avg, exp_avg_sq
-        o_nvw_.add(4 * b, c.nvme_write_bandwidth, 4 * c.nvme_latency);  // and the gradient, written back
+        o_nvw_.add(3 * b + gb_ * sg.n, c.nvme_write_bandwidth, 4 * c.nvme_latency);  // and the gradient, written back
       }
       if (!s3_) opt_serial += opt_home_ == Tier::Device ? 2 * b / c.device_bandwidth : c.pcie_latency + b / c.h2d_bandwidth;
     }
-    if (s3_ && param_home_ == Tier::Nvme) o_nvw_.add(4.0 * lg.shard, c.nvme_write_bandwidth, c.nvme_latency);
+    if (s3_ && param_home_ == Tier::Nvme) o_nvw_.add(wb_ * lg.shard, c.nvme_write_bandwidth, c.nvme_latency);
     if (s3_ && param_home_ == Tier::Device && opt_home_ != Tier::Device)
-      o_h2d_.add(4.0 * lg.shard, c.h2d_bandwidth, c.pcie_latency);
+      o_h2d_.add(wb_ * lg.shard, c.h2d_bandwidth, c.pcie_latency);
   }
   if (grad_spill_ > 0) o_nvr_.add(grad_spill_, c.nvme_read_bandwidth, 0);
   const double first_read = o_nvr_.time / std::max<uint64_t>(1, L_.sub_group_count);
@@ -396,7 +409,7 @@ void Planner::boundary_lanes() {
   opt_ = std::max({opt_compute_ + opt_serial, o_nvr_.time, o_h2d_.time, o_nvw_.time}) + first_read;
   // Stages 1 and 2: every rank's updated slice gathered into the replicated parameters.
   if (!s3_)
-    for (const GroupLayout& lg : L_.groups) refresh_ += coll(4.0 * lg.padded);
+    for (const GroupLayout& lg : L_.groups) refresh_ += coll(wb_ * lg.padded);
 }
 
 void Planner::step_time() {

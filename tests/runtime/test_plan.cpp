@@ -8,6 +8,8 @@
 // runs in seconds. Only simulated time is asserted, never the wall clock.
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include <cmath>
 #include <iostream>
 #include <string>
@@ -155,6 +157,46 @@ TEST(Plan, TierBytesFollowTheEngineLayout) {
   // Stage 2 keeps every parameter on each device, 4 bytes each.
   Plan p2 = make_plan(s, dgx2, strategy(2, OffloadDevice::None, OffloadDevice::Cpu, 1));
   EXPECT_NEAR(p2.tiers[0].need.params, 4.0 * double(p2.params), 0.01 * 4 * double(p2.params));
+}
+
+// In 16 bits the planner counts 2-byte working parameters and gradients and fp32
+// optimizer states, from the engine's own layout: its per-tier homes equal, to the byte,
+// those of the layout the engine it configures builds, and the simulated engine stays
+// inside the planned budgets.
+TEST(Plan, SixteenBitTierBytesAreTheEnginesToTheByte) {
+  ClusterSpec dgx2 = find_cluster_preset("dgx-2");
+  GptShape s = shrunk("gpt-6.7b", 4, 1024);
+  for (DType prec : {DType::BF16, DType::F16})
+    for (int accum : {1, 2})
+      for (auto [stage, param, opt] : {std::tuple{3, OffloadDevice::Cpu, OffloadDevice::Cpu},
+                                       std::tuple{3, OffloadDevice::Nvme, OffloadDevice::Nvme},
+                                       std::tuple{2, OffloadDevice::None, OffloadDevice::Cpu},
+                                       std::tuple{1, OffloadDevice::None, OffloadDevice::Cpu}}) {
+        Strategy st = strategy(stage, param, opt, 1);
+        st.precision = prec;
+        st.grad_accum = accum;
+        Plan p = make_plan(s, dgx2, st);
+        ASSERT_TRUE(p.fits) << st.describe();
+        std::vector<GroupSize> sizes;
+        for (const GptGroup& g : gpt_groups(s)) sizes.push_back({g.name, g.numel});
+        const ShardLayout L = make_shard_layout(sizes, p.engine.shard_strategy(p.world));
+        EXPECT_EQ(L.dtype(StateRole::ParamShard), prec);
+        EXPECT_EQ(L.dtype(StateRole::Grad), accum > 1 ? DType::F32 : prec);
+        for (int t = 0; t < kTierCount; ++t) {
+          EXPECT_EQ(p.tiers[t].need.params, double(L.need[t].params)) << st.describe() << ", tier " << t;
+          EXPECT_EQ(p.tiers[t].need.grads, double(L.need[t].grads)) << st.describe() << ", tier " << t;
+          EXPECT_EQ(p.tiers[t].need.optimizer, double(L.need[t].optimizer)) << st.describe() << ", tier " << t;
+        }
+        const double per_rank = double(p.params) / p.world;
+        const int where = stage == 3 && param == OffloadDevice::Nvme ? 2 : stage == 3 ? 1 : 0;
+        EXPECT_NEAR(p.tiers[where].need.params, 2 * per_rank * (stage == 3 ? 1 : p.world),
+                    0.01 * 2 * per_rank * (stage == 3 ? 1 : p.world))
+            << st.describe();
+        if (stage == 3 && param == OffloadDevice::Cpu) {
+          SimulateReport r = simulate_plan(p, 2);
+          expect_in_budget(p, r, st.describe().c_str());
+        }
+      }
 }
 
 TEST(Plan, ActivationsShrinkWithCheckpointingAndGrowWithTheMicroBatch) {

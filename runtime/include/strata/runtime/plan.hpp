@@ -115,6 +115,7 @@ struct Strategy {
   int prefetch_groups = 2;          // gathered groups ahead of the one in use (stage 3)
   uint64_t sub_group_elems = 0;     // optimizer sub-group; 0: chosen (<= 1/4 of a shard)
   uint64_t shard_align_elems = ShardRules::kDefaultAlignElems;  // the engine's shard alignment
+  DType precision = DType::F32;     // working parameters and gradients: F32, BF16 or F16
   std::string describe() const;     // "stage 3, params nvme, optimizer nvme, mb 4, ckpt"
 };
 // Throws ConfigError naming the field and the valid values.
@@ -178,7 +179,7 @@ Plan make_plan(const GptShape& model, const ClusterSpec& cluster, const Strategy
 // Activation bytes per rank for one micro-step (the model computes in fp32): every block's
 // saved tensors, or with checkpointing each block's input plus one block recomputed, plus
 // the embedding output, the final norm and one chunk of logits.
-double activation_bytes(const GptShape& shape, int micro_batch, bool checkpointing);
+double activation_bytes(const GptShape& shape, int micro_batch, bool checkpointing, DType precision = DType::F32);
 
 // --search: every strategy in the space, the fastest that fits first.
 struct Candidate {
