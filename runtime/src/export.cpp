@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "strata/core/convert.hpp"
 #include "strata/core/error.hpp"
 #include "strata/runtime/config.hpp"
 
@@ -95,7 +96,8 @@ GptShape checkpoint_gpt_shape(const CheckpointInfo& info) {
   return shape;
 }
 
-ExportSummary export_safetensors(const std::string& checkpoint, const std::string& out, bool overwrite) {
+ExportSummary export_safetensors(const std::string& checkpoint, const std::string& out, bool overwrite,
+                                std::optional<DType> dtype) {
   if (checkpoint.empty()) throw ConfigError("no checkpoint given: pass --checkpoint DIR (a step-<N> directory)");
   if (out.empty()) throw ConfigError("no output file given: pass --out FILE.safetensors");
   std::error_code ec;
@@ -106,6 +108,11 @@ ExportSummary export_safetensors(const std::string& checkpoint, const std::strin
   }
   const CheckpointInfo info = read_checkpoint_info(dir);
   const GptShape shape = checkpoint_gpt_shape(info);
+  // The checkpoint holds fp32 master weights; a 16-bit export rounds them to nearest even,
+  // which gives exactly the working parameters the run computed with.
+  const DType type = dtype ? *dtype : parse_precision(info.precision);
+  const char* st_dtype = type == DType::BF16 ? "BF16" : type == DType::F16 ? "F16" : "F32";
+  const uint64_t eb = dtype_size(type);
 
   const fs::path outp(out);
   if (fs::is_directory(outp, ec)) throw ConfigError("--out '" + out + "' is a directory: give a file name");
@@ -123,14 +130,15 @@ ExportSummary export_safetensors(const std::string& checkpoint, const std::strin
   int tensors = 0;
   for (const GptGroup& g : groups)
     for (const GptTensor& t : g.tensors) {
-      const uint64_t bytes = t.numel() * 4;
-      header[t.name] = {{"dtype", "F32"}, {"shape", gpt2_shape(t)}, {"data_offsets", {offset, offset + bytes}}};
+      const uint64_t bytes = t.numel() * eb;
+      header[t.name] = {{"dtype", st_dtype}, {"shape", gpt2_shape(t)}, {"data_offsets", {offset, offset + bytes}}};
       offset += bytes;
       params += t.numel();
       ++tensors;
     }
   header["__metadata__"] = {{"format", "pt"},
                             {"strata_step", std::to_string(info.step)},
+                            {"strata_precision", info.precision},
                             {"strata_shape", shape_json(shape).dump()},
                             {"strata_config", info.config.dump()}};
   std::string text = header.dump();
@@ -147,12 +155,18 @@ ExportSummary export_safetensors(const std::string& checkpoint, const std::strin
     w.put(len, 8);
     w.put(text.data(), text.size());
     std::vector<float> tr;
+    std::vector<std::byte> typed;
+    const auto put = [&](const float* src, uint64_t n) {
+      typed.resize(n * eb);
+      convert_from_f32(typed.data(), type, src, n);
+      w.put(typed.data(), typed.size());
+    };
     for (size_t g = 0; g < groups.size(); ++g) {
       const std::vector<float> flat = read_checkpoint_group(info, static_cast<int>(g));
       for (const GptTensor& t : groups[g].tensors) {
         const float* src = flat.data() + t.offset;
         if (!t.transposed_in_gpt2) {
-          w.put(src, t.numel() * 4);
+          put(src, t.numel());
           continue;
         }
         // [out, in] -> [in, out]
@@ -160,7 +174,7 @@ ExportSummary export_safetensors(const std::string& checkpoint, const std::strin
         tr.resize(rows * cols);
         for (uint64_t r = 0; r < rows; ++r)
           for (uint64_t c = 0; c < cols; ++c) tr[c * rows + r] = src[r * cols + c];
-        w.put(tr.data(), tr.size() * 4);
+        put(tr.data(), tr.size());
       }
     }
     w.flush();
@@ -188,6 +202,7 @@ ExportSummary export_safetensors(const std::string& checkpoint, const std::strin
   s.checkpoint = info.dir;
   s.out = out;
   s.step = info.step;
+  s.dtype = type;
   s.shape = shape;
   s.tensors = tensors;
   s.parameters = params;

@@ -244,7 +244,7 @@ void Planner::tier_problem(const TierPlan& t) {
      << gib(t.need.optimizer) << ", activations " << gib(t.need.activations) << ", buffers " << gib(t.need.buffers)
      << "), has " << gib(t.budget);
   if (t.tier == Tier::Device && s3_ && t.need.buffers > t.need.activations)
-    os << "; the buffers are whole gathered blocks in fp32 (" << gib(mp4_) << " each: the group in use, its "
+    os << "; the buffers are whole gathered blocks in " << precision_name(st_.precision) << " (" << gib(mp4_) << " each: the group in use, its "
        << "gradient and " << st_.prefetch_groups << " prefetched; Strata gathers a block at once, it does not tile "
        << "operators): lower --prefetch-groups, or a narrower model (smaller --d-model, more --layers)";
   else if (t.tier == Tier::Device)

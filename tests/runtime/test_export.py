@@ -97,7 +97,7 @@ def main():
     model = os.path.join(work, "model.safetensors")
     rc, out = run([a.strata, "export", "--checkpoint", os.path.join(work, "ckpt"), "--out", model])
     check(rc == 0, f"export exits 0 (got {rc}): {out}")
-    check(f"{len(want)} tensors" in out, f"export prints a summary with {len(want)} tensors: {out}")
+    check(f"{len(want)} f32 tensors" in out, f"export prints a summary with {len(want)} f32 tensors: {out}")
 
     got = load_file(model)
     check(set(got) == set(want), f"names: extra {sorted(set(got) - set(want))}, missing {sorted(set(want) - set(got))}")
@@ -114,6 +114,19 @@ def main():
     check(tuple(got["h.0.attn.c_attn.weight"].shape) == (d, 3 * d), "c_attn.weight is GPT-2's [d, 3d]")
     check(tuple(got["h.1.mlp.c_proj.weight"].shape) == (4 * d, d), "mlp.c_proj.weight is GPT-2's [4d, d]")
     check(not np.array_equal(ref[1][:d], np.ones(d, np.float32)), "the fixture's values are not trivial")
+
+    # --dtype bf16 / fp16: the same values rounded to nearest even, as torch rounds them.
+    for flag, tdt in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        half = os.path.join(work, f"model-{flag}.safetensors")
+        rc, out = run([a.strata, "export", "--checkpoint", ckpt, "--out", half, "--dtype", flag])
+        check(rc == 0 and f"{len(want)} {flag} tensors" in out, f"export --dtype {flag} (rc {rc}): {out}")
+        if rc == 0:
+            for name, t in load_file(half).items():
+                check(t.dtype == tdt, f"{flag} {name}: dtype {t.dtype}")
+                check(torch.equal(t, torch.from_numpy(want[name]).to(tdt)), f"{flag} {name}: not torch's rounding")
+    rc, out = run([a.strata, "export", "--checkpoint", ckpt, "--out", os.path.join(work, "x.safetensors"),
+                   "--dtype", "int8"])
+    check(rc == 2 and "unknown precision 'int8'" in out, f"--dtype int8 refused (rc {rc}): {out}")
 
     # The header as the spec says: u64 length, JSON padded with spaces, data 8-aligned.
     raw = open(model, "rb").read()

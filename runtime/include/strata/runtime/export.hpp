@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "strata/model/gpt_layout.hpp"
@@ -32,6 +33,7 @@ struct ExportSummary {
   std::string checkpoint;   // the step-<N> directory read
   std::string out;          // the file written
   int64_t step = 0;
+  DType dtype = DType::F32; // of the tensors written
   GptShape shape;
   int tensors = 0;
   uint64_t parameters = 0;  // elements written
@@ -46,6 +48,9 @@ GptShape checkpoint_gpt_shape(const CheckpointInfo& info);
 // checkpoint: a step-<N> directory, or a checkpoint_dir (its latest complete
 // checkpoint is used). Throws ConfigError (bad arguments, `out` exists and overwrite is
 // false, not a GPT checkpoint), CorruptionError (damaged checkpoint), IoError (writing).
-ExportSummary export_safetensors(const std::string& checkpoint, const std::string& out, bool overwrite);
+// dtype: F32, BF16 or F16 tensors (the fp32 master weights, rounded to nearest even);
+// nullopt: the precision the run trained in.
+ExportSummary export_safetensors(const std::string& checkpoint, const std::string& out, bool overwrite,
+                                 std::optional<DType> dtype = std::nullopt);
 
 }  // namespace strata
