@@ -6,13 +6,17 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <span>
 #include <string>
+#include <tuple>
 
 #include "attention_cpu.hpp"
+#include "gemm_cpu.hpp"
 #include "gpt_driver.hpp"
 #include "kernels_cpu.hpp"
 #include "parallel.hpp"
@@ -26,34 +30,18 @@
 
 namespace strata {
 
+using detail::GemmOutput;
+using detail::MatRef;
 using detail::parallel_for;
 
 namespace {
 
 constexpr uint64_t kLogitsChunkBytes = 32ull << 20;  // one chunk of [rows, vocab] logits
 
-// Y[M,N] = X[M,K] W[N,K]^T + b
-void linear(const float* X, const float* W, const float* bias, float* Y, long M, int N, int K) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(M), N, K, 1.0f, X, K, W, K, 0.0f, Y, N);
-  parallel_for((M + 63) / 64, 1, [&](long c) {
-    const long r0 = c * 64, r1 = std::min(M, r0 + 64);
-    detail::add_bias_rows(Y + r0 * N, bias, r1 - r0, N);
-  });
-}
-
-// Backward of linear: dX = dY W (beta: 0 overwrite, 1 accumulate), dW = dY^T X, db = colsum(dY).
-void linear_backward(const float* dY, const float* X, const float* W, float* dX, float* dW, float* db, long M, int N,
-                     int K, const std::vector<float>& ones) {
-  if (dX)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(M), K, N, 1.0f, dY, N, W, K, 0.0f, dX, K);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, K, static_cast<int>(M), 1.0f, dY, N, X, K, 0.0f, dW, K);
-  cblas_sgemv(CblasRowMajor, CblasTrans, static_cast<int>(M), N, 1.0f, dY, N, ones.data(), 1, 0.0f, db, 1);
-}
-
-void layernorm(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, long rows, int n) {
-  parallel_for((rows + 63) / 64, 1, [&](long c) {
-    detail::layernorm_rows(x, w, b, y, mean, rstd, c * 64, std::min(rows, c * 64 + 64), n);
-  });
+// Splits rows [0, rows) in chunks of 64 over the cores: fn(r0, r1).
+template <class Fn>
+void for_row_chunks(long rows, Fn&& fn) {
+  parallel_for((rows + 63) / 64, 1, [&](long c) { fn(c * 64, std::min(rows, c * 64 + 64)); });
 }
 
 // dx += LN backward of dy; dw, db overwritten with the parameter gradients.
@@ -79,10 +67,7 @@ void layernorm_backward(const float* dy, const float* x, const float* w, const f
 
 // y += x over [rows, n], split over the cores.
 void add_rows(float* y, const float* x, long rows, int n) {
-  parallel_for((rows + 63) / 64, 1, [&](long c) {
-    const long r0 = c * 64, r1 = std::min(rows, r0 + 64);
-    detail::add_into(y + r0 * n, x + r0 * n, (r1 - r0) * n);
-  });
+  for_row_chunks(rows, [&](long r0, long r1) { detail::add_into(y + r0 * n, x + r0 * n, (r1 - r0) * n); });
 }
 
 // Denormal floats (below 1.2e-38) cost a microcode assist per operation on x86, 100x an
@@ -94,90 +79,150 @@ void add_rows(float* y, const float* x, long rows, int n) {
 // information at fp32 gradient scales. The calling thread's MXCSR is set for the call and
 // restored after; parallel_for's threads inherit it. OpenBLAS's workers were created when
 // the library loaded, so the first call stops them (blas_thread_shutdown_, when the BLAS
-// is OpenBLAS) and OpenBLAS starts new ones, inheriting the flags, on its next call.
+// is OpenBLAS) and OpenBLAS starts new ones, inheriting the flags, on its next call. The
+// 16-bit model's oneDNN matmuls run on OpenMP's workers, which may have started before
+// (measure_matmul_peak): the first 16-bit call sets the flags in each of them.
 extern "C" void blas_thread_shutdown_(void) __attribute__((weak));
 
 class FlushDenormals {
  public:
 #if defined(__SSE__)
-  FlushDenormals() : saved_(_mm_getcsr()) {
+  explicit FlushDenormals(DType precision) : saved_(_mm_getcsr()) {
     _mm_setcsr(saved_ | kFtz | kDaz);
     static std::once_flag restart;
     std::call_once(restart, [] {
       if (blas_thread_shutdown_) blas_thread_shutdown_();
     });
+    static std::once_flag omp;
+    if (precision != DType::F32) std::call_once(omp, detail::gemm_threads_flush_denormals);
   }
   ~FlushDenormals() { _mm_setcsr(saved_); }
 
  private:
   static constexpr unsigned kFtz = 0x8000, kDaz = 0x0040;
   unsigned saved_;
+#else
+  explicit FlushDenormals(DType) {}
 #endif
 };
 
 }  // namespace
 
+// A host buffer whose element type is the model's precision: the activations that feed
+// matmuls (fp32, or 16-bit copies rounded once where they are made).
+struct TypedBuffer {
+  DType type = DType::F32;
+  std::vector<std::byte> bytes;
+  void* data() { return bytes.data(); }
+  float* f32() { return reinterpret_cast<float*>(bytes.data()); }
+  uint16_t* h16() { return reinterpret_cast<uint16_t*>(bytes.data()); }
+  // The element at `row` rows of `width` elements in.
+  void* at(long row, int width) { return bytes.data() + static_cast<size_t>(row) * width * dtype_size(type); }
+};
+
 // Sizes the model's host buffers, or only counts them (activation_bytes): one list of
 // buffers serves both, as the cuda model's Arena does, so the count cannot drift.
 struct HostBuffers {
   bool count_only = false;
-  uint64_t floats = 0;
+  uint64_t bytes = 0;
   void take(std::vector<float>& v, uint64_t n) {
-    floats += n;
+    bytes += n * sizeof(float);
     if (!count_only) v.resize(n);
+  }
+  void take(TypedBuffer& v, uint64_t n, DType t) {
+    v.type = t;
+    bytes += n * dtype_size(t);
+    if (!count_only) v.bytes.resize(n * dtype_size(t));
   }
 };
 
-// Activations one block keeps from forward for backward (all [rows = B*T] x width).
+// Activations one block keeps from forward for backward (all [rows = B*T] x width). "t":
+// the model's precision (docs/mixed-precision.md); the rest fp32.
 struct BlockActs {
-  std::vector<float> ln1, mean1, rstd1;  // [BT, d], [BT], [BT]
-  std::vector<float> qkv;                // [BT, 3d]
-  std::vector<float> att, lse;           // [BT, d], [B, H, T]
-  std::vector<float> x2;                 // [BT, d]  residual after attention
-  std::vector<float> ln2, mean2, rstd2;  // [BT, d], [BT], [BT]
-  std::vector<float> fc, gel;            // [BT, 4d] before and after GELU
-  void carve(HostBuffers& a, long bt, int d, int heads) {
-    a.take(ln1, bt * d); a.take(mean1, bt); a.take(rstd1, bt);
-    a.take(qkv, bt * 3 * d);
-    a.take(att, bt * d); a.take(lse, static_cast<uint64_t>(bt) * heads);
+  TypedBuffer ln1;                        // [BT, d] t
+  std::vector<float> mean1, rstd1;        // [BT], [BT]
+  TypedBuffer qkv;                        // [BT, 3d] t
+  TypedBuffer att;                        // [BT, d] t
+  std::vector<float> lse;                 // [B, H, T]
+  std::vector<float> x2;                  // [BT, d]  residual after attention
+  TypedBuffer ln2;                        // [BT, d] t
+  std::vector<float> mean2, rstd2;        // [BT], [BT]
+  std::vector<float> fc;                  // [BT, 4d] before GELU
+  TypedBuffer gel;                        // [BT, 4d] t, after GELU
+  void carve(HostBuffers& a, long bt, int d, int heads, DType t) {
+    a.take(ln1, bt * d, t); a.take(mean1, bt); a.take(rstd1, bt);
+    a.take(qkv, bt * 3 * d, t);
+    a.take(att, bt * d, t); a.take(lse, static_cast<uint64_t>(bt) * heads);
     a.take(x2, bt * d);
-    a.take(ln2, bt * d); a.take(mean2, bt); a.take(rstd2, bt);
-    a.take(fc, bt * 4 * d); a.take(gel, bt * 4 * d);
+    a.take(ln2, bt * d, t); a.take(mean2, bt); a.take(rstd2, bt);
+    a.take(fc, bt * 4 * d); a.take(gel, bt * 4 * d, t);
   }
+};
+
+// A parameter vector (layer-norm gain or bias, linear bias) of a group: the model reads
+// and writes these in fp32, in 16 bits through a scratch copy at `slot`.
+struct VecRef {
+  uint64_t offset;  // elements into the group
+  int n;
+  long slot;        // floats into the vector scratch
 };
 
 struct Gpt::Impl {
   GptShape s;
   GptOptions o;
   GptBlockLayout lay;
+  DType t;                                // the precision: weights, gradients, matmul operands
+  bool half;                              // t is BF16 or F16
   long bt_max;
+  long chunk_rows;
   std::vector<std::vector<float>> resid;  // [L+1][BT, d]: block inputs, then the final residual
   std::vector<BlockActs> acts;            // L (no checkpointing) or 1 (recompute scratch)
-  std::vector<float> lnf, meanf, rstdf;   // [BT, d], [BT], [BT]
+  TypedBuffer lnf;                        // [BT, d] t
+  std::vector<float> meanf, rstdf;        // [BT], [BT]
   std::vector<float> dres, dsmall, dbig, dqkv;  // gradients: [BT, d], [BT, d], [BT, 4d], [BT, 3d]
   std::vector<float> logits;              // [chunk rows, V]
-  std::vector<float> ones;                // [BT] for column sums
-  long chunk_rows;
+  std::vector<float> ones;                // [BT] for column sums (fp32 only: bias gradients)
+  // 16 bits only (empty in fp32):
+  TypedBuffer dy;                         // [max(BT * 4d, chunk rows * V)] t: a gradient rounded for a matmul
+  std::vector<float> vecs, vec_grads;     // [13d] a group's parameter vectors and their gradients
+  std::vector<float> col_parts;           // [threads, 4d] partial column sums (bias gradients)
+  std::vector<float> dembed;              // [V + T, d] the embeddings' gradient (wte's tied)
+  // Converting matmuls only (gemm_native(t) false): wte as fp32 [V, d], and the gemm's workspace.
+  std::vector<float> wte32, gemm_workspace;
+  std::array<VecRef, 8> block_vecs;       // ln1 w, b; qkv b; attn proj b; ln2 w, b; fc b; mlp proj b
+  std::array<VecRef, 2> final_vecs;       // ln_f w, b
+  detail::CpuGemm gemm;
   uint64_t bytes = 0;                     // every buffer above (activation_bytes)
   const int32_t* inputs = nullptr;        // the caller's host arrays, this micro-batch
   const int32_t* targets = nullptr;
 
+  enum { kLn1W, kLn1B, kQkvB, kProjB, kLn2W, kLn2B, kFcB, kMlpProjB };
+
   struct CountOnly {};
   // Lays the buffers out without allocating: bytes only (activation_bytes).
-  Impl(const GptShape& shape, const GptOptions& opts, CountOnly) : s(shape), o(opts), lay(gpt_block_layout(shape.d_model)) {
+  Impl(const GptShape& shape, const GptOptions& opts, CountOnly)
+      : s(shape), o(opts), lay(gpt_block_layout(shape.d_model)), t(opts.precision), half(t != DType::F32) {
     validate(s);
     if (o.micro_batch < 1) throw ConfigError("micro_batch = " + std::to_string(o.micro_batch) + " must be at least 1");
+    if (!is_working_dtype(t))
+      throw ConfigError(std::string("GptOptions::precision ") + to_string(t) + " is not f32, bf16 or fp16");
     bt_max = static_cast<long>(o.micro_batch) * s.seq_len;
     chunk_rows = std::clamp<long>(static_cast<long>(kLogitsChunkBytes / (4ull * s.vocab)), 1, bt_max);
+    const int d = s.d_model;
+    block_vecs = {VecRef{lay.ln1_w, d, 0},        {lay.ln1_b, d, d},       {lay.qkv_b, 3 * d, 2L * d},
+                  {lay.attn_proj_b, d, 5L * d},   {lay.ln2_w, d, 6L * d},  {lay.ln2_b, d, 7L * d},
+                  {lay.fc_b, 4 * d, 8L * d},      {lay.mlp_proj_b, d, 12L * d}};
+    final_vecs = {VecRef{0, d, 0}, {static_cast<uint64_t>(d), d, d}};
     HostBuffers count{true};
     carve(count);
-    bytes = count.floats * 4;
+    bytes = count.bytes;
   }
 
   Impl(const GptShape& shape, const GptOptions& opts) : Impl(shape, opts, CountOnly{}) {
     HostBuffers real;
     carve(real);
     std::fill(ones.begin(), ones.end(), 1.0f);
+    gemm.set_workspace(gemm_workspace.data(), gemm_workspace.size());
   }
 
   void carve(HostBuffers& a) {
@@ -185,14 +230,63 @@ struct Gpt::Impl {
     resid.resize(s.layers + 1);
     for (auto& r : resid) a.take(r, bt_max * d);
     acts.resize(o.checkpointing == ActivationCheckpointing::None ? s.layers : 1);
-    for (BlockActs& b : acts) b.carve(a, bt_max, d, s.heads);
-    a.take(lnf, bt_max * d); a.take(meanf, bt_max); a.take(rstdf, bt_max);
+    for (BlockActs& b : acts) b.carve(a, bt_max, d, s.heads, t);
+    a.take(lnf, bt_max * d, t); a.take(meanf, bt_max); a.take(rstdf, bt_max);
     a.take(dres, bt_max * d); a.take(dsmall, bt_max * d); a.take(dbig, bt_max * 4 * d); a.take(dqkv, bt_max * 3 * d);
     a.take(logits, static_cast<uint64_t>(chunk_rows) * s.vocab);
-    a.take(ones, bt_max);
+    if (!half) {
+      a.take(ones, bt_max);
+      return;
+    }
+    a.take(dy, std::max<uint64_t>(bt_max * 4 * d, static_cast<uint64_t>(chunk_rows) * s.vocab), t);
+    a.take(vecs, 13L * d); a.take(vec_grads, 13L * d);
+    a.take(col_parts, static_cast<uint64_t>(detail::model_threads()) * 4 * d);
+    a.take(dembed, static_cast<uint64_t>(s.vocab + s.seq_len) * d);
+    if (detail::gemm_native(t)) return;
+    a.take(wte32, static_cast<uint64_t>(s.vocab) * d);
+    a.take(gemm_workspace, converting_workspace());
+  }
+
+  // The largest workspace one of the model's matmuls takes when they convert to fp32: the
+  // linears forward and backward, the head (its wte already fp32) and the last logits.
+  uint64_t converting_workspace() const {
+    const long bt = bt_max, nr = chunk_rows, V = s.vocab;
+    const int d = s.d_model;
+    const DType f = DType::F32;
+    uint64_t need = 0;
+    const std::tuple<int, int, DType> linears[] = {{3 * d, d, t}, {d, d, f}, {4 * d, d, f}, {d, 4 * d, f}};
+    for (auto [N, K, out] : linears) {
+      need = std::max(need, detail::gemm_workspace_floats(bt, N, K, t, t, out));  // forward
+      need = std::max(need, detail::gemm_workspace_floats(bt, K, N, t, t, f));    // dX
+      need = std::max(need, detail::gemm_workspace_floats(N, K, bt, t, t, t));    // dW
+    }
+    need = std::max(need, detail::gemm_workspace_floats(nr, V, d, t, f, f));  // logits
+    need = std::max(need, detail::gemm_workspace_floats(nr, d, V, t, f, f));  // d lnf
+    need = std::max(need, detail::gemm_workspace_floats(V, d, nr, t, t, f));  // d wte
+    return need;
   }
 
   BlockActs& acts_for(int l) { return o.checkpointing == ActivationCheckpointing::None ? acts[l] : acts[0]; }
+
+  // Element `offset` of a parameter or gradient group of type t.
+  const void* at(const void* group, uint64_t offset) const {
+    return static_cast<const std::byte*>(group) + offset * dtype_size(t);
+  }
+  void* at(void* group, uint64_t offset) const { return static_cast<std::byte*>(group) + offset * dtype_size(t); }
+
+  // A parameter vector as fp32: the group's own elements, or converted into its slot.
+  const float* vec(const void* w, const VecRef& v) {
+    if (!half) return static_cast<const float*>(w) + v.offset;
+    convert_to_f32(vecs.data() + v.slot, at(w, v.offset), t, v.n);
+    return vecs.data() + v.slot;
+  }
+  // Where a vector's fp32 gradient is written: the gradient group itself, or its slot,
+  // rounded into the group by round_vec_grads once complete.
+  float* vec_grad(void* g, const VecRef& v) { return half ? vec_grads.data() + v.slot : static_cast<float*>(g) + v.offset; }
+  void round_vec_grads(void* g, std::span<const VecRef> vs) {
+    if (half)
+      for (const VecRef& v : vs) convert_from_f32(at(g, v.offset), t, vec_grads.data() + v.slot, v.n);
+  }
 
   // The driver's operations (gpt_driver.hpp).
   void load_tokens(const int32_t* in, const int32_t* tgt, long) {
@@ -201,108 +295,196 @@ struct Gpt::Impl {
   }
   void release(WeightSource& ws, int g) { ws.release_params(g); }
   void ready(WeightSource& ws, int g) { ws.grads_ready(g); }
-  void block_forward(int l, const void* wv, bool keep_output, int B, int T) {
-    const auto* w = static_cast<const float*>(wv);
+  void block_forward(int l, const void* w, bool keep_output, int B, int T) {
     block_forward(w, resid[l].data(), acts_for(l), keep_output ? resid[l + 1].data() : nullptr, B, T);
   }
-  void block_backward(int l, const void* wv, void* gv, int B, int T) {
-    const auto* w = static_cast<const float*>(wv);
-    auto* g = static_cast<float*>(gv);
-    block_backward(w, resid[l].data(), acts_for(l), g, B, T);
+  void block_backward(int l, const void* w, void* g, int B, int T) { block_backward(w, resid[l].data(), acts_for(l), g, B, T); }
+
+  // y = layernorm(x) over rows [0, rows), of y's type (rounded once when 16-bit).
+  void layernorm(const float* x, const float* w, const float* b, TypedBuffer& y, float* mean, float* rstd, long rows,
+                 int n) {
+    for_row_chunks(rows, [&](long r0, long r1) {
+      if (y.type == DType::F32) return detail::layernorm_rows(x, w, b, y.f32(), mean, rstd, r0, r1, n);
+      std::vector<float> row(n);
+      detail::layernorm_rows_16(x, w, b, y.h16(), y.type, mean, rstd, r0, r1, n, row.data());
+    });
   }
-  void last_logits(const void* wfv, const void* wtev, int len, float* out) {
-    const auto* wf = static_cast<const float*>(wfv);
-    const auto* wte = static_cast<const float*>(wtev);
+
+  // Y[M,N] = X[M,K] W[N,K]^T + b: X, W of type t, Y of type yt.
+  void linear(const void* X, const void* W, const float* bias, void* Y, DType yt, long M, int N, int K) {
+    gemm.run(M, N, K, {X, t, K}, {W, t, K, true}, bias, Y, yt, N, GemmOutput::Overwrite);
+  }
+
+  // The gradient dY [M, N] of a linear's output as its backward's matmuls read it, and
+  // its bias gradient db = colsum(dY) (fp32). In fp32, dY itself; in 16 bits, dY rounded
+  // once into `dy`, the column sums taken from the fp32 values in the same pass.
+  const void* matmul_grad(const float* dY, float* db, long M, int N) {
+    if (!half) {
+      cblas_sgemv(CblasRowMajor, CblasTrans, static_cast<int>(M), N, 1.0f, dY, N, ones.data(), 1, 0.0f, db, 1);
+      return dY;
+    }
+    column_sums(db, M, N, [&](long r0, long r1, float* part) {
+      detail::round_rows_16(dY + r0 * N, dy.h16() + r0 * N, t, part, r1 - r0, N);
+    });
+    return dy.data();
+  }
+
+  // The same for the MLP's first linear, whose dY is GELU's backward of dg (the gradient
+  // of GELU's output, fp32 [M, N], overwritten in fp32) at the pre-GELU fc.
+  const void* gelu_matmul_grad(float* dg, const float* fc, float* db, long M, int N) {
+    if (!half) {
+      parallel_for((M + 15) / 16, 1, [&](long c) {
+        const long r0 = c * 16, r1 = std::min(M, r0 + 16);
+        detail::gelu_backward(dg + r0 * N, fc + r0 * N, (r1 - r0) * N);
+      });
+      return matmul_grad(dg, db, M, N);
+    }
+    column_sums(db, M, N, [&](long r0, long r1, float* part) {
+      detail::gelu_backward_16(dg + r0 * N, fc + r0 * N, dy.h16() + r0 * N, t, part, r1 - r0, N);
+    });
+    return dy.data();
+  }
+
+  // sums[N] = column sums over M rows, one part of the rows per core: fn(r0, r1, part)
+  // adds its rows into `part` (zeroed), and the parts are added in order.
+  template <class Fn>
+  void column_sums(float* sums, long M, int N, Fn&& fn) {
+    const unsigned parts = detail::model_threads();
+    const long per = (M + parts - 1) / parts;
+    std::fill(col_parts.begin(), col_parts.begin() + static_cast<long>(parts) * N, 0.0f);
+    parallel_for(parts, 1, [&](long p) {
+      const long r0 = std::min(M, p * per), r1 = std::min(M, (p + 1) * per);
+      if (r1 > r0) fn(r0, r1, col_parts.data() + p * N);
+    });
+    std::copy(col_parts.begin(), col_parts.begin() + N, sums);
+    for (unsigned p = 1; p < parts; ++p)
+      for (int j = 0; j < N; ++j) sums[j] += col_parts[p * N + j];
+  }
+
+  // Backward of linear from dY as matmul_grad gives it: dX = dY W (fp32; skipped when
+  // null), dW = dY^T X (type t, overwritten).
+  void linear_backward(const void* dY, const void* X, const void* W, float* dX, void* dW, long M, int N, int K) {
+    if (dX) gemm.run(M, K, N, {dY, t, N}, {W, t, K}, nullptr, dX, DType::F32, K, GemmOutput::Overwrite);
+    gemm.run(N, K, M, {dY, t, N, true}, {X, t, K}, nullptr, dW, t, K, GemmOutput::Overwrite);
+  }
+
+  // wte as the head's matmuls read it: as stored, or converted to fp32 once per head when
+  // matmuls of type t convert (rather than once per chunk and matmul).
+  MatRef head_weights(const void* wte) {
+    if (detail::gemm_native(t)) return {wte, t, s.d_model};
+    for_row_chunks(s.vocab, [&](long r0, long r1) {
+      convert_to_f32(wte32.data() + r0 * s.d_model, at(wte, r0 * s.d_model), t, (r1 - r0) * s.d_model);
+    });
+    return {wte32.data(), DType::F32, s.d_model};
+  }
+
+  void last_logits(const void* wf, const void* wte, int len, float* out) {
     const int d = s.d_model;
     const float* x = resid[s.layers].data() + static_cast<long>(len - 1) * d;
     float mean, rstd;
-    math::layernorm_row(x, wf, wf + d, lnf.data(), d, &mean, &rstd);
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, s.vocab, d, 1.0f, wte, d, lnf.data(), 1, 0.0f, out, 1);
+    if (!half) {
+      const auto* w = static_cast<const float*>(wf);
+      math::layernorm_row(x, w, w + d, lnf.f32(), d, &mean, &rstd);
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, s.vocab, d, 1.0f, static_cast<const float*>(wte), d, lnf.f32(), 1,
+                  0.0f, out, 1);
+      return;
+    }
+    float* row = dsmall.data();
+    math::layernorm_row(x, vec(wf, final_vecs[0]), vec(wf, final_vecs[1]), row, d, &mean, &rstd);
+    convert_from_f32(lnf.data(), t, row, d);
+    gemm.run(1, s.vocab, d, {lnf.data(), t, d}, head_weights(wte).transposed(), nullptr, out, DType::F32, s.vocab,
+             GemmOutput::Overwrite);
   }
 
-  void embed(const void* wv, int B, int T) {
-    const auto* w = static_cast<const float*>(wv);
+  void embed(const void* w, int B, int T) {
     const int32_t* tok = inputs;
     const int d = s.d_model;
-    const float* wte = w;
-    const float* wpe = w + static_cast<long>(s.vocab) * d;
     float* x = resid[0].data();
+    if (!half) {
+      const auto* wte = static_cast<const float*>(w);
+      const float* wpe = wte + static_cast<long>(s.vocab) * d;
+      parallel_for(static_cast<long>(B) * T, 64, [&](long r) {
+        const int t = static_cast<int>(r % T);
+        const float* e = wte + static_cast<long>(tok[r]) * d;
+        const float* p = wpe + static_cast<long>(t) * d;
+        for (int c = 0; c < d; ++c) x[r * d + c] = e[c] + p[c];
+      });
+      return;
+    }
+    // x = float(wte[token]) + float(wpe[t]), in fp32.
+    const long wpe0 = static_cast<long>(s.vocab) * d;
     parallel_for(static_cast<long>(B) * T, 64, [&](long r) {
-      const int t = static_cast<int>(r % T);
-      const float* e = wte + static_cast<long>(tok[r]) * d;
-      const float* p = wpe + static_cast<long>(t) * d;
-      for (int c = 0; c < d; ++c) x[r * d + c] = e[c] + p[c];
+      convert_to_f32(x + r * d, at(w, static_cast<uint64_t>(tok[r]) * d), t, d);
+      accumulate_f32(x + r * d, at(w, wpe0 + (r % T) * d), t, d);
     });
   }
 
   // x [BT, d] -> a's activations; writes x + block(x) to out when out is not null.
-  void block_forward(const float* w, const float* x, BlockActs& a, float* out, int B, int T) {
+  void block_forward(const void* w, const float* x, BlockActs& a, float* out, int B, int T) {
     const int d = s.d_model;
     const long bt = static_cast<long>(B) * T;
-    layernorm(x, w + lay.ln1_w, w + lay.ln1_b, a.ln1.data(), a.mean1.data(), a.rstd1.data(), bt, d);
-    linear(a.ln1.data(), w + lay.qkv_w, w + lay.qkv_b, a.qkv.data(), bt, 3 * d, d);
-    detail::attention_forward(a.qkv.data(), a.att.data(), a.lse.data(), B, T, d, s.heads);
-    linear(a.att.data(), w + lay.attn_proj_w, w + lay.attn_proj_b, a.x2.data(), bt, d, d);
+    const auto& v = block_vecs;
+    layernorm(x, vec(w, v[kLn1W]), vec(w, v[kLn1B]), a.ln1, a.mean1.data(), a.rstd1.data(), bt, d);
+    linear(a.ln1.data(), at(w, lay.qkv_w), vec(w, v[kQkvB]), a.qkv.data(), t, bt, 3 * d, d);
+    detail::attention_forward(a.qkv.data(), a.att.data(), t, a.lse.data(), B, T, d, s.heads);
+    linear(a.att.data(), at(w, lay.attn_proj_w), vec(w, v[kProjB]), a.x2.data(), DType::F32, bt, d, d);
     float* x2 = a.x2.data();
     add_rows(x2, x, bt, d);
-    layernorm(x2, w + lay.ln2_w, w + lay.ln2_b, a.ln2.data(), a.mean2.data(), a.rstd2.data(), bt, d);
-    linear(a.ln2.data(), w + lay.fc_w, w + lay.fc_b, a.fc.data(), bt, 4 * d, d);
+    layernorm(x2, vec(w, v[kLn2W]), vec(w, v[kLn2B]), a.ln2, a.mean2.data(), a.rstd2.data(), bt, d);
+    linear(a.ln2.data(), at(w, lay.fc_w), vec(w, v[kFcB]), a.fc.data(), DType::F32, bt, 4 * d, d);
     const float* fc = a.fc.data();
-    float* gel = a.gel.data();
     parallel_for((bt + 15) / 16, 1, [&](long c) {
       const long r0 = c * 16, r1 = std::min(bt, r0 + 16);
-      detail::gelu_forward(fc + r0 * 4 * d, gel + r0 * 4 * d, (r1 - r0) * 4 * d);
+      if (half) return detail::gelu_forward_16(fc + r0 * 4 * d, a.gel.h16() + r0 * 4 * d, t, (r1 - r0) * 4 * d);
+      detail::gelu_forward(fc + r0 * 4 * d, a.gel.f32() + r0 * 4 * d, (r1 - r0) * 4 * d);
     });
     if (!out) return;
-    linear(gel, w + lay.mlp_proj_w, w + lay.mlp_proj_b, out, bt, d, 4 * d);
+    linear(a.gel.data(), at(w, lay.mlp_proj_w), vec(w, v[kMlpProjB]), out, DType::F32, bt, d, 4 * d);
     add_rows(out, x2, bt, d);
   }
 
   // dres: gradient of the block's output in, of its input out. g: the block's gradient.
-  void block_backward(const float* w, const float* x, BlockActs& a, float* g, int B, int T) {
+  void block_backward(const void* w, const float* x, BlockActs& a, void* g, int B, int T) {
     const int d = s.d_model;
     const long bt = static_cast<long>(B) * T;
+    const auto& v = block_vecs;
     float* dr = dres.data();
     // MLP: out = x2 + gelu(fc(ln2(x2))) Wp^T + bp
-    linear_backward(dr, a.gel.data(), w + lay.mlp_proj_w, dbig.data(), g + lay.mlp_proj_w, g + lay.mlp_proj_b, bt, d,
-                    4 * d, ones);
-    const float* fc = a.fc.data();
-    float* db = dbig.data();
-    parallel_for((bt + 15) / 16, 1, [&](long c) {
-      const long r0 = c * 16, r1 = std::min(bt, r0 + 16);
-      detail::gelu_backward(db + r0 * 4 * d, fc + r0 * 4 * d, (r1 - r0) * 4 * d);
-    });
-    linear_backward(db, a.ln2.data(), w + lay.fc_w, dsmall.data(), g + lay.fc_w, g + lay.fc_b, bt, 4 * d, d, ones);
-    layernorm_backward(dsmall.data(), a.x2.data(), w + lay.ln2_w, a.mean2.data(), a.rstd2.data(), dr, g + lay.ln2_w,
-                       g + lay.ln2_b, bt, d);
+    const void* dy_proj = matmul_grad(dr, vec_grad(g, v[kMlpProjB]), bt, d);
+    linear_backward(dy_proj, a.gel.data(), at(w, lay.mlp_proj_w), dbig.data(), at(g, lay.mlp_proj_w), bt, d, 4 * d);
+    const void* dy_fc = gelu_matmul_grad(dbig.data(), a.fc.data(), vec_grad(g, v[kFcB]), bt, 4 * d);
+    linear_backward(dy_fc, a.ln2.data(), at(w, lay.fc_w), dsmall.data(), at(g, lay.fc_w), bt, 4 * d, d);
+    layernorm_backward(dsmall.data(), a.x2.data(), vec(w, v[kLn2W]), a.mean2.data(), a.rstd2.data(), dr,
+                       vec_grad(g, v[kLn2W]), vec_grad(g, v[kLn2B]), bt, d);
     // Attention: x2 = x + attn(ln1(x)) Wo^T + bo
-    linear_backward(dr, a.att.data(), w + lay.attn_proj_w, dsmall.data(), g + lay.attn_proj_w, g + lay.attn_proj_b,
-                    bt, d, d, ones);
-    detail::attention_backward(a.qkv.data(), a.att.data(), a.lse.data(), dsmall.data(), dqkv.data(), B, T, d, s.heads);
-    linear_backward(dqkv.data(), a.ln1.data(), w + lay.qkv_w, dsmall.data(), g + lay.qkv_w, g + lay.qkv_b, bt, 3 * d,
-                    d, ones);
-    layernorm_backward(dsmall.data(), x, w + lay.ln1_w, a.mean1.data(), a.rstd1.data(), dr, g + lay.ln1_w,
-                       g + lay.ln1_b, bt, d);
+    const void* dy_att = matmul_grad(dr, vec_grad(g, v[kProjB]), bt, d);
+    linear_backward(dy_att, a.att.data(), at(w, lay.attn_proj_w), dsmall.data(), at(g, lay.attn_proj_w), bt, d, d);
+    detail::attention_backward(a.qkv.data(), a.att.data(), t, a.lse.data(), dsmall.data(), dqkv.data(), B, T, d,
+                               s.heads);
+    const void* dy_qkv = matmul_grad(dqkv.data(), vec_grad(g, v[kQkvB]), bt, 3 * d);
+    linear_backward(dy_qkv, a.ln1.data(), at(w, lay.qkv_w), dsmall.data(), at(g, lay.qkv_w), bt, 3 * d, d);
+    layernorm_backward(dsmall.data(), x, vec(w, v[kLn1W]), a.mean1.data(), a.rstd1.data(), dr, vec_grad(g, v[kLn1W]),
+                       vec_grad(g, v[kLn1B]), bt, d);
+    round_vec_grads(g, v);
   }
 
   // Final layer norm, tied head and mean cross-entropy over rows [0, bt). With dwte, also
-  // backward: dwte (overwritten) gets the head's gradient and dres the final residual's.
-  double head(const void* wfv, const void* wtev, long bt, void* dwtev, void* dlnfv, float loss_scale) {
-    const auto* wf = static_cast<const float*>(wfv);
-    const auto* wte = static_cast<const float*>(wtev);
-    auto* dwte = static_cast<float*>(dwtev);
-    auto* dlnf_wb = static_cast<float*>(dlnfv);
+  // backward: dwte (overwritten; in 16 bits, through dembed until embed_backward) gets the
+  // head's gradient and dres the final residual's.
+  double head(const void* wf, const void* wte, long bt, void* dwte_group, void* dlnf, float loss_scale) {
     const int d = s.d_model, V = s.vocab;
     const float* xf = resid[s.layers].data();
-    layernorm(xf, wf, wf + d, lnf.data(), meanf.data(), rstdf.data(), bt, d);
+    const float* lnf_w = vec(wf, final_vecs[0]);
+    layernorm(xf, lnf_w, vec(wf, final_vecs[1]), lnf, meanf.data(), rstdf.data(), bt, d);
+    const MatRef w = head_weights(wte);
+    float* dwte = !dwte_group ? nullptr : half ? dembed.data() : static_cast<float*>(dwte_group);
     double loss = 0;
     const float inv_n = loss_scale / static_cast<float>(bt);  // the gradient's scale
     float* dl = dsmall.data();  // gradient of lnf's output
     for (long r0 = 0; r0 < bt; r0 += chunk_rows) {
       const long nr = std::min(chunk_rows, bt - r0);
       float* lg = logits.data();
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(nr), V, d, 1.0f, lnf.data() + r0 * d, d,
-                  wte, d, 0.0f, lg, V);
+      gemm.run(nr, V, d, {lnf.at(r0, d), t, d}, w.transposed(), nullptr, lg, DType::F32, V, GemmOutput::Overwrite);
       std::vector<double> row_loss(nr);
       parallel_for(nr, 16, [&](long i) {
         float* z = lg + i * V;
@@ -315,29 +497,32 @@ struct Gpt::Impl {
         if (dwte) {
           detail::scale_into(z, static_cast<float>(inv_n / sum), V);
           z[tgt] -= inv_n;
+          if (half) convert_from_f32(dy.at(i, V), t, z, V);  // dlogits, rounded for both matmuls
         }
       });
       for (double v : row_loss) loss += v;
       if (!dwte) continue;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(nr), d, V, 1.0f, lg, V, wte, d, 0.0f,
-                  dl + r0 * d, d);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, d, static_cast<int>(nr), 1.0f, lg, V,
-                  lnf.data() + r0 * d, d, r0 == 0 ? 0.0f : 1.0f, dwte, d);
+      const MatRef dlogits = half ? MatRef{dy.data(), t, V} : MatRef{lg, DType::F32, V};
+      gemm.run(nr, d, V, dlogits, w, nullptr, dl + r0 * d, DType::F32, d, GemmOutput::Overwrite);
+      gemm.run(V, d, nr, dlogits.transposed(), {lnf.at(r0, d), t, d}, nullptr, dwte, DType::F32, d,
+               r0 == 0 ? GemmOutput::Overwrite : GemmOutput::Accumulate);
     }
     if (dwte) {
       std::fill(dres.begin(), dres.begin() + bt * d, 0.0f);
-      layernorm_backward(dl, xf, wf, meanf.data(), rstdf.data(), dres.data(), dlnf_wb, dlnf_wb + d, bt, d);
+      layernorm_backward(dl, xf, lnf_w, meanf.data(), rstdf.data(), dres.data(), vec_grad(dlnf, final_vecs[0]),
+                         vec_grad(dlnf, final_vecs[1]), bt, d);
+      round_vec_grads(dlnf, final_vecs);
     }
     return loss / static_cast<double>(bt);
   }
 
-  // Adds the embedding gradient into g0 (wte part holds the head's; wpe part is written).
-  void embed_backward(void* g0v, int B, int T) {
-    auto* g0 = static_cast<float*>(g0v);
+  // Adds the embedding lookup's gradient to the head's in wte's part of g0 (dembed in 16
+  // bits) and writes wpe's part; in 16 bits, g0 is then rounded once from dembed.
+  void embed_backward(void* g0, int B, int T) {
     const int32_t* tok = inputs;
     const int d = s.d_model;
-    float* dwte = g0;
-    float* dwpe = g0 + static_cast<long>(s.vocab) * d;
+    float* dwte = half ? dembed.data() : static_cast<float*>(g0);
+    float* dwpe = dwte + static_cast<long>(s.vocab) * d;
     std::fill(dwpe, dwpe + static_cast<long>(s.seq_len) * d, 0.0f);
     const float* dr = dres.data();
     // Rows with the same token add into one wte row: each thread owns a range of channels.
@@ -354,6 +539,10 @@ struct Gpt::Impl {
         }
       }
     });
+    if (!half) return;
+    for_row_chunks(s.vocab + s.seq_len, [&](long r0, long r1) {
+      convert_from_f32(at(g0, r0 * d), t, dembed.data() + r0 * d, (r1 - r0) * d);
+    });
   }
 };
 
@@ -362,17 +551,17 @@ Gpt::Gpt(const GptShape& shape, const GptOptions& opts)
 Gpt::~Gpt() = default;
 
 double Gpt::forward_backward(WeightSource& ws, const int32_t* inputs, const int32_t* targets, float loss_scale) {
-  const FlushDenormals ftz;
+  const FlushDenormals ftz(opts_.precision);
   return detail::gpt_forward_backward(*impl_, ws, shape_, opts_, inputs, targets, loss_scale);
 }
 
 double Gpt::forward_loss(WeightSource& ws, const int32_t* inputs, const int32_t* targets) {
-  const FlushDenormals ftz;
+  const FlushDenormals ftz(opts_.precision);
   return detail::gpt_forward_loss(*impl_, ws, shape_, opts_, inputs, targets);
 }
 
 void Gpt::next_token_logits(WeightSource& ws, const int32_t* tokens, int len, float* out) {
-  const FlushDenormals ftz;
+  const FlushDenormals ftz(opts_.precision);
   detail::gpt_next_token_logits(*impl_, ws, shape_, opts_, tokens, len, out);
 }
 
@@ -381,45 +570,6 @@ uint64_t Gpt::activation_bytes(const GptShape& s, const GptOptions& o) {
 }
 
 uint64_t Gpt::activation_bytes() const { return impl_->bytes; }
-
-// ---------------------------------------------------------------------------------------
-
-HostWeights::HostWeights(std::vector<std::vector<float>> groups, DType dtype) : dtype_(dtype) {
-  if (!is_working_dtype(dtype)) throw Error(std::string("HostWeights: ") + to_string(dtype) + " is not f32, bf16 or fp16");
-  const size_t es = dtype_size(dtype);
-  for (auto& g : groups) {
-    numel_.push_back(g.size());
-    params_.emplace_back(g.size() * es);
-    convert_from_f32(params_.back().data(), dtype, g.data(), g.size());
-    std::vector<float>().swap(g);
-  }
-  grads_.resize(numel_.size());
-  held_.assign(numel_.size(), 0);
-}
-
-const void* HostWeights::acquire_params(int g) {
-  ++held_.at(g);
-  return params_.at(g).data();
-}
-
-void HostWeights::release_params(int g) {
-  if (held_.at(g) <= 0) throw Error("release_params: group " + std::to_string(g) + " is not acquired");
-  --held_[g];
-}
-
-void* HostWeights::gradient_buffer(int g) {
-  // NaN in every element, whatever the type: the model must overwrite each one.
-  grads_.at(g).assign(numel_.at(g) * dtype_size(dtype_), std::byte{0xff});
-  return grads_[g].data();
-}
-
-std::vector<float> HostWeights::grads(int g) const {
-  std::vector<float> out(grads_.at(g).size() / dtype_size(dtype_));
-  convert_to_f32(out.data(), grads_[g].data(), dtype_, out.size());
-  return out;
-}
-
-void HostWeights::grads_ready(int) {}
 
 double measure_cpu_matmul_peak(double seconds) {
   const int n = 1024;
@@ -464,6 +614,16 @@ double measure_matmul_peak(Backend backend, double seconds) {
 #endif
   }
   return measure_cpu_matmul_peak(seconds);
+}
+
+double measure_matmul_peak(Backend backend, DType precision, double seconds) {
+  if (precision == DType::F32) return measure_matmul_peak(backend, seconds);
+  if (!is_working_dtype(precision))
+    throw ConfigError(std::string("measure_matmul_peak: ") + to_string(precision) + " is not f32, bf16 or fp16");
+  if (backend != Backend::Cpu)
+    throw ConfigError(std::string("measure_matmul_peak: no ") + precision_name(precision) + " peak for the " +
+                      (backend == Backend::Cuda ? "cuda" : "sim") + " backend here");
+  return detail::measure_gemm_peak(precision, seconds);
 }
 
 }  // namespace strata

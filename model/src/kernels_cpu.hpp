@@ -4,6 +4,10 @@
 // The math itself is core/math/gpt.hpp, shared with the GPU.
 #pragma once
 
+#include <cstdint>
+
+#include "strata/core/dtype.hpp"
+
 namespace strata::detail {
 
 void gelu_forward(const float* in, float* out, long n);               // out = gelu(in)
@@ -18,5 +22,16 @@ float max_of(const float* x, int n);
 // p[j] = exp(s[j] - m) for j < n; returns the sum (in double for long rows).
 double exp_shifted(const float* s, float* p, int n, float m);
 void scale_into(float* y, float a, int n);                            // y *= a
+
+// The 16-bit model's producers of matmul operands (docs/mixed-precision.md): fp32 math,
+// the output rounded once to t (BF16 or F16), in the same pass that computes it.
+// Rows [r0, r1) of layernorm_rows, the output rounded; row: n floats of scratch.
+void layernorm_rows_16(const float* x, const float* w, const float* b, uint16_t* y, DType t, float* mean,
+                       float* rstd, long r0, long r1, int n, float* row);
+void gelu_forward_16(const float* in, uint16_t* out, DType t, long n);  // out = round(gelu(in))
+// Over [rows, n]: g = grad * gelu'(in); out = round(g); colsum[j] += sum over rows of g.
+void gelu_backward_16(const float* grad, const float* in, uint16_t* out, DType t, float* colsum, long rows, int n);
+// Over [rows, n]: out = round(x); colsum[j] += sum over rows of x.
+void round_rows_16(const float* x, uint16_t* out, DType t, float* colsum, long rows, int n);
 
 }  // namespace strata::detail

@@ -4,23 +4,33 @@
 Builds the same GPT-2-style model with torch.nn modules (pre-LayerNorm blocks, causal
 attention, tanh-GELU MLP, final LayerNorm, output head tied to wte), gives it random
 weights (biases and layer-norm parameters random too, so their gradients are checked),
-and writes one binary file that tests/model/test_gpt_numerics.cpp reads:
+and writes binary files that tests/model/test_gpt_numerics.cpp reads:
 
-  int32 magic 0x53475054 ("STGP"), version 1
+  int32 magic 0x53475054 ("STGP"), version 2
   int32 layers, d_model, heads, seq_len, vocab, batch, steps, npos
+  int32 precision                            0 f32, 1 bf16, 2 fp16
+  f32   loss_scale                           the gradients below are of loss x loss_scale
   int32 positions[npos]                      positions whose logits are stored
   int32 tokens[steps][batch][seq_len + 1]    batch s: inputs [:, :-1], targets [:, 1:]
   f32   params, group by group, in Strata's flat layout (model/gpt_layout.hpp)
   f32   logits[batch][npos][vocab]           of batch 0
   f64   loss                                 of batch 0
   f32   grads, group by group, same layout   of batch 0's mean loss
+  and in the f32 file only:
   f64   losses[steps]                        AdamW over batches 0..steps-1: the loss of
                                              batch s before step s's update
   f32   lr, beta1, beta2, eps, weight_decay  the optimizer's settings
 
-The reference runs in float64 so that it is the "true" value; Strata runs in float32,
-and the test's tolerances are about float32 rounding, not about two float32 codes
-agreeing by accident.
+--out writes the f32 reference: float64 torch.nn modules, the "true" value; Strata runs
+in float32 and the test's tolerances are about float32 rounding, not about two float32
+codes agreeing by accident.
+
+--out-bf16 and --out-fp16 write the 16-bit references (same weights and tokens; one
+batch, no AdamW steps): the same model written out functionally, rounding to the 16-bit
+type exactly where docs/mixed-precision.md says Strata rounds (the weights as stored,
+the layer norms' outputs, qkv, the attention output, GELU's output, every dY before its
+backward matmuls, and every gradient once at the end) and computing in float64 in
+between; attention's backward reads the rounded output, as Strata's does. The params stored are the fp32 ones; Strata rounds them as the reference does.
 """
 import argparse
 import math
@@ -30,7 +40,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-MAGIC, VERSION = 0x53475054, 1
+MAGIC, VERSION = 0x53475054, 2
+PRECISIONS = {"f32": (0, None), "bf16": (1, torch.bfloat16), "fp16": (2, torch.float16)}
 
 
 class Block(nn.Module):
@@ -88,6 +99,113 @@ class GPT(nn.Module):
                 [[self.ln_f.weight, self.ln_f.bias]])
 
 
+def to_half(x, h):
+    """x rounded to the 16-bit type h as Strata rounds its fp32 values, back in float64."""
+    return x.to(torch.float32).to(h).to(torch.float64)
+
+
+class Round(torch.autograd.Function):
+    """A 16-bit copy of an activation: rounded forward; its gradient passes in full."""
+
+    @staticmethod
+    def forward(ctx, x, h):
+        return to_half(x, h)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+class Matmul(torch.autograd.Function):
+    """Y = X W^T over 16-bit X, W; backward rounds dY once for both of its matmuls."""
+
+    @staticmethod
+    def forward(ctx, x, w, h):
+        ctx.save_for_backward(x, w)
+        ctx.h = h
+        return x @ w.t()
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        d = to_half(dy, ctx.h)
+        x2, d2 = x.reshape(-1, x.shape[-1]), d.reshape(-1, d.shape[-1])
+        return d @ w, d2.t() @ x2, None
+
+
+class Attention(torch.autograd.Function):
+    """Causal attention over 16-bit q, k, v [B, H, T, hd], its output rounded. Backward as
+    FlashAttention's (and Strata's): D = rowsum(dO * O) reads the stored, rounded O."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, h):
+        T, hd = q.shape[-2], q.shape[-1]
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(hd)
+        p = att.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf")).softmax(dim=-1)
+        o = to_half(p @ v, h)
+        ctx.save_for_backward(q, k, v, p, o)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, p, o = ctx.saved_tensors
+        scale = 1 / math.sqrt(q.shape[-1])
+        ds = p * (do @ v.transpose(-2, -1) - (do * o).sum(-1, keepdim=True))
+        return scale * ds @ k, scale * ds.transpose(-2, -1) @ q, p.transpose(-2, -1) @ do, None
+
+
+def mixed_forward(m, p, idx, targets, h):
+    """GPT m's forward in the 16-bit contract, over p: m's parameters -> 16-bit leaves."""
+    B, T = idx.shape
+    d = m.wte.weight.shape[1]
+    x = F.embedding(idx, p[m.wte.weight]) + p[m.wpe.weight][:T]  # fp32 residual
+    for b in m.h:
+        hd = d // b.heads
+        ln1 = Round.apply(F.layer_norm(x, (d,), p[b.ln_1.weight], p[b.ln_1.bias]), h)
+        qkv = Round.apply(Matmul.apply(ln1, p[b.c_attn.weight], h) + p[b.c_attn.bias], h)
+        q, k, v = (t.reshape(B, T, b.heads, hd).transpose(1, 2) for t in qkv.split(d, dim=2))
+        y = Attention.apply(q, k, v, h).transpose(1, 2).reshape(B, T, d)
+        x = x + Matmul.apply(y, p[b.attn_proj.weight], h) + p[b.attn_proj.bias]
+        ln2 = Round.apply(F.layer_norm(x, (d,), p[b.ln_2.weight], p[b.ln_2.bias]), h)
+        fc = Matmul.apply(ln2, p[b.c_fc.weight], h) + p[b.c_fc.bias]  # fp32
+        gel = Round.apply(F.gelu(fc, approximate="tanh"), h)
+        x = x + Matmul.apply(gel, p[b.mlp_proj.weight], h) + p[b.mlp_proj.bias]
+    lnf = Round.apply(F.layer_norm(x, (d,), p[m.ln_f.weight], p[m.ln_f.bias]), h)
+    logits = Matmul.apply(lnf, p[m.wte.weight], h)
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    return logits, loss
+
+
+def header(a, precision, loss_scale, positions):
+    steps = a.steps if precision == "f32" else 1
+    return (struct.pack("<11i", MAGIC, VERSION, a.layers, a.d_model, a.heads, a.seq_len, a.vocab, a.batch, steps,
+                        len(positions), PRECISIONS[precision][0]) +
+            struct.pack("<f", loss_scale) + struct.pack(f"<{len(positions)}i", *positions))
+
+
+def f32(ts):
+    return b"".join(t.detach().to(torch.float32).contiguous().numpy().tobytes() for t in ts)
+
+
+def write_mixed(path, a, m, precision, loss_scale, tokens, positions):
+    """The 16-bit reference: m's fp32 weights rounded to the type, batch 0's logits, loss
+    and gradients (of loss x loss_scale) in the contract's rounding."""
+    h = PRECISIONS[precision][1]
+    groups = m.groups()
+    p = {t: to_half(t.detach(), h).requires_grad_() for g in groups for t in g}
+    x, y = tokens[0, :, :-1].long(), tokens[0, :, 1:].long()
+    logits, loss = mixed_forward(m, p, x, y, h)
+    (loss * loss_scale).backward()
+    with open(path, "wb") as f:
+        f.write(header(a, precision, loss_scale, positions))
+        f.write(tokens[:1].numpy().tobytes())
+        f.write(b"".join(f32(g) for g in groups))
+        f.write(f32([logits[:, positions, :]]))
+        f.write(struct.pack("<d", loss.item()))
+        f.write(b"".join(f32([to_half(p[t].grad, h) for t in g]) for g in groups))
+    print(f"wrote {path}: {precision} loss {loss.item():.6f}, gradients x {loss_scale}")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -99,6 +217,9 @@ def main():
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--out-bf16", help="also write the bf16 reference here")
+    p.add_argument("--out-fp16", help="also write the fp16 reference here")
+    p.add_argument("--fp16-loss-scale", type=float, default=1024.0)
     a = p.parse_args()
 
     torch.manual_seed(a.seed)
@@ -116,8 +237,10 @@ def main():
     tokens = torch.randint(0, a.vocab, (a.steps, a.batch, a.seq_len + 1), dtype=torch.int32)
     positions = [0, 1, 63, 64, a.seq_len - 1]
 
-    def f32(ts):
-        return b"".join(t.detach().to(torch.float32).contiguous().numpy().tobytes() for t in ts)
+    if a.out_bf16:
+        write_mixed(a.out_bf16, a, m, "bf16", 1.0, tokens, positions)
+    if a.out_fp16:
+        write_mixed(a.out_fp16, a, m, "fp16", a.fp16_loss_scale, tokens, positions)
 
     params = b"".join(f32(g) for g in groups)
     x, y = tokens[0, :, :-1].long(), tokens[0, :, 1:].long()
@@ -137,9 +260,7 @@ def main():
         losses.append(l.item())
 
     with open(a.out, "wb") as f:
-        f.write(struct.pack("<10i", MAGIC, VERSION, a.layers, a.d_model, a.heads, a.seq_len, a.vocab, a.batch,
-                            a.steps, len(positions)))
-        f.write(struct.pack(f"<{len(positions)}i", *positions))
+        f.write(header(a, "f32", 1.0, positions))
         f.write(tokens.numpy().tobytes())
         f.write(params)
         f.write(logits_sel)

@@ -5,10 +5,11 @@
 // It knows nothing of sharding or tiers: it asks a WeightSource for each group's weights
 // just before use (in gpt_schedule's order) and hands back each group's gradient right
 // after that group's backward, so the engine can reduce and offload it while the rest of
-// backward runs. Matmuls are OpenBLAS sgemm; attention is computed block by block with
+// backward runs. fp32 matmuls are OpenBLAS sgemm; attention is computed block by block with
 // an online softmax (no more than one [block, block] tile of scores exists at a time,
 // forward or backward); the output head and loss run over row chunks, so no full
-// [tokens, vocab] logits tensor exists either.
+// [tokens, vocab] logits tensor exists either. In bf16 and fp16 (GptOptions::precision)
+// the model rounds where docs/mixed-precision.md says; its bf16 matmuls are oneDNN's.
 #pragma once
 
 #include <cstdint>
@@ -95,6 +96,11 @@ std::unique_ptr<GptModel> make_gpt(Backend backend, const GptShape& shape, const
 // (cpu) or cuBLAS sgemm without TF32 on the current GPU (cuda); the best of a few runs of
 // about `seconds` in total. The peak MFU is measured against.
 double measure_matmul_peak(Backend backend, double seconds = 0.5);
+// The same for a model computing in `precision`: F32 as above; on the cpu, BF16 and F16
+// are the model's own matmul path (model/src/gemm_cpu.hpp: oneDNN's bf16 matmul, or fp32
+// sgemm over converted operands where the CPU has no 16-bit instructions) at a GPT-2-small
+// MLP shape, 4096 x 3072 x 768. Throws ConfigError for 16 bits on other backends.
+double measure_matmul_peak(Backend backend, DType precision, double seconds);
 
 // A WeightSource over plain host buffers, one per group (sampling from a checkpoint,
 // tests). The fp32 groups it is given are held as `dtype` (rounded to nearest even when

@@ -1,0 +1,315 @@
+#include "gemm_cpu.hpp"
+
+#include <cblas.h>
+#include <omp.h>
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "kernels_cpu.hpp"
+#include "parallel.hpp"
+#include "strata/core/convert.hpp"
+#include "strata/core/error.hpp"
+#include "strata/core/log.hpp"
+
+namespace strata::detail {
+namespace {
+
+const char* dnnl_status_name(dnnl_status_t s) {
+  switch (s) {
+    case dnnl_out_of_memory: return "out of memory";
+    case dnnl_invalid_arguments: return "invalid arguments";
+    case dnnl_unimplemented: return "unimplemented";
+    case dnnl_runtime_error: return "runtime error";
+    default: return "oneDNN error";
+  }
+}
+
+}  // namespace
+}  // namespace strata::detail
+
+STRATA_DEFINE_CALL_CHECK(check_dnnl_call, "oneDNN", dnnl_status_t, code == dnnl_success, dnnl_status_name(code))
+#define STRATA_CHECK_DNNL(expr) ::strata::detail::check_dnnl_call((expr), #expr, __FILE__, __LINE__)
+
+namespace strata::detail {
+namespace {
+
+using dnnl::memory;
+
+memory::data_type dnnl_type(DType t) {
+  switch (t) {
+    case DType::F32: return memory::data_type::f32;
+    case DType::BF16: return memory::data_type::bf16;
+    case DType::F16: return memory::data_type::f16;
+    default: STRATA_CHECK(false, std::string("no matmul over ") + to_string(t));
+  }
+  return memory::data_type::undef;
+}
+
+// The memory descriptors of C = op(A) op(B) (+ bias): op(A) is [M, K], op(B) [K, N]; a
+// transposed operand is the stored matrix read with swapped strides.
+struct Descs {
+  memory::desc a, b, bias, c;
+};
+
+Descs descs(long M, long N, long K, const MatRef& a, const MatRef& b, bool bias, DType c_type, long ldc) {
+  return {memory::desc({M, K}, dnnl_type(a.type), a.trans ? memory::dims{1, a.ld} : memory::dims{a.ld, 1}),
+          memory::desc({K, N}, dnnl_type(b.type), b.trans ? memory::dims{1, b.ld} : memory::dims{b.ld, 1}),
+          bias ? memory::desc({1, N}, memory::data_type::f32, memory::dims{N, 1}) : memory::desc(),
+          memory::desc({M, N}, dnnl_type(c_type), memory::dims{ldc, 1})};
+}
+
+// oneDNN's optimised matmul for this call, or none: oneDNN cannot make one (fp16 without
+// AVX512-FP16), or only its reference one (scalar loops, far slower than converting).
+std::optional<dnnl::matmul::primitive_desc> describe(const dnnl::engine& eng, const Descs& d, GemmOutput out,
+                                                     std::string* why) {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // ours, made once per shape
+  if (out == GemmOutput::Accumulate) {
+    dnnl::post_ops po;
+    po.append_sum(1.0f);
+    attr.set_post_ops(po);
+  }
+  try {
+    const auto desc = d.bias.is_zero() ? dnnl::matmul::desc(d.a, d.b, d.c) : dnnl::matmul::desc(d.a, d.b, d.bias, d.c);
+    dnnl::matmul::primitive_desc pd(desc, attr, eng);
+    const std::string_view impl = pd.impl_info_str();
+    if (!impl.starts_with("ref")) return pd;
+    *why = "oneDNN has only its reference implementation (" + std::string(impl) + ")";
+  } catch (const dnnl::error& e) {
+    *why = std::string("oneDNN cannot make the matmul (") + e.what() + ")";
+  }
+  return std::nullopt;
+}
+
+const char* isa_name(dnnl::cpu_isa isa) {
+  switch (isa) {
+    case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
+    case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core: return "avx512_core";
+    case dnnl::cpu_isa::avx2_vnni: return "avx2_vnni";
+    case dnnl::cpu_isa::avx2: return "avx2";
+    default: return "older than avx2";
+  }
+}
+
+// Decides and logs (once) which path matmuls of a 16-bit type take on this machine.
+bool probe_native(DType t) {
+  const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+  const std::string type = precision_name(t);
+  const std::string fallback = "; its matmuls convert the 16-bit operands to fp32 for OpenBLAS sgemm (the same "
+                               "products and fp32 sums; slower)";
+  // The ISA values are bit sets, each containing the ones it extends.
+  const auto bf16_isa = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+  if (t == DType::BF16 && (static_cast<unsigned>(isa) & bf16_isa) != bf16_isa) {
+    log::warn(std::string("cpu matmuls in bf16: this CPU (oneDNN isa ") + isa_name(isa) +
+              ") has no bf16 dot-product instructions" + fallback);
+    return false;
+  }
+  const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  const MatRef a{nullptr, t, 64}, b{nullptr, t, 64, true};
+  std::string why;
+  const auto pd = describe(eng, descs(64, 64, 64, a, b, true, t, 64), GemmOutput::Overwrite, &why);
+  if (!pd) {
+    log::warn("cpu matmuls in " + type + ": " + why + fallback);
+    return false;
+  }
+  log::info("cpu matmuls in " + type + ": oneDNN " + pd->impl_info_str() + " (isa " + isa_name(isa) + ")");
+  return true;
+}
+
+template <class Fn>
+void rows_parallel(long rows, Fn&& fn) {
+  parallel_for((rows + 63) / 64, 1, [&](long c) { fn(c * 64, std::min(rows, c * 64 + 64)); });
+}
+
+}  // namespace
+
+bool gemm_native(DType t) {
+  if (t == DType::F32) return true;
+  if (t == DType::BF16) {
+    static const bool bf16 = probe_native(t);
+    return bf16;
+  }
+  if (t == DType::F16) {
+    static const bool fp16 = probe_native(t);
+    return fp16;
+  }
+  return false;
+}
+
+uint64_t gemm_workspace_floats(long M, long N, long K, DType a, DType b, DType c) {
+  if (a == b && gemm_native(a)) return 0;
+  auto floats = [](DType t, long rows, long cols) { return t == DType::F32 ? 0 : static_cast<uint64_t>(rows) * cols; };
+  return floats(a, M, K) + floats(b, K, N) + floats(c, M, N);
+}
+
+struct CpuGemm::Dnnl {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+};
+
+// One call shape, made once: its oneDNN matmul (none when it takes the converting path),
+// memory objects whose data pointers are set per call, and its scratchpad.
+struct CpuGemm::Primitive {
+  long M, N, K, lda, ldb, ldc;
+  bool ta, tb, bias;
+  DType a_type, b_type, c_type;
+  GemmOutput out;
+  std::optional<dnnl::matmul> matmul;
+  memory a, b, bias_mem, c, scratch_mem;
+  std::vector<std::byte> scratch;
+  dnnl_exec_arg_t args[5];
+  int nargs = 0;
+
+  bool is(long m, long n, long k, const MatRef& x, const MatRef& y, bool has_bias, DType ct, long ldc_,
+          GemmOutput o) const {
+    return M == m && N == n && K == k && lda == x.ld && ldb == y.ld && ldc == ldc_ && ta == x.trans &&
+           tb == y.trans && bias == has_bias && a_type == x.type && b_type == y.type && c_type == ct && out == o;
+  }
+};
+
+CpuGemm::CpuGemm() = default;
+CpuGemm::~CpuGemm() = default;
+
+CpuGemm::Primitive& CpuGemm::primitive(long M, long N, long K, const MatRef& a, const MatRef& b, bool bias,
+                                       DType c_type, long ldc, GemmOutput out) {
+  for (auto& p : primitives_)
+    if (p->is(M, N, K, a, b, bias, c_type, ldc, out)) return *p;
+  if (!dnnl_) dnnl_ = std::make_unique<Dnnl>();
+  auto p = std::make_unique<Primitive>(Primitive{M, N, K, a.ld, b.ld, ldc, a.trans, b.trans, bias, a.type, b.type,
+                                                 c_type, out});
+  const Descs d = descs(M, N, K, a, b, bias, c_type, ldc);
+  std::string why;
+  if (const auto pd = describe(dnnl_->engine, d, out, &why)) {
+    p->matmul.emplace(*pd);
+    const auto& eng = dnnl_->engine;
+    p->scratch.resize(pd->scratchpad_desc().get_size());
+    p->a = memory(d.a, eng, nullptr);
+    p->b = memory(d.b, eng, nullptr);
+    p->c = memory(d.c, eng, nullptr);
+    p->scratch_mem = memory(pd->scratchpad_desc(), eng, p->scratch.data());
+    p->args[p->nargs++] = {DNNL_ARG_SRC, p->a.get()};
+    p->args[p->nargs++] = {DNNL_ARG_WEIGHTS, p->b.get()};
+    p->args[p->nargs++] = {DNNL_ARG_DST, p->c.get()};
+    p->args[p->nargs++] = {DNNL_ARG_SCRATCHPAD, p->scratch_mem.get()};
+    if (bias) {
+      p->bias_mem = memory(d.bias, eng, nullptr);
+      p->args[p->nargs++] = {DNNL_ARG_BIAS, p->bias_mem.get()};
+    }
+  } else {
+    log::warn_once("gemm " + why, "a cpu matmul of " + std::to_string(M) + "x" + std::to_string(N) + "x" +
+                                      std::to_string(K) + ": " + why + "; converting its operands to fp32");
+  }
+  primitives_.push_back(std::move(p));
+  return *primitives_.back();
+}
+
+void CpuGemm::run(long M, long N, long K, const MatRef& a, const MatRef& b, const float* bias, void* c, DType c_type,
+                  long ldc, GemmOutput out) {
+  STRATA_CHECK(out == GemmOutput::Overwrite || c_type == DType::F32, "only an fp32 C can be accumulated into");
+  if (M == 0 || N == 0) return;
+  if (a.type == b.type && a.type != DType::F32 && gemm_native(a.type)) {
+    Primitive& p = primitive(M, N, K, a, b, bias != nullptr, c_type, ldc, out);
+    if (p.matmul) {
+      p.a.set_data_handle(const_cast<void*>(a.data));
+      p.b.set_data_handle(const_cast<void*>(b.data));
+      p.c.set_data_handle(c);
+      if (bias) p.bias_mem.set_data_handle(const_cast<float*>(bias));
+      // oneDNN runs on OpenMP's threads: as many as the model's own loops use, whatever
+      // the caller's OpenMP setting is (restored after).
+      const int caller_threads = omp_get_max_threads();
+      omp_set_num_threads(static_cast<int>(model_threads()));
+      const dnnl_status_t st = dnnl_primitive_execute(p.matmul->get(), dnnl_->stream.get(), p.nargs, p.args);
+      omp_set_num_threads(caller_threads);
+      STRATA_CHECK_DNNL(st);
+      return;
+    }
+  }
+  run_sgemm(M, N, K, a, b, bias, c, c_type, ldc, out);
+}
+
+void CpuGemm::run_sgemm(long M, long N, long K, const MatRef& a, const MatRef& b, const float* bias, void* c,
+                        DType c_type, long ldc, GemmOutput out) {
+  uint64_t used = 0;
+  auto take = [&](uint64_t n) {
+    STRATA_CHECK(used + n <= workspace_floats_, "the matmul workspace is too small: " + std::to_string(used + n) +
+                                                    " floats needed, " + std::to_string(workspace_floats_) + " set");
+    float* p = workspace_ + used;
+    used += n;
+    return p;
+  };
+  // A 16-bit operand as a dense fp32 copy of the matrix as stored (rows x cols).
+  auto as_f32 = [&](const MatRef& m, long rows, long cols) {
+    if (m.type == DType::F32) return m;
+    float* dst = take(static_cast<uint64_t>(rows) * cols);
+    const auto* src = static_cast<const std::byte*>(m.data);
+    const size_t es = dtype_size(m.type);
+    rows_parallel(rows, [&](long r0, long r1) {
+      for (long r = r0; r < r1; ++r) convert_to_f32(dst + r * cols, src + r * m.ld * es, m.type, cols);
+    });
+    return MatRef{dst, DType::F32, cols, m.trans};
+  };
+  const MatRef af = as_f32(a, a.trans ? K : M, a.trans ? M : K);
+  const MatRef bf = as_f32(b, b.trans ? N : K, b.trans ? K : N);
+  float* cf = c_type == DType::F32 ? static_cast<float*>(c) : take(static_cast<uint64_t>(M) * N);
+  const long ldcf = c_type == DType::F32 ? ldc : N;
+  cblas_sgemm(CblasRowMajor, af.trans ? CblasTrans : CblasNoTrans, bf.trans ? CblasTrans : CblasNoTrans,
+              static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), 1.0f, static_cast<const float*>(af.data),
+              static_cast<int>(af.ld), static_cast<const float*>(bf.data), static_cast<int>(bf.ld),
+              out == GemmOutput::Accumulate ? 1.0f : 0.0f, cf, static_cast<int>(ldcf));
+  if (bias) rows_parallel(M, [&](long r0, long r1) { add_bias_rows(cf + r0 * ldcf, bias, r1 - r0, N); });
+  if (c_type != DType::F32) {
+    auto* dst = static_cast<std::byte*>(c);
+    const size_t es = dtype_size(c_type);
+    rows_parallel(M, [&](long r0, long r1) {
+      for (long r = r0; r < r1; ++r) convert_from_f32(dst + r * ldc * es, c_type, cf + r * ldcf, N);
+    });
+  }
+}
+
+void gemm_threads_flush_denormals() {
+#if defined(__SSE__)
+  constexpr unsigned kFtzDaz = 0x8040;
+#pragma omp parallel num_threads(static_cast<int>(model_threads()))
+  _mm_setcsr(_mm_getcsr() | kFtzDaz);
+#endif
+}
+
+double measure_gemm_peak(DType t, double seconds) {
+  const long M = 4096, N = 3072, K = 768;
+  const size_t es = dtype_size(t);
+  std::vector<std::byte> a(M * K * es), b(N * K * es);
+  std::vector<float> half(std::max(M * K, N * K), 0.5f), c(M * N);
+  convert_from_f32(a.data(), t, half.data(), M * K);
+  convert_from_f32(b.data(), t, half.data(), N * K);
+  CpuGemm gemm;
+  std::vector<float> workspace(gemm_workspace_floats(M, N, K, t, t, DType::F32));
+  gemm.set_workspace(workspace.data(), workspace.size());
+  auto once = [&] {
+    gemm.run(M, N, K, {a.data(), t, K}, {b.data(), t, K, true}, nullptr, c.data(), DType::F32, N,
+             GemmOutput::Overwrite);
+  };
+  once();  // makes the primitive, warms the caches and threads
+  double best = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  do {
+    const auto t0 = std::chrono::steady_clock::now();
+    once();
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, 2.0 * M * N * static_cast<double>(K) / dt);
+  } while (std::chrono::steady_clock::now() < until);
+  return best;
+}
+
+}  // namespace strata::detail
