@@ -620,9 +620,15 @@ double measure_matmul_peak(Backend backend, DType precision, double seconds) {
   if (precision == DType::F32) return measure_matmul_peak(backend, seconds);
   if (!is_working_dtype(precision))
     throw ConfigError(std::string("measure_matmul_peak: ") + to_string(precision) + " is not f32, bf16 or fp16");
+  if (backend == Backend::Cuda) {
+#ifdef STRATA_HAVE_CUDA
+    return measure_cuda_matmul_peak(precision, seconds);
+#else
+    throw ConfigError("measure_matmul_peak: this build has no cuda backend");
+#endif
+  }
   if (backend != Backend::Cpu)
-    throw ConfigError(std::string("measure_matmul_peak: no ") + precision_name(precision) + " peak for the " +
-                      (backend == Backend::Cuda ? "cuda" : "sim") + " backend here");
+    throw ConfigError(std::string("measure_matmul_peak: no ") + precision_name(precision) + " peak for the sim backend");
   return detail::measure_gemm_peak(precision, seconds);
 }
 

@@ -105,9 +105,9 @@ StartPoint resume_latest(ZeroEngine& engine, coll::Communicator& comm, const std
 // The matmul peak that MFU is measured against, FLOP/s: every rank measures at once (on
 // the cpu they share the machine's cores when they share a machine; on cuda each its own
 // GPU) and the peaks are summed.
-double measure_peak_flops(coll::Communicator& comm, Backend backend) {
+double measure_peak_flops(coll::Communicator& comm, Backend backend, DType precision) {
   comm.barrier().wait();
-  double peak = measure_matmul_peak(backend, 0.3);
+  double peak = measure_matmul_peak(backend, precision, 0.3);  // of the precision the model computes in
   comm.all_reduce(std::span<double>(&peak, 1)).wait();
   return peak;
 }
@@ -310,7 +310,7 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
   const StartPoint start = topts.resume ? resume_latest(*engine, *comm, cfg.strata.checkpoint_dir) : StartPoint{};
   res.first_step = start.step;
   DataPosition pos = start.pos;
-  res.peak_flops = measure_peak_flops(*comm, cfg.strata.backend);
+  res.peak_flops = measure_peak_flops(*comm, cfg.strata.backend, cfg.precision());
   const StepCost cost{static_cast<uint64_t>(micro) * accum * world * shape.seq_len, gpt_flops_per_token(shape),
                       res.peak_flops};
   step_log.header(shape, world, *ctx.device, eo, *engine, *model, mo, cost);
