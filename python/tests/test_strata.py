@@ -22,7 +22,7 @@ class Module(unittest.TestCase):
     def test_version(self):
         self.assertEqual(strata.api_version(), strata.API_VERSION)
         self.assertEqual(strata.api_version() >> 16, 1)
-        self.assertIn("api 1.0", strata.version())
+        self.assertIn("api 1.1", strata.version())
 
     def test_from_file(self):
         with tempfile.TemporaryDirectory() as d:
