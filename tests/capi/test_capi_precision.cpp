@@ -54,7 +54,7 @@ TEST(CApiPrecision, TheReferenceConversionsRoundToNearestEven) {
 // the two working copies round to neighbours: at most one unit in the last place apart,
 // and rarely (at most 1 of 1952 elements here). A reference that rounds elsewhere is
 // caught: one that does not round the gradients, or computes them from the unrounded
-// master weights, ends several units away on some elements.
+// master weights, ends more than one unit away on some element.
 TEST(CApiPrecision, TrainingMatchesAReferenceThatRoundsWhereStrataDoes) {
   struct Case {
     strata_dtype t;
