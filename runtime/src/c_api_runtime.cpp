@@ -427,8 +427,9 @@ bool Runtime::step() {
     stepped = engine_->step();
   } catch (...) {
     // The engine ends the step before its last failures (the fp16 scaler at its minimum
-    // scale, the optimizer's I/O): follow it, so that the caller can load a checkpoint or
-    // begin another micro-batch instead of finding every call refused.
+    // scale, before any state changed; the optimizer's I/O, which may leave states partly
+    // updated): follow it, so that the caller can load a checkpoint instead of finding
+    // every call refused.
     if (engine_->micro_step() < 0) end_step();
     throw;
   }
