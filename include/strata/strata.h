@@ -8,6 +8,17 @@
  * its tier (device, pinned host memory, NVMe) is. Configuration is Strata's JSON
  * (docs/configuration.md: DeepSpeed keys plus a `strata` section).
  *
+ * Precision: the configuration's `bf16` or `fp16` section (DeepSpeed's keys) makes the
+ * runtime train in 16 bits: every group is registered with that dtype, acquired
+ * parameters and gradient buffers are 16-bit (zero copy), gradients are handed in as
+ * 16-bit values, and the master weights and Adam moments stay fp32; the working
+ * parameters are the master weights rounded to nearest even after every step. Without
+ * either section the runtime trains in fp32. In fp16 the caller multiplies its loss by
+ * strata_loss_scale() (so its gradients carry the scale, which the optimizer divides
+ * out); a step whose gradients overflowed is skipped and the scale lowered
+ * (strata_step's *stepped is 0). Nothing is converted silently: a buffer of another
+ * dtype is refused with STRATA_ERR_DTYPE, except where a call says it takes F32 too.
+ *
  * Trace-driven prefetch: the order of acquires in the first micro-step is recorded;
  * later micro-steps prefetch by it. A micro-step that departs from it fetches on demand
  * for the rest of that micro-step and its order becomes the new trace
@@ -51,7 +62,9 @@ extern "C" {
 #endif
 
 #define STRATA_API_VERSION_MAJOR 1
-#define STRATA_API_VERSION_MINOR 0
+/* 1.1: 16-bit runtimes, strata_loss_scale, strata_stats.skipped_steps and loss_scale,
+ * strata_runtime_info.dtype. */
+#define STRATA_API_VERSION_MINOR 1
 #define STRATA_API_VERSION ((STRATA_API_VERSION_MAJOR << 16) | STRATA_API_VERSION_MINOR)
 
 #define STRATA_MAX_DIMS 8 /* dimensions of a parameter group's shape */
@@ -76,8 +89,9 @@ typedef enum strata_status {
   STRATA_STATUS_FORCE_INT32 = 0x7fffffff /* not a status: keeps every int32 a valid value */
 } strata_status;
 
-/* Element types. This version's engine keeps fp32 only: F16 and BF16 are refused with
- * STRATA_ERR_DTYPE (they are listed so that the ABI does not change when they come). */
+/* Element types. A runtime has one: F32, or BF16 / F16 when its configuration enables
+ * `bf16` / `fp16`; its groups, acquired parameters and gradients are all of that type.
+ * F16 and BF16 elements are their IEEE binary16 / bfloat16 bits (uint16_t in C). */
 typedef enum strata_dtype {
   STRATA_F32 = 0,
   STRATA_F16 = 1,
@@ -122,12 +136,14 @@ typedef struct strata_group_desc {
   const char* name;       /* unique within the runtime, non-empty */
   int32_t ndim;           /* 1 .. STRATA_MAX_DIMS */
   const int64_t* shape;   /* [ndim], each >= 1; numel is their product */
-  strata_dtype dtype;     /* STRATA_F32 */
+  strata_dtype dtype;     /* the runtime's (strata_runtime_info.dtype); another is STRATA_ERR_DTYPE */
   strata_init_kind init;
   float init_std;         /* STRATA_INIT_NORMAL */
   float init_value;       /* STRATA_INIT_CONSTANT */
   /* STRATA_INIT_DATA: numel elements of dtype in host memory, copied before the call
-   * returns. On several ranks every rank must pass the same values. */
+   * returns. On several ranks every rank must pass the same values. In 16 bits the fp32
+   * master weights start as these values widened (exactly), as DeepSpeed's start from
+   * the 16-bit model: round fp32 weights to the group's dtype before passing them. */
   const void* data;
 } strata_group_desc;
 
@@ -135,7 +151,7 @@ typedef struct strata_group_desc {
 typedef struct strata_buffer {
   void* data;             /* numel elements, contiguous, in the group's flat layout */
   uint64_t numel;
-  strata_dtype dtype;
+  strata_dtype dtype;     /* the runtime's: parameters and gradients are never converted */
   strata_device_type device_type; /* CPU on the cpu backend, CUDA on the cuda backend */
   int32_t device_id;      /* the GPU ordinal (0 on the cpu backend) */
   int32_t ndim;
@@ -172,7 +188,10 @@ typedef struct strata_stats {
   uint64_t prefetched;     /* of which ahead of need */
   uint64_t trace_departures; /* micro-steps that left the recorded acquire order */
   int64_t optimizer_steps;
-  double last_grad_norm;   /* of the averaged gradient, before clipping */
+  double last_grad_norm;   /* of the averaged gradient, before clipping (loss scale divided out) */
+  /* Since API 1.1. */
+  uint64_t skipped_steps;  /* strata_step calls that skipped (gradients not finite: fp16 overflows) */
+  double loss_scale;       /* as strata_loss_scale (0 before the engine starts, like the rest) */
 } strata_stats;
 
 typedef struct strata_runtime_info {
@@ -184,6 +203,8 @@ typedef struct strata_runtime_info {
   int32_t started;         /* 1 once the engine runs (groups can no longer be added) */
   int32_t gradient_accumulation_steps;
   int32_t zero_stage;
+  /* Since API 1.1. */
+  strata_dtype dtype;      /* the precision: every group's, every buffer's (bf16/fp16 sections) */
 } strata_runtime_info;
 
 /* ---- queries (any thread, no runtime needed) ---- */
@@ -235,30 +256,47 @@ STRATA_API strata_status strata_set_schedule(strata_runtime rt, const int32_t* o
  * group must have had its gradient handed in for the previous micro-batch. */
 STRATA_API strata_status strata_begin_micro_step(strata_runtime rt);
 /* The group's full parameters, ready to read (see strata_buffer.ready_event), valid
- * until the matching strata_release. A group may be acquired again while held; each
- * acquire needs its release. Inside a micro-batch only. Collective on stage 3 (the
+ * until the matching strata_release. Of the runtime's dtype: in 16 bits, the rounded
+ * working copy the model computes with (the fp32 master weights are the optimizer's).
+ * A group may be acquired again while held; each acquire needs its release. Inside a micro-batch only. Collective on stage 3 (the
  * gather), so on several ranks acquire in the same order everywhere. Read-only: writes
  * are not kept. */
 STRATA_API strata_status strata_acquire(strata_runtime rt, int32_t group, strata_buffer* out);
 STRATA_API strata_status strata_release(strata_runtime rt, int32_t group);
-/* A writable buffer for the group's gradient of this micro-batch (zero copy): write all
- * numel elements, then call strata_grad_ready. One outstanding per group. */
+/* A writable buffer for the group's gradient of this micro-batch (zero copy), of the
+ * runtime's dtype: write all numel elements, then call strata_grad_ready. One
+ * outstanding per group. In fp16 the gradient is of the loss times strata_loss_scale(). */
 STRATA_API strata_status strata_grad_buffer(strata_runtime rt, int32_t group, strata_buffer* out);
 /* Hands in the buffer's gradient: reduce-scattered across ranks and accumulated into
  * this rank's shard. Collective. */
 STRATA_API strata_status strata_grad_ready(strata_runtime rt, int32_t group);
 /* strata_grad_buffer, a copy from `data` (numel elements of dtype, in the runtime's
- * device memory: host memory on the cpu backend), strata_grad_ready. Collective. */
+ * device memory: host memory on the cpu backend), strata_grad_ready. Collective. dtype
+ * must be the group's: an fp32 gradient for a 16-bit group is STRATA_ERR_DTYPE (round it
+ * yourself, where you can see what rounding costs; in fp16, after scaling the loss). */
 STRATA_API strata_status strata_grad_submit(strata_runtime rt, int32_t group, const void* data, strata_dtype dtype,
                                             uint64_t numel);
 /* Runs the optimizer after the last micro-batch. *stepped (may be NULL) is 1, or 0 when
- * the gradient norm was not finite and the step was skipped. Collective. */
+ * the gradient norm was not finite on some rank and the step was skipped (parameters and
+ * optimizer states unchanged). In fp16 that is an overflow: the loss scale was lowered
+ * (DeepSpeed's dynamic scaler: hysteresis, min_loss_scale), so read strata_loss_scale
+ * again before the next micro-batch. An overflow at fp16.min_loss_scale means training
+ * diverged in fp16: STRATA_ERR_STATE, naming the fixes; that step is over (skipped), so
+ * a checkpoint can be loaded. Collective. */
 STRATA_API strata_status strata_step(strata_runtime rt, int32_t* stepped);
 
 /* The group's full current parameters copied into host memory dst (numel elements of
- * dtype), outside micro-batches too (evaluation, export). Collective. */
+ * dtype), outside micro-batches too (evaluation, export). dtype is the group's, or F32
+ * for a 16-bit group (its working values widened exactly). Collective. */
 STRATA_API strata_status strata_read_params(strata_runtime rt, int32_t group, void* dst, strata_dtype dtype,
                                             uint64_t numel);
+
+/* The factor the caller multiplies its loss by before backward, so that the gradients it
+ * hands in carry it: the fp16 loss scale (2^initial_scale_power at first, or
+ * fp16.loss_scale when static), 1 in fp32 and bf16. It changes only in strata_step (and
+ * strata_load_checkpoint, which restores it): read it after each step. Any thread, any
+ * time, before strata_start too. Since API 1.1. */
+STRATA_API strata_status strata_loss_scale(strata_runtime rt, double* out);
 
 /* ---- checkpoints (runtime/include/strata/runtime/checkpoint.hpp) ---- */
 

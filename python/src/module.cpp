@@ -3,7 +3,9 @@
 //
 // Acquired buffers go to Python without copies through DLPack (__dlpack__ and
 // __dlpack_device__; kDLCPU for host memory, kDLCUDA for device memory), so
-// torch.from_dlpack and numpy.from_dlpack see Strata's memory. Every buffer, and every
+// torch.from_dlpack and numpy.from_dlpack see Strata's memory, in the runtime's dtype
+// (float32, or bfloat16 / float16 in a bf16 / fp16 runtime: kDLBfloat or kDLFloat with 16
+// bits, so torch gives torch.bfloat16 / torch.float16 tensors). Every buffer, and every
 // DLPack capsule or tensor made from one, keeps the runtime alive: the C handle is
 // destroyed when Runtime.close() was called (or the Runtime was collected) and the last
 // view is gone. The view's contents are valid only until the group is released.
@@ -35,6 +37,23 @@ struct StatusError : std::runtime_error {
 
 void check(strata_status s) {
   if (s != STRATA_OK) throw StatusError(s, std::string(strata_status_name(s)) + ": " + strata_last_error());
+}
+
+// torch's names for the C API's element types.
+const char* dtype_name(strata_dtype t) {
+  switch (t) {
+    case STRATA_BF16: return "bfloat16";
+    case STRATA_F16: return "float16";
+    default: return "float32";
+  }
+}
+
+DLDataType dl_dtype(strata_dtype t) {
+  switch (t) {
+    case STRATA_BF16: return DLDataType{kDLBfloat, 16, 1};
+    case STRATA_F16: return DLDataType{kDLFloat, 16, 1};
+    default: return DLDataType{kDLFloat, 32, 1};
+  }
 }
 
 // Owns the C handle: destroyed with the last reference (the Runtime or any view).
@@ -84,7 +103,7 @@ class Buffer {
     t.data = b_.data;
     t.device = DLDevice{static_cast<DLDeviceType>(b_.device_type), b_.device_id};
     t.ndim = b_.ndim;
-    t.dtype = DLDataType{kDLFloat, 32, 1};
+    t.dtype = dl_dtype(b_.dtype);
     t.shape = m->shape.data();
     t.strides = nullptr;
     t.byte_offset = 0;
@@ -102,6 +121,7 @@ class Buffer {
   std::vector<int64_t> shape() const { return std::vector<int64_t>(b_.shape, b_.shape + b_.ndim); }
   uintptr_t ptr() const { return reinterpret_cast<uintptr_t>(b_.data); }
   int32_t group() const { return group_; }
+  std::string dtype() const { return dtype_name(b_.dtype); }
   bool writable() const { return writable_; }
   std::string device() const { return b_.device_type == STRATA_DEVICE_CUDA ? "cuda:" + std::to_string(b_.device_id) : "cpu"; }
 
@@ -138,13 +158,15 @@ class Borrowed {
       }
     }
     if (d.dtype.lanes != 1)
-      throw StatusError(STRATA_ERR_DTYPE, "vector dtypes (lanes > 1) are not supported; pass float32");
+      throw StatusError(STRATA_ERR_DTYPE, "vector dtypes (lanes > 1) are not supported; pass the runtime's dtype");
     if (d.dtype.code == kDLFloat && d.dtype.bits == 32) dtype_ = STRATA_F32;
     else if (d.dtype.code == kDLFloat && d.dtype.bits == 16) dtype_ = STRATA_F16;
     else if (d.dtype.code == kDLBfloat && d.dtype.bits == 16) dtype_ = STRATA_BF16;
     else
       throw StatusError(STRATA_ERR_DTYPE, "dtype code " + std::to_string(d.dtype.code) + " with " +
-                                              std::to_string(d.dtype.bits) + " bits is not float32, float16 or bfloat16; pass float32");
+                                              std::to_string(d.dtype.bits) +
+                                              " bits is not float32, float16 or bfloat16; pass the runtime's dtype "
+                                              "(Runtime.dtype)");
     device_type_ = d.device.device_type;
     data_ = static_cast<const char*>(d.data) + d.byte_offset;
   }
@@ -198,7 +220,7 @@ class Runtime {
     d.name = name.c_str();
     d.ndim = static_cast<int32_t>(shape.size());
     d.shape = shape.data();
-    d.dtype = STRATA_F32;
+    d.dtype = runtime_dtype();  // data= passes its own, which the C API checks against it
     d.init_std = std;
     d.init_value = value;
     std::unique_ptr<Borrowed> b;
@@ -268,6 +290,7 @@ class Runtime {
     call([&](strata_runtime r) { return strata_step(r, &stepped); });
     return stepped != 0;
   }
+  // float32 in every precision (numpy has no bfloat16): 16-bit values widen exactly.
   py::array_t<float> read_params(int32_t g) {
     std::vector<int64_t> shape = group_shape(g);
     py::array_t<float> out(std::vector<py::ssize_t>(shape.begin(), shape.end()));
@@ -276,6 +299,12 @@ class Runtime {
     call([&](strata_runtime r) { return strata_read_params(r, g, p, STRATA_F32, n); });
     return out;
   }
+  double loss_scale() {
+    double s = 0;
+    check(strata_loss_scale(rt(), &s));
+    return s;
+  }
+  std::string dtype() { return dtype_name(runtime_dtype()); }
   std::string save_checkpoint(const std::string& root, py::object extra_json) {
     std::string extra = extra_json.is_none() ? "" : extra_json.cast<std::string>();
     std::vector<char> dir(8192);
@@ -322,6 +351,8 @@ class Runtime {
     d["trace_departures"] = s.trace_departures;
     d["optimizer_steps"] = s.optimizer_steps;
     d["last_grad_norm"] = s.last_grad_norm;
+    d["skipped_steps"] = s.skipped_steps;
+    d["loss_scale"] = s.loss_scale;
     return d;
   }
   py::dict info() {
@@ -336,12 +367,19 @@ class Runtime {
     d["started"] = i.started != 0;
     d["gradient_accumulation_steps"] = i.gradient_accumulation_steps;
     d["zero_stage"] = i.zero_stage;
+    d["dtype"] = dtype_name(i.dtype);
     return d;
   }
   uint64_t handle_id() const { return h_ ? h_->rt.id : 0; }
 
  private:
   explicit Runtime(HandlePtr h) : h_(std::move(h)) {}
+  strata_dtype runtime_dtype() {
+    strata_runtime_info i{};
+    i.struct_size = sizeof i;
+    check(strata_runtime_get_info(rt(), &i));
+    return i.dtype;
+  }
   strata_runtime rt() const {
     if (!h_)
       throw StatusError(STRATA_ERR_INVALID_HANDLE, "STRATA_ERR_INVALID_HANDLE: this Runtime was closed; make a new one");
@@ -397,6 +435,7 @@ PYBIND11_MODULE(_strata, m) {
       .def_property_readonly("shape", &Buffer::shape)
       .def_property_readonly("ptr", &Buffer::ptr)
       .def_property_readonly("group", &Buffer::group)
+      .def_property_readonly("dtype", &Buffer::dtype)
       .def_property_readonly("writable", &Buffer::writable)
       .def_property_readonly("device", &Buffer::device);
 
@@ -426,6 +465,11 @@ PYBIND11_MODULE(_strata, m) {
       .def("submit_grad", &Runtime::submit_grad, py::arg("group"), py::arg("grad"))
       .def("step", &Runtime::step)
       .def("read_params", &Runtime::read_params)
+      .def("loss_scale", &Runtime::loss_scale,
+           "The factor to multiply the loss by before backward (fp16's loss scale; 1 otherwise). Read it again "
+           "after every step: an fp16 overflow skips the step and lowers it.")
+      .def_property_readonly("dtype", &Runtime::dtype,
+                             "'float32', 'bfloat16' or 'float16': every group's, buffer's and gradient's")
       .def("save_checkpoint", &Runtime::save_checkpoint, py::arg("root"), py::arg("extra_json") = py::none())
       .def("load_checkpoint", &Runtime::load_checkpoint)
       .def("stats", &Runtime::stats)

@@ -12,6 +12,9 @@ the guide and examples/torch_transformer.py a PyTorch training loop.
     rt.submit_grad(g, grad_tensor)
     rt.step()
 
+In a bf16 or fp16 configuration the views are torch.bfloat16 / torch.float16 (rt.dtype),
+gradients must be of that dtype, and in fp16 the loss is multiplied by rt.loss_scale().
+
 Errors raise strata.StrataError, whose .status is the C status name
 ("STRATA_ERR_STATE", ...) and whose message names the problem and the fix.
 """

@@ -308,6 +308,13 @@ strata_status strata_read_params(strata_runtime rt, int32_t group, void* dst, st
   return with_runtime(rt, "strata_read_params", [&](Runtime& r) { r.read_params(group, dst, dtype, numel); });
 }
 
+strata_status strata_loss_scale(strata_runtime rt, double* out) {
+  return with_runtime(rt, "strata_loss_scale", [&](Runtime& r) {
+    need(out, "out");
+    *out = r.loss_scale();
+  });
+}
+
 strata_status strata_save_checkpoint(strata_runtime rt, const char* root, const char* extra_json, char* dir_out,
                                      size_t dir_cap) {
   return with_runtime(rt, "strata_save_checkpoint", [&](Runtime& r) {

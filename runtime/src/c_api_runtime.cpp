@@ -7,7 +7,9 @@
 #include <functional>
 #include <limits>
 
+#include "strata/core/convert.hpp"
 #include "strata/runtime/checkpoint.hpp"
+#include "strata/runtime/loss_scaler.hpp"
 #include "strata/runtime/lr_schedule.hpp"
 #include "strata/runtime/rank.hpp"
 
@@ -27,6 +29,19 @@ const char* dtype_name(strata_dtype d) {
 
 bool known_dtype(strata_dtype d) { return d == STRATA_F32 || d == STRATA_F16 || d == STRATA_BF16; }
 
+// The engine's type for a strata_dtype (known_dtype), and back.
+DType to_dtype(strata_dtype d) { return d == STRATA_BF16 ? DType::BF16 : d == STRATA_F16 ? DType::F16 : DType::F32; }
+strata_dtype to_strata(DType t) { return t == DType::BF16 ? STRATA_BF16 : t == DType::F16 ? STRATA_F16 : STRATA_F32; }
+
+// Where a runtime's precision came from, for messages that tell the caller how to change it.
+const char* precision_source(strata_dtype d) {
+  switch (d) {
+    case STRATA_BF16: return "the configuration's bf16.enabled";
+    case STRATA_F16: return "the configuration's fp16.enabled";
+    default: return "the configuration enables neither bf16 nor fp16";
+  }
+}
+
 // A 52-bit hash of a name: exact as a double, so ranks can compare names by all_reduce.
 double name_hash(const std::string& s) {
   return static_cast<double>(std::hash<std::string>{}(s) & ((1ull << 52) - 1));
@@ -34,7 +49,8 @@ double name_hash(const std::string& s) {
 
 }  // namespace
 
-Runtime::Runtime(Config config) : config_(std::move(config)) {
+Runtime::Runtime(Config config)
+    : config_(std::move(config)), precision_(config_.precision()), dtype_(to_strata(precision_)) {
   if (config_.strata.backend == Backend::Sim)
     throw ApiError(STRATA_ERR_CONFIG,
                    "strata.backend is 'sim', whose tensors have sizes but no bytes, so there is nothing to hand "
@@ -68,6 +84,7 @@ strata_runtime_info Runtime::info() const {
   i.started = engine_ ? 1 : 0;
   i.gradient_accumulation_steps = config_.gradient_accumulation_steps;
   i.zero_stage = config_.zero.stage;
+  i.dtype = dtype_;
   return i;
 }
 
@@ -109,10 +126,12 @@ int32_t Runtime::register_group(const strata_group_desc& d) {
   if (!known_dtype(d.dtype))
     throw ApiError(STRATA_ERR_INVALID_ARGUMENT, "group '" + name + "': dtype " + std::to_string(static_cast<int>(d.dtype)) +
                                                     " is not a strata_dtype");
-  if (d.dtype != STRATA_F32)
-    throw ApiError(STRATA_ERR_DTYPE, "group '" + name + "': dtype " + dtype_name(d.dtype) +
-                                         " is not supported: this version's engine keeps fp32 parameters only; "
-                                         "register the group as STRATA_F32 (convert the initial data to fp32)");
+  if (d.dtype != dtype_)
+    throw ApiError(STRATA_ERR_DTYPE, "group '" + name + "': dtype " + dtype_name(d.dtype) + " does not match the runtime's " +
+                                         dtype_name(dtype_) + " (" + precision_source(dtype_) +
+                                         "); every group has the runtime's dtype: register it as STRATA_" +
+                                         dtype_name(dtype_) + " (initial data in " + dtype_name(dtype_) +
+                                         " too), or change the configuration's bf16/fp16 section");
   Group gr;
   gr.name = name;
   gr.shape.assign(d.shape, d.shape + d.ndim);
@@ -138,8 +157,10 @@ int32_t Runtime::register_group(const strata_group_desc& d) {
       if (d.data == nullptr)
         throw ApiError(STRATA_ERR_INVALID_ARGUMENT,
                        "group '" + name + "': init is STRATA_INIT_DATA but data is null; pass the initial values");
+      // The master weights are fp32: 16-bit data widens exactly, so the working copy
+      // rounded from them at start() is the data again.
       gr.data.resize(numel);
-      std::memcpy(gr.data.data(), d.data, numel * sizeof(float));
+      convert_to_f32(gr.data.data(), d.data, precision_, numel);
       gr.has_data = true;
       gr.spec.init = InitKind::Zeros;  // replaced by the data at start()
       break;
@@ -183,6 +204,11 @@ void Runtime::check_same_groups_on_every_rank() {
       if (hi[i] != -lo[i]) return static_cast<long>(i);
     return -1l;
   };
+  if (agree({static_cast<double>(dtype_)}) >= 0)
+    throw ApiError(STRATA_ERR_COLLECTIVE, std::string("the ranks' configurations train in different precisions (this "
+                                                      "rank ") + dtype_name(dtype_) + ", from " +
+                                              precision_source(dtype_) +
+                                              "); give every rank the same bf16 and fp16 sections");
   if (agree({static_cast<double>(groups_.size())}) >= 0)
     throw ApiError(STRATA_ERR_COLLECTIVE, "the ranks registered different numbers of parameter groups (this rank " +
                                               std::to_string(groups_.size()) +
@@ -281,7 +307,7 @@ strata_buffer Runtime::buffer(const Group& gr, void* data) const {
   strata_buffer b{};
   b.data = data;
   b.numel = gr.numel;
-  b.dtype = STRATA_F32;
+  b.dtype = dtype_;  // the engine's buffers are its working type: no copy, no conversion
   b.device_type = device_->backend() == Backend::Cuda ? STRATA_DEVICE_CUDA : STRATA_DEVICE_CPU;
   b.device_id = device_->backend() == Backend::Cuda ? host_comm_->local_rank() : 0;
   b.ndim = static_cast<int32_t>(gr.shape.size());
@@ -296,9 +322,9 @@ strata_buffer Runtime::acquire(int32_t g) {
     throw ApiError(STRATA_ERR_STATE, "strata_acquire of group '" + gr.name +
                                          "' outside a micro-batch; call strata_begin_micro_step first (to read "
                                          "parameters outside training use strata_read_params)");
-  const float* p = engine_->acquire_f32(g);
+  const void* p = engine_->acquire_params(g);
   ++gr.holders;
-  return buffer(gr, const_cast<float*>(p));
+  return buffer(gr, const_cast<void*>(p));
 }
 
 void Runtime::release(int32_t g) {
@@ -323,7 +349,7 @@ strata_buffer Runtime::grad_buffer(int32_t g) {
     throw ApiError(STRATA_ERR_STATE, "group '" + gr.name +
                                          "' already had its gradient for this micro-batch; sum the contributions "
                                          "and hand in one gradient per group per micro-batch");
-  float* p = engine_->gradient_f32(g);
+  void* p = engine_->gradient_buffer(g);
   gr.grad_out = true;
   return buffer(gr, p);
 }
@@ -339,13 +365,26 @@ void Runtime::grad_ready(int32_t g) {
   engine_->grads_ready(g);
 }
 
-void Runtime::check_dtype(const Group& gr, strata_dtype dtype, uint64_t numel, const char* call) const {
+void Runtime::check_buffer(const Group& gr, strata_dtype dtype, uint64_t numel, bool widen_ok,
+                           const char* call) const {
   if (!known_dtype(dtype))
     throw ApiError(STRATA_ERR_INVALID_ARGUMENT, std::string(call) + ": dtype " + std::to_string(static_cast<int>(dtype)) +
                                                     " is not a strata_dtype");
-  if (dtype != STRATA_F32)
-    throw ApiError(STRATA_ERR_DTYPE, std::string(call) + ": group '" + gr.name + "' is F32 but the buffer is " +
-                                         dtype_name(dtype) + "; convert it to F32 first");
+  if (dtype != dtype_ && !(widen_ok && dtype == STRATA_F32)) {
+    const std::string own = dtype_name(dtype_);
+    std::string fix;
+    if (widen_ok) {
+      fix = "pass " + own + (dtype_ == STRATA_F32 ? "" : " or F32 (widened)");
+    } else {
+      // Gradients are never converted here: rounding them is the caller's to see (and,
+      // in fp16, to do on the scaled loss's gradients, or small ones flush to zero).
+      fix = "hand in " + own + " values: convert them before the call (Strata does not convert gradients)";
+      if (dtype_ == STRATA_F16) fix += ", computed from the loss times strata_loss_scale()";
+    }
+    throw ApiError(STRATA_ERR_DTYPE, std::string(call) + ": group '" + gr.name + "' is " + own + " (" +
+                                         precision_source(dtype_) + ") but the buffer is " + dtype_name(dtype) + "; " +
+                                         fix);
+  }
   if (numel != gr.numel)
     throw ApiError(STRATA_ERR_INVALID_ARGUMENT, std::string(call) + ": group '" + gr.name + "' has " +
                                                     std::to_string(gr.numel) + " elements, the buffer " +
@@ -354,10 +393,10 @@ void Runtime::check_dtype(const Group& gr, strata_dtype dtype, uint64_t numel, c
 
 void Runtime::grad_submit(int32_t g, const void* data, strata_dtype dtype, uint64_t numel) {
   Group& gr = group(g, "strata_grad_submit");
-  check_dtype(gr, dtype, numel, "strata_grad_submit");
+  check_buffer(gr, dtype, numel, false, "strata_grad_submit");
   if (data == nullptr) throw ApiError(STRATA_ERR_INVALID_ARGUMENT, "strata_grad_submit: data is null");
   strata_buffer b = grad_buffer(g);
-  copy_stream_->copy_async(b.data, data, numel * sizeof(float));
+  copy_stream_->copy_async(b.data, data, numel * dtype_size(precision_));
   copy_stream_->record().wait();
   grad_ready(g);
 }
@@ -378,20 +417,41 @@ bool Runtime::step() {
                                          ": begin the remaining ones first");
   // The `scheduler` section's lr for this step (optimizer.params.lr without one).
   engine_->set_learning_rate(LrSchedule{config_.scheduler}.lr_at(engine_->optimizer_steps()));
-  const bool stepped = engine_->step();
-  micro_open_ = 0;
-  in_micro_ = false;
-  for (Group& gr : groups_) gr.grad_in = false;
+  const auto end_step = [&] {
+    micro_open_ = 0;
+    in_micro_ = false;
+    for (Group& gr : groups_) gr.grad_in = false;
+  };
+  bool stepped = false;
+  try {
+    stepped = engine_->step();
+  } catch (...) {
+    // The engine ends the step before its last failures (the fp16 scaler at its minimum
+    // scale, before any state changed; the optimizer's I/O, which may leave states partly
+    // updated): follow it, so that the caller can load a checkpoint instead of finding
+    // every call refused.
+    if (engine_->micro_step() < 0) end_step();
+    throw;
+  }
+  end_step();
   return stepped;
 }
 
 void Runtime::read_params(int32_t g, void* dst, strata_dtype dtype, uint64_t numel) {
   Group& gr = group(g, "strata_read_params");
-  check_dtype(gr, dtype, numel, "strata_read_params");
+  check_buffer(gr, dtype, numel, true, "strata_read_params");
   if (dst == nullptr) throw ApiError(STRATA_ERR_INVALID_ARGUMENT, "strata_read_params: dst is null");
   start();
+  // Widened working values: narrowing them back to the working type is exact.
   std::vector<float> full = engine_->gather_full_params(g);
-  std::memcpy(dst, full.data(), numel * sizeof(float));
+  convert_from_f32(dst, to_dtype(dtype), full.data(), numel);
+}
+
+double Runtime::loss_scale() const {
+  if (engine_) return engine_->loss_scale();
+  // Before the engine exists: the scale it will start with (in fp16 the configuration's
+  // fp16 section is enabled, and the engine's scaler is made from it).
+  return precision_ == DType::F16 ? LossScaler(config_.fp16).scale() : 1.0;
 }
 
 std::string Runtime::save_checkpoint(const std::string& root, const std::string& extra_json) {
@@ -453,6 +513,8 @@ strata_stats Runtime::stats() const {
   s.trace_departures = e.trace_departures;
   s.optimizer_steps = engine_->optimizer_steps();
   s.last_grad_norm = e.last_grad_norm;
+  s.skipped_steps = e.skipped_steps;
+  s.loss_scale = e.loss_scale;
   return s;
 }
 

@@ -60,6 +60,7 @@ class Runtime {
   void grad_submit(int32_t g, const void* data, strata_dtype dtype, uint64_t numel);
   bool step();
   void read_params(int32_t g, void* dst, strata_dtype dtype, uint64_t numel);
+  double loss_scale() const;
   std::string save_checkpoint(const std::string& root, const std::string& extra_json);
   std::string load_checkpoint(const std::string& dir);  // returns the extra JSON, dumped
   strata_stats stats() const;
@@ -70,7 +71,7 @@ class Runtime {
     std::vector<int64_t> shape;
     uint64_t numel = 0;
     GroupSpec spec;
-    std::vector<float> data;  // STRATA_INIT_DATA: the initial values until start()
+    std::vector<float> data;  // STRATA_INIT_DATA: the initial values (widened) until start()
     bool has_data = false;
     int holders = 0;          // outstanding acquires
     bool grad_out = false;    // a gradient buffer is handed out, not yet ready
@@ -78,7 +79,9 @@ class Runtime {
   };
 
   Group& group(int32_t g, const char* call);
-  void check_dtype(const Group& gr, strata_dtype dtype, uint64_t numel, const char* call) const;
+  // A caller's buffer of numel elements of dtype for group gr: the runtime's dtype, or F32
+  // too where widen_ok (read_params widens the working values).
+  void check_buffer(const Group& gr, strata_dtype dtype, uint64_t numel, bool widen_ok, const char* call) const;
   void check_same_groups_on_every_rank();
   void load_initial_data();
   void check_micro_step_complete(const char* call) const;
@@ -86,6 +89,8 @@ class Runtime {
   strata_buffer buffer(const Group& gr, void* data) const;
 
   Config config_;
+  DType precision_ = DType::F32;     // config_.precision(): every group's and buffer's type
+  strata_dtype dtype_ = STRATA_F32;  // the same, as the C API names it
   std::unique_ptr<coll::Communicator> host_comm_;
   std::unique_ptr<coll::Communicator> device_comm_;  // cuda: NCCL; cpu: host_comm_ serves both
   std::unique_ptr<Device> device_;

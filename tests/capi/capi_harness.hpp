@@ -54,6 +54,7 @@ struct ConfigSpec {
   std::string nvme_dir;
   double lr = 0.01, weight_decay = 0.01;
   double clip = 0.0;
+  std::string extra;  // more top-level members, e.g. "\"bf16\": {\"enabled\": true}"
 };
 
 inline std::string config_json(const ConfigSpec& c) {
@@ -66,7 +67,7 @@ inline std::string config_json(const ConfigSpec& c) {
   off = ", " + section("offload_optimizer");
   if (c.stage == 3) off += ", " + section("offload_param");
   return "{\"train_micro_batch_size_per_gpu\": 1, \"gradient_accumulation_steps\": " + std::to_string(c.accum) +
-         ", \"gradient_clipping\": " + std::to_string(c.clip) +
+         ", \"gradient_clipping\": " + std::to_string(c.clip) + (c.extra.empty() ? "" : ", " + c.extra) +
          ", \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": " + std::to_string(c.lr) +
          ", \"weight_decay\": " + std::to_string(c.weight_decay) + "}}" +
          ", \"zero_optimization\": {\"stage\": " + std::to_string(c.stage) +

@@ -47,7 +47,7 @@ struct OpenStep {
 TEST(CApi, VersionAndNames) {
   EXPECT_EQ(strata_api_version(), static_cast<uint32_t>(STRATA_API_VERSION));
   EXPECT_EQ(strata_api_version() >> 16, 1u);
-  EXPECT_NE(std::string(strata_version_string()).find("api 1.0"), std::string::npos) << strata_version_string();
+  EXPECT_NE(std::string(strata_version_string()).find("api 1.1"), std::string::npos) << strata_version_string();
   EXPECT_STREQ(strata_status_name(STRATA_OK), "STRATA_OK");
   EXPECT_STREQ(strata_status_name(STRATA_ERR_DTYPE), "STRATA_ERR_DTYPE");
   EXPECT_STREQ(strata_status_name(static_cast<strata_status>(999)), "STRATA_ERR_(unknown status)");
@@ -60,7 +60,7 @@ TEST(CApi, CreateChecksTheApiVersion) {
                       "rebuild against");
   EXPECT_EQ(rt.id, 0u) << "a failed create must leave the handle invalid";
   EXPECT_STRATA_FAILS(strata_runtime_create(STRATA_API_VERSION + 1, json.c_str(), &rt), STRATA_ERR_VERSION,
-                      "implements 1.0");
+                      "implements 1.1");
   // An older minor of the same major is accepted.
   ASSERT_STRATA_OK(strata_runtime_create(STRATA_API_VERSION_MAJOR << 16, json.c_str(), &rt));
   EXPECT_STRATA_OK(strata_runtime_destroy(rt));
@@ -126,7 +126,7 @@ TEST(CApi, RegisterGroupValidatesItsDescription) {
   EXPECT_STRATA_FAILS(strata_register_group(h.rt, &e, &id), STRATA_ERR_INVALID_ARGUMENT, "dimension 1 is 0");
   e = desc_f32("x", shape, STRATA_INIT_ZEROS);
   e.dtype = STRATA_BF16;
-  EXPECT_STRATA_FAILS(strata_register_group(h.rt, &e, &id), STRATA_ERR_DTYPE, "fp32 parameters only");
+  EXPECT_STRATA_FAILS(strata_register_group(h.rt, &e, &id), STRATA_ERR_DTYPE, "does not match the runtime's F32");
   e.dtype = static_cast<strata_dtype>(42);
   EXPECT_STRATA_FAILS(strata_register_group(h.rt, &e, &id), STRATA_ERR_INVALID_ARGUMENT, "not a strata_dtype");
   e = desc_f32("x", shape, static_cast<strata_init_kind>(9));
@@ -245,7 +245,7 @@ TEST(CApi, MisuseInsideAStepGivesAStatusAndAMessage) {
   EXPECT_STRATA_FAILS(strata_release(rt, 17), STRATA_ERR_UNKNOWN_GROUP, "no parameter group 17");
   std::vector<float> grad(o.gs[0].numel(), 0.5f);
   EXPECT_STRATA_FAILS(strata_grad_submit(rt, 0, grad.data(), STRATA_F16, grad.size()), STRATA_ERR_DTYPE,
-                      "is F32 but the buffer is F16");
+                      "is F32 (the configuration enables neither bf16 nor fp16) but the buffer is F16");
   EXPECT_STRATA_FAILS(strata_grad_submit(rt, 0, grad.data(), STRATA_F32, grad.size() - 1), STRATA_ERR_INVALID_ARGUMENT,
                       "elements, the buffer");
   EXPECT_STRATA_FAILS(strata_grad_submit(rt, 0, nullptr, STRATA_F32, grad.size()), STRATA_ERR_INVALID_ARGUMENT,
@@ -416,7 +416,7 @@ TEST(CApi, ReadParamsChecksItsArguments) {
   auto gs = toy_groups(1);
   register_toy(h.rt, gs);
   std::vector<float> out(gs[0].numel());
-  EXPECT_STRATA_FAILS(strata_read_params(h.rt, 0, out.data(), STRATA_BF16, out.size()), STRATA_ERR_DTYPE, "convert it to F32");
+  EXPECT_STRATA_FAILS(strata_read_params(h.rt, 0, out.data(), STRATA_BF16, out.size()), STRATA_ERR_DTYPE, "but the buffer is BF16; pass F32");
   EXPECT_STRATA_FAILS(strata_read_params(h.rt, 0, out.data(), STRATA_F32, 3), STRATA_ERR_INVALID_ARGUMENT, "the buffer 3");
   EXPECT_STRATA_FAILS(strata_read_params(h.rt, 0, nullptr, STRATA_F32, out.size()), STRATA_ERR_INVALID_ARGUMENT, "dst is null");
   EXPECT_STRATA_FAILS(strata_read_params(h.rt, 1, out.data(), STRATA_F32, out.size()), STRATA_ERR_UNKNOWN_GROUP, "group 1");

@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "capi_harness.hpp"
+#include "capi_precision.hpp"
 
 using namespace capi_test;
 
@@ -78,6 +78,57 @@ TEST(CApiMpi, DifferentGroupsOnDifferentRanksAreReportedEverywhere) {
   RuntimeHandle h2(config_json({}));
   register_toy(h2.rt, toy_groups(rank == 0 ? 2 : 3));
   EXPECT_STRATA_FAILS(strata_start(h2.rt), STRATA_ERR_COLLECTIVE, "different numbers of parameter groups");
+}
+
+// In bf16 the ranks' gradients meet in the reduce-scatter as bf16 and their sum is
+// rounded to bf16 (Reference16 does the same); accumulation over micro-batches is fp32.
+TEST(CApiMpi, Bf16TrainingAcrossRanksFollowsTheRoundedReference) {
+  for (int accum : {1, 2}) {
+    SCOPED_TRACE("accum " + std::to_string(accum));
+    TempDir dir("mpi16");
+    RuntimeHandle h(config16(STRATA_BF16, {.stage = 3, .accum = accum, .offload = "nvme", .nvme_dir = dir.path.string()}));
+    const strata_runtime_info info = info_of(h.rt);
+    ASSERT_EQ(info.world_size, 2) << "Reference16 sums exactly two ranks' gradients";
+    auto gs = toy_groups(4);
+    register_toy16(h.rt, gs, STRATA_BF16);
+    Reference16 ref(STRATA_BF16, gs, 0.01, 0.01);
+    for (int s = 0; s < 6; ++s) {
+      for (int m = 0; m < accum; ++m) micro_step16(h.rt, gs, STRATA_BF16, s, m, 1.0, info.rank);
+      int32_t stepped = 0;
+      ASSERT_STRATA_OK(strata_step(h.rt, &stepped));
+      ASSERT_EQ(stepped, 1);
+      ref.step(s, accum, 1.0, info.world_size);
+    }
+    // As in test_capi_precision.cpp: fp32 against double master weights may round to
+    // neighbours, rarely.
+    size_t total = 0, off_by_one = 0;
+    for (size_t g = 0; g < gs.size(); ++g) {
+      std::vector<uint16_t> bits(gs[g].numel());
+      ASSERT_STRATA_OK(strata_read_params(h.rt, static_cast<int32_t>(g), bits.data(), STRATA_BF16, bits.size()));
+      for (size_t i = 0; i < bits.size(); ++i, ++total) {
+        const uint16_t want = bf16_bits(ref.working(g, i));
+        if (bits[i] == want) continue;
+        ++off_by_one;
+        ASSERT_EQ(std::abs(ordered16(bits[i]) - ordered16(want)), 1) << "group " << g << " element " << i;
+      }
+    }
+    EXPECT_LE(off_by_one, total / 100) << off_by_one << " of " << total;
+  }
+}
+
+// A rank whose configuration trains in another precision is found at the start, on every
+// rank, before any buffer of the wrong size reaches a collective.
+TEST(CApiMpi, DifferentPrecisionsOnDifferentRanksAreReportedEverywhere) {
+  RuntimeHandle probe(config_json({}));
+  const int rank = info_of(probe.rt).rank;
+  const strata_dtype t = rank == 0 ? STRATA_F32 : STRATA_BF16;
+  RuntimeHandle h(t == STRATA_F32 ? config_json({}) : config16(t));
+  std::vector<int64_t> shape{64};
+  strata_group_desc d = desc16("w", shape, t, STRATA_INIT_ZEROS);
+  int32_t id = -1;
+  ASSERT_STRATA_OK(strata_register_group(h.rt, &d, &id));
+  EXPECT_STRATA_FAILS(strata_start(h.rt), STRATA_ERR_COLLECTIVE, "different precisions");
+  EXPECT_STRATA_FAILS(strata_start(h.rt), STRATA_ERR_COLLECTIVE, "same bf16 and fp16 sections");
 }
 
 // Every rank saves its shards into one checkpoint directory; a fresh runtime on every

@@ -30,6 +30,8 @@ int main(void) {
   float grad[128];
   float after[128];
   strata_stats stats;
+  strata_runtime_info info;
+  double scale = 0;
   int i;
 
   CHECK(strata_api_version() == STRATA_API_VERSION);
@@ -43,6 +45,10 @@ int main(void) {
   desc.init = STRATA_INIT_ONES;
   CHECK(strata_register_group(rt, &desc, &group) == STRATA_OK);
   CHECK(group == 0);
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  CHECK(strata_runtime_get_info(rt, &info) == STRATA_OK && info.dtype == STRATA_F32);
+  CHECK(strata_loss_scale(rt, &scale) == STRATA_OK && scale == 1.0); /* no fp16 section */
   CHECK(strata_begin_micro_step(rt) == STRATA_OK);
   CHECK(strata_acquire(rt, group, &buf) == STRATA_OK);
   CHECK(buf.numel == 128 && buf.device_type == STRATA_DEVICE_CPU && buf.ready_event == NULL);
