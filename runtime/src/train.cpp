@@ -186,7 +186,7 @@ class StepLog {
     const ShardLayout& L = engine.layout();
     const uint64_t pb = L.elem_bytes(StateRole::ParamShard), gb = L.elem_bytes(StateRole::Grad),
                    ob = 3 * L.elem_bytes(StateRole::Master);
-    std::printf("  %s: model states %s (%llu B/param: %s params, %s grads, fp32 master and Adam moments) vs budgets "
+    std::printf("  %s: model states %s (%llu B/param: %s params, %s grads, f32 master and Adam moments) vs budgets "
                 "device %s, pinned %s; activations %s per rank%s; %llu tokens per step; %s matmul peak %.1f GFLOP/s\n",
                 precision_name(eo.precision), compact(params * (pb + gb + ob)).c_str(),
                 static_cast<unsigned long long>(pb + gb + ob), precision_name(L.dtype(StateRole::ParamShard)),
