@@ -97,6 +97,20 @@ inline float initial_value(int g, uint64_t i) { return 0.05f * std::cos(0.11f * 
 inline float target_value(int g, uint64_t i, int step) {
   return 0.3f * std::sin(0.37f * static_cast<float>(i) + 0.5f * g + 0.01f * step);
 }
+// A group's description: `name` of `shape` (which must outlive the call that takes it).
+inline strata_group_desc group_desc(const char* name, const std::vector<int64_t>& shape, strata_dtype t,
+                                    strata_init_kind init, float init_std) {
+  strata_group_desc d{};
+  d.struct_size = sizeof d;
+  d.name = name;
+  d.ndim = static_cast<int32_t>(shape.size());
+  d.shape = shape.data();
+  d.dtype = t;
+  d.init = init;
+  d.init_std = init_std;
+  return d;
+}
+
 // Gradient scale of micro-batch m on rank r (several ranks hand in different gradients).
 inline float grad_scale(int micro, int rank) { return 1.0f + 0.25f * micro + 0.5f * rank; }
 
@@ -105,13 +119,7 @@ inline std::vector<int32_t> register_toy(strata_runtime rt, const std::vector<To
   for (size_t g = 0; g < gs.size(); ++g) {
     std::vector<float> data(gs[g].numel());
     for (uint64_t i = 0; i < data.size(); ++i) data[i] = initial_value(static_cast<int>(g), i);
-    strata_group_desc d{};
-    d.struct_size = sizeof d;
-    d.name = gs[g].name.c_str();
-    d.ndim = static_cast<int32_t>(gs[g].shape.size());
-    d.shape = gs[g].shape.data();
-    d.dtype = STRATA_F32;
-    d.init = STRATA_INIT_DATA;
+    strata_group_desc d = group_desc(gs[g].name.c_str(), gs[g].shape, STRATA_F32, STRATA_INIT_DATA, 0.0f);
     d.data = data.data();
     int32_t id = -1;
     EXPECT_EQ(strata_register_group(rt, &d, &id), STRATA_OK) << strata_last_error();

@@ -85,14 +85,7 @@ inline std::string config16(strata_dtype t, ConfigSpec c = {}, const std::string
 
 inline strata_group_desc desc16(const char* name, const std::vector<int64_t>& shape, strata_dtype t,
                                  strata_init_kind init) {
-  strata_group_desc d{};
-  d.struct_size = sizeof d;
-  d.name = name;
-  d.ndim = static_cast<int32_t>(shape.size());
-  d.shape = shape.data();
-  d.dtype = t;
-  d.init = init;
-  return d;
+  return group_desc(name, shape, t, init, 0.0f);
 }
 
 // The toy groups of capi_harness.hpp with their initial values rounded to t.

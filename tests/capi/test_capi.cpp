@@ -15,15 +15,7 @@ using namespace capi_test;
 namespace {
 
 strata_group_desc desc_f32(const char* name, const std::vector<int64_t>& shape, strata_init_kind init) {
-  strata_group_desc d{};
-  d.struct_size = sizeof d;
-  d.name = name;
-  d.ndim = static_cast<int32_t>(shape.size());
-  d.shape = shape.data();
-  d.dtype = STRATA_F32;
-  d.init = init;
-  d.init_std = 0.02f;
-  return d;
+  return group_desc(name, shape, STRATA_F32, init, 0.02f);
 }
 
 // A runtime with the toy groups registered and one micro-batch open.
