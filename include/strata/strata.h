@@ -86,6 +86,7 @@ typedef enum strata_status {
   STRATA_ERR_BUFFER_TOO_SMALL = 13, /* an output string did not fit; nothing was written */
   STRATA_ERR_NOT_FOUND = 14,       /* no checkpoint under the given directory */
   STRATA_ERR_INTERNAL = 15,        /* a bug in Strata; the message says where */
+  STRATA_STATUS_FORCE_INT32_MIN = -0x7fffffff - 1, /* with the next: negative int32s are values too */
   STRATA_STATUS_FORCE_INT32 = 0x7fffffff /* not a status: keeps every int32 a valid value */
 } strata_status;
 
@@ -96,6 +97,7 @@ typedef enum strata_dtype {
   STRATA_F32 = 0,
   STRATA_F16 = 1,
   STRATA_BF16 = 2,
+  STRATA_DTYPE_FORCE_INT32_MIN = -0x7fffffff - 1, /* with the next: negative int32s are values too */
   STRATA_DTYPE_FORCE_INT32 = 0x7fffffff /* not a dtype: any int32 a caller passes is then a
                                           value the library can check, in C and C++ alike */
 } strata_dtype;
@@ -104,6 +106,7 @@ typedef enum strata_dtype {
 typedef enum strata_device_type {
   STRATA_DEVICE_CPU = 1,
   STRATA_DEVICE_CUDA = 2,
+  STRATA_DEVICE_FORCE_INT32_MIN = -0x7fffffff - 1, /* with the next: negative int32s are values too */
   STRATA_DEVICE_FORCE_INT32 = 0x7fffffff /* not a device */
 } strata_device_type;
 
@@ -111,6 +114,7 @@ typedef enum strata_tier {
   STRATA_TIER_DEVICE = 0,
   STRATA_TIER_PINNED = 1,
   STRATA_TIER_NVME = 2,
+  STRATA_TIER_FORCE_INT32_MIN = -0x7fffffff - 1, /* with the next: negative int32s are values too */
   STRATA_TIER_FORCE_INT32 = 0x7fffffff /* not a tier */
 } strata_tier;
 #define STRATA_TIER_COUNT 3
@@ -128,6 +132,7 @@ typedef enum strata_init_kind {
   STRATA_INIT_ONES = 2,
   STRATA_INIT_CONSTANT = 3, /* init_value everywhere */
   STRATA_INIT_DATA = 4,     /* copied from `data` */
+  STRATA_INIT_FORCE_INT32_MIN = -0x7fffffff - 1, /* with the next: negative int32s are values too */
   STRATA_INIT_FORCE_INT32 = 0x7fffffff /* not an initialiser */
 } strata_init_kind;
 

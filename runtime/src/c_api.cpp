@@ -169,6 +169,7 @@ const char* strata_status_name(strata_status s) {
     case STRATA_ERR_BUFFER_TOO_SMALL: return "STRATA_ERR_BUFFER_TOO_SMALL";
     case STRATA_ERR_NOT_FOUND: return "STRATA_ERR_NOT_FOUND";
     case STRATA_ERR_INTERNAL: return "STRATA_ERR_INTERNAL";
+    case STRATA_STATUS_FORCE_INT32_MIN:
     case STRATA_STATUS_FORCE_INT32: break;
   }
   return "STRATA_ERR_(unknown status)";

@@ -22,6 +22,7 @@ const char* dtype_name(strata_dtype d) {
     case STRATA_F32: return "F32";
     case STRATA_F16: return "F16";
     case STRATA_BF16: return "BF16";
+    case STRATA_DTYPE_FORCE_INT32_MIN:
     case STRATA_DTYPE_FORCE_INT32: break;
   }
   return "an unknown dtype";
