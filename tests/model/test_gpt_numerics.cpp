@@ -242,9 +242,12 @@ TEST(GptNumerics, TenAdamWStepsThroughTheEngineMatchPyTorch) {
 //  - every gradient tensor, max|diff| / max|ref|: 1.9u / 1.6u, tolerance 4u; and
 //    ||diff|| / ||ref||: 0.85u / 1.1u, tolerance 2u (about twice the spread above).
 //  - ln_f.bias, the first gradient backward computes (column sums of round(dlogits) wte),
-//    before flips cascade: ||diff|| / ||ref|| 0.003u / 0.1u, tolerance 0.25u. Perturbing
-//    the reference moves it 0.33-0.8u: without rounding dlogits, without rounding the
-//    gradients once at the end, or without rounding the activations forward.
+//    before flips cascade: ||diff|| / ||ref|| 0.003u / 0.1u in the optimised build, 0.48u
+//    in fp16 in the Debug (sanitizer) build, whose fp32 sums run in another order; bf16
+//    tolerance 0.25u, where perturbing the reference moves it 0.33-0.8u (without rounding
+//    dlogits, without rounding the gradients once at the end, or without rounding the
+//    activations forward). fp16's tolerance is 1u: across builds it cannot separate a
+//    wrong rounding point there, and its loss and logits are the tight checks.
 
 struct Tolerances16 {
   double logits;     // |diff| / (1 + max|logit|), at every position
@@ -253,12 +256,14 @@ struct Tolerances16 {
   double grad_norm;  // ||diff|| / ||ref||, per tensor
   double head_norm;  // ||diff|| / ||ref|| of ln_f.bias
 };
-constexpr Tolerances16 kTolerances16{1, 0.02, 4, 2, 0.25};  // in units of u
+constexpr Tolerances16 kBf16Tolerances{1, 0.02, 4, 2, 0.25};  // in units of u
+constexpr Tolerances16 kFp16Tolerances{1, 0.02, 4, 2, 1};
 
 void check_16bit(const Reference& ref) {
+  const Tolerances16& tol = ref.precision == DType::BF16 ? kBf16Tolerances : kFp16Tolerances;
   const double u = ref.precision == DType::BF16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
   const std::string type = to_string(ref.precision);
-  check_logits(ref, type.c_str(), kTolerances16.logits * u);
+  check_logits(ref, type.c_str(), tol.logits * u);
   std::vector<int32_t> x, y;
   ref.inputs(0, x, y);
   const GptTensor lnf_b = gpt_groups(ref.shape).back().tensors.at(1);
@@ -269,10 +274,10 @@ void check_16bit(const Reference& ref) {
     const double loss = model.forward_backward(w, x.data(), y.data(), ref.loss_scale);
     const std::string what =
         type + (ck == ActivationCheckpointing::None ? ", stored activations" : ", recomputed activations");
-    EXPECT_NEAR(loss, ref.loss, kTolerances16.loss * u * ref.loss) << what;
+    EXPECT_NEAR(loss, ref.loss, tol.loss * u * ref.loss) << what;
     std::printf("%s: loss %.8f, torch %.8f (relative %.3g u)\n", what.c_str(), loss, ref.loss,
                 std::abs(loss - ref.loss) / ref.loss / u);
-    check_grads(ref, w, what, kTolerances16.grad_max * u, kTolerances16.grad_norm * u);
+    check_grads(ref, w, what, tol.grad_max * u, tol.grad_norm * u);
     const std::vector<float> ours = w.grads(lnf_b.group);
     double diff2 = 0, ref2 = 0;
     for (uint64_t i = lnf_b.offset; i < lnf_b.offset + lnf_b.numel(); ++i) {
@@ -280,7 +285,7 @@ void check_16bit(const Reference& ref) {
       diff2 += (ours[i] - r) * (ours[i] - r);
       ref2 += r * r;
     }
-    EXPECT_LE(std::sqrt(diff2 / ref2), kTolerances16.head_norm * u) << what << ": ln_f.bias";
+    EXPECT_LE(std::sqrt(diff2 / ref2), tol.head_norm * u) << what << ": ln_f.bias";
     std::printf("%s: ln_f.bias ||diff|| / ||ref|| = %.3g u\n", what.c_str(), std::sqrt(diff2 / ref2) / u);
     EXPECT_NEAR(model.forward_loss(w, x.data(), y.data()), loss, 1e-6 * loss);
   }
