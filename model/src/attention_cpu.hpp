@@ -2,11 +2,8 @@
 // time (online softmax forward; backward recomputes each tile from the saved row
 // log-sum-exp), as FlashAttention does on a GPU.
 //
-// q, k, v and the output are of type t: F32, or BF16 / F16 when the model computes in 16
-// bits (docs/mixed-precision.md). A 16-bit (sequence, head)'s q, k, v (and o, backward)
-// are converted to fp32 once and the fp32 tiles run the same sgemm code: the same values
-// as 16-bit products with fp32 sums. The output is rounded once; scores, softmax
-// statistics and every gradient are fp32.
+// q, k, v and the output are of type t: F32 (the tiles below, OpenBLAS sgemm), or BF16 /
+// F16 when the model computes in 16 bits (attention16_cpu.hpp).
 #pragma once
 
 #include "strata/core/dtype.hpp"

@@ -1,0 +1,24 @@
+// The 16-bit model's causal attention (docs/mixed-precision.md), behind attention_cpu.hpp:
+// q, k, v and the output in bf16 or fp16 (uint16_t bits), the rest fp32.
+//
+// One panel of 64 query rows at a time against all the keys it sees: the panel's scores
+// [64, T] (fp32) are at most a few hundred KiB per core, so the softmax is exact per row
+// (no running rescale) and P = softmax(scores) is rounded once for P V, as the contract
+// and the reference have it. Backward recomputes P from the fp32 log-sum-exp and rounds
+// dO, P and dS before their matmuls. Matmuls take their 16-bit operands in pairs along
+// the inner dimension: AVX512-BF16's vdpbf16ps for bf16 where the CPU has it, else the
+// same values as floats with fp32 arithmetic (fp16; bf16 without bf16 instructions).
+#pragma once
+
+#include <cstdint>
+
+#include "strata/core/dtype.hpp"
+
+namespace strata::detail {
+
+// Shapes as attention_cpu.hpp's; t is BF16 or F16.
+void attention16_forward(const uint16_t* qkv, uint16_t* out, DType t, float* lse, int B, int T, int d, int H);
+void attention16_backward(const uint16_t* qkv, const uint16_t* out, DType t, const float* lse, const float* dout,
+                          float* dqkv, int B, int T, int d, int H);
+
+}  // namespace strata::detail
