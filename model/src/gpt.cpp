@@ -106,6 +106,11 @@ class FlushDenormals {
 #endif
 };
 
+// The threads the model's loops run on: those of its matmul library (parallel.hpp).
+detail::LoopThreads loop_threads(DType precision) {
+  return precision == DType::F32 ? detail::LoopThreads::Forked : detail::LoopThreads::OpenMp;
+}
+
 }  // namespace
 
 // A host buffer whose element type is the model's precision: the activations that feed
@@ -552,16 +557,19 @@ Gpt::~Gpt() = default;
 
 double Gpt::forward_backward(WeightSource& ws, const int32_t* inputs, const int32_t* targets, float loss_scale) {
   const FlushDenormals ftz(opts_.precision);
+  const detail::UseLoopThreads loops(loop_threads(opts_.precision));
   return detail::gpt_forward_backward(*impl_, ws, shape_, opts_, inputs, targets, loss_scale);
 }
 
 double Gpt::forward_loss(WeightSource& ws, const int32_t* inputs, const int32_t* targets) {
   const FlushDenormals ftz(opts_.precision);
+  const detail::UseLoopThreads loops(loop_threads(opts_.precision));
   return detail::gpt_forward_loss(*impl_, ws, shape_, opts_, inputs, targets);
 }
 
 void Gpt::next_token_logits(WeightSource& ws, const int32_t* tokens, int len, float* out) {
   const FlushDenormals ftz(opts_.precision);
+  const detail::UseLoopThreads loops(loop_threads(opts_.precision));
   detail::gpt_next_token_logits(*impl_, ws, shape_, opts_, tokens, len, out);
 }
 
