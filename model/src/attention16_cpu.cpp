@@ -227,6 +227,7 @@ struct Scratch {
   std::vector<E> pa, pv, dsa, dsv;  // [kPanel, tp] P / dS along the keys; [kPanel/2, lds] P / dS down the queries
   std::vector<E> doa, dov;        // [kPanel, hp] dO along the head; [kPanel/2, hd] down the queries
   std::vector<float> o, d;        // [kPanel, hd] a panel's output; [T] rowsum(dO * O)
+  std::vector<float> dk, dv;      // [T, hd] dK, dV summed over the panels (contiguous, unlike dqkv's rows)
 
   Scratch(int T_, int hd_, bool backward) : T(T_), hd(hd_), hp((hd_ + 1) / 2), tp((T_ + 1) / 2), lds(2L * tp) {
     auto pairs = [](std::vector<E>& v, long n) { v.resize(2 * n); };
@@ -249,14 +250,16 @@ struct Scratch {
     pairs(doa, static_cast<long>(kPanel) * hp);
     pairs(dov, static_cast<long>(kPanel / 2) * hd);
     d.resize(T);
+    dk.resize(static_cast<size_t>(T) * hd);
+    dv.resize(static_cast<size_t>(T) * hd);
   }
 };
 
-// Scores of queries [q0, q0 + nq) against keys [0, nk): s = scale q k^T (fp32 sums).
+// Dot products of queries [q0, q0 + nq) with keys [0, nk): s = q k^T (fp32 sums); the
+// scale is applied as the exponentials are taken.
 template <class P>
-void scores(Scratch<P>& w, int q0, int nq, int nk, float scale) {
+void scores(Scratch<P>& w, int q0, int nq, int nk) {
   P::mma(nq, nk, w.hp, w.qa.data() + 2L * q0 * w.hp, w.hp, 1, w.kt.data(), w.lds, w.s.data(), w.lds, false);
-  for (int i = 0; i < nq; ++i) scale_into(w.s.data() + i * w.lds, scale, nk);
 }
 
 template <class P>
@@ -270,13 +273,14 @@ STRATA_FORCE_INLINE void forward_head(Scratch<P>& w, const uint16_t* Q, const ui
   column_pairs<E>(w.vv.data(), hd, T, hd, bits(V));
   for (int q0 = 0; q0 < T; q0 += kPanel) {
     const int nq = std::min(kPanel, T - q0), nk = q0 + nq, nkp = (nk + 1) / 2;
-    scores(w, q0, nq, nk, scale);
-    // P = softmax over the visible keys 0 .. q0+i in fp32, rounded for P V.
+    scores(w, q0, nq, nk);
+    // P = softmax of the scaled scores over the visible keys 0 .. q0+i in fp32, rounded
+    // for P V. (scale > 0, so the max of the scaled scores is the scaled max.)
     for (int i = 0; i < nq; ++i) {
       float* s = w.s.data() + i * w.lds;
       const int valid = q0 + i + 1;
-      const float mx = max_of(s, valid);
-      const double sum = exp_shifted(s, s, valid, mx);
+      const float mx = scale * max_of(s, valid);
+      const double sum = exp_scaled(s, s, valid, scale, mx);
       L[q0 + i] = mx + static_cast<float>(std::log(sum));
       const float inv = static_cast<float>(1.0 / sum);
       E* pa = w.pa.data() + 2L * i * w.tp;
@@ -300,9 +304,9 @@ STRATA_FORCE_INLINE void backward_head(Scratch<P>& w, const uint16_t* Q, const u
   row_pairs_transposed<E>(w.vt.data(), w.lds, T, hd, bits(V));
   column_pairs<E>(w.kv.data(), hd, T, hd, bits(K));
   column_pairs<E>(w.qv.data(), hd, T, hd, bits(Q));
+  std::fill(w.dk.begin(), w.dk.end(), 0.0f);
+  std::fill(w.dv.begin(), w.dv.end(), 0.0f);
   for (int t = 0; t < T; ++t) {
-    std::fill(dK + t * ldg, dK + t * ldg + hd, 0.0f);
-    std::fill(dV + t * ldg, dV + t * ldg + hd, 0.0f);
     // D = rowsum(round(dO) * O), both as the matmuls read them.
     float acc = 0.0f;
 #pragma omp simd reduction(+ : acc)
@@ -316,11 +320,11 @@ STRATA_FORCE_INLINE void backward_head(Scratch<P>& w, const uint16_t* Q, const u
     row_pairs<E>(w.doa.data(), w.hp, nq, hd, rounded(dOp, ldo));
     column_pairs<E>(w.dov.data(), hd, nq, hd, rounded(dOp, ldo));
     // P = exp(scale q k^T - lse), zero above the diagonal.
-    scores(w, q0, nq, nk, scale);
+    scores(w, q0, nq, nk);
     for (int i = 0; i < nq; ++i) {
       float* p = w.s.data() + i * w.lds;
       const int valid = q0 + i + 1;
-      exp_shifted(p, p, valid, L[q0 + i]);
+      exp_scaled(p, p, valid, scale, L[q0 + i]);
       std::fill(p + valid, p + nk, 0.0f);
     }
     // dP = round(dO) V^T ; dS = P (dP - D)
@@ -331,17 +335,22 @@ STRATA_FORCE_INLINE void backward_head(Scratch<P>& w, const uint16_t* Q, const u
       const float di = w.d[q0 + i];
       for (int j = 0; j < nk; ++j) g[j] = p[j] * (g[j] - di);
     }
-    // dV += round(P)^T round(dO) ; dK += round(dS)^T q ; dQ = round(dS) k (scaled below)
+    // dV += round(P)^T round(dO) ; dK += round(dS)^T q ; dQ = round(dS) k (dK, dQ scaled below)
     column_pairs<E>(w.pv.data(), w.lds, nq, nk, rounded(w.s.data(), w.lds));
-    P::mma(nk, hd, nqp, w.pv.data(), 1, w.lds, w.dov.data(), hd, dV, ldg, true);
+    P::mma(nk, hd, nqp, w.pv.data(), 1, w.lds, w.dov.data(), hd, w.dv.data(), hd, true);
     column_pairs<E>(w.dsv.data(), w.lds, nq, nk, rounded(w.dp.data(), w.lds));
-    P::mma(nk, hd, nqp, w.dsv.data(), 1, w.lds, w.qv.data() + static_cast<long>(q0) * hd, hd, dK, ldg, true);
+    P::mma(nk, hd, nqp, w.dsv.data(), 1, w.lds, w.qv.data() + static_cast<long>(q0) * hd, hd, w.dk.data(), hd, true);
     row_pairs<E>(w.dsa.data(), w.tp, nq, nk, rounded(w.dp.data(), w.lds));
     P::mma(nq, hd, nkp, w.dsa.data(), w.tp, 1, w.kv.data(), hd, dQ + q0 * ldg, ldg, false);
   }
   for (int t = 0; t < T; ++t) {
     scale_into(dQ + t * ldg, scale, hd);
-    scale_into(dK + t * ldg, scale, hd);
+    const float* k = w.dk.data() + static_cast<long>(t) * hd;
+    const float* v = w.dv.data() + static_cast<long>(t) * hd;
+    for (int c = 0; c < hd; ++c) {
+      dK[t * ldg + c] = scale * k[c];
+      dV[t * ldg + c] = v[c];
+    }
   }
 }
 
