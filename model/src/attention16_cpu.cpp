@@ -8,11 +8,13 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
-#include <vector>
+#include <span>
+#include <string>
 
 #include "gemm_cpu.hpp"
 #include "kernels_cpu.hpp"
 #include "parallel.hpp"
+#include "strata/core/error.hpp"
 #include "strata/core/math/half.hpp"
 
 #if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__clang__)
@@ -214,44 +216,52 @@ STRATA_FORCE_INLINE void row_pairs_transposed(E* dst, long ld, int rows, int col
   }
 }
 
-// One thread's working memory for a (sequence, head): the packed q, k, v and one panel's
-// scores and gradients. Sizes in pairs; each pair is two Elems.
+// One core's working memory for a (sequence, head), laid out over part of the caller's
+// workspace: the packed q, k, v and one panel's scores and gradients. Sizes in pairs;
+// each pair is two Elems.
 template <class P>
 struct Scratch {
   using E = typename P::Elem;
   int T, hd, hp, tp;   // tokens, head size, head pairs (hd + 1) / 2, token pairs (T + 1) / 2
   long lds;            // floats per row of a [kPanel, T] panel (T rounded up to even)
-  std::vector<E> qa, kt, vv;      // [T, hp] q along the head; [hp, lds] k along the head; [tp, hd] v down the tokens
-  std::vector<E> vt, kv, qv;      // backward: [hp, lds] v along the head; [tp, hd] k and q down the tokens
-  std::vector<float> s, dp;       // [kPanel, lds] scores / probabilities, and dP / dS
-  std::vector<E> pa, pv, dsa, dsv;  // [kPanel, tp] P / dS along the keys; [kPanel/2, lds] P / dS down the queries
-  std::vector<E> doa, dov;        // [kPanel, hp] dO along the head; [kPanel/2, hd] down the queries
-  std::vector<float> o, d;        // [kPanel, hd] a panel's output; [T] rowsum(dO * O)
-  std::vector<float> dk, dv;      // [T, hd] dK, dV summed over the panels (contiguous, unlike dqkv's rows)
+  std::span<E> qa, kt, vv;        // [T, hp] q along the head; [hp, lds] k along the head; [tp, hd] v down the tokens
+  std::span<E> vt, kv, qv;        // backward: [hp, lds] v along the head; [tp, hd] k and q down the tokens
+  std::span<float> s, dp;         // [kPanel, lds] scores / probabilities, and dP / dS
+  std::span<E> pa, pv, dsa, dsv;  // [kPanel, tp] P / dS along the keys; [kPanel/2, lds] P / dS down the queries
+  std::span<E> doa, dov;          // [kPanel, hp] dO along the head; [kPanel/2, hd] down the queries
+  std::span<float> o, d;          // [kPanel, hd] a panel's output; [T] rowsum(dO * O)
+  std::span<float> dk, dv;        // [T, hd] dK, dV summed over the panels (contiguous, unlike dqkv's rows)
 
-  Scratch(int T_, int hd_, bool backward) : T(T_), hd(hd_), hp((hd_ + 1) / 2), tp((T_ + 1) / 2), lds(2L * tp) {
-    auto pairs = [](std::vector<E>& v, long n) { v.resize(2 * n); };
+  Scratch(int T_, int hd_) : T(T_), hd(hd_), hp((hd_ + 1) / 2), tp((T_ + 1) / 2), lds(2L * tp) {}
+
+  // Lays the buffers out from `base` (null: only counts); returns the bytes they take.
+  size_t lay_out(std::byte* base) {
+    size_t used = 0;
+    auto take = [&]<class T>(std::span<T>& v, long n) {
+      used = (used + 63) / 64 * 64;  // each buffer on cache lines of its own
+      if (base) v = std::span<T>(reinterpret_cast<T*>(base + used), static_cast<size_t>(n));
+      used += static_cast<size_t>(n) * sizeof(T);
+    };
+    auto pairs = [&](std::span<E>& v, long n) { take(v, 2 * n); };
     pairs(qa, static_cast<long>(T) * hp);
     pairs(kt, hp * lds);
-    s.resize(kPanel * lds);
-    if (!backward) {
-      pairs(vv, static_cast<long>(tp) * hd);
-      pairs(pa, static_cast<long>(kPanel) * tp);
-      o.resize(static_cast<size_t>(kPanel) * hd);
-      return;
-    }
+    pairs(vv, static_cast<long>(tp) * hd);
     pairs(vt, hp * lds);
     pairs(kv, static_cast<long>(tp) * hd);
     pairs(qv, static_cast<long>(tp) * hd);
-    dp.resize(kPanel * lds);
+    take(s, kPanel * lds);
+    take(dp, kPanel * lds);
+    pairs(pa, static_cast<long>(kPanel) * tp);
     pairs(pv, kPanel / 2 * lds);
     pairs(dsa, static_cast<long>(kPanel) * tp);
     pairs(dsv, kPanel / 2 * lds);
     pairs(doa, static_cast<long>(kPanel) * hp);
     pairs(dov, static_cast<long>(kPanel / 2) * hd);
-    d.resize(T);
-    dk.resize(static_cast<size_t>(T) * hd);
-    dv.resize(static_cast<size_t>(T) * hd);
+    take(o, static_cast<long>(kPanel) * hd);
+    take(d, T);
+    take(dk, static_cast<long>(T) * hd);
+    take(dv, static_cast<long>(T) * hd);
+    return (used + 63) / 64 * 64;
   }
 };
 
@@ -385,24 +395,30 @@ STRATA_CLONES void backward_head_fp16(Scratch<FloatPairs<DType::F16>>& w, STRATA
 #undef STRATA_HEAD_ARGS_FWD
 #undef STRATA_HEAD_ARGS_BWD
 
-// Calls fn(scratch, b, h) for every (sequence, head), one scratch per core.
+// Calls fn(scratch, b, h) for every (sequence, head), one scratch per core, each laid out
+// over its share of the workspace.
 template <class P, class Fn>
-void for_heads(int B, int T, int d, int H, bool backward, Fn&& fn) {
+void for_heads(std::span<std::byte> workspace, int B, int T, int d, int H, Fn&& fn) {
   const long heads = static_cast<long>(B) * H;
   const long parts = std::min<long>(model_threads(), heads);
+  const size_t each = Scratch<P>(T, d / H).lay_out(nullptr);
+  STRATA_CHECK(workspace.size() >= parts * each, "attention16: workspace of " + std::to_string(workspace.size()) +
+                                                     " bytes, " + std::to_string(parts * each) + " needed");
   parallel_for(parts, 1, [&](long part) {
-    Scratch<P> w(T, d / H, backward);
+    Scratch<P> w(T, d / H);
+    w.lay_out(workspace.data() + part * each);
     for (long bh = part * heads / parts; bh < (part + 1) * heads / parts; ++bh)
       fn(w, static_cast<int>(bh / H), static_cast<int>(bh % H));
   });
 }
 
 template <class P, class Head>
-void forward(Head head, const uint16_t* qkv, uint16_t* out, float* lse, int B, int T, int d, int H) {
+void forward(Head head, const uint16_t* qkv, uint16_t* out, float* lse, int B, int T, int d, int H,
+             std::span<std::byte> workspace) {
   const int hd = d / H;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const long ld = 3L * d;
-  for_heads<P>(B, T, d, H, false, [&](Scratch<P>& w, int b, int h) {
+  for_heads<P>(workspace, B, T, d, H, [&](Scratch<P>& w, int b, int h) {
     const uint16_t* Q = qkv + static_cast<long>(b) * T * ld + static_cast<long>(h) * hd;
     head(w, Q, Q + d, Q + 2 * d, ld, out + static_cast<long>(b) * T * d + static_cast<long>(h) * hd, d,
                  lse + (static_cast<long>(b) * H + h) * T, scale);
@@ -411,39 +427,56 @@ void forward(Head head, const uint16_t* qkv, uint16_t* out, float* lse, int B, i
 
 template <class P, class Head>
 void backward(Head head, const uint16_t* qkv, const uint16_t* out, const float* lse, const float* dout, float* dqkv,
-              int B, int T, int d, int H) {
+              int B, int T, int d, int H, std::span<std::byte> workspace) {
   const int hd = d / H;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const long ld = 3L * d;
-  for_heads<P>(B, T, d, H, true, [&](Scratch<P>& w, int b, int h) {
+  for_heads<P>(workspace, B, T, d, H, [&](Scratch<P>& w, int b, int h) {
     const long qoff = static_cast<long>(b) * T * ld + static_cast<long>(h) * hd;
     const long ooff = static_cast<long>(b) * T * d + static_cast<long>(h) * hd;
     const uint16_t* Q = qkv + qoff;
     float* dQ = dqkv + qoff;
-    head(w, Q, Q + d, Q + 2 * d, ld, out + ooff, dout + ooff, d, lse + (static_cast<long>(b) * H + h) * T,
-                  dQ, dQ + d, dQ + 2 * d, ld, scale);
+    head(w, Q, Q + d, Q + 2 * d, ld, out + ooff, dout + ooff, d, lse + (static_cast<long>(b) * H + h) * T, dQ,
+         dQ + d, dQ + 2 * d, ld, scale);
   });
+}
+
+// bf16 runs on vdpbf16ps where the CPU has it (the test the matmuls use, gemm_cpu.hpp).
+bool bf16_pairs(DType t) {
+#if defined(__x86_64__)
+  return t == DType::BF16 && gemm_native(DType::BF16);
+#else
+  return false;
+#endif
 }
 
 }  // namespace
 
-// bf16 runs on vdpbf16ps where the CPU has it (the test the matmuls use, gemm_cpu.hpp).
-void attention16_forward(const uint16_t* qkv, uint16_t* out, DType t, float* lse, int B, int T, int d, int H) {
-  if (t == DType::F16) return forward<FloatPairs<DType::F16>>(forward_head_fp16, qkv, out, lse, B, T, d, H);
+size_t attention16_workspace_bytes(DType t, int T, int hd) {
+  const size_t each = bf16_pairs(t) ? Scratch<Bf16Pairs>(T, hd).lay_out(nullptr)
+                                    : Scratch<FloatPairs<DType::F16>>(T, hd).lay_out(nullptr);
+  return model_threads() * each;
+}
+
+void attention16_forward(const uint16_t* qkv, uint16_t* out, DType t, float* lse, int B, int T, int d, int H,
+                         std::span<std::byte> workspace) {
 #if defined(__x86_64__)
-  if (gemm_native(DType::BF16)) return forward<Bf16Pairs>(forward_head_bf16, qkv, out, lse, B, T, d, H);
+  if (bf16_pairs(t)) return forward<Bf16Pairs>(forward_head_bf16, qkv, out, lse, B, T, d, H, workspace);
 #endif
-  forward<FloatPairs<DType::BF16>>(forward_head_bf16_floats, qkv, out, lse, B, T, d, H);
+  if (t == DType::F16)
+    return forward<FloatPairs<DType::F16>>(forward_head_fp16, qkv, out, lse, B, T, d, H, workspace);
+  forward<FloatPairs<DType::BF16>>(forward_head_bf16_floats, qkv, out, lse, B, T, d, H, workspace);
 }
 
 void attention16_backward(const uint16_t* qkv, const uint16_t* out, DType t, const float* lse, const float* dout,
-                          float* dqkv, int B, int T, int d, int H) {
-  if (t == DType::F16)
-    return backward<FloatPairs<DType::F16>>(backward_head_fp16, qkv, out, lse, dout, dqkv, B, T, d, H);
+                          float* dqkv, int B, int T, int d, int H, std::span<std::byte> workspace) {
 #if defined(__x86_64__)
-  if (gemm_native(DType::BF16)) return backward<Bf16Pairs>(backward_head_bf16, qkv, out, lse, dout, dqkv, B, T, d, H);
+  if (bf16_pairs(t))
+    return backward<Bf16Pairs>(backward_head_bf16, qkv, out, lse, dout, dqkv, B, T, d, H, workspace);
 #endif
-  backward<FloatPairs<DType::BF16>>(backward_head_bf16_floats, qkv, out, lse, dout, dqkv, B, T, d, H);
+  if (t == DType::F16)
+    return backward<FloatPairs<DType::F16>>(backward_head_fp16, qkv, out, lse, dout, dqkv, B, T, d, H, workspace);
+  backward<FloatPairs<DType::BF16>>(backward_head_bf16_floats, qkv, out, lse, dout, dqkv, B, T, d, H, workspace);
 }
 
 }  // namespace strata::detail

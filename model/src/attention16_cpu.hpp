@@ -1,5 +1,5 @@
-// The 16-bit model's causal attention (docs/mixed-precision.md), behind attention_cpu.hpp:
-// q, k, v and the output in bf16 or fp16 (uint16_t bits), the rest fp32.
+// The 16-bit model's causal attention (docs/mixed-precision.md; attention_cpu.hpp is the
+// fp32 model's): q, k, v and the output in bf16 or fp16 (uint16_t bits), the rest fp32.
 //
 // One panel of 64 query rows at a time against all the keys it sees: the panel's scores
 // [64, T] (fp32) are at most a few hundred KiB per core, so the softmax is exact per row
@@ -10,15 +10,22 @@
 // same values as floats with fp32 arithmetic (fp16; bf16 without bf16 instructions).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "strata/core/dtype.hpp"
 
 namespace strata::detail {
 
-// Shapes as attention_cpu.hpp's; t is BF16 or F16.
-void attention16_forward(const uint16_t* qkv, uint16_t* out, DType t, float* lse, int B, int T, int d, int H);
+// Bytes of workspace the calls below take for sequences of up to T tokens and heads of hd
+// values: a few MiB (2.3 per core at GPT-2's 1024 x 64), owned by the caller.
+size_t attention16_workspace_bytes(DType t, int T, int hd);
+
+// Shapes as attention_cpu.hpp's; t is BF16 or F16; q, k, v and out are its bits.
+void attention16_forward(const uint16_t* qkv, uint16_t* out, DType t, float* lse, int B, int T, int d, int H,
+                         std::span<std::byte> workspace);
 void attention16_backward(const uint16_t* qkv, const uint16_t* out, DType t, const float* lse, const float* dout,
-                          float* dqkv, int B, int T, int d, int H);
+                          float* dqkv, int B, int T, int d, int H, std::span<std::byte> workspace);
 
 }  // namespace strata::detail

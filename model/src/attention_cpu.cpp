@@ -7,7 +7,6 @@
 #include <limits>
 #include <vector>
 
-#include "attention16_cpu.hpp"
 #include "kernels_cpu.hpp"
 #include "parallel.hpp"
 
@@ -26,11 +25,7 @@ struct Tiles {
 
 }  // namespace
 
-void attention_forward(const void* qkv_v, void* out_v, DType t, float* lse, int B, int T, int d, int H) {
-  if (t != DType::F32)
-    return attention16_forward(static_cast<const uint16_t*>(qkv_v), static_cast<uint16_t*>(out_v), t, lse, B, T, d, H);
-  const auto* qkv = static_cast<const float*>(qkv_v);
-  auto* out = static_cast<float*>(out_v);
+void attention_forward(const float* qkv, float* out, float* lse, int B, int T, int d, int H) {
   const int hd = d / H;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const long ld = 3L * d;
@@ -84,13 +79,8 @@ void attention_forward(const void* qkv_v, void* out_v, DType t, float* lse, int 
   });
 }
 
-void attention_backward(const void* qkv_v, const void* out_v, DType t, const float* lse, const float* dout,
-                        float* dqkv, int B, int T, int d, int H) {
-  if (t != DType::F32)
-    return attention16_backward(static_cast<const uint16_t*>(qkv_v), static_cast<const uint16_t*>(out_v), t, lse,
-                                dout, dqkv, B, T, d, H);
-  const auto* qkv = static_cast<const float*>(qkv_v);
-  const auto* out = static_cast<const float*>(out_v);
+void attention_backward(const float* qkv, const float* out, const float* lse, const float* dout, float* dqkv, int B,
+                        int T, int d, int H) {
   const int hd = d / H;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const long ld = 3L * d;

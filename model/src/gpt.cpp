@@ -15,6 +15,7 @@
 #include <string>
 #include <tuple>
 
+#include "attention16_cpu.hpp"
 #include "attention_cpu.hpp"
 #include "gemm_cpu.hpp"
 #include "gpt_driver.hpp"
@@ -139,6 +140,10 @@ struct HostBuffers {
     bytes += n * sizeof(float);
     if (!count_only) v.resize(n);
   }
+  void take_bytes(std::vector<std::byte>& v, uint64_t n) {
+    bytes += n;
+    if (!count_only) v.resize(n);
+  }
   void take(TypedBuffer& v, uint64_t n, DType t) {
     v.type = t;
     bytes += n * dtype_size(t);
@@ -197,6 +202,7 @@ struct Gpt::Impl {
   std::vector<float> vecs, vec_grads;     // [13d] a group's parameter vectors and their gradients
   std::vector<float> col_parts;           // [threads, 4d] partial column sums (bias gradients)
   std::vector<float> dembed;              // [V + T, d] the embeddings' gradient (wte's tied)
+  std::vector<std::byte> att_workspace;   // attention16's, one scratch per core
   // Converting matmuls only (gemm_native(t) false): wte as fp32 [V, d], and the gemm's workspace.
   std::vector<float> wte32, gemm_workspace;
   std::array<VecRef, 8> block_vecs;       // ln1 w, b; qkv b; attn proj b; ln2 w, b; fc b; mlp proj b
@@ -253,6 +259,7 @@ struct Gpt::Impl {
     a.take(vecs, 13L * d); a.take(vec_grads, 13L * d);
     a.take(col_parts, static_cast<uint64_t>(detail::model_threads()) * 4 * d);
     a.take(dembed, static_cast<uint64_t>(s.vocab + s.seq_len) * d);
+    a.take_bytes(att_workspace, detail::attention16_workspace_bytes(t, s.seq_len, s.head_dim()));
     if (detail::gemm_native(t)) return;
     a.take(wte32, static_cast<uint64_t>(s.vocab) * d);
     a.take(gemm_workspace, converting_workspace());
@@ -437,7 +444,10 @@ struct Gpt::Impl {
     const auto& v = block_vecs;
     layernorm(x, vec(w, v[kLn1W]), vec(w, v[kLn1B]), a.ln1, a.mean1.data(), a.rstd1.data(), bt, d);
     linear(a.ln1.data(), at(w, lay.qkv_w), vec(w, v[kQkvB]), a.qkv.data(), t, bt, 3 * d, d);
-    detail::attention_forward(a.qkv.data(), a.att.data(), t, a.lse.data(), B, T, d, s.heads);
+    if (half)
+      detail::attention16_forward(a.qkv.h16(), a.att.h16(), t, a.lse.data(), B, T, d, s.heads, att_workspace);
+    else
+      detail::attention_forward(a.qkv.f32(), a.att.f32(), a.lse.data(), B, T, d, s.heads);
     linear(a.att.data(), at(w, lay.attn_proj_w), vec(w, v[kProjB]), a.x2.data(), DType::F32, bt, d, d);
     float* x2 = a.x2.data();
     add_rows(x2, x, bt, d);
@@ -470,8 +480,12 @@ struct Gpt::Impl {
     // Attention: x2 = x + attn(ln1(x)) Wo^T + bo
     const void* dy_att = matmul_grad(dr, vec_grad(g, v[kProjB]), bt, d);
     linear_backward(dy_att, a.att.data(), at(w, lay.attn_proj_w), dsmall.data(), at(g, lay.attn_proj_w), bt, d, d);
-    detail::attention_backward(a.qkv.data(), a.att.data(), t, a.lse.data(), dsmall.data(), dqkv.data(), B, T, d,
-                               s.heads);
+    if (half)
+      detail::attention16_backward(a.qkv.h16(), a.att.h16(), t, a.lse.data(), dsmall.data(), dqkv.data(), B, T, d,
+                                   s.heads, att_workspace);
+    else
+      detail::attention_backward(a.qkv.f32(), a.att.f32(), a.lse.data(), dsmall.data(), dqkv.data(), B, T, d,
+                                 s.heads);
     const void* dy_qkv = matmul_grad(dqkv.data(), vec_grad(g, v[kQkvB]), bt, 3 * d);
     linear_backward(dy_qkv, a.ln1.data(), at(w, lay.qkv_w), dsmall.data(), at(g, lay.qkv_w), bt, 3 * d, d);
     layernorm_backward(dsmall.data(), x, vec(w, v[kLn1W]), a.mean1.data(), a.rstd1.data(), dr, vec_grad(g, v[kLn1W]),
