@@ -5,6 +5,7 @@
 #endif
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -54,11 +55,33 @@ struct Bf16Pairs {
 void mma_float_pairs(int m, int n, int kp, const float* A, long a_rs, long a_ps, const float* B, long ldb, float* C,
                      long ldc, bool accumulate);
 
+// fp16 values as floats, without branches (half.hpp's conversions loop over subnormals
+// and do not vectorise): the same values as math::fp16_to_float(bits) and as
+// math::fp16_to_float(math::float_to_fp16(x)), NaN aside (any NaN stays a NaN).
+STRATA_FORCE_INLINE float fp16_value(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+  const float sub = static_cast<float>(m) * 0x1p-24f;  // e == 0: m * 2^-24, exact
+  const uint32_t bits = e == 0 ? std::bit_cast<uint32_t>(sub) : e == 31 ? 0x7F800000u | (m << 13) : ((e + 112) << 23) | (m << 13);
+  return std::bit_cast<float>(sign | bits);
+}
+
+STRATA_FORCE_INLINE float fp16_rounded(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x), a = u & 0x7FFFFFFFu, sign = u & 0x80000000u;
+  // Normal fp16 (|x| >= 2^-14): round to nearest even at 10 fraction bits; 65520 and up
+  // (the halfway point past the largest fp16, 65504) are infinite.
+  const uint32_t normal = a >= 0x477FF000u ? 0x7F800000u : (a + 0x0FFFu + ((a >> 13) & 1u)) & ~0x1FFFu;
+  // Subnormal fp16: a multiple of 2^-24, rounded to nearest even by adding and taking
+  // away 0.75 (whose ulp is 2^-24; |x| < 2^-14 keeps the sum within its binade).
+  const float small = (std::bit_cast<float>(a) + 0.75f) - 0.75f;
+  const uint32_t r = a > 0x7F800000u ? a : a >= 0x38800000u ? normal : std::bit_cast<uint32_t>(small);
+  return std::bit_cast<float>(sign | r);
+}
+
 template <DType T>
 struct FloatPairs {
   using Elem = float;
-  static float from_bits(uint16_t bits) { return T == DType::BF16 ? math::bf16_to_float(bits) : math::fp16_to_float(bits); }
-  static float from_float(float x) { return from_bits(round(x)); }
+  static float from_bits(uint16_t bits) { return T == DType::BF16 ? math::bf16_to_float(bits) : fp16_value(bits); }
+  static float from_float(float x) { return T == DType::BF16 ? math::bf16_to_float(math::float_to_bf16(x)) : fp16_rounded(x); }
   static float value(Elem e) { return e; }
   static uint16_t round(float x) { return T == DType::BF16 ? math::float_to_bf16(x) : math::float_to_fp16(x); }
   static void mma(int m, int n, int kp, const Elem* A, long a_rs, long a_ps, const Elem* B, long ldb, float* C,
@@ -67,17 +90,20 @@ struct FloatPairs {
   }
 };
 
-// MR rows of C times 16 columns (nr of them valid); the compiler vectorises the columns.
+// MR rows of C times 16 columns; the compiler vectorises the columns (the pairs of a B
+// row split into its first and second values by permutes). Edge columns take
+// mma_float_pairs_edge.
 template <int MR>
-STRATA_FORCE_INLINE void mma_float_pairs_rows(int nr, int kp, const float* A, long a_rs, long a_ps, const float* B,
-                                              long ldb, float* C, long ldc, bool accumulate) {
+STRATA_FORCE_INLINE void mma_float_pairs_rows(int kp, const float* A, long a_rs, long a_ps, const float* B, long ldb,
+                                              float* C, long ldc, bool accumulate) {
   float acc[MR][16], lo[16], hi[16];
   for (int r = 0; r < MR; ++r)
-    for (int j = 0; j < 16; ++j) acc[r][j] = accumulate && j < nr ? C[r * ldc + j] : 0.0f;
+    for (int j = 0; j < 16; ++j) acc[r][j] = accumulate ? C[r * ldc + j] : 0.0f;
   for (int p = 0; p < kp; ++p) {
+    const float* b = B + 2 * p * ldb;
     for (int j = 0; j < 16; ++j) {
-      lo[j] = j < nr ? B[2 * (p * ldb + j)] : 0.0f;
-      hi[j] = j < nr ? B[2 * (p * ldb + j) + 1] : 0.0f;
+      lo[j] = b[2 * j];
+      hi[j] = b[2 * j + 1];
     }
     for (int r = 0; r < MR; ++r) {
       const float alo = A[2 * (r * a_rs + p * a_ps)], ahi = A[2 * (r * a_rs + p * a_ps) + 1];
@@ -86,25 +112,39 @@ STRATA_FORCE_INLINE void mma_float_pairs_rows(int nr, int kp, const float* A, lo
     }
   }
   for (int r = 0; r < MR; ++r)
-    for (int j = 0; j < nr; ++j) C[r * ldc + j] = acc[r][j];
+    for (int j = 0; j < 16; ++j) C[r * ldc + j] = acc[r][j];
+}
+
+// One element of C at a time, for the last columns when n is not a multiple of 16.
+STRATA_FORCE_INLINE void mma_float_pairs_edge(int m, int n, int kp, const float* A, long a_rs, long a_ps,
+                                              const float* B, long ldb, float* C, long ldc, bool accumulate) {
+  for (int r = 0; r < m; ++r)
+    for (int j = 0; j < n; ++j) {
+      float acc = accumulate ? C[r * ldc + j] : 0.0f;
+      for (int p = 0; p < kp; ++p)
+        acc += A[2 * (r * a_rs + p * a_ps)] * B[2 * (p * ldb + j)] +
+               A[2 * (r * a_rs + p * a_ps) + 1] * B[2 * (p * ldb + j) + 1];
+      C[r * ldc + j] = acc;
+    }
 }
 
 STRATA_CLONES void mma_float_pairs(int m, int n, int kp, const float* A, long a_rs, long a_ps, const float* B,
                                    long ldb, float* C, long ldc, bool accumulate) {
-  for (int j0 = 0; j0 < n; j0 += 16) {
-    const int nr = std::min(16, n - j0);
+  const int n16 = n / 16 * 16;
+  for (int j0 = 0; j0 < n16; j0 += 16) {
     for (int i0 = 0; i0 < m; i0 += 4) {
       const float* a = A + 2 * i0 * a_rs;
       const float* b = B + 2 * j0;
       float* c = C + i0 * ldc + j0;
       switch (std::min(4, m - i0)) {
-        case 4: mma_float_pairs_rows<4>(nr, kp, a, a_rs, a_ps, b, ldb, c, ldc, accumulate); break;
-        case 3: mma_float_pairs_rows<3>(nr, kp, a, a_rs, a_ps, b, ldb, c, ldc, accumulate); break;
-        case 2: mma_float_pairs_rows<2>(nr, kp, a, a_rs, a_ps, b, ldb, c, ldc, accumulate); break;
-        default: mma_float_pairs_rows<1>(nr, kp, a, a_rs, a_ps, b, ldb, c, ldc, accumulate); break;
+        case 4: mma_float_pairs_rows<4>(kp, a, a_rs, a_ps, b, ldb, c, ldc, accumulate); break;
+        case 3: mma_float_pairs_rows<3>(kp, a, a_rs, a_ps, b, ldb, c, ldc, accumulate); break;
+        case 2: mma_float_pairs_rows<2>(kp, a, a_rs, a_ps, b, ldb, c, ldc, accumulate); break;
+        default: mma_float_pairs_rows<1>(kp, a, a_rs, a_ps, b, ldb, c, ldc, accumulate); break;
       }
     }
   }
+  if (n16 < n) mma_float_pairs_edge(m, n - n16, kp, A, a_rs, a_ps, B + 2 * n16, ldb, C + n16, ldc, accumulate);
 }
 
 #if defined(__x86_64__)

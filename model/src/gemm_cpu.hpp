@@ -9,8 +9,9 @@
 //    converted to fp32 in the caller's workspace and multiplied by sgemm, the same products
 //    and fp32 sums. Said once in the log.
 // oneDNN primitives are made once per shape and kept (making one takes about a
-// millisecond, as long as a small matmul), each with its memory objects and scratchpad,
-// so a call allocates nothing.
+// millisecond, as long as a small matmul) with their memory objects, and share one
+// scratchpad, grown as primitives are made (a few MiB, not in the model's
+// activation_bytes), so a call allocates nothing.
 #pragma once
 
 #include <cstddef>
@@ -76,6 +77,7 @@ class CpuGemm {
   struct Dnnl;
   std::unique_ptr<Dnnl> dnnl_;  // engine, stream
   std::vector<std::unique_ptr<Primitive>> primitives_;
+  std::vector<std::byte> scratchpad_;  // oneDNN's working memory, the largest any primitive asks
   float* workspace_ = nullptr;
   uint64_t workspace_floats_ = 0;
 };
