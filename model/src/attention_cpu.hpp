@@ -1,25 +1,17 @@
 // Causal multi-head attention on the cpu backend, one [block, block] tile of scores at a
 // time (online softmax forward; backward recomputes each tile from the saved row
 // log-sum-exp), as FlashAttention does on a GPU.
-//
-// q, k, v and the output are of type t: F32, or BF16 / F16 when the model computes in 16
-// bits (docs/mixed-precision.md). A 16-bit (sequence, head)'s q, k, v (and o, backward)
-// are converted to fp32 once and the fp32 tiles run the same sgemm code: the same values
-// as 16-bit products with fp32 sums. The output is rounded once; scores, softmax
-// statistics and every gradient are fp32.
 #pragma once
-
-#include "strata/core/dtype.hpp"
 
 namespace strata::detail {
 
 // qkv:  [B, T, 3d] rows of q (d), k (d), v (d); head h uses channels [h*hd, (h+1)*hd) of each
 // out:  [B, T, d]   softmax(q k^T / sqrt(hd), causal) v, heads side by side
-// lse:  [B, H, T]   log-sum-exp of each query row's scaled scores (for backward), fp32
-void attention_forward(const void* qkv, void* out, DType t, float* lse, int B, int T, int d, int H);
+// lse:  [B, H, T]   log-sum-exp of each query row's scaled scores (for backward)
+void attention_forward(const float* qkv, float* out, float* lse, int B, int T, int d, int H);
 
-// dout [B, T, d] fp32 -> dqkv [B, T, 3d] fp32 (overwritten).
-void attention_backward(const void* qkv, const void* out, DType t, const float* lse, const float* dout, float* dqkv,
-                        int B, int T, int d, int H);
+// dout [B, T, d] -> dqkv [B, T, 3d] (overwritten).
+void attention_backward(const float* qkv, const float* out, const float* lse, const float* dout, float* dqkv, int B,
+                        int T, int d, int H);
 
 }  // namespace strata::detail

@@ -14,11 +14,16 @@
 //
 // The math is attention_cpu.cpp's: scores scaled by 1/sqrt(head_dim), probabilities by
 // exp_approx, the online-softmax correction by expf; masked scores are exactly 0.
-// Statistics (running max, sum, log-sum-exp, the probabilities and dS) are fp32; the
-// output is rounded once when stored; dq, dk, dv are written fp32.
+// Statistics (running max, sum, log-sum-exp) are fp32; dq, dk, dv are written fp32. In
+// 16 bits the kernels round where docs/mixed-precision.md says: the normalised
+// probabilities P before P V and P^T dO, dS before dS K and dS^T Q, the output once when
+// stored. P normalised needs the row's log-sum-exp before any P V term, so the 16-bit
+// forward takes two passes over the key tiles (the first only for max and sum); fp32 keeps
+// the one-pass online softmax, bit for bit the kernel that ran on the H100.
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <type_traits>
 
 #include "kernels_cuda.hpp"
 #include "storage_cuda.cuh"
@@ -95,12 +100,57 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int i = 0; i < R; ++i) m[i] = -INFINITY, l[i] = 0.0f;
 
+  // 16 bits: a first pass for each row's max and sum, so that the second rounds P
+  // normalised (exp(s - lse)), whatever the tiling; fp32 takes the online pass alone.
+  constexpr bool kRoundP = !std::is_same_v<S, F32S>;
+  float lse_row[R];
+  if constexpr (kRoundP) {
+    for (int k0 = 0; k0 <= q0 && k0 < T; k0 += BT) {
+      __syncthreads();  // the previous tile's Ks is no longer read
+      load_tile<BT, S>(Ks, base + d, ld, k0, T, hd);
+      __syncthreads();
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        const int r = ty + 16 * i, q = q0 + r;
+        float s[R];
+        float mx = m[i];
+#pragma unroll
+        for (int j = 0; j < R; ++j) {
+          const int k = k0 + tx + 16 * j;
+          s[j] = k <= q ? scale * dot_rows(Qs + r * pitch, Ks + (tx + 16 * j) * pitch, hd) : -INFINITY;
+          mx = fmaxf(mx, s[j]);
+        }
+        mx = row_max(mx);
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < R; ++j) sum += s[j] == -INFINITY ? 0.0f : math::exp_approx(s[j] - mx);
+        l[i] = l[i] * expf(m[i] - mx) + row_sum(sum);
+        m[i] = mx;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i) lse_row[i] = m[i] + logf(l[i]);
+  }
+
   for (int k0 = 0; k0 <= q0 && k0 < T; k0 += BT) {  // key tiles up to the diagonal
     __syncthreads();  // the previous tile's Ks, Vs, Ps are no longer read
     load_tile<BT, S>(Ks, base + d, ld, k0, T, hd);
     load_tile<BT, S>(Vs, base + 2 * d, ld, k0, T, hd);
     __syncthreads();
     float corr[R];
+    if constexpr (kRoundP) {
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        const int r = ty + 16 * i, q = q0 + r;
+#pragma unroll
+        for (int j = 0; j < R; ++j) {
+          const int k = k0 + tx + 16 * j;
+          const float sc = k <= q ? scale * dot_rows(Qs + r * pitch, Ks + (tx + 16 * j) * pitch, hd) : 0.0f;
+          Ps[r * (BT + 1) + tx + 16 * j] = k <= q ? S::load(S::store(math::exp_approx(sc - lse_row[i]))) : 0.0f;
+        }
+        corr[i] = 1.0f;
+      }
+    } else {
 #pragma unroll
     for (int i = 0; i < R; ++i) {
       const int r = ty + 16 * i, q = q0 + r;
@@ -124,6 +174,7 @@ __global__ void __launch_bounds__(kThreads)
       l[i] = l[i] * corr[i] + row_sum(sum);
       m[i] = mx;
     }
+    }
     __syncthreads();  // Ps complete
 #pragma unroll
     for (int i = 0; i < R; ++i) {
@@ -141,10 +192,10 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = 0; i < R; ++i) {
     const int r = ty + 16 * i, q = q0 + r;
     if (q >= T) continue;
-    const float inv = 1.0f / l[i];
+    const float inv = kRoundP ? 1.0f : 1.0f / l[i];  // 16 bits: P was normalised already
     typename S::Bits* O = out + (static_cast<long>(b) * T + q) * d + static_cast<long>(h) * hd;
     for (int c = tx; c < hd; c += 16) O[c] = S::store(Os[r * hd + c] * inv);
-    if (tx == 0) lse[static_cast<long>(bh) * T + q] = m[i] + logf(l[i]);
+    if (tx == 0) lse[static_cast<long>(bh) * T + q] = kRoundP ? lse_row[i] : m[i] + logf(l[i]);
   }
 }
 
@@ -210,7 +261,7 @@ __global__ void __launch_bounds__(kThreads)
         float ds = 0.0f;
         if (k <= q && q < T) {
           const float p = math::exp_approx(scale * dot_rows(Qs + r * pitch, Ks + kr * pitch, hd) - L[i]);
-          ds = p * (dot_rows(dOs + r * pitch, Vs + kr * pitch, hd) - D[i]);
+          ds = S::load(S::store(p * (dot_rows(dOs + r * pitch, Vs + kr * pitch, hd) - D[i])));  // round(dS)
         }
         Ss[r * (BT + 1) + kr] = ds;
       }
@@ -285,7 +336,8 @@ __global__ void __launch_bounds__(kThreads)
         float p = 0.0f, ds = 0.0f;
         if (k <= q && q < T) {
           p = math::exp_approx(scale * dot_rows(Qs + qr * pitch, Ks + kr * pitch, hd) - Ls[qr]);
-          ds = p * (dot_rows(dOs + qr * pitch, Vs + kr * pitch, hd) - Ds[qr]);
+          ds = S::load(S::store(p * (dot_rows(dOs + qr * pitch, Vs + kr * pitch, hd) - Ds[qr])));  // round(dS)
+          p = S::load(S::store(p));                                                                  // round(P)
         }
         Ps[kr * (BT + 1) + qr] = p;
         Ss[kr * (BT + 1) + qr] = ds;

@@ -15,6 +15,7 @@
 #include <string>
 #include <tuple>
 
+#include "attention16_cpu.hpp"
 #include "attention_cpu.hpp"
 #include "gemm_cpu.hpp"
 #include "gpt_driver.hpp"
@@ -36,7 +37,12 @@ using detail::parallel_for;
 
 namespace {
 
-constexpr uint64_t kLogitsChunkBytes = 32ull << 20;  // one chunk of [rows, vocab] logits
+// One chunk of [rows, vocab] fp32 logits. The 16-bit model's is larger: its tied-weight
+// gradient dwte += dlogits^T lnf, summed over `rows`, runs at 284 GFLOP/s over 166 rows
+// of GPT-2's vocabulary and 322 over 664 (oneDNN bf16, 2 cores); the fp32 model keeps the
+// chunk it was validated with.
+constexpr uint64_t kLogitsChunkBytes = 32ull << 20;
+constexpr uint64_t kLogitsChunkBytes16 = 128ull << 20;
 
 // Splits rows [0, rows) in chunks of 64 over the cores: fn(r0, r1).
 template <class Fn>
@@ -106,6 +112,11 @@ class FlushDenormals {
 #endif
 };
 
+// The threads the model's loops run on: those of its matmul library (parallel.hpp).
+detail::LoopThreads loop_threads(DType precision) {
+  return precision == DType::F32 ? detail::LoopThreads::Forked : detail::LoopThreads::OpenMp;
+}
+
 }  // namespace
 
 // A host buffer whose element type is the model's precision: the activations that feed
@@ -127,6 +138,10 @@ struct HostBuffers {
   uint64_t bytes = 0;
   void take(std::vector<float>& v, uint64_t n) {
     bytes += n * sizeof(float);
+    if (!count_only) v.resize(n);
+  }
+  void take_bytes(std::vector<std::byte>& v, uint64_t n) {
+    bytes += n;
     if (!count_only) v.resize(n);
   }
   void take(TypedBuffer& v, uint64_t n, DType t) {
@@ -187,6 +202,7 @@ struct Gpt::Impl {
   std::vector<float> vecs, vec_grads;     // [13d] a group's parameter vectors and their gradients
   std::vector<float> col_parts;           // [threads, 4d] partial column sums (bias gradients)
   std::vector<float> dembed;              // [V + T, d] the embeddings' gradient (wte's tied)
+  std::vector<std::byte> att_workspace;   // attention16's, one scratch per core
   // Converting matmuls only (gemm_native(t) false): wte as fp32 [V, d], and the gemm's workspace.
   std::vector<float> wte32, gemm_workspace;
   std::array<VecRef, 8> block_vecs;       // ln1 w, b; qkv b; attn proj b; ln2 w, b; fc b; mlp proj b
@@ -207,7 +223,8 @@ struct Gpt::Impl {
     if (!is_working_dtype(t))
       throw ConfigError(std::string("GptOptions::precision ") + to_string(t) + " is not f32, bf16 or fp16");
     bt_max = static_cast<long>(o.micro_batch) * s.seq_len;
-    chunk_rows = std::clamp<long>(static_cast<long>(kLogitsChunkBytes / (4ull * s.vocab)), 1, bt_max);
+    const uint64_t chunk_bytes = half ? kLogitsChunkBytes16 : kLogitsChunkBytes;
+    chunk_rows = std::clamp<long>(static_cast<long>(chunk_bytes / (4ull * s.vocab)), 1, bt_max);
     const int d = s.d_model;
     block_vecs = {VecRef{lay.ln1_w, d, 0},        {lay.ln1_b, d, d},       {lay.qkv_b, 3 * d, 2L * d},
                   {lay.attn_proj_b, d, 5L * d},   {lay.ln2_w, d, 6L * d},  {lay.ln2_b, d, 7L * d},
@@ -242,6 +259,7 @@ struct Gpt::Impl {
     a.take(vecs, 13L * d); a.take(vec_grads, 13L * d);
     a.take(col_parts, static_cast<uint64_t>(detail::model_threads()) * 4 * d);
     a.take(dembed, static_cast<uint64_t>(s.vocab + s.seq_len) * d);
+    a.take_bytes(att_workspace, detail::attention16_workspace_bytes(t, s.seq_len, s.head_dim()));
     if (detail::gemm_native(t)) return;
     a.take(wte32, static_cast<uint64_t>(s.vocab) * d);
     a.take(gemm_workspace, converting_workspace());
@@ -426,7 +444,10 @@ struct Gpt::Impl {
     const auto& v = block_vecs;
     layernorm(x, vec(w, v[kLn1W]), vec(w, v[kLn1B]), a.ln1, a.mean1.data(), a.rstd1.data(), bt, d);
     linear(a.ln1.data(), at(w, lay.qkv_w), vec(w, v[kQkvB]), a.qkv.data(), t, bt, 3 * d, d);
-    detail::attention_forward(a.qkv.data(), a.att.data(), t, a.lse.data(), B, T, d, s.heads);
+    if (half)
+      detail::attention16_forward(a.qkv.h16(), a.att.h16(), t, a.lse.data(), B, T, d, s.heads, att_workspace);
+    else
+      detail::attention_forward(a.qkv.f32(), a.att.f32(), a.lse.data(), B, T, d, s.heads);
     linear(a.att.data(), at(w, lay.attn_proj_w), vec(w, v[kProjB]), a.x2.data(), DType::F32, bt, d, d);
     float* x2 = a.x2.data();
     add_rows(x2, x, bt, d);
@@ -459,8 +480,12 @@ struct Gpt::Impl {
     // Attention: x2 = x + attn(ln1(x)) Wo^T + bo
     const void* dy_att = matmul_grad(dr, vec_grad(g, v[kProjB]), bt, d);
     linear_backward(dy_att, a.att.data(), at(w, lay.attn_proj_w), dsmall.data(), at(g, lay.attn_proj_w), bt, d, d);
-    detail::attention_backward(a.qkv.data(), a.att.data(), t, a.lse.data(), dsmall.data(), dqkv.data(), B, T, d,
-                               s.heads);
+    if (half)
+      detail::attention16_backward(a.qkv.h16(), a.att.h16(), t, a.lse.data(), dsmall.data(), dqkv.data(), B, T, d,
+                                   s.heads, att_workspace);
+    else
+      detail::attention_backward(a.qkv.f32(), a.att.f32(), a.lse.data(), dsmall.data(), dqkv.data(), B, T, d,
+                                 s.heads);
     const void* dy_qkv = matmul_grad(dqkv.data(), vec_grad(g, v[kQkvB]), bt, 3 * d);
     linear_backward(dy_qkv, a.ln1.data(), at(w, lay.qkv_w), dsmall.data(), at(g, lay.qkv_w), bt, 3 * d, d);
     layernorm_backward(dsmall.data(), x, vec(w, v[kLn1W]), a.mean1.data(), a.rstd1.data(), dr, vec_grad(g, v[kLn1W]),
@@ -552,16 +577,19 @@ Gpt::~Gpt() = default;
 
 double Gpt::forward_backward(WeightSource& ws, const int32_t* inputs, const int32_t* targets, float loss_scale) {
   const FlushDenormals ftz(opts_.precision);
+  const detail::UseLoopThreads loops(loop_threads(opts_.precision));
   return detail::gpt_forward_backward(*impl_, ws, shape_, opts_, inputs, targets, loss_scale);
 }
 
 double Gpt::forward_loss(WeightSource& ws, const int32_t* inputs, const int32_t* targets) {
   const FlushDenormals ftz(opts_.precision);
+  const detail::UseLoopThreads loops(loop_threads(opts_.precision));
   return detail::gpt_forward_loss(*impl_, ws, shape_, opts_, inputs, targets);
 }
 
 void Gpt::next_token_logits(WeightSource& ws, const int32_t* tokens, int len, float* out) {
   const FlushDenormals ftz(opts_.precision);
+  const detail::UseLoopThreads loops(loop_threads(opts_.precision));
   detail::gpt_next_token_logits(*impl_, ws, shape_, opts_, tokens, len, out);
 }
 

@@ -45,7 +45,9 @@ STRATA_CLONES void layernorm_backward_rows(const float* dy, const float* x, cons
 }
 
 STRATA_CLONES float max_of(const float* x, int n) {
+  // A max is the same in any order (for values that are not NaN), so it vectorises.
   float m = x[0];
+#pragma omp simd reduction(max : m)
   for (int i = 1; i < n; ++i) m = x[i] > m ? x[i] : m;
   return m;
 }
@@ -59,6 +61,21 @@ STRATA_CLONES double exp_shifted(const float* s, float* p, int n, float m) {
 #pragma omp simd reduction(+ : part)
     for (int j = b; j < e; ++j) {
       p[j] = math::exp_approx(s[j] - m);
+      part += p[j];
+    }
+    total += part;
+  }
+  return total;
+}
+
+STRATA_CLONES double exp_scaled(const float* s, float* p, int n, float a, float m) {
+  double total = 0;
+  for (int b = 0; b < n; b += 256) {
+    const int e = b + 256 < n ? b + 256 : n;
+    float part = 0;
+#pragma omp simd reduction(+ : part)
+    for (int j = b; j < e; ++j) {
+      p[j] = math::exp_approx(a * s[j] - m);
       part += p[j];
     }
     total += part;

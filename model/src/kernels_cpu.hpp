@@ -21,6 +21,8 @@ void layernorm_backward_rows(const float* dy, const float* x, const float* w, co
 float max_of(const float* x, int n);
 // p[j] = exp(s[j] - m) for j < n; returns the sum (in double for long rows).
 double exp_shifted(const float* s, float* p, int n, float m);
+// p[j] = exp(a s[j] - m) for j < n (a s[j] rounded to fp32 first); returns the sum as above.
+double exp_scaled(const float* s, float* p, int n, float a, float m);
 void scale_into(float* y, float a, int n);                            // y *= a
 
 // The 16-bit model's producers of matmul operands (docs/mixed-precision.md): fp32 math,

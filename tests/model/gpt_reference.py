@@ -30,7 +30,7 @@ batch, no AdamW steps): the same model written out functionally, rounding to the
 type exactly where docs/mixed-precision.md says Strata rounds (the weights as stored,
 the layer norms' outputs, qkv, the attention output, GELU's output, every dY before its
 backward matmuls, and every gradient once at the end) and computing in float64 in
-between; attention's backward reads the rounded output, as Strata's does. The params stored are the fp32 ones; Strata rounds them as the reference does.
+between. The params stored are the fp32 ones; Strata rounds them as the reference does.
 """
 import argparse
 import math
@@ -134,24 +134,27 @@ class Matmul(torch.autograd.Function):
 
 
 class Attention(torch.autograd.Function):
-    """Causal attention over 16-bit q, k, v [B, H, T, hd], its output rounded. Backward as
-    FlashAttention's (and Strata's): D = rowsum(dO * O) reads the stored, rounded O."""
+    """Causal attention over 16-bit q, k, v [B, H, T, hd]: P = softmax(q k^T / sqrt(hd))
+    rounded for P v, the output rounded. Backward rounds dO, P and dS before their matmuls;
+    D = rowsum(dO * O) reads the rounded dO and O."""
 
     @staticmethod
     def forward(ctx, q, k, v, h):
         T, hd = q.shape[-2], q.shape[-1]
         att = (q @ k.transpose(-2, -1)) / math.sqrt(hd)
         p = att.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf")).softmax(dim=-1)
-        o = to_half(p @ v, h)
+        o = to_half(to_half(p, h) @ v, h)
         ctx.save_for_backward(q, k, v, p, o)
+        ctx.h = h
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, p, o = ctx.saved_tensors
-        scale = 1 / math.sqrt(q.shape[-1])
-        ds = p * (do @ v.transpose(-2, -1) - (do * o).sum(-1, keepdim=True))
-        return scale * ds @ k, scale * ds.transpose(-2, -1) @ q, p.transpose(-2, -1) @ do, None
+        h, scale = ctx.h, 1 / math.sqrt(q.shape[-1])
+        do = to_half(do, h)
+        ds = to_half(p * (do @ v.transpose(-2, -1) - (do * o).sum(-1, keepdim=True)), h)
+        return scale * ds @ k, scale * ds.transpose(-2, -1) @ q, to_half(p, h).transpose(-2, -1) @ do, None
 
 
 def mixed_forward(m, p, idx, targets, h):

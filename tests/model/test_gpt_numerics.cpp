@@ -231,23 +231,23 @@ TEST(GptNumerics, TenAdamWStepsThroughTheEngineMatchPyTorch) {
 //
 // Tolerances are in units of the type's unit roundoff u (2^-8 bf16, 2^-11 fp16). Strata
 // sums in fp32 and the reference in float64, so now and then a value lands on the other
-// side of a rounding boundary; a flipped last bit changes what later roundings see, and
-// the flips cascade backward through the model. Computing the reference itself in float32
-// instead of float64 (same rounding points) moves its gradients by up to 1.9u (max) and
-// 1.0u (norm): that spread, not fp32 error, is what whole-model gradients can be held to.
-// Measured (bf16 / fp16), against the tolerance:
-//  - logits, |diff| / (1 + max|logit|): 1e-5u / 0.76u (a flipped bit of the final layer
-//    norm's output); tolerance 1u. Not rounding the activations moves them 1.1-1.4u.
-//  - loss, relative: 0.0013u / 0.0054u; tolerance 0.02u.
-//  - every gradient tensor, max|diff| / max|ref|: 1.9u / 1.6u, tolerance 4u; and
-//    ||diff|| / ||ref||: 0.85u / 1.1u, tolerance 2u (about twice the spread above).
-//  - ln_f.bias, the first gradient backward computes (column sums of round(dlogits) wte),
-//    before flips cascade: ||diff|| / ||ref|| 0.003u / 0.1u in the optimised build, 0.48u
-//    in fp16 in the Debug (sanitizer) build, whose fp32 sums run in another order; bf16
-//    tolerance 0.25u, where perturbing the reference moves it 0.33-0.8u (without rounding
-//    dlogits, without rounding the gradients once at the end, or without rounding the
-//    activations forward). fp16's tolerance is 1u: across builds it cannot separate a
-//    wrong rounding point there, and its loss and logits are the tight checks.
+// side of a rounding boundary (most often among attention's many probabilities); a
+// flipped last bit changes what later roundings see, and the flips cascade through the
+// model. The reference computed in float32 instead of float64 (same rounding points)
+// differs from itself by as much: that spread, not fp32 error, is what the model can be
+// held to. Measured, Strata (and the float32 reference) against the float64 reference:
+//                              bf16                  fp16
+//  logits |diff|/(1+max|z|)    0.49u (0.64u)         0.70u (1.29u)
+//  loss, relative              0.003u (0.0009u)      0.0014u (0.0036u)
+//  gradient max|diff|/max|ref| 1.9u (1.9u)           1.5u (1.6u)      per tensor
+//  gradient ||diff||/||ref||   0.95u (0.84u)         1.2u (1.25u)     per tensor
+//  ln_f.bias ||diff||/||ref||  0.095u (0.027u)       0.43u (0.44u)
+// ln_f.bias is the first gradient backward computes (column sums of round(dlogits) wte):
+// in bf16 few flips reach it, and perturbing the reference moves it 0.26-0.79u (dY not
+// rounded before the matmuls, the gradients not rounded once at the end, the
+// activations not rounded, fc rounded), so its bf16 tolerance catches a rounding point
+// in the wrong place. fp16's finer grid flips 8x as often, and it is held to the spread
+// (0.48u in the Debug sanitizer build, whose fp32 sums run in another order).
 
 struct Tolerances16 {
   double logits;     // |diff| / (1 + max|logit|), at every position
@@ -256,11 +256,10 @@ struct Tolerances16 {
   double grad_norm;  // ||diff|| / ||ref||, per tensor
   double head_norm;  // ||diff|| / ||ref|| of ln_f.bias
 };
-constexpr Tolerances16 kBf16Tolerances{1, 0.02, 4, 2, 0.25};  // in units of u
-constexpr Tolerances16 kFp16Tolerances{1, 0.02, 4, 2, 1};
+constexpr Tolerances16 kBf16Tolerances{1.5, 0.02, 4, 2, 0.2};  // in units of u
+constexpr Tolerances16 kFp16Tolerances{3, 0.02, 4, 2.5, 1};
 
-void check_16bit(const Reference& ref) {
-  const Tolerances16& tol = ref.precision == DType::BF16 ? kBf16Tolerances : kFp16Tolerances;
+void check_16bit(const Reference& ref, const Tolerances16& tol) {
   const double u = ref.precision == DType::BF16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
   const std::string type = to_string(ref.precision);
   check_logits(ref, type.c_str(), tol.logits * u);
@@ -292,13 +291,13 @@ void check_16bit(const Reference& ref) {
 }
 
 TEST(GptNumerics, Bf16LogitsLossAndEveryGradientMatchTheRoundingReference) {
-  check_16bit(load_reference("STRATA_GPT_REFERENCE_BF16", DType::BF16));
+  check_16bit(load_reference("STRATA_GPT_REFERENCE_BF16", DType::BF16), kBf16Tolerances);
 }
 
 // fp16 with loss scaling (the reference's gradients are of loss x 1024). On a CPU without
 // fp16 matmul instructions this is the converting path (model/src/gemm_cpu.hpp).
 TEST(GptNumerics, Fp16WithALossScaleMatchesTheRoundingReference) {
-  check_16bit(load_reference("STRATA_GPT_REFERENCE_FP16", DType::F16));
+  check_16bit(load_reference("STRATA_GPT_REFERENCE_FP16", DType::F16), kFp16Tolerances);
 }
 
 TEST(GptNumerics, ABf16ModelRefusesAnF32WeightSource) {

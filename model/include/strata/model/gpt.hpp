@@ -9,7 +9,8 @@
 // an online softmax (no more than one [block, block] tile of scores exists at a time,
 // forward or backward); the output head and loss run over row chunks, so no full
 // [tokens, vocab] logits tensor exists either. In bf16 and fp16 (GptOptions::precision)
-// the model rounds where docs/mixed-precision.md says; its bf16 matmuls are oneDNN's.
+// the model rounds where docs/mixed-precision.md says; its bf16 matmuls are oneDNN's and
+// its attention holds one [64, seq_len] panel of scores per core.
 #pragma once
 
 #include <cstdint>
