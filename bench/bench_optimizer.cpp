@@ -13,9 +13,6 @@
 // Its arrays hold as many bytes as Adam's state, both far beyond the caches at the
 // default size.
 #include <sys/mman.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <spawn.h>
 #include <unistd.h>
 
 #if defined(__x86_64__)
@@ -37,12 +34,11 @@
 #include <nlohmann/json.hpp>
 
 #include "strata/bench/commands.hpp"
+#include "strata/bench/reference_process.hpp"
 #include "strata/bench/report.hpp"
 #include "strata/core/convert.hpp"
 #include "strata/core/error.hpp"
 #include "strata/offload/cpu_adam.hpp"
-
-extern char** environ;
 
 #ifndef STRATA_TORCH_ADAM_SCRIPT
 #define STRATA_TORCH_ADAM_SCRIPT "bench/ref/torch_adam.py"
@@ -121,87 +117,31 @@ void triad_range_streaming(double* a, const double* b, const double* c, double s
 #endif
 }
 
-// bench/ref/torch_adam.py in a child process, spoken to over a socket pair: one command
-// line in, one JSON line out.
+// bench/ref/torch_adam.py in a child process (reference_process.hpp).
 class TorchAdam {
  public:
-  TorchAdam(const OptimizerOptions& o, unsigned threads) {
-    int sv[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
-      throw Unavailable(std::string("bench optimizer: socketpair: ") + std::strerror(errno));
-    fd_ = sv[0];
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, sv[1], 0);
-    posix_spawn_file_actions_adddup2(&actions, sv[1], 1);
-    std::vector<std::string> args = {o.python, o.torch_script, "--params", std::to_string(o.params),
-                                     "--threads", std::to_string(threads)};
-    if (o.variant == "adamw") args.push_back("--adamw");
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const int err = posix_spawn(&pid_, o.python.c_str(), &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    close(sv[1]);
-    if (err != 0) {
-      close(fd_);
-      throw Unavailable("bench optimizer: cannot start " + o.python + ": " + std::strerror(err));
-    }
-    const nlohmann::json ready = reply();
-    if (!ready.value("ready", false)) throw Unavailable("bench optimizer: the PyTorch reference did not start: " + ready.dump());
-    info_ = ready;
-  }
-  ~TorchAdam() {
-    const char quit[] = "quit\n";
-    (void)!send(fd_, quit, sizeof quit - 1, MSG_NOSIGNAL);
-    close(fd_);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-  }
-  TorchAdam(const TorchAdam&) = delete;
-  TorchAdam& operator=(const TorchAdam&) = delete;
+  TorchAdam(const OptimizerOptions& o, unsigned threads)
+      : proc_(make_args(o, threads), "bench optimizer: the PyTorch reference",
+              "it needs a Python with torch: --python names another Python; --no-torch measures without it") {}
 
-  const nlohmann::json& info() const { return info_; }
+  const nlohmann::json& info() const { return proc_.info(); }
 
   // Per-step seconds of `steps` steps of one variant ("default" or "foreach").
   std::vector<double> time(const std::string& variant, unsigned steps) {
-    const std::string cmd = "time " + variant + " " + std::to_string(steps) + "\n";
-    if (send(fd_, cmd.data(), cmd.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(cmd.size()))
-      throw Unavailable(std::string("bench optimizer: the PyTorch reference went away: ") + std::strerror(errno));
-    const nlohmann::json r = reply();
+    const nlohmann::json r = proc_.command("time " + variant + " " + std::to_string(steps));
     if (!r.contains("seconds")) throw Unavailable("bench optimizer: the PyTorch reference failed: " + r.dump());
     return r["seconds"].get<std::vector<double>>();
   }
 
  private:
-  nlohmann::json reply() {
-    std::string line;
-    for (;;) {
-      if (auto nl = buffer_.find('\n'); nl != std::string::npos) {
-        line = buffer_.substr(0, nl);
-        buffer_.erase(0, nl + 1);
-        break;
-      }
-      char chunk[4096];
-      const ssize_t got = recv(fd_, chunk, sizeof chunk, 0);
-      if (got < 0 && errno == EINTR) continue;
-      if (got <= 0)
-        throw Unavailable("bench optimizer: the PyTorch reference exited without answering (its error is above; "
-                          "it needs a Python with torch, see --python, or run with --no-torch)");
-      buffer_.append(chunk, static_cast<size_t>(got));
-    }
-    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded()) throw Unavailable("bench optimizer: unreadable reply from the PyTorch reference: " + line);
-    if (j.contains("error"))
-      throw Unavailable("bench optimizer: PyTorch reference: " + j["error"].get<std::string>() +
-                        " (--python names another Python; --no-torch measures without it)");
-    return j;
+  static std::vector<std::string> make_args(const OptimizerOptions& o, unsigned threads) {
+    std::vector<std::string> args = {o.python, o.torch_script, "--params", std::to_string(o.params),
+                                     "--threads", std::to_string(threads)};
+    if (o.variant == "adamw") args.push_back("--adamw");
+    return args;
   }
 
-  int fd_ = -1;
-  pid_t pid_ = -1;
-  std::string buffer_;
-  nlohmann::json info_;
+  ReferenceProcess proc_;
 };
 
 struct Series {

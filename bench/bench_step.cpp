@@ -1,7 +1,13 @@
 // `strata bench step`: the time of one training step of the GPT (model/gpt.hpp) under the
 // ZeRO engine, fully in memory and with parameters and optimizer states on NVMe, in the
 // same run. The in-memory step is the reference: the ratio says what offloading costs.
-// Steps of the two configurations alternate, so drift of the machine hits both alike.
+// With --precision bf16 (or fp16) every configuration also runs in fp32, so the table
+// shows what 16 bits buy: tokens/s, MFU against the measured matmul peak of each precision
+// (sgemm for fp32, the 16-bit matmul library's for bf16/fp16) and the NVMe bytes a step
+// moves; and on the cpu backend PyTorch's step of the same model under
+// torch.autocast("cpu", dtype=...) runs beside them (bench/ref/torch_gpt_step.py, in a
+// process that stays up for the run). Steps of all configurations alternate, so drift of
+// the machine hits them alike.
 // On the cuda backend (--backend cuda; run on an H100, docs/training.md) the reference keeps the
 // parameters on the GPU and the optimizer in pinned memory (there is no GPU optimizer),
 // and the model is GptCuda with NCCL over the one GPU.
@@ -13,18 +19,25 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "strata/bench/commands.hpp"
+#include "strata/bench/reference_process.hpp"
 #include "strata/bench/report.hpp"
 #include "strata/collectives/communicator.hpp"
 #include "strata/collectives/nccl.hpp"
 #include "strata/core/clock.hpp"
+#include "strata/core/convert.hpp"
 #include "strata/core/device.hpp"
 #include "strata/core/error.hpp"
 #include "strata/model/gpt.hpp"
 #include "strata/runtime/train.hpp"
 #include "strata/runtime/zero_engine.hpp"
+
+#ifndef STRATA_TORCH_GPT_STEP_SCRIPT
+#define STRATA_TORCH_GPT_STEP_SCRIPT "bench/ref/torch_gpt_step.py"
+#endif
 
 namespace strata::bench {
 
@@ -42,16 +55,30 @@ struct StepArgs {
   std::string device_budget = "1G";      // of the offloaded run
   std::string pinned_budget = "1G";      // of the offloaded run
   std::string backend = "cpu";
+  std::string precision = "f32";  // 16 bits: beside fp32, and beside PyTorch autocast
+  bool nvme = true;               // the NVMe configuration too
+  bool torch = true;              // the PyTorch reference (cpu backend, 16 bits)
+  std::string python = "/usr/bin/python3";
+  std::string torch_script = STRATA_TORCH_GPT_STEP_SCRIPT;
   std::string trace;  // Chrome trace of the NVMe configuration's engine
   OutputOptions out;
 };
 
 struct Setup {
   std::string label;
-  std::unique_ptr<ZeroEngine> engine;
-  std::vector<double> seconds, exposed, optimizer;
-  double exposed_before = 0, opt_wait_before = 0;
+  DType precision = DType::F32;
+  bool nvme = false;
+  std::unique_ptr<ZeroEngine> engine;  // none: the PyTorch reference
+  GptModel* model = nullptr;
+  std::vector<double> seconds, exposed, optimizer, nvme_read, nvme_written;
 };
+
+uint64_t nvme_bytes(const StoreStats& st, bool read) {
+  uint64_t b = 0;
+  for (int t = 0; t < kTierCount; ++t)
+    b += read ? st.bytes_moved[static_cast<int>(Tier::Nvme)][t] : st.bytes_moved[t][static_cast<int>(Tier::Nvme)];
+  return b;
+}
 
 int run_step(const StepArgs& a) {
   check_output_options(a.out);
@@ -75,26 +102,52 @@ int run_step(const StepArgs& a) {
 
   const Backend backend = a.backend == "cuda" ? Backend::Cuda : Backend::Cpu;
   const bool cuda = backend == Backend::Cuda;
+  const DType precision = parse_precision(a.precision);
+  const bool sixteen = precision != DType::F32;
   auto device = make_device({backend, 0});
   auto comm = coll::make_host_communicator(coll::HostBackend::Self);
   std::unique_ptr<coll::Communicator> nccl;  // device buffers on cuda are GPU memory
   if (cuda) nccl = coll::make_nccl_communicator(*comm, 0);
   coll::Communicator& dev_comm = nccl ? *nccl : *comm;
   Progress progress("bench step");
-  progress.show("measuring the matmul peak");
-  const double peak = measure_matmul_peak(backend, 0.5);
+
+  // The PyTorch reference: on the cpu backend, in the 16-bit precision asked for.
+  std::unique_ptr<ReferenceProcess> torch;
+  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  if (a.torch && sixteen && !cuda) {
+    progress.show("starting the PyTorch reference");
+    torch = std::make_unique<ReferenceProcess>(
+        std::vector<std::string>{a.python, a.torch_script, "--layers", std::to_string(a.shape.layers),
+                                 "--d-model", std::to_string(a.shape.d_model), "--heads", std::to_string(a.shape.heads),
+                                 "--seq", std::to_string(a.shape.seq_len), "--vocab", std::to_string(a.shape.vocab),
+                                 "--micro-batch", std::to_string(a.micro_batch), "--accum", std::to_string(a.accum),
+                                 "--threads", std::to_string(threads), "--precision", precision_name(precision)},
+        "bench step: the PyTorch reference",
+        "it needs a Python with torch: --python names another Python; --no-torch measures without it");
+  }
+
+  // fp32 always; the 16-bit precision beside it when asked for.
+  std::vector<DType> precisions = {DType::F32};
+  if (sixteen) precisions.push_back(precision);
+  std::vector<double> peaks;
+  for (DType p : precisions) {
+    progress.show(std::string("measuring the ") + precision_name(p) + " matmul peak");
+    peaks.push_back(measure_matmul_peak(backend, p, 0.5));
+  }
+  auto peak_of = [&](DType p) { return peaks[p == DType::F32 ? 0 : 1]; };
 
   const uint64_t params = gpt_param_count(a.shape);
-  auto options = [&](bool offload) {
+  auto options = [&](bool offload, DType p) {
     EngineOptions o;
     o.stage = 3;
+    o.precision = p;
     o.optimizer = {OptimizerKind::AdamW, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f};
     o.gradient_accumulation_steps = a.accum;
     o.persistence_threshold_elems = 0;
     o.prefetch_bucket_elems = 60'000'000;
     o.sub_group_elems = 16'000'000;
     if (offload) {
-      o.trace_path = a.trace;
+      o.trace_path = p == precisions.back() ? a.trace : "";
       o.param_home = o.optimizer_home = Tier::Nvme;
       o.store.device_budget = parse_size("--device-budget", a.device_budget);
       o.store.pinned_budget = parse_size("--pinned-budget", a.pinned_budget);
@@ -110,17 +163,34 @@ int run_step(const StepArgs& a) {
     }
     return o;
   };
-  std::vector<Setup> setups(2);
-  setups[0].label = cuda ? "params on GPU, optimizer pinned" : "in memory";
-  setups[1].label = "params+optimizer on NVMe";
-  const auto specs = gpt_group_specs(a.shape);
-  for (int i = 0; i < 2; ++i) {
-    progress.show("building " + setups[i].label);
-    setups[i].engine = std::make_unique<ZeroEngine>(*device, dev_comm, *comm, options(i == 1), specs);
-    setups[i].engine->set_schedule(gpt_schedule(a.shape));
+  const std::string memory_label = cuda ? "params on GPU, optimizer pinned" : "in memory";
+  std::vector<Setup> setups;
+  for (int offload = 0; offload < (a.nvme ? 2 : 1); ++offload)
+    for (DType p : precisions) {
+      Setup s;
+      s.label = (offload ? "params+optimizer on NVMe" : memory_label) + (sixteen ? std::string(", ") + precision_name(p) : "");
+      s.precision = p;
+      s.nvme = offload == 1;
+      setups.push_back(std::move(s));
+    }
+  if (torch) {
+    Setup s;
+    s.label = std::string("PyTorch, autocast ") + precision_name(precision);
+    s.precision = precision;
+    setups.push_back(std::move(s));
   }
-  const auto model = make_gpt(
-      backend, a.shape, {a.micro_batch, a.checkpointing ? ActivationCheckpointing::PerBlock : ActivationCheckpointing::None});
+  const auto specs = gpt_group_specs(a.shape);
+  std::vector<std::unique_ptr<GptModel>> models;
+  for (DType p : precisions)
+    models.push_back(make_gpt(backend, a.shape,
+                              {a.micro_batch, a.checkpointing ? ActivationCheckpointing::PerBlock : ActivationCheckpointing::None, p}));
+  for (Setup& s : setups) {
+    if (s.label.rfind("PyTorch", 0) == 0) continue;
+    progress.show("building " + s.label);
+    s.engine = std::make_unique<ZeroEngine>(*device, dev_comm, *comm, options(s.nvme, s.precision), specs);
+    s.engine->set_schedule(gpt_schedule(a.shape));
+    s.model = models[s.precision == DType::F32 ? 0 : 1].get();
+  }
   const size_t n = static_cast<size_t>(a.micro_batch) * a.shape.seq_len;
   std::vector<int32_t> x(n), y(n);
   std::mt19937 rng(1);
@@ -131,13 +201,19 @@ int run_step(const StepArgs& a) {
       progress.show((r < a.warmup ? "warm-up, " : "rep " + std::to_string(r - a.warmup + 1) + "/" +
                                                       std::to_string(a.reps) + ", ") +
                     s.label);
+      if (!s.engine) {  // PyTorch times its own step
+        const nlohmann::json got = torch->command("step");
+        if (!got.contains("seconds")) throw Unavailable("bench step: the PyTorch reference failed: " + got.dump());
+        if (r >= a.warmup) s.seconds.push_back(got["seconds"].get<double>());
+        continue;
+      }
       const EngineStats before = s.engine->stats();
       const double t0 = steady_seconds();
       for (int m = 0; m < a.accum; ++m) {
         for (size_t i = 0; i < n; ++i) x[i] = static_cast<int32_t>(rng() % a.shape.vocab);
         for (size_t i = 0; i < n; ++i) y[i] = static_cast<int32_t>(rng() % a.shape.vocab);
         s.engine->begin_micro_step();
-        model->forward_backward(*s.engine, x.data(), y.data());
+        s.model->forward_backward(*s.engine, x.data(), y.data(), static_cast<float>(s.engine->loss_scale()));
       }
       s.engine->step();
       const double dt = steady_seconds() - t0;
@@ -146,47 +222,121 @@ int run_step(const StepArgs& a) {
       s.seconds.push_back(dt);
       s.exposed.push_back(after.exposed_wait_s - before.exposed_wait_s + after.optimizer_wait_s);
       s.optimizer.push_back(after.optimizer_s);
+      s.nvme_read.push_back(static_cast<double>(nvme_bytes(after.store, true) - nvme_bytes(before.store, true)));
+      s.nvme_written.push_back(static_cast<double>(nvme_bytes(after.store, false) - nvme_bytes(before.store, false)));
     }
   progress.done();
 
   Report rep;
   rep.benchmark = "step";
-  rep.title = "strata bench step: one training step of a " + std::to_string(params / 1'000'000) +
-              "M-parameter GPT, in memory and offloaded to NVMe (ZeRO-3, " + a.backend + " backend on " +
+  rep.title = "strata bench step: one training step of a " + std::to_string(params / 1'000'000) + "M-parameter GPT, " +
+              (sixteen ? std::string(precision_name(precision)) + " beside fp32, " : std::string()) + "in memory" +
+              (a.nvme ? " and offloaded to NVMe" : "") + " (ZeRO-3, " + a.backend + " backend on " +
               device->description() + ")";
   rep.config = {{"layers", a.shape.layers},   {"d_model", a.shape.d_model}, {"heads", a.shape.heads},
                 {"seq_len", a.shape.seq_len}, {"vocab", a.shape.vocab},     {"parameters", params},
                 {"micro_batch", a.micro_batch}, {"gradient_accumulation_steps", a.accum},
                 {"tokens_per_step", tokens},  {"reps", a.reps},             {"warmup", a.warmup},
                 {"activation_checkpointing", a.checkpointing}, {"dir", a.dir}, {"backend", a.backend},
-                {"matmul_peak_gflops", peak / 1e9}};
+                {"precision", precision_name(precision)}, {"nvme", a.nvme}, {"threads", threads},
+                {"matmul_peak_gflops", peak_of(DType::F32) / 1e9}};
+  if (sixteen) rep.config[std::string("matmul_peak_gflops_") + precision_name(precision)] = peak_of(precision) / 1e9;
   rep.table.columns = {{"label", "configuration", ""},       {"step_median_s", "step s", "%.3f"},
                        {"spread", "spread", "%.2f"},          {"tokens_per_s", "tokens/s", "%.0f"},
                        {"mfu", "MFU", "%.3f"},                {"exposed_transfer_s", "exposed s", "%.3f"},
-                       {"optimizer_s", "optimizer s", "%.3f"}, {"ratio_to_memory", "x in-memory", "%.3f"}};
-  const double flops = gpt_flops_per_token(a.shape) * static_cast<double>(tokens);
-  const Summary ref = summarize(setups[0].seconds);
-  for (Setup& s : setups) {
-    const Summary t = summarize(s.seconds), e = summarize(s.exposed), o = summarize(s.optimizer);
-    rep.table.rows.push_back({{"label", s.label},
-                              {"step_median_s", t.median},
-                              {"step_min_s", t.min},
-                              {"step_max_s", t.max},
-                              {"spread", t.spread()},
-                              {"tokens_per_s", static_cast<double>(tokens) / t.median},
-                              {"mfu", flops / t.median / peak},
-                              {"exposed_transfer_s", e.median},
-                              {"compute_s", t.median - e.median},
-                              {"optimizer_s", o.median},
-                              {"reference_s", ref.median},
-                              {"ratio_to_memory", t.median / ref.median},
-                              {"steps", to_json(t, s.seconds)}});
+                       {"optimizer_s", "optimizer s", "%.3f"}};
+  if (a.nvme) {
+    rep.table.columns.push_back({"nvme_read_mib", "NVMe read MiB", "%.0f"});
+    rep.table.columns.push_back({"nvme_written_mib", "NVMe written MiB", "%.0f"});
+    rep.table.columns.push_back({"ratio_to_memory", "x in-memory", "%.3f"});
   }
-  rep.notes.push_back("MFU: model FLOPs (6 x matmul parameters + causal attention, no recompute) per second over the "
-                      "measured " + std::string(cuda ? "cuBLAS sgemm (fp32, no TF32) peak of the GPU" : "OpenBLAS sgemm peak of this machine") + " (" +
-                      std::to_string(static_cast<int>(peak / 1e9)) + " GFLOP/s).");
+  if (sixteen) rep.table.columns.push_back({"speedup_over_f32", "tokens/s x f32", "%.2f"});
+  const double flops = gpt_flops_per_token(a.shape) * static_cast<double>(tokens);
+  // The setup a row is compared with: same configuration in memory (offload cost), and
+  // the same configuration in fp32 (what the precision buys).
+  auto find = [&](bool nvme, DType p) -> const Setup* {
+    for (const Setup& s : setups)
+      if (s.engine && s.nvme == nvme && s.precision == p) return &s;
+    return nullptr;
+  };
+  for (const Setup& s : setups) {
+    const Summary t = summarize(s.seconds);
+    nlohmann::json row = {{"label", s.label},
+                          {"precision", precision_name(s.precision)},
+                          {"step_median_s", t.median},
+                          {"step_min_s", t.min},
+                          {"step_max_s", t.max},
+                          {"spread", t.spread()},
+                          {"tokens_per_s", static_cast<double>(tokens) / t.median},
+                          {"mfu", flops / t.median / peak_of(s.precision)},
+                          {"steps", to_json(t, s.seconds)}};
+    const Setup* f32 = s.engine ? find(s.nvme, DType::F32) : find(false, DType::F32);
+    if (sixteen) row["speedup_over_f32"] = summarize(f32->seconds).median / t.median;
+    if (s.engine) {
+      const Summary e = summarize(s.exposed), o = summarize(s.optimizer);
+      const double ref = summarize(find(false, s.precision)->seconds).median;
+      row["exposed_transfer_s"] = e.median;
+      row["compute_s"] = t.median - e.median;
+      row["optimizer_s"] = o.median;
+      row["reference_s"] = ref;
+      row["ratio_to_memory"] = t.median / ref;
+      row["nvme_read_mib"] = summarize(s.nvme_read).median / (1 << 20);
+      row["nvme_written_mib"] = summarize(s.nvme_written).median / (1 << 20);
+    } else {
+      row["compute_s"] = t.median;  // the plot's bar; nothing of it is transfer
+      row["exposed_transfer_s"] = 0.0;
+    }
+    rep.table.rows.push_back(std::move(row));
+  }
+  const std::string peak_f32 = cuda ? "cuBLAS sgemm (fp32, no TF32)" : "OpenBLAS sgemm";
+  std::string mfu_note = "MFU: model FLOPs (6 x matmul parameters + causal attention, no recompute) per second over the "
+                         "measured matmul peak of the row's precision: fp32 against " + peak_f32 + " (" +
+                         std::to_string(static_cast<int>(peak_of(DType::F32) / 1e9)) + " GFLOP/s)";
+  if (sixteen)
+    mfu_note += std::string(", ") + precision_name(precision) + " against " +
+                (cuda ? "cublasGemmEx on the tensor cores" : "the 16-bit matmul the cpu model runs (oneDNN, or sgemm where it falls back)") +
+                " (" + std::to_string(static_cast<int>(peak_of(precision) / 1e9)) + " GFLOP/s)";
+  rep.notes.push_back(mfu_note + ".");
   rep.notes.push_back("exposed: time the model waited for parameters and gradient buffers, plus the optimizer's wait "
                       "for states from their tier; the rest of the step is compute (model and CPU Adam).");
+  if (sixteen) {
+    nlohmann::json ratios = nlohmann::json::object();
+    auto two = [](double v) {
+      char b[32];
+      std::snprintf(b, sizeof b, "%.2f", v);
+      return std::string(b);
+    };
+    const Setup* mem16 = find(false, precision);
+    ratios["memory_tokens_per_s_over_f32"] = summarize(find(false, DType::F32)->seconds).median / summarize(mem16->seconds).median;
+    if (a.nvme) {
+      const Setup *n32 = find(true, DType::F32), *n16 = find(true, precision);
+      ratios["nvme_tokens_per_s_over_f32"] = summarize(n32->seconds).median / summarize(n16->seconds).median;
+      const double b32 = summarize(n32->nvme_read).median + summarize(n32->nvme_written).median;
+      const double b16 = summarize(n16->nvme_read).median + summarize(n16->nvme_written).median;
+      if (b32 > 0) ratios["nvme_bytes_over_f32"] = b16 / b32;
+    }
+    if (torch) {
+      ratios["memory_tokens_per_s_over_torch"] = summarize(setups.back().seconds).median / summarize(mem16->seconds).median;
+      rep.extra["torch"] = torch->info();
+      rep.notes.push_back("PyTorch " + torch->info().value("torch", std::string("?")) + " (" +
+                          std::to_string(torch->info().value("threads", 0)) + " threads, attention: " +
+                          torch->info().value("attention", std::string("?")) +
+                          "): the same GPT and step (AdamW included) under torch.autocast(\"cpu\", dtype=torch." +
+                          (precision == DType::BF16 ? "bfloat16" : "float16") + "), bench/ref/torch_gpt_step.py.");
+    }
+    std::string line = std::string(precision_name(precision)) + " tokens/s over fp32: " +
+                       two(ratios["memory_tokens_per_s_over_f32"].get<double>()) + "x in memory";
+    if (ratios.contains("nvme_tokens_per_s_over_f32"))
+      line += ", " + two(ratios["nvme_tokens_per_s_over_f32"].get<double>()) + "x with NVMe";
+    if (ratios.contains("nvme_bytes_over_f32"))
+      line += "; NVMe bytes per step " + two(ratios["nvme_bytes_over_f32"].get<double>()) + " of fp32's";
+    if (ratios.contains("memory_tokens_per_s_over_torch"))
+      line += "; over PyTorch autocast: " + two(ratios["memory_tokens_per_s_over_torch"].get<double>()) + "x";
+    rep.notes.push_back(line + ".");
+    rep.extra["ratios"] = ratios;
+  } else if (a.torch && !cuda) {
+    rep.notes.push_back("fp32 only: --precision bf16 runs the 16-bit step beside it, and PyTorch autocast beside both.");
+  }
   emit(rep, a.out);
   return 0;
 }
@@ -214,6 +364,14 @@ void add_step(CLI::App& bench, Runner& run) {
   s->add_option("--trace", a.trace, "Write a Chrome trace of the NVMe configuration's steps to this file");
   s->add_option("--backend", a.backend, "cpu, or cuda (GptCuda on GPU 0)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  s->add_option("--precision", a.precision,
+                "f32, or bf16 / fp16: each configuration in fp32 and in 16 bits, PyTorch autocast beside them")
+      ->check(CLI::IsMember({"f32", "bf16", "fp16"}))
+      ->capture_default_str();
+  s->add_flag("!--no-nvme", a.nvme, "Only the in-memory configuration");
+  s->add_flag("!--no-torch", a.torch, "Without the PyTorch reference");
+  s->add_option("--python", a.python, "Python with torch, for the PyTorch reference")->capture_default_str();
+  s->add_option("--torch-script", a.torch_script, "The PyTorch reference script")->capture_default_str();
   add_output_options(*s, a.out, "step time of each configuration, split into compute and exposed transfer");
   s->callback([&run] { run = [] { return run_step(a); }; });
 }

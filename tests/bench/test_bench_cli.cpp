@@ -1,4 +1,4 @@
-// `strata bench copy` and `strata bench capacity` run end to end with tiny sizes: their
+// `strata bench copy`, `capacity` and `step` run end to end with tiny sizes: their
 // --json, --csv, table and --plot outputs are parsed and checked for shape and for
 // positive, self-consistent numbers (never for speed).
 #include <gtest/gtest.h>
@@ -170,5 +170,62 @@ TEST(BenchCapacity, TinySweepCompletesWithPositiveNumbers) {
     EXPECT_EQ(row.at("strata_runs_bytes_per_s").size(), 2u);
   }
   // The swap file is gone with the store.
+  for (const auto& e : fs::directory_iterator(dir.path)) EXPECT_EQ(e.path(), out) << "left behind: " << e.path();
+}
+
+// `bench step --precision bf16`: every configuration in fp32 and bf16 (and PyTorch's
+// autocast step beside them where /usr/bin/python3 has torch), each row's MFU against its
+// own precision's peak, and NVMe bytes per step that follow the shard layout: with
+// gradient_accumulation_steps 1 a bf16 step writes 2 + 2 bytes per parameter (working
+// parameters, reduced gradients) where fp32 writes 4 + 4, and the 12 bytes of fp32
+// master weights and moments alike.
+TEST(BenchStep, Bf16BesideFp32WithLayoutBytesOnNvme) {
+  Scratch dir;
+  const fs::path out = dir.path / "step.json";
+  const bool torch = std::system("/usr/bin/python3 -c 'import torch' 2>/dev/null") == 0;
+  Result r = run("bench step --precision bf16 --layers 2 --d-model 64 --heads 4 --seq 32 --vocab 256 --micro-batch 2 "
+                 "--accum 1 --reps 2 --warmup 1 --device-budget 8M --pinned-budget 8M --dir " + dir.path.string() +
+                 " --json " + out.string() + (torch ? "" : " --no-torch"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  const json doc = json::parse(slurp(out));
+  EXPECT_EQ(doc.at("benchmark"), "step");
+  const json& cfg = doc.at("config");
+  EXPECT_EQ(cfg.at("precision"), "bf16");
+  EXPECT_GT(cfg.at("matmul_peak_gflops").get<double>(), 0);
+  EXPECT_GT(cfg.at("matmul_peak_gflops_bf16").get<double>(), 0);
+  const double params = cfg.at("parameters").get<double>();
+  const json& rows = doc.at("rows");
+  ASSERT_EQ(rows.size(), torch ? 5u : 4u) << rows.dump();
+  const char* labels[] = {"in memory, f32", "in memory, bf16", "params+optimizer on NVMe, f32",
+                          "params+optimizer on NVMe, bf16"};
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(rows[i].at("label"), labels[i]);
+    EXPECT_EQ(rows[i].at("precision"), i % 2 ? "bf16" : "f32");
+    EXPECT_GT(rows[i].at("tokens_per_s").get<double>(), 0);
+    EXPECT_EQ(rows[i].at("steps").at("runs").size(), 2u);
+    // MFU is against the row's own peak: tokens/s x FLOPs per token / peak.
+    const double peak = cfg.at(i % 2 ? "matmul_peak_gflops_bf16" : "matmul_peak_gflops").get<double>();
+    const double flops_per_token = rows[i].at("mfu").get<double>() * peak * 1e9 / rows[i].at("tokens_per_s").get<double>();
+    EXPECT_GT(flops_per_token, 6 * params * 0.5) << rows[i].dump();
+    EXPECT_LT(flops_per_token, 6 * params * 2.0) << rows[i].dump();
+  }
+  EXPECT_EQ(rows[0].at("nvme_written_mib").get<double>(), 0);  // in memory: nothing on NVMe
+  const double w32 = rows[2].at("nvme_written_mib").get<double>() * (1 << 20) / params;
+  const double w16 = rows[3].at("nvme_written_mib").get<double>() * (1 << 20) / params;
+  EXPECT_NEAR(w32, 4 + 4 + 12, 0.5) << "fp32 bytes written per parameter per step";
+  EXPECT_NEAR(w16, 2 + 2 + 12, 0.5) << "bf16 bytes written per parameter per step";
+  const double r32 = rows[2].at("nvme_read_mib").get<double>(), r16 = rows[3].at("nvme_read_mib").get<double>();
+  EXPECT_LT(r16, r32);
+  const json& ratios = doc.at("ratios");
+  EXPECT_NEAR(ratios.at("nvme_bytes_over_f32").get<double>(),
+              (r16 + rows[3].at("nvme_written_mib").get<double>()) / (r32 + rows[2].at("nvme_written_mib").get<double>()),
+              0.01);
+  EXPECT_GT(ratios.at("memory_tokens_per_s_over_f32").get<double>(), 0);
+  if (torch) {
+    EXPECT_EQ(rows[4].at("label"), "PyTorch, autocast bf16");
+    EXPECT_GT(rows[4].at("tokens_per_s").get<double>(), 0);
+    EXPECT_GT(ratios.at("memory_tokens_per_s_over_torch").get<double>(), 0);
+    EXPECT_FALSE(doc.at("torch").at("torch").get<std::string>().empty());
+  }
   for (const auto& e : fs::directory_iterator(dir.path)) EXPECT_EQ(e.path(), out) << "left behind: " << e.path();
 }

@@ -1,0 +1,127 @@
+#!/usr/bin/python3
+"""PyTorch's CPU training step of Strata's GPT, timed, for `strata bench step`
+(bench/bench_step.cpp).
+
+The model is the PyTorch GPT of Strata's numerics tests (tests/model/gpt_reference.py:
+GPT-2's blocks, tanh GELU, tied head), so both sides compute the same FLOPs; its
+attention is F.scaled_dot_product_attention(is_causal=True) where the torch has it
+(2.0 and up), the masked softmax of the reference otherwise. A step is what Strata's is:
+--accum micro-batches of --micro-batch random sequences, forward under
+torch.autocast("cpu", dtype=--precision) (none for f32), loss / accum backward, then
+torch.optim.AdamW (fp32 parameters and moments, Strata's hyper-parameters) and
+zero_grad. Started once per benchmark run; answers commands on stdin with one JSON line
+on stdout each:
+
+  step   ->  {"seconds": wall time of one step, "loss": its last micro-batch's loss}
+  quit   ->  exits
+
+The first line out is {"ready": true, "torch": version, "threads": n, "attention": ...};
+any failure is {"error": "..."} and a non-zero exit.
+"""
+import argparse
+import importlib.util
+import json
+import math
+import os
+import sys
+import time
+
+
+def reply(obj):
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def load_reference_gpt():
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "model", "gpt_reference.py")
+    spec = importlib.util.spec_from_file_location("gpt_reference", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for name in ("layers", "d-model", "heads", "seq", "vocab", "micro-batch", "accum", "threads"):
+        ap.add_argument("--" + name, type=int, required=True)
+    ap.add_argument("--precision", choices=("f32", "bf16", "fp16"), required=True)
+    args = ap.parse_args()
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError as e:
+        reply({"error": f"PyTorch is not importable by {sys.executable}: {e}"})
+        return 1
+    try:
+        ref = load_reference_gpt()
+    except Exception as e:  # noqa: BLE001 - any failure is reported to the caller
+        reply({"error": f"cannot load tests/model/gpt_reference.py beside this script: {e}"})
+        return 1
+
+    attention = "masked softmax (torch < 2.0 has no scaled_dot_product_attention)"
+    if hasattr(F, "scaled_dot_product_attention"):
+        attention = "F.scaled_dot_product_attention(is_causal=True)"
+
+        def block_forward(self, x):
+            B, T, d = x.shape
+            q, k, v = self.c_attn(self.ln_1(x)).split(d, dim=2)
+            q, k, v = (t.view(B, T, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, d)
+            x = x + self.attn_proj(y)
+            return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+        ref.Block.forward = block_forward
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model = ref.GPT(args.layers, args.d_model, args.heads, args.seq, args.vocab)
+    with torch.no_grad():
+        for name, t in model.named_parameters():
+            if name.endswith("bias"):
+                t.zero_()
+            elif "ln" in name:
+                t.fill_(1.0)
+            else:
+                t.normal_(0.0, 0.02)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    dtype = {"f32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.precision]
+    gen = torch.Generator().manual_seed(1)
+
+    def step():
+        loss = None
+        for _ in range(args.accum):
+            x = torch.randint(0, args.vocab, (args.micro_batch, args.seq), generator=gen)
+            y = torch.randint(0, args.vocab, (args.micro_batch, args.seq), generator=gen)
+            if dtype is None:
+                _, loss = model(x, y)
+            else:
+                with torch.autocast("cpu", dtype=dtype):
+                    _, loss = model(x, y)
+            (loss / args.accum).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+    reply({"ready": True, "torch": torch.__version__, "threads": torch.get_num_threads(), "attention": attention,
+           "precision": args.precision})
+    for line in sys.stdin:
+        words = line.split()
+        if not words:
+            continue
+        if words == ["quit"]:
+            return 0
+        if words != ["step"]:
+            reply({"error": f"bad command: {line.strip()!r}"})
+            return 1
+        start = time.perf_counter()
+        loss = step()
+        seconds = time.perf_counter() - start
+        if not math.isfinite(loss):
+            reply({"error": f"the PyTorch step's loss is {loss}"})
+            return 1
+        reply({"seconds": seconds, "loss": loss})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
