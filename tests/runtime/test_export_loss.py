@@ -4,7 +4,13 @@ file, gives the held-out loss that `strata train --eval-batches` printed, on the
 held-out windows (model/data.hpp: the last 5% of the seq_len-token windows, in file
 order). Tolerance: relative 1e-5 (float32 in Strata, float64 here).
 
-usage: test_export_loss.py --strata BIN --workdir DIR
+With --precision bf16 the run trains with "bf16": {"enabled": true} and exports in what
+it trained in (bf16 safetensors, checked). The PyTorch model computes in float64 on the
+bf16 weights; Strata evaluates with 16-bit activations (docs/mixed-precision.md), so the
+losses differ by the rounding of those, not by the weights: relative 1e-4 (measured
+1.9e-6; the rounding errors of 384 positions average out in the mean loss).
+
+usage: test_export_loss.py --strata BIN --workdir DIR [--precision f32|bf16]
 """
 import argparse
 import json
@@ -23,6 +29,7 @@ from safetensors.torch import load_file
 p = argparse.ArgumentParser()
 p.add_argument("--strata", required=True)
 p.add_argument("--workdir", required=True)
+p.add_argument("--precision", choices=("f32", "bf16"), default="f32")
 a = p.parse_args()
 shutil.rmtree(a.workdir, ignore_errors=True)
 os.makedirs(a.workdir)
@@ -47,6 +54,8 @@ cfg = {
                "data": {"path": data, "format": "text"}, "steps": 30, "checkpoint_every": 30,
                "checkpoint_dir": os.path.join(a.workdir, "ckpt")},
 }
+if a.precision == "bf16":
+    cfg["bf16"] = {"enabled": True}
 cfg_path = os.path.join(a.workdir, "config.json")
 with open(cfg_path, "w") as f:
     json.dump(cfg, f)
@@ -65,7 +74,12 @@ r = subprocess.run([a.strata, "export", "--checkpoint", cfg["strata"]["checkpoin
 if r.returncode != 0:
     sys.exit("strata export failed: " + r.stderr)
 
-w = {k: v.double() for k, v in load_file(st).items()}
+exported = load_file(st)
+want_dtype = torch.bfloat16 if a.precision == "bf16" else torch.float32
+bad = [k for k, v in exported.items() if v.dtype != want_dtype]
+if bad:
+    sys.exit(f"exported tensors not {want_dtype} (the trained precision is the default): {bad}")
+w = {k: v.double() for k, v in exported.items()}
 
 
 def ln(x, p):
@@ -102,7 +116,8 @@ for b in range(eval_batches):
 torch_loss = sum(losses) / len(losses)
 rel = abs(torch_loss - strata_loss) / torch_loss
 print(f"held-out loss: strata {strata_loss:.6f}, PyTorch on the exported weights {torch_loss:.6f}, rel diff {rel:.2e}")
-# strata prints 6 decimals; float32 rounding is far below 1e-5.
-if rel > 1e-5:
+# strata prints 6 decimals; float32 rounding is far below 1e-5. In bf16 Strata rounds its
+# activations (see the top), PyTorch here does not.
+if rel > (1e-4 if a.precision == "bf16" else 1e-5):
     sys.exit("the exported model's loss differs from Strata's")
 print("1 passed, 0 failed")
