@@ -18,11 +18,7 @@
 #include "strata/core/error.hpp"
 #include "strata/core/math/half.hpp"
 
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__clang__)
-#define STRATA_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define STRATA_CLONES
-#endif
+#include "strata/core/target_clones.hpp"
 
 namespace strata::detail {
 

@@ -76,6 +76,21 @@ __device__ float row_sum(float v) {
   return v;
 }
 
+// Scores of row q (its q tile row at qrow) against key tile k0: s[j] for the thread's
+// columns tx + 16 j, -inf where masked; returns the row's max over them and mx (all 16
+// lanes of the row take part).
+template <int R>
+__device__ float tile_scores(const float* qrow, const float* Ks, int pitch, int hd, int k0, int q, int tx,
+                             float scale, float (&s)[R], float mx) {
+#pragma unroll
+  for (int j = 0; j < R; ++j) {
+    const int k = k0 + tx + 16 * j;
+    s[j] = k <= q ? scale * dot_rows(qrow, Ks + (tx + 16 * j) * pitch, hd) : -INFINITY;
+    mx = fmaxf(mx, s[j]);
+  }
+  return row_max(mx);
+}
+
 // grid (query tiles, B*H). out [B*T, d], lse [B*H, T].
 template <int BT, class S>
 __global__ void __launch_bounds__(kThreads)
@@ -111,16 +126,9 @@ __global__ void __launch_bounds__(kThreads)
       __syncthreads();
 #pragma unroll
       for (int i = 0; i < R; ++i) {
-        const int r = ty + 16 * i, q = q0 + r;
+        const int r = ty + 16 * i;
         float s[R];
-        float mx = m[i];
-#pragma unroll
-        for (int j = 0; j < R; ++j) {
-          const int k = k0 + tx + 16 * j;
-          s[j] = k <= q ? scale * dot_rows(Qs + r * pitch, Ks + (tx + 16 * j) * pitch, hd) : -INFINITY;
-          mx = fmaxf(mx, s[j]);
-        }
-        mx = row_max(mx);
+        const float mx = tile_scores<R>(Qs + r * pitch, Ks, pitch, hd, k0, q0 + r, tx, scale, s, m[i]);
         float sum = 0.0f;
 #pragma unroll
         for (int j = 0; j < R; ++j) sum += s[j] == -INFINITY ? 0.0f : math::exp_approx(s[j] - mx);
@@ -141,28 +149,21 @@ __global__ void __launch_bounds__(kThreads)
     if constexpr (kRoundP) {
 #pragma unroll
       for (int i = 0; i < R; ++i) {
-        const int r = ty + 16 * i, q = q0 + r;
+        const int r = ty + 16 * i;
+        float s[R];
+        tile_scores<R>(Qs + r * pitch, Ks, pitch, hd, k0, q0 + r, tx, scale, s, m[i]);
 #pragma unroll
-        for (int j = 0; j < R; ++j) {
-          const int k = k0 + tx + 16 * j;
-          const float sc = k <= q ? scale * dot_rows(Qs + r * pitch, Ks + (tx + 16 * j) * pitch, hd) : 0.0f;
-          Ps[r * (BT + 1) + tx + 16 * j] = k <= q ? S::load(S::store(math::exp_approx(sc - lse_row[i]))) : 0.0f;
-        }
+        for (int j = 0; j < R; ++j)  // round(P), P = exp(s - lse) normalised
+          Ps[r * (BT + 1) + tx + 16 * j] = s[j] == -INFINITY ? 0.0f : S::load(S::store(math::exp_approx(s[j] - lse_row[i])));
         corr[i] = 1.0f;
       }
     } else {
 #pragma unroll
     for (int i = 0; i < R; ++i) {
-      const int r = ty + 16 * i, q = q0 + r;
+      const int r = ty + 16 * i;
       float s[R];
-      float mx = m[i];
-#pragma unroll
-      for (int j = 0; j < R; ++j) {
-        const int k = k0 + tx + 16 * j;
-        s[j] = k <= q ? scale * dot_rows(Qs + r * pitch, Ks + (tx + 16 * j) * pitch, hd) : -INFINITY;
-        mx = fmaxf(mx, s[j]);
-      }
-      mx = row_max(mx);  // finite: key k0 <= q is visible to every row
+      // finite: key k0 <= q is visible to every row
+      const float mx = tile_scores<R>(Qs + r * pitch, Ks, pitch, hd, k0, q0 + r, tx, scale, s, m[i]);
       float sum = 0.0f;
 #pragma unroll
       for (int j = 0; j < R; ++j) {

@@ -4,11 +4,7 @@
 #include "strata/core/math/gpt.hpp"
 #include "strata/core/math/half.hpp"
 
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__clang__)
-#define STRATA_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define STRATA_CLONES
-#endif
+#include "strata/core/target_clones.hpp"
 
 namespace strata::detail {
 
@@ -52,20 +48,8 @@ STRATA_CLONES float max_of(const float* x, int n) {
   return m;
 }
 
-STRATA_CLONES double exp_shifted(const float* s, float* p, int n, float m) {
-  // Blocks of 256 summed in float (vectorised), blocks added in double.
-  double total = 0;
-  for (int b = 0; b < n; b += 256) {
-    const int e = b + 256 < n ? b + 256 : n;
-    float part = 0;
-#pragma omp simd reduction(+ : part)
-    for (int j = b; j < e; ++j) {
-      p[j] = math::exp_approx(s[j] - m);
-      part += p[j];
-    }
-    total += part;
-  }
-  return total;
+double exp_shifted(const float* s, float* p, int n, float m) {
+  return exp_scaled(s, p, n, 1.0f, m);  // 1 * s[j] is s[j] exactly
 }
 
 STRATA_CLONES double exp_scaled(const float* s, float* p, int n, float a, float m) {
