@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's main job: trains a byte-level GPT on Debian's `fortunes` corpus with ZeRO-3,
+# The README's main job: trains a byte-level GPT in bf16 on Debian's `fortunes` corpus with ZeRO-3,
 # parameters and optimizer states on NVMe (swap files in ./swap) and a device budget far
 # below the model states, then prints a sample from the last checkpoint.
 # A second run continues from the last complete checkpoint (nothing saved is replaced).
