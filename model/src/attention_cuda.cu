@@ -91,6 +91,24 @@ __device__ float tile_scores(const float* qrow, const float* Ks, int pitch, int 
   return row_max(mx);
 }
 
+// One key tile of the online softmax for a row: adds exp(s - mx) to the row's sum l
+// (rescaled from the old max m), moves m to mx, writes the terms to prow[tx + 16 j]
+// when prow is given; returns the rescale factor exp(m_old - mx) (0 on the first tile).
+template <int R>
+__device__ float online_softmax_tile(const float (&s)[R], float mx, float& m, float& l, float* prow, int tx) {
+  float sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < R; ++j) {
+    const float p = s[j] == -INFINITY ? 0.0f : math::exp_approx(s[j] - mx);
+    if (prow) prow[tx + 16 * j] = p;
+    sum += p;
+  }
+  const float corr = expf(m - mx);
+  l = l * corr + row_sum(sum);
+  m = mx;
+  return corr;
+}
+
 // grid (query tiles, B*H). out [B*T, d], lse [B*H, T].
 template <int BT, class S>
 __global__ void __launch_bounds__(kThreads)
@@ -129,11 +147,7 @@ __global__ void __launch_bounds__(kThreads)
         const int r = ty + 16 * i;
         float s[R];
         const float mx = tile_scores<R>(Qs + r * pitch, Ks, pitch, hd, k0, q0 + r, tx, scale, s, m[i]);
-        float sum = 0.0f;
-#pragma unroll
-        for (int j = 0; j < R; ++j) sum += s[j] == -INFINITY ? 0.0f : math::exp_approx(s[j] - mx);
-        l[i] = l[i] * expf(m[i] - mx) + row_sum(sum);
-        m[i] = mx;
+        online_softmax_tile<R>(s, mx, m[i], l[i], nullptr, tx);
       }
     }
 #pragma unroll
@@ -159,22 +173,13 @@ __global__ void __launch_bounds__(kThreads)
       }
     } else {
 #pragma unroll
-    for (int i = 0; i < R; ++i) {
-      const int r = ty + 16 * i;
-      float s[R];
-      // finite: key k0 <= q is visible to every row
-      const float mx = tile_scores<R>(Qs + r * pitch, Ks, pitch, hd, k0, q0 + r, tx, scale, s, m[i]);
-      float sum = 0.0f;
-#pragma unroll
-      for (int j = 0; j < R; ++j) {
-        const float p = s[j] == -INFINITY ? 0.0f : math::exp_approx(s[j] - mx);
-        Ps[r * (BT + 1) + tx + 16 * j] = p;
-        sum += p;
+      for (int i = 0; i < R; ++i) {
+        const int r = ty + 16 * i;
+        float s[R];
+        // finite: key k0 <= q is visible to every row
+        const float mx = tile_scores<R>(Qs + r * pitch, Ks, pitch, hd, k0, q0 + r, tx, scale, s, m[i]);
+        corr[i] = online_softmax_tile<R>(s, mx, m[i], l[i], Ps + r * (BT + 1), tx);  // 0 on the first tile
       }
-      corr[i] = expf(m[i] - mx);  // 0 on the first tile (m = -inf)
-      l[i] = l[i] * corr[i] + row_sum(sum);
-      m[i] = mx;
-    }
     }
     __syncthreads();  // Ps complete
 #pragma unroll
