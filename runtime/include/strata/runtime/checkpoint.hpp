@@ -17,6 +17,12 @@
 // opened for writing; a failed save removes only its own .tmp directory. A leftover
 // .step-<N>.tmp (a crash mid-save) is never read, and the next save of step N replaces it.
 //
+// One run per directory: <root>/.strata-lock is held with flock(2) by rank 0 of the run
+// that saves there (lock_checkpoint_dir for a whole run, save_checkpoint for one save
+// when its process does not hold it already), and holds that process's PID and host. A
+// second run is refused with both named, so no run removes another's save in progress
+// as "a leftover"; the kernel drops the lock when its holder dies, so none is stale.
+//
 // Resuming at another world size: the values of global element i of group g are in
 // writer file i / shard at element i % shard of each segment, so any world size can
 // read its own slice (padding is zero and is not stored twice).
@@ -80,6 +86,57 @@ std::string save_checkpoint(ZeroEngine& engine, coll::Communicator& host, const 
 // The complete checkpoint with the highest step under root (directories without a
 // valid manifest are ignored, with a warning); nullopt when there is none.
 std::optional<std::string> latest_checkpoint(const std::string& root);
+
+// Every step-<N> directory under root, highest step first, complete or not.
+struct CheckpointEntry {
+  int64_t step = 0;
+  std::string dir;          // <root>/step-<N>
+  std::string problem;      // why it cannot be resumed from (read_checkpoint_info's error); "" = complete
+};
+std::vector<CheckpointEntry> list_checkpoints(const std::string& root);
+
+// The lock on a checkpoint directory (the file's flock, released when the object is
+// destroyed or its process dies). Empty on ranks other than 0 and for no directory.
+class CheckpointDirLock {
+ public:
+  CheckpointDirLock() = default;
+  CheckpointDirLock(CheckpointDirLock&& o) noexcept;
+  CheckpointDirLock& operator=(CheckpointDirLock&& o) noexcept;
+  CheckpointDirLock(const CheckpointDirLock&) = delete;
+  CheckpointDirLock& operator=(const CheckpointDirLock&) = delete;
+  ~CheckpointDirLock();
+  bool held() const { return fd_ >= 0; }
+  void release();  // unlocks now (idempotent)
+
+ private:
+  friend struct CheckpointDirLockAccess;  // checkpoint.cpp
+  int fd_ = -1;
+  uint64_t dev_ = 0, ino_ = 0;  // the directory's identity, for this process's saves
+};
+
+// Collective, at the start of a run that saves into root, before anything else: rank 0
+// creates root if needed, refuses a root that is (or is inside) a checkpoint, proves it
+// writable (a probe file created and removed) and takes its lock. Every rank returns (the
+// lock on rank 0) or throws the same ConfigError: "checkpoint_dir X is in use by another
+// strata train (pid N on host H); ...", "... is not writable ...", "... is a checkpoint
+// ...". Other ranks take no lock: a run is one holder, however many ranks write.
+CheckpointDirLock lock_checkpoint_dir(coll::Communicator& host, const std::string& root);
+
+// Collective, at start-up with root locked (root may be "" for a run that saves
+// nothing): the checkpoint a run starts from, "" for step 0. `from` non-empty: that
+// step-<N> directory (--resume-from), which must be complete; otherwise with `resume` the
+// latest complete one under root (--resume), or none. Refuses (ConfigError) when root holds
+// step-<M> directories beyond the start, complete or damaged: the run would stop at the
+// first save that reached one ("exists already"), so it is named with the fix at once.
+// A damaged `from` is a CorruptionError listing the complete checkpoints beside it.
+// Every rank gets rank 0's answer or its error.
+std::string choose_start_checkpoint(coll::Communicator& host, const std::string& root, bool resume,
+                                    const std::string& from);
+
+// "; the complete checkpoints in 'P' are step-a, step-b: name one with --resume-from
+// P/step-b" for the directory holding `failed` (without `failed` itself), or that there
+// is none: what a CorruptionError about `failed` adds for `strata train`.
+std::string other_checkpoints_hint(const std::string& failed);
 
 // Reads and checks a checkpoint's manifest only (no shard data). Throws
 // CorruptionError (missing/garbled manifest, missing rank file, wrong size) or
