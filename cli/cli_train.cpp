@@ -21,6 +21,7 @@ struct TrainArgs {
   std::vector<std::string> sets;
   int steps = 0;
   bool resume = false;
+  std::string resume_from;
   std::string metrics;
   int eval_batches = 0;
   bool quiet = false;
@@ -41,6 +42,7 @@ int run_train() {
   const Config c = load_config(g_train.config, sets);
   TrainOptions o;
   o.resume = g_train.resume;
+  o.resume_from = g_train.resume_from;
   o.metrics_path = g_train.metrics;
   o.eval_batches = g_train.eval_batches;
   o.quiet = g_train.quiet;
@@ -138,7 +140,11 @@ void add_train(CLI::App& app) {
   t->add_flag_callback("--list-keys", [] { std::fputs(config_keys_text().c_str(), stdout); throw CLI::Success(); },
                        "Print every config key with what it accepts, its default and meaning, and exit");
   t->add_option("--steps", g_train.steps, "Total optimizer steps (overrides strata.steps)")->check(CLI::PositiveNumber);
-  t->add_flag("--resume", g_train.resume, "Continue from the latest complete checkpoint in strata.checkpoint_dir");
+  auto* resume = t->add_flag("--resume", g_train.resume,
+                             "Continue from the latest complete checkpoint in strata.checkpoint_dir");
+  t->add_option("--resume-from", g_train.resume_from,
+                "Continue from this checkpoint (a step-<N> directory); new checkpoints go to strata.checkpoint_dir")
+      ->excludes(resume);
   t->add_option("--metrics", g_train.metrics, "Append one JSON object per step to this file (rank 0)");
   t->add_option("--eval-batches", g_train.eval_batches, "Held-out batches to evaluate after the last step")
       ->check(CLI::NonNegativeNumber);

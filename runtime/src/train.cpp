@@ -80,25 +80,31 @@ void check_inputs(const Config& cfg, const TrainOptions& topts) {
                       "file, in the config or with --set strata.data.path=FILE");
   if (topts.resume && cfg.strata.checkpoint_dir.empty())
     throw ConfigError("--resume needs strata.checkpoint_dir: the directory the earlier run saved into");
+  if (topts.resume && !topts.resume_from.empty())
+    throw ConfigError("--resume and --resume-from " + topts.resume_from +
+                      " both given: use --resume for the latest complete checkpoint in strata.checkpoint_dir, or "
+                      "--resume-from to name one");
 }
 
-// Where a run starts: the latest complete checkpoint in `dir`, loaded into the engine,
-// or step 0 at the start of the data when there is none.
+// Where a run starts: the checkpoint choose_start_checkpoint picked, loaded into the
+// engine, or step 0 at the start of the data for "".
 struct StartPoint {
   int64_t step = 0;   // optimizer steps already taken
   DataPosition pos{};
 };
 
-StartPoint resume_latest(ZeroEngine& engine, coll::Communicator& comm, const std::string& dir) {
+StartPoint resume_from(ZeroEngine& engine, coll::Communicator& comm, const std::string& dir) {
   StartPoint start;
-  if (auto latest = latest_checkpoint(dir)) {
-    CheckpointInfo info = load_checkpoint(engine, comm, *latest);
-    start.step = info.step;
-    start.pos = DataPosition::from_json(info.extra.at("data"));
-    if (comm.rank() == 0) log::info("resumed from " + *latest + " at step " + std::to_string(info.step));
-  } else if (comm.rank() == 0) {
-    log::warn("--resume: no complete checkpoint in " + dir + "; starting from step 0");
+  if (dir.empty()) return start;
+  CheckpointInfo info;
+  try {
+    info = load_checkpoint(engine, comm, dir);
+  } catch (const CorruptionError& e) {
+    throw CorruptionError(e.what() + other_checkpoints_hint(dir));
   }
+  start.step = info.step;
+  start.pos = DataPosition::from_json(info.extra.at("data"));
+  if (comm.rank() == 0) log::info("resumed from " + dir + " at step " + std::to_string(info.step));
   return start;
 }
 
@@ -289,6 +295,15 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
   // The metrics file too: a bad path fails now, not after the model is built.
   StepLog step_log(cfg, topts, rank);
 
+  // The checkpoint directory next, before the model, the engine or any swap file: rank 0
+  // holds its lock for the whole run (a second run into it is refused), and where the run
+  // starts is decided now, so that a checkpoint in the way is an error before the first
+  // step, not at the first save.
+  CheckpointDirLock dir_lock;
+  if (!cfg.strata.checkpoint_dir.empty()) dir_lock = lock_checkpoint_dir(*comm, cfg.strata.checkpoint_dir);
+  const std::string start_dir =
+      choose_start_checkpoint(*comm, cfg.strata.checkpoint_dir, topts.resume, topts.resume_from);
+
   EngineOptions eo = EngineOptions::from_config(cfg);
   eo.trace_path = with_rank(cfg.strata.trace, rank, world);
   const int micro = cfg.train_micro_batch_size_per_gpu, accum = cfg.gradient_accumulation_steps;
@@ -307,7 +322,7 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
   const LrSchedule lr_schedule{cfg.scheduler};  // a function of optimizer steps: resumes with them
 
   TrainResult res;
-  const StartPoint start = topts.resume ? resume_latest(*engine, *comm, cfg.strata.checkpoint_dir) : StartPoint{};
+  const StartPoint start = resume_from(*engine, *comm, start_dir);
   res.first_step = start.step;
   DataPosition pos = start.pos;
   res.peak_flops = measure_peak_flops(*comm, cfg.strata.backend, cfg.precision());

@@ -7,10 +7,17 @@
 //    loss, and no tier's peak exceeds its budget;
 //  - bad data and a checkpoint of another model shape are clear errors, and the
 //    existing checkpoint's bytes are untouched;
-//  - on a GPU, the cuda backend gives the cpu backend's losses (skipped without one).
+//  - on a GPU, the cuda backend gives the cpu backend's losses (skipped without one);
+//  - one run per checkpoint_dir (a second is refused naming the holder's pid; a holder
+//    killed with SIGKILL blocks nothing), --resume-from, and the start-up checks: a
+//    checkpoint in the way of the run's saves, a checkpoint_dir that is a checkpoint or
+//    cannot be written, all refused before the first step.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <filesystem>
 #include <fstream>
@@ -18,6 +25,7 @@
 #include <random>
 #include <sstream>
 
+#include "strata/collectives/communicator.hpp"
 #include "strata/core/error.hpp"
 #include "strata/runtime/checkpoint.hpp"
 #include "strata/runtime/train.hpp"
@@ -292,4 +300,214 @@ TEST(Train, CudaWithoutAGpuIsAClearError) {
   size_t files = 0;
   for (const auto& e : fs::directory_iterator(d.p)) files += e.is_regular_file();
   EXPECT_EQ(files, 1u) << "only the corpus: no swap file was created";
+}
+
+namespace {
+
+template <class E, class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("wrong exception type: ") + e.what();
+  }
+  return "no exception";
+}
+
+bool has(const std::string& msg, const std::string& part) { return msg.find(part) != std::string::npos; }
+
+// A run of 20 steps saved at 10 and 20 into d/ckpt: its config, result and checkpoints.
+struct SavedRun {
+  Config cfg;
+  TrainResult res;
+  fs::path ckpt;
+  SavedRun(const Dir& d, const std::string& data) : cfg(config(d, data, small_shape(), 20)), ckpt(d.p / "ckpt") {
+    cfg.strata.checkpoint_every = 10;
+    cfg.strata.checkpoint_dir = ckpt.string();
+    res = train(cfg, quiet());
+  }
+};
+
+}  // namespace
+
+// --resume-from names a checkpoint: step-10 of a run that went on to 20, resumed into a
+// new checkpoint_dir, gives steps 11-20 with that run's losses, bit for bit.
+TEST(Train, ResumeFromANamedCheckpointGivesTheUninterruptedLosses) {
+  Dir d("resume-from");
+  const SavedRun run(d, write_file(d.p / "corpus.txt", corpus(2000)));
+  ASSERT_EQ(run.res.steps.size(), 20u);
+  Config c = run.cfg;
+  c.strata.checkpoint_dir = (d.p / "ckpt2").string();
+  TrainOptions o = quiet();
+  o.resume_from = (run.ckpt / "step-00000010").string();
+  const TrainResult rest = train(c, o);
+  ASSERT_EQ(rest.first_step, 10);
+  ASSERT_EQ(rest.steps.size(), 10u);
+  for (int s = 0; s < 10; ++s) EXPECT_EQ(rest.steps[s].loss, run.res.steps[10 + s].loss) << "step " << 11 + s;
+  EXPECT_TRUE(fs::exists(d.p / "ckpt2" / "step-00000020" / "manifest.json"));
+  // Both flags at once is refused.
+  o.resume = true;
+  EXPECT_TRUE(has(error_of<ConfigError>([&] { train(c, o); }), "--resume and --resume-from"));
+}
+
+// Resuming from step 10 (--resume-from, or --resume after the latest is damaged) into a
+// checkpoint_dir that holds step-20 would stop at the save of step 20 ("exists
+// already"), all of steps 11-20 lost: refused at start, naming step-20 and the fix, with
+// no step trained and nothing touched. A fresh run into it is refused the same way.
+TEST(Train, CheckpointsBeyondTheStartAreRefusedBeforeTheFirstStep) {
+  Dir d("beyond");
+  const SavedRun run(d, write_file(d.p / "corpus.txt", corpus(2000)));
+  const auto before = snapshot(run.ckpt);
+  TrainOptions o = quiet();
+  o.metrics_path = (d.p / "metrics.jsonl").string();
+
+  o.resume_from = (run.ckpt / "step-00000010").string();
+  std::string msg = error_of<ConfigError>([&] { train(run.cfg, o); });
+  EXPECT_TRUE(has(msg, "step-00000020") && has(msg, "beyond step 10") && has(msg, "Move it out of") &&
+              has(msg, "--resume (")) << msg;
+
+  TrainOptions fresh = quiet();
+  fresh.metrics_path = o.metrics_path;
+  msg = error_of<ConfigError>([&] { train(run.cfg, fresh); });
+  EXPECT_TRUE(has(msg, "step-00000020, step-00000010") && has(msg, "starts from step 0") && has(msg, "--resume"))
+      << msg;
+
+  // The latest damaged: --resume falls back to step 10, and is refused there.
+  write_file(run.ckpt / "step-00000020" / "manifest.json", "{ damaged");
+  const auto damaged = snapshot(run.ckpt);
+  TrainOptions resume = quiet();
+  resume.resume = true;
+  resume.metrics_path = o.metrics_path;
+  msg = error_of<ConfigError>([&] { train(run.cfg, resume); });
+  EXPECT_TRUE(has(msg, "step-00000020 (damaged:") && has(msg, "where this run resumes") && has(msg, "Move it out of"))
+      << msg;
+  EXPECT_FALSE(has(msg, "--resume (")) << "step-10 is the latest complete one already: " << msg;
+  EXPECT_EQ(fs::file_size(o.metrics_path), 0u) << "a step was trained";
+  EXPECT_EQ(snapshot(run.ckpt), damaged);
+  EXPECT_NE(before, damaged);
+
+  // The fix the message names: move it away, and --resume trains 11-20 as before.
+  fs::rename(run.ckpt / "step-00000020", d.p / "damaged-step-20");
+  const TrainResult rest = train(run.cfg, resume);
+  ASSERT_EQ(rest.first_step, 10);
+  ASSERT_EQ(rest.steps.size(), 10u);
+  EXPECT_EQ(rest.steps.back().loss, run.res.steps.back().loss);
+}
+
+// A CorruptionError found while loading names --resume-from and the complete checkpoints
+// to choose from.
+TEST(Train, ACorruptCheckpointNamesTheOthersAndResumeFrom) {
+  Dir d("corrupt-hint");
+  const SavedRun run(d, write_file(d.p / "corpus.txt", corpus(2000)));
+  {  // a flipped byte in step-20's shards: its manifest stays whole, the load finds it
+    std::fstream f(run.ckpt / "step-00000020" / "rank-0.bin", std::ios::in | std::ios::out | std::ios::binary);
+    char ch = 0;
+    f.seekg(100);
+    f.read(&ch, 1);
+    ch = static_cast<char>(ch ^ 0x10);
+    f.seekp(100);
+    f.write(&ch, 1);
+  }
+  Config c = run.cfg;
+  c.strata.steps = 30;
+  TrainOptions resume = quiet();
+  resume.resume = true;
+  const std::string msg = error_of<CorruptionError>([&] { train(c, resume); });
+  EXPECT_TRUE(has(msg, "is corrupt") && has(msg, "complete checkpoints in") && has(msg, ": step-00000010;") &&
+              has(msg, "--resume-from " + (run.ckpt / "step-00000010").string()))
+      << msg;
+}
+
+// checkpoint_dir set to a checkpoint (or a directory inside one) would nest new
+// checkpoints in it and start from scratch: refused, naming the parent and --resume-from.
+TEST(Train, CheckpointDirThatIsACheckpointIsRefused) {
+  Dir d("ckpt-is-step");
+  const SavedRun run(d, write_file(d.p / "corpus.txt", corpus(2000)));
+  const auto before = snapshot(run.ckpt);
+  Config c = run.cfg;
+  c.strata.checkpoint_dir = (run.ckpt / "step-00000020").string();
+  std::string msg = error_of<ConfigError>([&] { train(c, quiet()); });
+  EXPECT_TRUE(has(msg, "is a checkpoint") && has(msg, "'" + run.ckpt.string() + "'") && has(msg, "--resume-from"))
+      << msg;
+  c.strata.checkpoint_dir = (run.ckpt / "step-00000020" / "more").string();
+  msg = error_of<ConfigError>([&] { train(c, quiet()); });
+  EXPECT_TRUE(has(msg, "inside the checkpoint")) << msg;
+  EXPECT_EQ(snapshot(run.ckpt), before);
+}
+
+// A checkpoint_dir that cannot be written is an error at start-up, not at the first save.
+// Under a regular file it cannot even be created (this holds for root too, which ignores
+// permissions); a read-only directory (next test) is tried only when not running as root.
+TEST(Train, UnwritableCheckpointDirIsRefusedAtStart) {
+  Dir d("unwritable");
+  const std::string data = write_file(d.p / "corpus.txt", corpus(200));
+  Config c = config(d, data, small_shape(), 2);
+  c.strata.checkpoint_every = 1;
+  c.strata.checkpoint_dir = (d.p / "corpus.txt" / "ckpt").string();
+  TrainOptions o = quiet();
+  o.metrics_path = (d.p / "metrics.jsonl").string();
+  std::string msg = error_of<ConfigError>([&] { train(c, o); });
+  EXPECT_TRUE(has(msg, "cannot create strata.checkpoint_dir") && has(msg, "Not a directory")) << msg;
+  EXPECT_EQ(fs::file_size(o.metrics_path), 0u) << "a step was trained";
+}
+
+TEST(Train, ReadOnlyCheckpointDirIsRefusedAtStart) {
+  if (::geteuid() == 0) GTEST_SKIP() << "running as root: a read-only directory is writable to root";
+  Dir d("readonly");
+  const std::string data = write_file(d.p / "corpus.txt", corpus(200));
+  Config c = config(d, data, small_shape(), 2);
+  c.strata.checkpoint_every = 1;
+  TrainOptions o = quiet();
+  o.metrics_path = (d.p / "metrics.jsonl").string();
+  const fs::path ro = d.p / "readonly";
+  fs::create_directories(ro);
+  fs::permissions(ro, fs::perms::owner_read | fs::perms::owner_exec);
+  c.strata.checkpoint_dir = ro.string();
+  const std::string msg = error_of<ConfigError>([&] { train(c, o); });
+  fs::permissions(ro, fs::perms::owner_all);
+  EXPECT_TRUE(has(msg, "is not writable") && has(msg, "Permission denied")) << msg;
+  EXPECT_EQ(fs::file_size(o.metrics_path), 0u) << "a step was trained";
+}
+
+// Two runs, one checkpoint_dir: while a process holds its lock (a forked child here, as
+// a second `strata train` would), a run into it is refused naming the holder's pid and
+// host. A holder killed with SIGKILL leaves no stale lock: the kernel released it.
+TEST(Train, SecondRunIntoALockedCheckpointDirIsRefusedNamingThePid) {
+  Dir d("lock");
+  const std::string data = write_file(d.p / "corpus.txt", corpus(500));
+  Config c = config(d, data, small_shape(), 2);
+  c.strata.checkpoint_every = 2;
+  c.strata.checkpoint_dir = (d.p / "ckpt").string();
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(ready[0]);
+    auto self = coll::make_host_communicator(coll::HostBackend::Self);
+    CheckpointDirLock lock = lock_checkpoint_dir(*self, c.strata.checkpoint_dir);
+    const char ok = lock.held() ? 'y' : 'n';
+    if (::write(ready[1], &ok, 1) != 1) ::_exit(3);
+    for (;;) ::pause();  // held until killed
+  }
+  ::close(ready[1]);
+  char ok = 0;
+  ASSERT_EQ(::read(ready[0], &ok, 1), 1);
+  ::close(ready[0]);
+  ASSERT_EQ(ok, 'y');
+  const std::string msg = error_of<ConfigError>([&] { train(c, quiet()); });
+  EXPECT_TRUE(has(msg, "checkpoint_dir " + c.strata.checkpoint_dir + " is in use by another strata train (pid " +
+                           std::to_string(child) + " on host ") &&
+              has(msg, "wait for it or choose another checkpoint_dir"))
+      << msg;
+  EXPECT_FALSE(fs::exists(fs::path(c.strata.checkpoint_dir) / "step-00000002"));
+
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  const TrainResult r = train(c, quiet());
+  EXPECT_EQ(r.steps.size(), 2u);
+  EXPECT_TRUE(fs::exists(fs::path(c.strata.checkpoint_dir) / "step-00000002" / "manifest.json"));
 }

@@ -20,6 +20,7 @@ std::vector<GroupSpec> gpt_group_specs(const GptShape& shape, float init_std = 0
 
 struct TrainOptions {
   bool resume = false;            // continue from the latest complete checkpoint
+  std::string resume_from;        // continue from this step-<N> directory ("" = see resume)
   std::string metrics_path;       // JSONL, one object per step (rank 0); "" = none
   bool quiet = false;             // no per-step lines (tests)
   int eval_batches = 0;           // held-out batches evaluated after the last step (0 = none)
@@ -52,6 +53,11 @@ struct TrainResult {
 // flight, with a checkpoint when strata.checkpoint_dir is set (stop_signal says which;
 // the handlers are the caller's again on return). Throws ConfigError for bad configurations or data, OutOfBudget when the
 // budgets cannot hold the model, IoError/CorruptionError for files.
+// Before anything is built, with strata.checkpoint_dir set, rank 0 locks the directory for
+// the run (lock_checkpoint_dir: a second run into it is refused, naming the holder's pid
+// and host) and the start is decided (choose_start_checkpoint): a checkpoint_dir that is
+// a checkpoint, an unwritable one, and step-<M> directories beyond the step the run
+// starts from are refused then, with no step trained.
 TrainResult train(const Config& config, const TrainOptions& opts);
 
 }  // namespace strata
