@@ -31,6 +31,7 @@
 #include "strata/core/convert.hpp"
 #include "strata/core/device.hpp"
 #include "strata/core/error.hpp"
+#include "strata/core/safe_io.hpp"
 #include "strata/model/gpt.hpp"
 #include "strata/runtime/train.hpp"
 #include "strata/runtime/zero_engine.hpp"
@@ -87,6 +88,7 @@ int run_step(const StepArgs& a) {
   std::error_code ec;
   if (!fs::is_directory(a.dir, ec))
     throw ConfigError("--dir '" + a.dir + "' is not a directory; give an existing directory on the NVMe drive");
+  if (!a.trace.empty()) check_output_path(a.trace, "--trace");
   if (!a.trace.empty() && !std::ofstream(a.trace, std::ios::app))  // before minutes of work, not after
     throw ConfigError("--trace '" + a.trace + "' cannot be written: " + std::strerror(errno) +
                       "; give a file in an existing, writable directory");

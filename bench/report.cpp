@@ -16,6 +16,7 @@
 
 #include "strata/core/clock.hpp"
 #include "strata/core/error.hpp"
+#include "strata/core/safe_io.hpp"
 #include "strata/memory/topology.hpp"
 
 #ifndef STRATA_BENCH_PLOT_SCRIPT
@@ -39,6 +40,7 @@ void check_writable(const std::string& flag, const std::string& path) {
     throw ConfigError(flag + " '" + path + "': directory '" + dir.string() + "' does not exist");
   if (access(dir.c_str(), W_OK) != 0)
     throw ConfigError(flag + " '" + path + "': cannot write in '" + dir.string() + "': " + std::strerror(errno));
+  check_output_path(path, flag);  // a regular file or a new name, outside checkpoints
 }
 
 std::string cell_text(const json& v, const std::string& format) {
@@ -95,6 +97,7 @@ void write_text(const std::string& flag, const std::string& path, const std::str
     std::fflush(stdout);
     return;
   }
+  check_output_path(path, flag);
   std::ofstream out(path);
   if (!out) throw ConfigError(flag + ": cannot write '" + path + "'");
   out << text;

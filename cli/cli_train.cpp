@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "strata/core/error.hpp"
+#include "strata/core/safe_io.hpp"
 #include "strata/model/gpt.hpp"
 #include "strata/runtime/checkpoint.hpp"
 #include "cli.hpp"
@@ -40,6 +41,8 @@ int run_train() {
   std::vector<std::string> sets = g_train.sets;
   if (g_train.steps > 0) sets.push_back("strata.steps=" + std::to_string(g_train.steps));
   const Config c = load_config(g_train.config, sets);
+  // Appended to for the whole run: never a device, a FIFO or a checkpoint's file.
+  if (!g_train.metrics.empty()) check_output_path(g_train.metrics, "--metrics");
   TrainOptions o;
   o.resume = g_train.resume;
   o.resume_from = g_train.resume_from;
@@ -83,7 +86,12 @@ int run_sample() {
     size_t i = 0;
     while (i < g_sample.prompt.size()) {
       size_t used = 0;
-      ctx.push_back(std::stoi(g_sample.prompt.substr(i), &used));
+      try {
+        ctx.push_back(std::stoi(g_sample.prompt.substr(i), &used));
+      } catch (const std::exception&) {  // std::invalid_argument, std::out_of_range
+        throw ConfigError("--prompt '" + g_sample.prompt + "': '" + g_sample.prompt.substr(i, 20) +
+                          "' is not a token id; this model reads token ids, e.g. --prompt 464,3290");
+      }
       i += used;
       while (i < g_sample.prompt.size() && (g_sample.prompt[i] == ',' || g_sample.prompt[i] == ' ')) ++i;
     }

@@ -1,8 +1,14 @@
-// The `strata` command line: train, bench, plan. Every recoverable error becomes one
-// clear message and exit code 2 (bad input) or 1 (runtime failure).
+// The `strata` command line: train, bench, plan, export. Every failure becomes one clear
+// message and a documented exit code (docs/failure-behaviour.md):
+//   0 success, 1 runtime failure (I/O, corruption, a full tier), 2 bad input (config,
+//   flags, files), 3 `strata plan`: it does not fit, 4 out of memory, 5 an unexpected
+//   error (a bug in Strata), 100-127 command-line usage (CLI11's codes), 128 + N
+//   `strata train` stopped by signal N after saving.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <exception>
+#include <new>
 
 #include "strata/core/error.hpp"
 #include "cli.hpp"
@@ -23,11 +29,11 @@ int main(int argc, char** argv) {
   strata::cli::add_plan(app);
   strata::cli::add_export(app);
   try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
-  try {
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      return app.exit(e);
+    }
     return strata::cli::selected() ? strata::cli::selected()() : 0;
   } catch (const strata::ConfigError& e) {
     std::fprintf(stderr, "strata: configuration error: %s\n", e.what());
@@ -35,5 +41,19 @@ int main(int argc, char** argv) {
   } catch (const strata::Error& e) {
     std::fprintf(stderr, "strata: error: %s\n", e.what());
     return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "strata: out of memory: an allocation failed (std::bad_alloc); make the model, the "
+                 "batch or the budgets smaller, or run where there is more memory\n");
+    return 4;
+  } catch (const std::exception& e) {
+    // std::length_error, std::out_of_range, nlohmann::json's exceptions, ...: Strata
+    // should have turned the cause into one of its own errors first.
+    std::fprintf(stderr, "strata: unexpected error (a bug in Strata; please report it with the command line): %s\n",
+                 e.what());
+    return 5;
+  } catch (...) {
+    std::fprintf(stderr, "strata: unexpected error of unknown type (a bug in Strata; please report it with the "
+                 "command line)\n");
+    return 5;
   }
 }

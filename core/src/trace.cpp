@@ -8,6 +8,7 @@
 #include <ostream>
 
 #include "strata/core/error.hpp"
+#include "strata/core/safe_io.hpp"
 
 namespace strata::trace {
 
@@ -101,6 +102,7 @@ void Recorder::write_json(std::ostream& os) const {
 }
 
 void Recorder::write_json(const std::string& path) const {
+  check_output_path(path, "the trace file");  // never a device, a FIFO or a checkpoint's file
   std::ofstream f(path, std::ios::trunc);
   if (!f) throw IoError("cannot open the trace file for writing", path, 0, 0, errno);
   write_json(f);

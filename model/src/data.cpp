@@ -1,7 +1,6 @@
 #include "strata/model/data.hpp"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,6 +11,7 @@
 #include <cstring>
 
 #include "strata/core/error.hpp"
+#include "strata/core/safe_io.hpp"
 
 namespace strata {
 
@@ -133,8 +133,10 @@ struct TokenDataset::Impl {
   DataFormat format = DataFormat::Text;
   int seq_len = 0;
   uint64_t seed = 0;
-  void* map = nullptr;             // the whole file, read-only
-  uint64_t map_bytes = 0;
+  // The whole file, read into memory (not mapped: a file truncated under a mapping would
+  // kill the process with SIGBUS when a vanished page is touched).
+  std::string file;
+  uint64_t file_bytes = 0;
   const uint8_t* bytes = nullptr;  // Text: the tokens
   const uint16_t* ids = nullptr;   // Tokens: the tokens (after the header)
   uint64_t count = 0;              // tokens
@@ -144,9 +146,6 @@ struct TokenDataset::Impl {
   mutable uint64_t cached_epoch = UINT64_MAX;
   mutable std::vector<uint64_t> order;
 
-  ~Impl() {
-    if (map) ::munmap(map, map_bytes);
-  }
   uint32_t token(uint64_t i) const { return bytes ? bytes[i] : ids[i]; }
   void window(uint64_t w, int32_t* x, int32_t* y) const {
     const uint64_t s = w * static_cast<uint64_t>(seq_len);
@@ -173,41 +172,26 @@ TokenDataset::TokenDataset(const std::string& path, DataFormat format, int seq_l
     throw ConfigError("the held-out fraction must be in [0, 1), not " + std::to_string(heldout_fraction));
   if (path.empty()) throw ConfigError("no data file given: set strata.data.path to a text file or an llm.c token file");
 
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    d.fail(std::string("cannot be opened (") + std::strerror(err) + ")",
-           err == ENOENT ? "check strata.data.path (relative paths are from the directory strata runs in)"
-                         : "check the path and its permissions");
-  }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    d.fail("is not a regular file", "point strata.data.path at a file");
-  }
-  d.map_bytes = static_cast<uint64_t>(st.st_size);
-  if (d.map_bytes == 0) {
-    ::close(fd);
+  // A FIFO or a device is refused before a byte is read (core/safe_io.hpp); the file must
+  // fit in memory, where it is read whole.
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  const uint64_t ram = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : UINT64_MAX;
+  d.file = read_input_file(path, "data file", ram, "the memory of this machine; Strata reads the data file into memory",
+                           "strata.data.path");
+  d.file_bytes = d.file.size();
+  if (d.file_bytes == 0)
     d.fail("is empty", "give a file with at least seq_len + 1 = " + std::to_string(seq_len + 1) + " tokens");
-  }
-  d.map = ::mmap(nullptr, d.map_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int map_err = errno;
-  ::close(fd);
-  if (d.map == MAP_FAILED) {
-    d.map = nullptr;
-    d.fail(std::string("cannot be mapped (") + std::strerror(map_err) + ")", "check that it is a readable file");
-  }
-  const auto* raw = static_cast<const unsigned char*>(d.map);
+  const auto* raw = reinterpret_cast<const unsigned char*>(d.file.data());
   int32_t first = 0;
-  if (d.map_bytes >= 4) std::memcpy(&first, raw, 4);
+  if (d.file_bytes >= 4) std::memcpy(&first, raw, 4);
   const bool llmc = first == kLlmcMagic || first == kLlama3Magic;
 
   if (format == DataFormat::Auto) format = llmc ? DataFormat::Tokens : DataFormat::Text;
   d.format = format;
   if (format == DataFormat::Text) {
     const char* why = "";
-    const uint64_t bad = first_non_text(raw, d.map_bytes, &why);
-    if (bad != d.map_bytes) {
+    const uint64_t bad = first_non_text(raw, d.file_bytes, &why);
+    if (bad != d.file_bytes) {
       if (llmc)
         d.fail("is an llm.c token file (it begins with magic " + std::to_string(first) + "), not text",
                "set strata.data.format to \"tokens\" or \"auto\"");
@@ -218,11 +202,11 @@ TokenDataset::TokenDataset(const std::string& path, DataFormat format, int seq_l
              "data as an llm.c token file with strata.data.format \"tokens\"");
     }
     d.bytes = raw;
-    d.count = d.map_bytes;
+    d.count = d.file_bytes;
   } else {
     const uint64_t header = kLlmcHeaderInts * 4;
-    if (d.map_bytes < header)
-      d.fail("is " + std::to_string(d.map_bytes) + " bytes, shorter than an llm.c token file's header (" +
+    if (d.file_bytes < header)
+      d.fail("is " + std::to_string(d.file_bytes) + " bytes, shorter than an llm.c token file's header (" +
                  std::to_string(header) + " bytes)",
              "write it with llm.c's write_datafile, or use strata.data.format \"text\" for a text file");
     int32_t h[3];
@@ -240,9 +224,9 @@ TokenDataset::TokenDataset(const std::string& path, DataFormat format, int seq_l
              "write it with llm.c's write_datafile for gpt-2");
     if (h[2] < 0) d.fail("has a negative token count " + std::to_string(h[2]), "the header is damaged; write the file again");
     const uint64_t n = static_cast<uint64_t>(h[2]), want = header + 2 * n;
-    if (d.map_bytes != want)
-      d.fail("is " + std::to_string(d.map_bytes) + " bytes but its header promises " + std::to_string(n) +
-                 " tokens, " + std::to_string(want) + " bytes" + (d.map_bytes < want ? " (truncated)" : " (trailing bytes)"),
+    if (d.file_bytes != want)
+      d.fail("is " + std::to_string(d.file_bytes) + " bytes but its header promises " + std::to_string(n) +
+                 " tokens, " + std::to_string(want) + " bytes" + (d.file_bytes < want ? " (truncated)" : " (trailing bytes)"),
              "the file is damaged or incomplete; write it again");
     if (n == 0) d.fail("holds no tokens", "give a file with at least seq_len + 1 = " + std::to_string(seq_len + 1) + " tokens");
     d.ids = reinterpret_cast<const uint16_t*>(raw + header);
@@ -353,7 +337,7 @@ int TokenDataset::seq_len() const { return impl_->seq_len; }
 
 std::string TokenDataset::describe() const {
   const Impl& d = *impl_;
-  return std::string(to_string(d.format)) + ", " + human(d.map_bytes) + ": " + std::to_string(d.count) + " tokens, " +
+  return std::string(to_string(d.format)) + ", " + human(d.file_bytes) + ": " + std::to_string(d.count) + " tokens, " +
          std::to_string(d.train) + " training windows of " + std::to_string(d.seq_len + 1) + " tokens, " +
          std::to_string(d.heldout) + " held out";
 }

@@ -1,5 +1,7 @@
 #include "strata/model/gpt_layout.hpp"
 
+#include <cstdio>
+
 #include "strata/core/error.hpp"
 
 namespace strata {
@@ -39,6 +41,21 @@ void validate(const GptShape& s) {
   need(s.heads >= 1, "model heads = " + std::to_string(s.heads) + " must be at least 1");
   need(s.seq_len >= 1, "model seq_len = " + std::to_string(s.seq_len) + " must be at least 1");
   need(s.vocab >= 2, "model vocab = " + std::to_string(s.vocab) + " must be at least 2");
+  auto at_most = [&](int v, int max, const char* name) {
+    need(v <= max, std::string("model ") + name + " = " + std::to_string(v) + " is more than Strata's limit of " +
+                       std::to_string(max) + ": give a smaller " + name);
+  };
+  at_most(s.layers, kMaxLayers, "layers");
+  at_most(s.d_model, kMaxDModel, "d_model");
+  at_most(s.seq_len, kMaxSeqLen, "seq_len");
+  at_most(s.vocab, kMaxVocab, "vocab");
+  // Within those limits the count fits easily in a double and a uint64_t.
+  const double d = s.d_model, params = double(s.layers) * (12 * d * d + 13 * d) + (double(s.vocab) + s.seq_len) * d + 2 * d;
+  if (params > kMaxParams) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "model of %.3g parameters is more than Strata's limit of %.3g", params, kMaxParams);
+    need(false, std::string(buf) + ": give fewer layers or a smaller d_model");
+  }
   need(s.d_model % s.heads == 0,
        "model d_model = " + std::to_string(s.d_model) + " is not divisible by heads = " + std::to_string(s.heads) +
            ": each head needs d_model / heads channels; change one so heads divides d_model");

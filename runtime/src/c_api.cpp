@@ -18,6 +18,7 @@
 
 #include "c_api_runtime.hpp"
 #include "strata/collectives/communicator.hpp"
+#include "strata/core/safe_io.hpp"
 #include "strata/runtime/checkpoint.hpp"
 #include "strata/strata.h"
 
@@ -183,6 +184,9 @@ strata_status strata_runtime_create(uint32_t api_version, const char* config_jso
     *out = strata_runtime{0};
     check_version(api_version);
     need(config_json, "config_json");
+    if (strata::json_nesting_depth(config_json, strata::kMaxJsonDepth) > strata::kMaxJsonDepth)
+      throw ApiError(STRATA_ERR_CONFIG, "the configuration nests objects and arrays more than " +
+                                            std::to_string(strata::kMaxJsonDepth) + " deep: check it");
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(config_json);

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "strata/core/convert.hpp"
+#include "strata/core/safe_io.hpp"
 #include "strata/runtime/checkpoint.hpp"
 #include "strata/runtime/loss_scaler.hpp"
 #include "strata/runtime/lr_schedule.hpp"
@@ -459,6 +460,9 @@ std::string Runtime::save_checkpoint(const std::string& root, const std::string&
   check_between_steps("strata_save_checkpoint");
   nlohmann::json extra = nlohmann::json::object();
   if (!extra_json.empty()) {
+    if (json_nesting_depth(extra_json, kMaxJsonDepth) > kMaxJsonDepth)
+      throw ApiError(STRATA_ERR_INVALID_ARGUMENT, "strata_save_checkpoint: extra_json nests more than " +
+                                                      std::to_string(kMaxJsonDepth) + " deep");
     try {
       extra = nlohmann::json::parse(extra_json);
     } catch (const nlohmann::json::exception& e) {

@@ -22,6 +22,7 @@
 #include "strata/core/convert.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/log.hpp"
+#include "strata/core/safe_io.hpp"
 
 namespace strata {
 
@@ -112,15 +113,8 @@ void fsync_dir(const fs::path& dir) {
   if (::fsync(d.fd) != 0) throw IoError("fsync of directory", dir.string(), 0, 0, errno);
 }
 
-std::string read_text(const fs::path& p) {
-  Fd f(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
-  if (f.fd < 0) throw IoError("opening", p.string(), 0, 0, errno);
-  struct stat st {};
-  if (::fstat(f.fd, &st) != 0) throw IoError("stat of", p.string(), 0, 0, errno);
-  std::string s(static_cast<size_t>(st.st_size), '\0');
-  read_exact(f.fd, s.data(), s.size(), 0, p.string());
-  return s;
-}
+// A regular file only (a FIFO would block, /dev/zero never end), of bounded size.
+std::string read_text(const fs::path& p) { return read_input_file(p, "checkpoint manifest", 256 << 20); }
 
 // Test hook (checkpoint.hpp): die here, as a crash would, leaving what is on disk.
 void maybe_kill(const char* point, int rank) {
@@ -227,7 +221,7 @@ uint64_t group_offset(const CheckpointInfo& info, size_t g) {
 
 CheckpointInfo parse_manifest(const fs::path& dir, const fs::path& mpath, const std::string& text) {
   const std::string where = "checkpoint manifest '" + mpath.string() + "'";
-  json j = json::parse(text, nullptr, false);
+  json j = parse_untrusted_json(text);  // bounded nesting (core/safe_io.hpp)
   if (j.is_discarded() || !j.is_object())
     throw CorruptionError(where + " is not valid JSON: it is damaged; resume from another checkpoint");
   if (!j.contains("checksum") || !j["checksum"].is_string())

@@ -17,6 +17,7 @@
 #include "strata/core/config_keys.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/log.hpp"
+#include "strata/core/safe_io.hpp"
 
 namespace strata {
 
@@ -54,29 +55,6 @@ std::pair<size_t, size_t> line_col(const std::string& text, size_t offset) {
   return {line, offset - line_start + 1};
 }
 
-std::string read_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int err = errno;
-    throw ConfigError("cannot open config file '" + path + "': " + std::strerror(err));
-  }
-  std::string text;
-  char buf[1 << 16];
-  for (;;) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int err = errno;
-      ::close(fd);
-      throw ConfigError("cannot read config file '" + path + "': " + std::strerror(err));
-    }
-    if (n == 0) break;
-    text.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return text;
-}
-
 }  // namespace
 
 Config parse_config(const json& j) {
@@ -102,7 +80,8 @@ std::string config_keys_markdown(std::string_view section) {
 std::vector<std::string> config_doc_sections() { return markdown_sections(config_table()); }
 
 json load_config_json(const std::string& path) {
-  std::string text = read_file(path);
+  // A FIFO, a device or a file far larger than any config is refused before it is read.
+  std::string text = read_input_file(path, "config file", kMaxConfigBytes);
   if (text.find_first_not_of(" \t\r\n") == std::string::npos)
     throw ConfigError("config file '" + path + "' is empty: it must hold a JSON object, e.g. "
                       "{\"train_micro_batch_size_per_gpu\": 1}");
@@ -146,6 +125,15 @@ json load_config_json(const std::string& path) {
     return true;
   };
 
+  // Nesting is bounded before parsing: the parser's output is walked recursively.
+  size_t deep_at = 0;
+  if (json_nesting_depth(text, kMaxJsonDepth, &deep_at) > kMaxJsonDepth) {
+    auto [line, col] = line_col(text, deep_at);
+    throw ConfigError("config file '" + path + "' nests objects and arrays more than " +
+                      std::to_string(kMaxJsonDepth) + " deep (at line " + std::to_string(line) + ", column " +
+                      std::to_string(col) + "): a Strata config is a few levels deep; check the file");
+  }
+
   json j;
   try {
     j = json::parse(text, on_event);
@@ -157,6 +145,12 @@ json load_config_json(const std::string& path) {
     if (colon != std::string::npos) detail = detail.substr(colon + 2);
     throw ConfigError("config file '" + path + "' is not valid JSON at line " + std::to_string(line) +
                       ", column " + std::to_string(col) + ": " + detail);
+  } catch (const json::exception& e) {
+    // out_of_range 406: a number beyond a double's range (1e400).
+    std::string detail = e.what();
+    if (size_t b = detail.find("] "); b != std::string::npos) detail = detail.substr(b + 2);
+    throw ConfigError("config file '" + path + "' cannot be read: " + detail +
+                      "; numbers must fit a double (magnitude at most about 1.8e308)");
   }
   return j;
 }
@@ -205,7 +199,10 @@ void apply_override(json& j, const std::string& assignment) {
   }
   // A value that parses as JSON is taken as such (2, true, [..], "quoted"); anything
   // else is a plain string (nvme, 2GiB, /local_nvme).
-  json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (json_nesting_depth(text, kMaxJsonDepth) > kMaxJsonDepth)
+    throw ConfigError("override '" + assignment + "' nests more than " + std::to_string(kMaxJsonDepth) +
+                      " deep: give a plain value");
+  json value = parse_untrusted_json(text);
   if (value.is_discarded()) value = text;
   (*cur)[parts.back()] = std::move(value);
 }

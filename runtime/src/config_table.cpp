@@ -469,19 +469,25 @@ void check_model(const json&, void* target) {
     throw ConfigError("strata.model.d_model = " + std::to_string(m.d_model) +
                       " is not divisible by strata.model.heads = " + std::to_string(m.heads) +
                       ": each head needs d_model / heads channels; change one so heads divides d_model");
+  // The limits across keys (the parameter count), as `strata plan` has them.
+  try {
+    validate(m);
+  } catch (const ConfigError& e) {
+    throw ConfigError(std::string("strata.") + e.what());
+  }
 }
 
 const ConfigSection kModel = {
     .path = "strata.model",
     .keys = {
-        {.name = "layers", .type = KeyType::Whole, .min = 1, .max = kMaxInt, .help = "Transformer blocks.",
+        {.name = "layers", .type = KeyType::Whole, .min = 1, .max = kMaxLayers, .help = "Transformer blocks.",
          .field = STRATA_CONFIG_FIELD(Config, strata.model.layers)},
-        {.name = "d_model", .type = KeyType::Whole, .min = 1, .max = kMaxInt,
+        {.name = "d_model", .type = KeyType::Whole, .min = 1, .max = kMaxDModel,
          .help = "Model width; must be divisible by `heads`.",
          .field = STRATA_CONFIG_FIELD(Config, strata.model.d_model)},
-        {.name = "heads", .type = KeyType::Whole, .min = 1, .max = kMaxInt, .help = "Attention heads.",
+        {.name = "heads", .type = KeyType::Whole, .min = 1, .max = kMaxDModel, .help = "Attention heads.",
          .field = STRATA_CONFIG_FIELD(Config, strata.model.heads)},
-        {.name = "seq_len", .type = KeyType::Whole, .min = 1, .max = kMaxInt, .help = "Sequence length.",
+        {.name = "seq_len", .type = KeyType::Whole, .min = 1, .max = kMaxSeqLen, .help = "Sequence length.",
          .field = STRATA_CONFIG_FIELD(Config, strata.model.seq_len)},
         // Token files hold uint16 ids, so ids must stay below 65536.
         {.name = "vocab", .type = KeyType::Whole, .min = 1, .max = 65536,

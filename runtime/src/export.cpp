@@ -8,6 +8,7 @@
 
 #include "strata/core/convert.hpp"
 #include "strata/core/error.hpp"
+#include "strata/core/safe_io.hpp"
 #include "strata/runtime/config.hpp"
 
 namespace strata {
@@ -101,6 +102,18 @@ ExportSummary export_safetensors(const std::string& checkpoint, const std::strin
   if (checkpoint.empty()) throw ConfigError("no checkpoint given: pass --checkpoint DIR (a step-<N> directory)");
   if (out.empty()) throw ConfigError("no output file given: pass --out FILE.safetensors");
   std::error_code ec;
+  // The output first: refused before the checkpoint is read or anything is written.
+  const fs::path outp(out);
+  if (fs::is_directory(outp, ec)) throw ConfigError("--out '" + out + "' is a directory: give a file name");
+  // Not a device, a FIFO, ... and not inside a checkpoint, with --force or without: the
+  // rename below would replace whatever is there.
+  check_output_path(out, "--out");
+  if (fs::exists(outp, ec) && !overwrite)
+    throw ConfigError("--out '" + out + "' exists already: pass --force to replace it, or choose another name");
+  fs::path parent = outp.parent_path();
+  if (parent.empty()) parent = ".";
+  if (!fs::is_directory(parent, ec))
+    throw ConfigError("--out '" + out + "': directory '" + parent.string() + "' does not exist; create it first");
   // A checkpoint_dir stands for its latest complete checkpoint.
   std::string dir = checkpoint;
   if (fs::is_directory(dir, ec) && !fs::exists(fs::path(dir) / "manifest.json", ec)) {
@@ -114,14 +127,6 @@ ExportSummary export_safetensors(const std::string& checkpoint, const std::strin
   const char* st_dtype = type == DType::BF16 ? "BF16" : type == DType::F16 ? "F16" : "F32";
   const uint64_t eb = dtype_size(type);
 
-  const fs::path outp(out);
-  if (fs::is_directory(outp, ec)) throw ConfigError("--out '" + out + "' is a directory: give a file name");
-  if (fs::exists(outp, ec) && !overwrite)
-    throw ConfigError("--out '" + out + "' exists already: pass --force to replace it, or choose another name");
-  fs::path parent = outp.parent_path();
-  if (parent.empty()) parent = ".";
-  if (!fs::is_directory(parent, ec))
-    throw ConfigError("--out '" + out + "': directory '" + parent.string() + "' does not exist; create it first");
 
   // Header: every tensor with its offsets, in the order the data follow.
   const std::vector<GptGroup> groups = gpt_groups(shape);
@@ -186,6 +191,12 @@ ExportSummary export_safetensors(const std::string& checkpoint, const std::strin
     if (closed != 0) throw IoError("closing the safetensors file", tmp.string(), 0, 0, errno);
   } catch (...) {
     if (fd >= 0) ::close(fd);
+    fs::remove(tmp, ec);
+    throw;
+  }
+  try {
+    check_output_path(out, "--out");  // again: minutes have passed since the first look
+  } catch (...) {
     fs::remove(tmp, ec);
     throw;
   }

@@ -198,6 +198,16 @@ void validate(const ClusterSpec& c) {
   };
   if (c.gpus_per_node < 1) bad.push_back("--gpus-per-node is " + std::to_string(c.gpus_per_node) + ": give at least 1");
   if (c.nodes < 1) bad.push_back("--nodes is " + std::to_string(c.nodes) + ": give at least 1");
+  // Bounded before anything multiplies them: the rank count is an int.
+  if (c.gpus_per_node > kMaxGpusPerNode)
+    bad.push_back("--gpus-per-node is " + std::to_string(c.gpus_per_node) + ": give at most " +
+                  std::to_string(kMaxGpusPerNode));
+  if (c.nodes > kMaxNodes)
+    bad.push_back("--nodes is " + std::to_string(c.nodes) + ": give at most " + std::to_string(kMaxNodes));
+  if (c.gpus_per_node >= 1 && c.nodes >= 1 && int64_t{c.gpus_per_node} * c.nodes > kMaxWorld)
+    bad.push_back("--nodes x --gpus-per-node is " + std::to_string(c.nodes) + " x " + std::to_string(c.gpus_per_node) +
+                  " = " + std::to_string(int64_t{c.gpus_per_node} * c.nodes) + " ranks: plan at most " +
+                  std::to_string(kMaxWorld));
   positive(c.hbm, "--hbm", "device memory per GPU");
   positive(c.hbm_bandwidth, "--hbm-bw", "device memory bandwidth");
   positive(c.gpu_flops, "--gpu-flops", "peak FLOP/s per GPU");

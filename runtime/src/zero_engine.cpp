@@ -10,6 +10,7 @@
 #include "strata/core/convert.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/log.hpp"
+#include "strata/core/safe_io.hpp"
 
 namespace strata {
 
@@ -235,6 +236,8 @@ ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communica
       }
     }
   }
+  // A trace path that cannot be written is refused now, not after the run.
+  if (!opts_.trace_path.empty()) check_output_path(opts_.trace_path, "strata.trace");
   init_shards();
   // Last, so that a constructor that throws leaves no recorder active behind it. The
   // trace starts with training; initialisation is not in it.

@@ -3,6 +3,7 @@
 // and a clear error for every kind of bad file.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -283,6 +284,36 @@ TEST(Data, BadFilesAreClearConfigErrors) {
   EXPECT_HAS(open(dir.file("neg.bin", llmc_file(toks, kLlmcMagic, 1, -5)), DataFormat::Auto, 1000), "negative");
 
   EXPECT_HAS(config_error([] { parse_data_format("csv"); }), "use \"auto\", \"text\" or \"tokens\"");
+}
+
+// A FIFO (with no writer) or a device as the data path is refused at once, not waited on
+// or read without end; the FIFO is this test's own.
+TEST(Data, FifosAndDevicesAreRefusedWithoutBlocking) {
+  TempDir dir;
+  const std::string fifo = (dir.path / "data.fifo").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::string m = config_error([&] { TokenDataset d(fifo, DataFormat::Auto, 8, 256, 1, 0.0); });
+  EXPECT_HAS(m, "data file '" + fifo + "' is not a regular file (it is a FIFO (named pipe))");
+  m = config_error([&] { TokenDataset d("/dev/zero", DataFormat::Auto, 8, 256, 1, 0.0); });
+  EXPECT_HAS(m, "data file '/dev/zero' is not a regular file (it is a character device)");
+}
+
+// The file is read into memory when opened: truncating it afterwards (another process
+// rewriting it during training) cannot kill the process with SIGBUS as a mapping would;
+// batches keep the contents it had.
+TEST(Data, TruncatingTheFileAfterOpeningChangesNothing) {
+  TempDir dir;
+  const std::string text = some_text(4000);
+  const std::string path = dir.file("a.txt", text);
+  const int T = 16;
+  TokenDataset d(path, DataFormat::Auto, T, 256, 1, 0.0);
+  std::vector<int32_t> before(4 * T), y(4 * T), after(4 * T);
+  d.batch({}, 0, 1, 4, before.data(), y.data());
+  fs::resize_file(path, 0);
+  DataPosition p;
+  for (int i = 0; i < 70; ++i, p = d.advance(p, 4)) d.batch(p, 0, 1, 4, after.data(), y.data());  // every window
+  d.batch({}, 0, 1, 4, after.data(), y.data());
+  EXPECT_EQ(before, after);
 }
 
 TEST(Data, BatchesThatCannotWorkAndForeignPositionsAreRefused) {

@@ -349,8 +349,8 @@ TEST(Config, OutOfRangeValuesNameTheKeyAndTheRange) {
       {R"({"zero_optimization": {"offload_param": {"device": "disk"}}})",
        "zero_optimization.offload_param.device = \"disk\"", "\"none\", \"cpu\" or \"nvme\""},
       {R"({"strata": {"backend": "tpu"}})", "strata.backend = \"tpu\"", "\"cpu\", \"cuda\" or \"sim\""},
-      {R"({"strata": {"model": {"layers": 0}}})", "strata.model.layers = 0", ">= 1"},
-      {R"({"strata": {"model": {"seq_len": 0}}})", "strata.model.seq_len = 0", ">= 1"},
+      {R"({"strata": {"model": {"layers": 0}}})", "strata.model.layers = 0", "from 1 to 16384"},
+      {R"({"strata": {"model": {"seq_len": 0}}})", "strata.model.seq_len = 0", "from 1 to 16777216"},
       {R"({"strata": {"model": {"vocab": 70000}}})", "strata.model.vocab = 70000", "from 1 to 65536"},
       {R"({"strata": {"model": {"d_model": 100, "heads": 3}}})", "d_model = 100 is not divisible by",
        "heads = 3"},
@@ -812,17 +812,65 @@ TEST_F(ConfigTest, LoadConfigReadsTheFileAndKeepsItRaw) {
 TEST_F(ConfigTest, FileErrorsNameThePath) {
   std::string missing = dir_ + "/missing.json";
   std::string m = load_error(missing);
-  EXPECT_HAS(m, "cannot open config file '" + missing + "'");
+  EXPECT_HAS(m, "config file '" + missing + "' cannot be opened");
   EXPECT_HAS(m, "No such file or directory");
 
   m = load_error(dir_);
   EXPECT_HAS(m, "config file '" + dir_ + "'");
-  EXPECT_HAS(m, "Is a directory");
+  EXPECT_HAS(m, "is not a regular file (it is a directory)");
 
   std::string empty = write("empty.json", "");
   m = load_error(empty);
   EXPECT_HAS(m, "config file '" + empty + "' is empty");
   EXPECT_HAS(load_error(write("blank.json", "  \n\t\n")), "is empty");
+}
+
+// A FIFO with no writer or a device would block or never end: refused before a byte is
+// read (core/safe_io.hpp). The FIFO is this test's own; O_NONBLOCK means no wait.
+TEST_F(ConfigTest, NonRegularFilesAreRefusedWithoutBlocking) {
+  const std::string fifo = dir_ + "/config.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::string m = load_error(fifo);
+  EXPECT_HAS(m, "config file '" + fifo + "' is not a regular file (it is a FIFO (named pipe))");
+  m = load_error("/dev/zero");
+  EXPECT_HAS(m, "config file '/dev/zero' is not a regular file (it is a character device)");
+}
+
+TEST_F(ConfigTest, ConfigFilesAreBoundedInSize) {
+  const std::string big = write("big.json", "{}");
+  std::filesystem::resize_file(big, kMaxConfigBytes + 1);  // sparse: nothing is written
+  const std::string m = load_error(big);
+  EXPECT_HAS(m, "config file '" + big + "' is 16.00 MiB, more than the 16.00 MiB a config file may be");
+}
+
+// Numbers beyond a double and nesting beyond 64 are ConfigErrors, not an abort or a
+// stack overflow.
+TEST_F(ConfigTest, HugeNumbersAndDeepNestingAreConfigErrors) {
+  std::string m = load_error(write("huge.json", R"({"train_micro_batch_size_per_gpu": 1e400})"));
+  EXPECT_HAS(m, "number overflow parsing '1e400'");
+  EXPECT_HAS(m, "numbers must fit a double");
+  m = load_error(write("deep.json", std::string(100000, '[') + std::string(100000, ']')));
+  EXPECT_HAS(m, "nests objects and arrays more than 64 deep (at line 1, column 65)");
+  std::string deep_obj;
+  for (int i = 0; i < 100000; ++i) deep_obj += "{\"a\":";
+  deep_obj += "1" + std::string(100000, '}');
+  EXPECT_HAS(load_error(write("deep_obj.json", deep_obj)), "more than 64 deep");
+  // Brackets inside strings are not nesting.
+  Config c = load_config(write("brackets.json", R"({"strata": {"trace": "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[.json"}})"));
+  EXPECT_EQ(c.strata.trace.size(), 77u);
+  // An override parsed as JSON is bounded too; 1e400 there is a string (not a number).
+  json j = json::object();
+  EXPECT_THROW(apply_override(j, "strata.seed=" + std::string(100, '[') + std::string(100, ']')), ConfigError);
+  apply_override(j, "strata.trace=1e400");
+  EXPECT_EQ(j["strata"]["trace"], "1e400");
+}
+
+// Shapes beyond the limits (model/gpt_layout.hpp) are refused before any allocation.
+TEST_F(ConfigTest, ModelSizesAreBounded) {
+  std::string m = error_of(json::parse(R"({"strata": {"model": {"d_model": 2147483647}}})"));
+  EXPECT_HAS(m, "strata.model.d_model = 2147483647 is invalid: expected");
+  m = error_of(json::parse(R"({"strata": {"model": {"layers": 16384, "d_model": 131072, "heads": 1}}})"));
+  EXPECT_HAS(m, "parameters is more than Strata's limit of 1e+15");
 }
 
 TEST_F(ConfigTest, MalformedJsonGivesLineAndColumn) {

@@ -17,6 +17,15 @@
 
 namespace strata {
 
+// The largest shape Strata accepts, in a config and in `strata plan` alike: far beyond
+// any model trained (GPT-3 175B: 96 layers, d_model 12288), and small enough that every
+// size below is computed without overflow and no table of layers is absurd.
+inline constexpr int kMaxLayers = 16384;
+inline constexpr int kMaxDModel = 1 << 20;   // 1,048,576
+inline constexpr int kMaxSeqLen = 1 << 24;   // 16,777,216
+inline constexpr int kMaxVocab = 1 << 24;    // training reads uint16 ids: a config allows 65536
+inline constexpr double kMaxParams = 1e15;   // 30 times `strata plan`'s gpt-32t
+
 struct GptShape {
   int layers = 4;
   int d_model = 128;

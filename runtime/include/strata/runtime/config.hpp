@@ -124,8 +124,10 @@ Config parse_config(const nlohmann::json& j);
 // A missing or malformed file is a ConfigError. The overrides ("a.b=value", as
 // apply_override) apply before anything is checked, so they can mend the file.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
-// The file's JSON (duplicate keys refused), not yet checked.
+// The file's JSON (duplicate keys refused), not yet checked. The file must be a regular
+// file of at most kMaxConfigBytes, nested at most kMaxJsonDepth deep (core/safe_io.hpp).
 nlohmann::json load_config_json(const std::string& path);
+inline constexpr uint64_t kMaxConfigBytes = 16ull << 20;
 
 // Applies "a.b.c=value" (value parsed as JSON, else taken as a string) to the JSON
 // before parsing; used for command-line overrides. Unknown keys fail as in the file.

@@ -102,6 +102,11 @@ ClusterSpec measure_cpu(const GptShape& model, const std::string& nvme_dir, int 
 
 // Throws ConfigError naming every figure that is impossible (no GPUs, a negative or zero
 // bandwidth, efficiency above 1, ...) and what to give instead.
+// The largest cluster `strata plan` models: validate() refuses more (the rank count is an
+// int, and per-rank tables are built).
+inline constexpr int kMaxGpusPerNode = 1024;
+inline constexpr int kMaxNodes = 1 << 20;
+inline constexpr int64_t kMaxWorld = 1 << 20;
 void validate(const ClusterSpec& c);
 
 struct Strategy {

@@ -1,0 +1,135 @@
+"""`strata` with inputs and outputs that used to hang, crash or destroy something
+(issue #16; docs/failure-behaviour.md): each is refused with a clear message and exit
+code 2, quickly. Everything it creates is in its own temporary directory; /dev/null and
+/dev/zero are only stat()ed, and the runs that name them are refused before writing.
+
+usage: test_bad_input.py STRATA_BINARY SOURCE_DIR
+"""
+import os
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+
+strata, src = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+failures = []
+
+
+def check(ok, what):
+    print(("ok   " if ok else "FAIL ") + what)
+    if not ok:
+        failures.append(what)
+
+
+def run(args, timeout=60):
+    """(rc, output, seconds); a run that does not finish within timeout is a failure, not a hang.
+    It runs in the temporary directory, so that nothing lands anywhere else."""
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run([strata] + args, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+        return p.returncode, p.stdout + p.stderr, time.monotonic() - t0
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(errors="replace")
+        return "timeout", out, time.monotonic() - t0
+
+
+def refused(name, args, message, timeout=60):
+    rc, out, secs = run(args, timeout)
+    check(rc == 2 and message in out, f"{name}: exit 2 with \"{message}\" (rc {rc}, {secs:.1f} s): {out.strip()[-400:]}")
+    return out
+
+
+def snapshot(path):
+    st = os.stat(path)
+    return (st.st_mode, st.st_rdev, st.st_ino, st.st_dev)
+
+
+def tree(path):
+    return sorted((os.path.relpath(os.path.join(d, f), path), os.path.getsize(os.path.join(d, f)))
+                  for d, _, fs in os.walk(path) for f in fs)
+
+
+fortunes = os.path.join(src, "configs", "fortunes.json")
+data = os.path.join(src, "README.md")
+small = ["--set", "zero_optimization.offload_param.device=none", "--set", "zero_optimization.offload_optimizer.device=none"]
+cwd = None
+
+with tempfile.TemporaryDirectory(prefix="strata-bad-input-") as work:
+    cwd = work
+    small += ["--set", "strata.checkpoint_dir=" + os.path.join(work, "run-checkpoints")]
+    # A checkpoint layout (runtime/checkpoint.cpp): the output checks refuse before the
+    # checkpoint is read, so a stand-in is enough.
+    step = os.path.join(work, "ckpt", "step-00000010")
+    os.makedirs(step)
+    for f, text in (("manifest.json", "{}"), ("rank-0.bin", "shard")):
+        with open(os.path.join(step, f), "w") as fh:
+            fh.write(text)
+    ckpt_before = tree(os.path.join(work, "ckpt"))
+
+    # Class 2: outputs that could destroy what they replace.
+    null_before = snapshot("/dev/null")
+    check(stat.S_ISCHR(null_before[0]), "/dev/null is a character device before")
+    refused("export --out /dev/null --force", ["export", "--checkpoint", step, "--out", "/dev/null", "--force"],
+            "--out '/dev/null' is a character device, not a regular file")
+    null_after = snapshot("/dev/null")
+    check(null_after == null_before and stat.S_ISCHR(null_after[0]), "/dev/null is the same character device after")
+    refused("export --out into a checkpoint",
+            ["export", "--checkpoint", step, "--out", os.path.join(step, "model.safetensors"), "--force"],
+            f"lies inside checkpoint directory '{step}'")
+    refused("export --out over a shard",
+            ["export", "--checkpoint", step, "--out", os.path.join(step, "rank-0.bin"), "--force"],
+            f"lies inside checkpoint directory '{step}'")
+    refused("export --out named as a checkpoint",
+            ["export", "--checkpoint", step, "--out", os.path.join(work, "ckpt", "step-00000020"), "--force"],
+            "takes the name of a checkpoint")
+    fifo_out = os.path.join(work, "out.fifo")
+    os.mkfifo(fifo_out)
+    refused("train --metrics a FIFO", ["train", "-c", fortunes, "--set", f"strata.data.path={data}"] + small +
+            ["--metrics", fifo_out], f"--metrics '{fifo_out}' is a FIFO (named pipe), not a regular file", timeout=60)
+    refused("train --metrics into a checkpoint", ["train", "-c", fortunes, "--set", f"strata.data.path={data}"] + small +
+            ["--metrics", os.path.join(step, "m.jsonl")], "lies inside checkpoint directory")
+    refused("train strata.trace into a checkpoint", ["train", "-c", fortunes, "--set", f"strata.data.path={data}"] +
+            small + ["--steps", "1", "--set", "strata.device_budget=256MiB", "--set",
+                     f"strata.trace={os.path.join(step, 't.json')}"],
+            "strata.trace '" + os.path.join(step, "t.json") + "' lies inside checkpoint directory", timeout=120)
+    check(tree(os.path.join(work, "ckpt")) == ckpt_before, "the checkpoint directory is unchanged")
+
+    # Class 4: crashes. A number beyond a double, nesting 100,000 deep.
+    def config(name, text):
+        p = os.path.join(work, name)
+        with open(p, "w") as fh:
+            fh.write(text)
+        return p
+    refused("config with 1e400", ["train", "-c", config("huge.json", '{"train_micro_batch_size_per_gpu": 1e400}')],
+            "number overflow parsing '1e400'")
+    refused("config nested 100000 deep", ["train", "-c", config("deep.json", "[" * 100000 + "]" * 100000)],
+            "nests objects and arrays more than 64 deep")
+    deep_manifest = os.path.join(work, "deep-ckpt", "step-00000001")
+    os.makedirs(deep_manifest)
+    with open(os.path.join(deep_manifest, "manifest.json"), "w") as fh:
+        fh.write('{"a":' * 100000 + "1" + "}" * 100000)
+    rc, out, secs = run(["sample", "--checkpoint", deep_manifest])
+    check(rc == 1 and "is not valid JSON: it is damaged" in out,
+          f"sample with a manifest nested 100000 deep: exit 1, damaged (rc {rc}): {out.strip()[-300:]}")
+
+    # Class 5: hangs. A FIFO with no writer as config and as data, /dev/zero as config.
+    fifo_in = os.path.join(work, "in.fifo")
+    os.mkfifo(fifo_in)
+    refused("train -c FIFO", ["train", "-c", fifo_in], f"config file '{fifo_in}' is not a regular file (it is a FIFO",
+            timeout=30)
+    refused("train -c /dev/zero", ["train", "-c", "/dev/zero"],
+            "config file '/dev/zero' is not a regular file (it is a character device)", timeout=30)
+    refused("train with a FIFO as data", ["train", "-c", fortunes, "--set", f"strata.data.path={fifo_in}"] + small,
+            f"data file '{fifo_in}' is not a regular file (it is a FIFO", timeout=30)
+
+    # Sizes bounded before allocation, quickly.
+    _, _, secs = run(["plan", "--d-model", "2147483647"])
+    refused("plan --d-model 2147483647", ["plan", "--d-model", "2147483647"],
+            "model d_model = 2147483647 is more than Strata's limit of 1048576")
+    check(secs < 10, f"plan --d-model 2147483647 answers in {secs:.1f} s")
+    refused("plan --nodes 1000000000", ["plan", "--nodes", "1000000000"], "--nodes is 1000000000: give at most 1048576")
+
+if failures:
+    sys.exit(f"{len(failures)} check(s) failed")
+print("all bad-input checks passed")
