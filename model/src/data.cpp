@@ -8,7 +8,9 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "strata/core/error.hpp"
 #include "strata/core/safe_io.hpp"
@@ -133,12 +135,13 @@ struct TokenDataset::Impl {
   DataFormat format = DataFormat::Text;
   int seq_len = 0;
   uint64_t seed = 0;
-  // The whole file, read into memory (not mapped: a file truncated under a mapping would
-  // kill the process with SIGBUS when a vanished page is touched).
-  std::string file;
+  // The file stays open and windows are read from it as batches ask for them (pread): not
+  // read whole, so a data file may be far larger than memory, and not mapped, so a file
+  // truncated while training is a clear error rather than a SIGBUS.
+  int fd = -1;
   uint64_t file_bytes = 0;
-  const uint8_t* bytes = nullptr;  // Text: the tokens
-  const uint16_t* ids = nullptr;   // Tokens: the tokens (after the header)
+  uint64_t data_offset = 0;        // where the tokens start (after an llm.c header)
+  int elem = 1;                    // bytes per token: 1 text, 2 llm.c uint16
   uint64_t count = 0;              // tokens
   uint64_t train = 0, heldout = 0; // windows
   uint64_t fingerprint = 0;
@@ -146,12 +149,50 @@ struct TokenDataset::Impl {
   mutable uint64_t cached_epoch = UINT64_MAX;
   mutable std::vector<uint64_t> order;
 
-  uint32_t token(uint64_t i) const { return bytes ? bytes[i] : ids[i]; }
+  ~Impl() {
+    if (fd >= 0) ::close(fd);
+  }
+  // bytes [offset, offset + n) of the file into buf; a short read means the file changed.
+  void read_at(void* buf, uint64_t n, uint64_t offset) const {
+    auto* p = static_cast<char*>(buf);
+    uint64_t done = 0;
+    while (done < n) {
+      const ssize_t got = ::pread(fd, p + done, n - done, static_cast<off_t>(offset + done));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0)
+        throw IoError("data file '" + path + "': " +
+                          (got == 0 ? "ended early (it was truncated or replaced after strata opened it)"
+                                    : std::string("read failed")) +
+                          "; restore the file the run started with and resume from the last checkpoint",
+                      path, offset + done, n - done, got == 0 ? EIO : errno);
+      done += static_cast<uint64_t>(got);
+    }
+  }
   void window(uint64_t w, int32_t* x, int32_t* y) const {
-    const uint64_t s = w * static_cast<uint64_t>(seq_len);
+    const uint64_t s = w * static_cast<uint64_t>(seq_len), n = static_cast<uint64_t>(seq_len) + 1;
+    std::vector<unsigned char> buf(n * static_cast<uint64_t>(elem));
+    read_at(buf.data(), buf.size(), data_offset + s * static_cast<uint64_t>(elem));
+    auto token = [&](uint64_t i) -> int32_t {
+      if (elem == 1) return buf[i];
+      uint16_t v;
+      std::memcpy(&v, buf.data() + 2 * i, 2);
+      return v;
+    };
     for (int t = 0; t < seq_len; ++t) {
-      x[t] = static_cast<int32_t>(token(s + t));
-      y[t] = static_cast<int32_t>(token(s + t + 1));
+      x[t] = token(static_cast<uint64_t>(t));
+      y[t] = token(static_cast<uint64_t>(t) + 1);
+    }
+  }
+  // Calls f(chunk, bytes, first token index) over the tokens in chunks of whole tokens.
+  template <typename F>
+  void scan(F&& f) const {
+    constexpr uint64_t kChunk = 4u << 20;
+    std::vector<unsigned char> buf(kChunk);
+    const uint64_t total = count * static_cast<uint64_t>(elem);
+    for (uint64_t off = 0; off < total; off += kChunk) {
+      const uint64_t n = std::min<uint64_t>(kChunk, total - off);
+      read_at(buf.data(), n, data_offset + off);
+      f(buf.data(), n, off / static_cast<uint64_t>(elem));
     }
   }
   [[noreturn]] void fail(const std::string& what, const std::string& fix) const {
@@ -172,16 +213,15 @@ TokenDataset::TokenDataset(const std::string& path, DataFormat format, int seq_l
     throw ConfigError("the held-out fraction must be in [0, 1), not " + std::to_string(heldout_fraction));
   if (path.empty()) throw ConfigError("no data file given: set strata.data.path to a text file or an llm.c token file");
 
-  // A FIFO or a device is refused before a byte is read (core/safe_io.hpp); the file must
-  // fit in memory, where it is read whole.
-  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
-  const uint64_t ram = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : UINT64_MAX;
-  d.file = read_input_file(path, "data file", ram, "the memory of this machine; Strata reads the data file into memory",
-                           "strata.data.path");
-  d.file_bytes = d.file.size();
+  // A FIFO or a device is refused before a byte is read (core/safe_io.hpp).
+  struct stat st {};
+  d.fd = open_input_file(path, "data file", &st, "strata.data.path");
+  d.file_bytes = static_cast<uint64_t>(st.st_size);
   if (d.file_bytes == 0)
     d.fail("is empty", "give a file with at least seq_len + 1 = " + std::to_string(seq_len + 1) + " tokens");
-  const auto* raw = reinterpret_cast<const unsigned char*>(d.file.data());
+  unsigned char head[kLlmcHeaderInts * 4] = {};
+  d.read_at(head, std::min<uint64_t>(sizeof head, d.file_bytes), 0);
+  const unsigned char* raw = head;
   int32_t first = 0;
   if (d.file_bytes >= 4) std::memcpy(&first, raw, 4);
   const bool llmc = first == kLlmcMagic || first == kLlama3Magic;
@@ -189,20 +229,31 @@ TokenDataset::TokenDataset(const std::string& path, DataFormat format, int seq_l
   if (format == DataFormat::Auto) format = llmc ? DataFormat::Tokens : DataFormat::Text;
   d.format = format;
   if (format == DataFormat::Text) {
+    d.elem = 1;
+    d.count = d.file_bytes;
+    // UTF-8 checked chunk by chunk; a character cut by a chunk's end is checked with the next.
     const char* why = "";
-    const uint64_t bad = first_non_text(raw, d.file_bytes, &why);
+    uint64_t bad = d.file_bytes;
+    unsigned char bad_byte = 0;
+    std::vector<unsigned char> buf(4u << 20);
+    for (uint64_t off = 0; off < d.file_bytes && bad == d.file_bytes;) {
+      const uint64_t n = std::min<uint64_t>(buf.size(), d.file_bytes - off);
+      d.read_at(buf.data(), n, off);
+      const uint64_t at = first_non_text(buf.data(), n, &why);
+      const bool cut = at != n && off + n < d.file_bytes && at + 4 > n;  // maybe whole in the next chunk
+      if (at != n && !cut) bad = off + at, bad_byte = buf[at];
+      off += cut ? at : n;
+    }
     if (bad != d.file_bytes) {
       if (llmc)
         d.fail("is an llm.c token file (it begins with magic " + std::to_string(first) + "), not text",
                "set strata.data.format to \"tokens\" or \"auto\"");
       char byte[8];
-      std::snprintf(byte, sizeof byte, "0x%02x", raw[bad]);
+      std::snprintf(byte, sizeof byte, "0x%02x", bad_byte);
       d.fail("is not text: byte " + std::to_string(bad) + " (" + byte + ") " + why,
              "byte-level training reads UTF-8 text; convert the file to UTF-8 (iconv -t UTF-8), or give token "
              "data as an llm.c token file with strata.data.format \"tokens\"");
     }
-    d.bytes = raw;
-    d.count = d.file_bytes;
   } else {
     const uint64_t header = kLlmcHeaderInts * 4;
     if (d.file_bytes < header)
@@ -229,15 +280,39 @@ TokenDataset::TokenDataset(const std::string& path, DataFormat format, int seq_l
                  " tokens, " + std::to_string(want) + " bytes" + (d.file_bytes < want ? " (truncated)" : " (trailing bytes)"),
              "the file is damaged or incomplete; write it again");
     if (n == 0) d.fail("holds no tokens", "give a file with at least seq_len + 1 = " + std::to_string(seq_len + 1) + " tokens");
-    d.ids = reinterpret_cast<const uint16_t*>(raw + header);
+    d.elem = 2;
+    d.data_offset = header;
     d.count = n;
   }
 
   // Every id must have an embedding row.
+  // One pass over the tokens for the largest id and the fingerprint.
   uint32_t max_id = 0;
   uint64_t max_at = 0;
-  for (uint64_t i = 0; i < d.count; ++i)
-    if (const uint32_t t = d.token(i); t > max_id) max_id = t, max_at = i;
+  XXH3_state_t* hs = XXH3_createState();
+  XXH3_64bits_reset(hs);
+  const int32_t tag[2] = {seq_len, static_cast<int32_t>(format)};
+  XXH3_64bits_update(hs, tag, sizeof tag);
+  try {
+    d.scan([&](const unsigned char* p, uint64_t n, uint64_t first_token) {
+      XXH3_64bits_update(hs, p, n);
+      for (uint64_t i = 0; i < n / static_cast<uint64_t>(d.elem); ++i) {
+        uint32_t t = p[i];
+        if (d.elem == 2) {
+          uint16_t v;
+          std::memcpy(&v, p + 2 * i, 2);
+          t = v;
+        }
+        if (t > max_id) max_id = t, max_at = first_token + i;
+      }
+    });
+  } catch (...) {
+    XXH3_freeState(hs);
+    throw;
+  }
+  d.fingerprint = XXH3_64bits_digest(hs);
+  XXH3_freeState(hs);
+  if (d.fingerprint == 0) d.fingerprint = 1;  // 0 means "no data" in a DataPosition
   if (max_id >= static_cast<uint32_t>(vocab))
     d.fail("has token id " + std::to_string(max_id) + " (token " + std::to_string(max_at) +
                "), not below the model's vocabulary of " + std::to_string(vocab),
@@ -251,15 +326,6 @@ TokenDataset::TokenDataset(const std::string& path, DataFormat format, int seq_l
   d.heldout = static_cast<uint64_t>(static_cast<double>(windows) * heldout_fraction);
   d.train = windows - d.heldout;  // >= 1: the fraction is below 1 and rounds down
 
-  XXH3_state_t* hs = XXH3_createState();
-  XXH3_64bits_reset(hs);
-  const int32_t tag[2] = {seq_len, static_cast<int32_t>(format)};
-  XXH3_64bits_update(hs, tag, sizeof tag);
-  if (d.bytes) XXH3_64bits_update(hs, d.bytes, d.count);
-  else XXH3_64bits_update(hs, d.ids, d.count * 2);
-  d.fingerprint = XXH3_64bits_digest(hs);
-  XXH3_freeState(hs);
-  if (d.fingerprint == 0) d.fingerprint = 1;  // 0 means "no data" in a DataPosition
 }
 
 TokenDataset::~TokenDataset() = default;

@@ -298,22 +298,41 @@ TEST(Data, FifosAndDevicesAreRefusedWithoutBlocking) {
   EXPECT_HAS(m, "data file '/dev/zero' is not a regular file (it is a character device)");
 }
 
-// The file is read into memory when opened: truncating it afterwards (another process
-// rewriting it during training) cannot kill the process with SIGBUS as a mapping would;
-// batches keep the contents it had.
-TEST(Data, TruncatingTheFileAfterOpeningChangesNothing) {
+// Windows are read from the open file as batches ask for them (not mapped): a file
+// truncated while training is an IoError naming the file and the fix, never a SIGBUS.
+TEST(Data, TruncatingTheFileWhileTrainingIsAnIoErrorNotACrash) {
   TempDir dir;
   const std::string text = some_text(4000);
   const std::string path = dir.file("a.txt", text);
   const int T = 16;
   TokenDataset d(path, DataFormat::Auto, T, 256, 1, 0.0);
-  std::vector<int32_t> before(4 * T), y(4 * T), after(4 * T);
-  d.batch({}, 0, 1, 4, before.data(), y.data());
+  std::vector<int32_t> x(4 * T), y(4 * T);
+  d.batch({}, 0, 1, 4, x.data(), y.data());
   fs::resize_file(path, 0);
-  DataPosition p;
-  for (int i = 0; i < 70; ++i, p = d.advance(p, 4)) d.batch(p, 0, 1, 4, after.data(), y.data());  // every window
-  d.batch({}, 0, 1, 4, after.data(), y.data());
-  EXPECT_EQ(before, after);
+  try {
+    d.batch({}, 0, 1, 4, x.data(), y.data());
+    FAIL() << "a batch of a truncated file was read";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("ended early (it was truncated or replaced"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("resume from the last checkpoint"), std::string::npos) << e.what();
+  }
+}
+
+// A text file's UTF-8 is checked in chunks of 4 MiB: a character across a chunk's end is
+// text, a bad byte past the first chunk is found with its offset.
+TEST(Data, Utf8AcrossTheReadChunksIsCheckedWhole) {
+  TempDir dir;
+  std::string text(4u << 20, 'a');
+  text[(4u << 20) - 1] = static_cast<char>(0xC3);  // U+00E9 split over the chunk boundary
+  text += static_cast<char>(0xA9);
+  text += std::string(100, 'b');
+  const std::string good = dir.file("good.txt", text);
+  EXPECT_EQ(TokenDataset(good, DataFormat::Text, 16, 256, 1, 0.0).tokens(), text.size());
+  std::string bad = text;
+  bad[(4u << 20) + 50] = '\0';
+  const std::string badp = dir.file("bad.txt", bad);
+  EXPECT_HAS(config_error([&] { TokenDataset(badp, DataFormat::Text, 16, 256, 1, 0.0); }),
+             "byte " + std::to_string((4u << 20) + 50) + " (0x00) is a NUL byte");
 }
 
 TEST(Data, BatchesThatCannotWorkAndForeignPositionsAreRefused) {
