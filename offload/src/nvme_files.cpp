@@ -1,5 +1,6 @@
 // The swap space on real disks: one preallocated O_DIRECT file per nvme_path, one
-// logical striped space over them, all I/O through the IoEngine.
+// logical striped space over them, all I/O through the IoEngine. The files have no name
+// (swap_lifetime.hpp): the kernel returns their space however the process ends.
 //
 // Striping: logical offset L lies in stripe unit k = L / S (S = the stripe unit); unit k
 // lives in file k % N at file offset (k / N) * S + L % S. Consecutive units go to
@@ -10,22 +11,19 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cinttypes>
 #include <cstring>
 #include <map>
-#include <sstream>
 
 #include "nvme_swap.hpp"
+#include "swap_lifetime.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/log.hpp"
 
 namespace strata::detail {
 
 namespace {
-
-std::atomic<uint64_t> g_swap_serial{0};  // <n> in strata-swap-<pid>-<n>.bin, unique per process
 
 uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
@@ -45,10 +43,12 @@ Event failed_after(const Event& after) {
   return ev;
 }
 
-// The swap files themselves: closed and removed on destruction, also when the space's
-// setup throws halfway (a member's destructor runs then; the space's own would not).
+// The swap files themselves, closed on destruction, also when the space's setup throws
+// halfway (a member's destructor runs then; the space's own would not). Being nameless,
+// a closed file's space goes back to its file system at once.
 struct OpenFiles {
-  std::vector<std::string> paths;
+  std::vector<std::string> paths;   // /proc/self/fd/<fd>: the one way to reach a file
+  std::vector<std::string> labels;  // "/proc/self/fd/<fd> (unnamed swap file in <dir>)", for errors
   std::vector<int> fds;
   OpenFiles() = default;
   OpenFiles(const OpenFiles&) = delete;
@@ -56,9 +56,21 @@ struct OpenFiles {
   ~OpenFiles() {
     for (int fd : fds)
       if (fd >= 0) close(fd);
-    for (const auto& p : paths) unlink(p.c_str());
   }
 };
+
+// Why a path cannot hold its share, with the fixes. Swap files of other running jobs
+// take space without showing up in `ls`: named ones (older Strata) are counted here,
+// unnamed ones only lsof +L1 lists.
+std::string out_of_space(const std::string& dir, uint64_t need, uint64_t avail, const StaleSwapFiles& stale) {
+  std::string m = "not enough free space at '" + dir + "': " + format_bytes(avail) + " free, " + format_bytes(need) +
+                  " needed";
+  if (stale.live_files > 0)
+    m += " (" + std::to_string(stale.live_files) + " named swap file(s) of running processes hold " +
+         format_bytes(stale.live_bytes) + " there)";
+  return m + "; free space there, lower the NVMe budget, or add nvme_path directories on other disks "
+             "(swap files of running Strata jobs have no name; `lsof +L1 " + dir + "` lists them)";
+}
 
 class SwapFiles final : public SwapSpace {
  public:
@@ -102,6 +114,9 @@ SwapFiles::SwapFiles(const NvmeStoreOptions& opts) : checksums_(opts.checksums) 
       throw ConfigError("nvme path '" + p + "' is not writable by this process; fix its permissions or pick another");
     devs.push_back(st.st_dev);
   }
+  // Before the free space is counted: stale files of dead runs would be counted as used.
+  std::vector<StaleSwapFiles> stale;
+  for (const auto& p : paths) stale.push_back(reclaim_stale_swap_files(p));
 
   // 2. Sizes. The stripe unit is the block size, halved for budgets too small to give
   // each file one unit; each file holds a whole number of units.
@@ -127,40 +142,28 @@ SwapFiles::SwapFiles(const NvmeStoreOptions& opts) : checksums_(opts.checksums) 
       throw ConfigError("nvme path '" + paths[i] + "': statvfs failed: " + std::strerror(e));
     }
     const uint64_t avail = static_cast<uint64_t>(vs.f_bavail) * vs.f_frsize;
-    if (it->second > avail) {
-      std::ostringstream os;
-      os << "nvme store: not enough free space at '" << paths[i] << "': " << format_bytes(avail)
-         << " free, but its swap file" << (it->second > per_file ? "s need " : " needs ") << format_bytes(it->second)
-         << " (NVMe budget " << format_bytes(opts.capacity) << " over " << n
-         << " path(s)); free space there, lower the NVMe budget, or add nvme_path directories on other disks";
-      throw OutOfBudget(os.str());
-    }
+    if (it->second > avail)
+      throw OutOfBudget("nvme store (NVMe budget " + format_bytes(opts.capacity) + " over " + std::to_string(n) +
+                        " path(s)): " + out_of_space(paths[i], it->second, avail, stale[i]));
     need.erase(it);
   }
 
-  // 4. Create and preallocate. files_ removes whatever was created if a later step throws.
-  const long pid = static_cast<long>(getpid());
-  for (const auto& p : paths) {
-    std::string path = p + (p.ends_with('/') ? "" : "/") + "strata-swap-" + std::to_string(pid) + "-" +
-                       std::to_string(g_swap_serial.fetch_add(1)) + ".bin";
-    int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC, 0600);
-    if (fd < 0) {
-      int e = errno;
-      if (e == EINVAL)
-        throw ConfigError("nvme path '" + p + "' does not support O_DIRECT (tmpfs or a network file system?); "
-                          "point nvme_path at a local disk");
-      throw ConfigError("nvme store: cannot create swap file '" + path + "': " + std::strerror(e));
-    }
-    files_.paths.push_back(path);
+  // 4. Create and preallocate. files_ closes whatever was opened if a later step throws.
+  for (size_t i = 0; i < paths.size(); ++i) {
+    const std::string& p = paths[i];
+    const int fd = open_unnamed_swap_file(p);
+    const std::string path = "/proc/self/fd/" + std::to_string(fd);
+    const std::string label = path + " (unnamed swap file in " + p + ")";
     files_.fds.push_back(fd);
+    files_.paths.push_back(path);
+    files_.labels.push_back(label);
     if (fallocate(fd, 0, 0, static_cast<off_t>(per_file)) != 0) {
       int e = errno;
       if (e == ENOSPC || e == EDQUOT) {
         struct statvfs vs {};
         uint64_t avail = statvfs(p.c_str(), &vs) == 0 ? static_cast<uint64_t>(vs.f_bavail) * vs.f_frsize : 0;
-        throw OutOfBudget("nvme store: preallocating " + format_bytes(per_file) + " for '" + path +
-                          "' failed: " + std::strerror(e) + " (" + format_bytes(avail) +
-                          " free now); free space there, lower the NVMe budget, or add paths on other disks");
+        throw OutOfBudget("nvme store: preallocating " + format_bytes(per_file) + " for " + label +
+                          " failed: " + std::strerror(e) + "; " + out_of_space(p, per_file, avail, stale[i]));
       }
       if (e == EOPNOTSUPP) {
         log::warn_once("nvme-fallocate", "nvme store: the file system at '" + p +
@@ -168,10 +171,10 @@ SwapFiles::SwapFiles(const NvmeStoreOptions& opts) : checksums_(opts.checksums) 
                                              "show up as write errors later");
         if (ftruncate(fd, static_cast<off_t>(per_file)) != 0) {
           int e2 = errno;
-          throw IoError("sizing swap file failed", path, 0, per_file, e2);
+          throw IoError("sizing swap file failed", label, 0, per_file, e2);
         }
       } else {
-        throw IoError("preallocating swap file failed", path, 0, per_file, e);
+        throw IoError("preallocating swap file failed", label, 0, per_file, e);
       }
     }
   }
@@ -192,7 +195,7 @@ SwapFiles::SwapFiles(const NvmeStoreOptions& opts) : checksums_(opts.checksums) 
   eo.aio = opts.aio;
   eo.alignment = a;
   eo.faults = opts.faults;
-  for (size_t i = 0; i < files_.paths.size(); ++i) eo.files.push_back(IoFile{files_.paths[i], files_.fds[i]});
+  for (size_t i = 0; i < files_.paths.size(); ++i) eo.files.push_back(IoFile{files_.labels[i], files_.fds[i]});
   engine_ = std::make_unique<IoEngine>(std::move(eo));
 }
 
@@ -256,7 +259,7 @@ Event SwapFiles::read(uint64_t offset, void* dst, uint64_t bytes, const Event& a
         const uint64_t start = static_cast<uint64_t>(static_cast<char*>(s.buf) - base);
         const uint64_t len = std::min(s.bytes, bytes - start);
         return std::make_exception_ptr(CorruptionError(
-            "nvme store: checksum mismatch reading " + files_.paths[s.file] + " at offset " + std::to_string(s.offset) +
+            "nvme store: checksum mismatch reading " + files_.labels[s.file] + " at offset " + std::to_string(s.offset) +
             ", length " + std::to_string(len) + " (extent at logical offset " + std::to_string(logical) +
             "): expected xxh3 " + hex64(expect[i]) + ", got " + hex64(got[i]) +
             "; the swap file was changed behind the store's back or the disk returned bad data"));

@@ -5,8 +5,9 @@
 // extent holds (unwritten, written, failed; its checksums), the checks on its callers,
 // and the accounting. A SwapSpace is the logical striped space those extents are cut
 // from, and moves bytes in and out of it. Two implementations:
-//  - swap files (nvme_files.cpp): one preallocated O_DIRECT file per nvme_path, striped,
-//    all I/O through the IoEngine (io_uring or the thread pool), checksums per segment;
+//  - swap files (nvme_files.cpp): one unnamed (swap_lifetime.hpp), preallocated O_DIRECT
+//    file per nvme_path, striped, all I/O through the IoEngine (io_uring or the thread
+//    pool), checksums per segment;
 //  - sim (nvme_sim.cpp): no files and no I/O; a transfer completes at the virtual time
 //    the cost model gives it, on one channel per direction.
 //
@@ -55,7 +56,7 @@ class SwapSpace {
  public:
   virtual ~SwapSpace() = default;  // finishes the transfers in flight first
   virtual const SwapLayout& layout() const = 0;
-  virtual const std::vector<std::string>& files() const = 0;  // swap file paths; none on sim
+  virtual const std::vector<std::string>& files() const = 0;  // /proc/self/fd/<fd> each; none on sim
 
   // Moves `bytes` (rounded up to layout().align) between the buffer and the space at
   // logical `offset`, once `after` has completed; a failed `after` fails the transfer

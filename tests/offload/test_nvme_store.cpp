@@ -1,14 +1,21 @@
 // The NVMe store over real swap files in temporary directories: round trips checked byte
 // by byte on both engines, striping checked by reading the swap files directly, extent
-// reuse, injected faults, corruption behind the store's back, and full disks.
+// reuse, injected faults, corruption behind the store's back, full disks, and the swap
+// files' lifetime: unnamed, so nothing stays behind a SIGKILL, and stale named ones of
+// dead processes reclaimed at start while a live process's are left alone.
 #include <gtest/gtest.h>
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -18,6 +25,7 @@
 
 #include "strata/core/device.hpp"
 #include "strata/core/error.hpp"
+#include "strata/core/log.hpp"
 #include "strata/memory/tier.hpp"
 #include "strata/offload/fault_injection.hpp"
 #include "strata/offload/nvme_store.hpp"
@@ -54,11 +62,44 @@ long first_mismatch(const uint8_t* a, const uint8_t* b, size_t n) {
   return -1;
 }
 
-size_t count_swap_files(const std::string& dir) {
+size_t count_entries(const std::string& dir) {
   size_t n = 0;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.path().filename().string().rfind("strata-swap-", 0) == 0) ++n;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir)) ++n;
   return n;
+}
+
+// Where a /proc/.../fd/<n> link points: "<dir>/<name> (deleted)" for an unnamed file.
+std::string link_target(const std::string& link) {
+  std::error_code ec;
+  fs::path t = fs::read_symlink(link, ec);
+  return ec ? std::string() : t.string();
+}
+
+uint64_t free_bytes(const std::string& dir) {
+  struct statvfs vs {};
+  EXPECT_EQ(statvfs(dir.c_str(), &vs), 0);
+  return static_cast<uint64_t>(vs.f_bavail) * vs.f_frsize;
+}
+
+// A swap file named as older versions of Strata named them, `bytes` of it allocated.
+std::string make_named_swap_file(const std::string& dir, long pid, int n, uint64_t bytes) {
+  std::string path = dir + "/strata-swap-" + std::to_string(pid) + "-" + std::to_string(n) + ".bin";
+  int fd = open(path.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  EXPECT_GE(fd, 0) << path << ": " << std::strerror(errno);
+  if (bytes) {
+    EXPECT_EQ(fallocate(fd, 0, 0, static_cast<off_t>(bytes)), 0) << std::strerror(errno);
+  }
+  close(fd);
+  return path;
+}
+
+// The pid of a child that has exited and been reaped: a process that is gone.
+pid_t dead_pid() {
+  pid_t pid = fork();
+  if (pid == 0) _exit(0);
+  int status = 0;
+  EXPECT_EQ(waitpid(pid, &status, 0), pid);
+  return pid;
 }
 
 NvmeStoreOptions opts(std::vector<std::string> paths, uint64_t capacity, IoEngineKind kind = IoEngineKind::Auto,
@@ -148,10 +189,10 @@ TEST(NvmeStore, StripesOneExtentOverEveryPathInStripeUnits) {
     ASSERT_EQ(stat(f.c_str(), &st), 0);
     EXPECT_EQ(static_cast<uint64_t>(st.st_size), 8ull << 20);  // capacity / 3, preallocated
     EXPECT_GE(static_cast<uint64_t>(st.st_blocks) * 512, 8ull << 20);
-    EXPECT_NE(f.find("strata-swap-" + std::to_string(getpid()) + "-"), std::string::npos) << f;
+    EXPECT_EQ(st.st_nlink, 0u) << f << " has a name: " << link_target(f);
   }
-  EXPECT_EQ(fs::path(store.files()[0]).parent_path(), fs::path(d0.path));
-  EXPECT_EQ(fs::path(store.files()[2]).parent_path(), fs::path(d2.path));
+  EXPECT_EQ(link_target(store.files()[0]).rfind(d0.path + "/", 0), 0u) << link_target(store.files()[0]);
+  EXPECT_EQ(link_target(store.files()[2]).rfind(d2.path + "/", 0), 0u) << link_target(store.files()[2]);
 
   const uint64_t n = 7 * S;  // units 0..6: files 0,1,2,0,1,2,0
   Extent e = store.allocate(n);
@@ -248,7 +289,10 @@ TEST_P(NvmeStoreTest, EioOnReadFailsTheEventNamingPathOffsetLength) {
   store.write(e, src.p, n).wait();
   auto err = expect_failure<IoError>(store.read(e, dst.p, n));
   EXPECT_EQ(err.error_code(), EIO);
-  EXPECT_TRUE(err.path() == store.files()[0] || err.path() == store.files()[1]) << err.path();
+  // Errors name "/proc/self/fd/<n> (unnamed swap file in <dir>)".
+  EXPECT_TRUE(err.path() == store.files()[0] + " (unnamed swap file in " + d0.path + ")" ||
+              err.path() == store.files()[1] + " (unnamed swap file in " + d1.path + ")")
+      << err.path();
   EXPECT_EQ(err.length(), 64u << 10);
   std::string m = err.what();
   EXPECT_NE(m.find(err.path()), std::string::npos) << m;
@@ -272,7 +316,7 @@ TEST_P(NvmeStoreTest, FailedWritesSurfaceAndTheExtentIsNotReadAsValid) {
 
   auto full = expect_failure<IoError>(store.write(e, src.p, n));
   EXPECT_EQ(full.error_code(), ENOSPC);
-  EXPECT_EQ(full.path(), store.files()[0]);
+  EXPECT_EQ(full.path(), store.files()[0] + " (unnamed swap file in " + d.path + ")");
   EXPECT_EQ(full.offset(), e.offset + (128u << 10));
   EXPECT_NE(std::string(full.what()).find("No space left"), std::string::npos) << full.what();
   // The extent's contents are not valid after a failed write, even without checksums.
@@ -312,7 +356,8 @@ TEST_P(NvmeStoreTest, CorruptionBehindTheStoresBackIsDetectedOnRead) {
   auto err = expect_failure<CorruptionError>(store.read(e, dst.p, n));
   std::string m = err.what();
   EXPECT_NE(m.find("checksum mismatch"), std::string::npos) << m;
-  EXPECT_NE(m.find(victim + " at offset 0, length 65536"), std::string::npos) << m;
+  EXPECT_NE(m.find(victim + " (unnamed swap file in " + d1.path + ") at offset 0, length 65536"), std::string::npos)
+      << m;
 }
 
 TEST(NvmeStore, PinnedPoolBuffersGoThroughRegisteredIo) {
@@ -338,6 +383,8 @@ TEST(NvmeStore, PinnedPoolBuffersGoThroughRegisteredIo) {
 
 TEST(NvmeStore, CapacityBeyondTheFreeSpaceIsOutOfBudgetBeforeAnyFileExists) {
   TempDir d;
+  // A named swap file of a live process (this one) holds space; the message counts it.
+  make_named_swap_file(d.path, getpid(), 9, 1 << 20);
   const uint64_t pib = 1ull << 50;
   try {
     NvmeStore store(opts({d.path}, pib));
@@ -348,8 +395,10 @@ TEST(NvmeStore, CapacityBeyondTheFreeSpaceIsOutOfBudgetBeforeAnyFileExists) {
     EXPECT_NE(m.find("free"), std::string::npos) << m;
     EXPECT_NE(m.find("1.00 PiB"), std::string::npos) << m;
     EXPECT_NE(m.find("lower the NVMe budget"), std::string::npos) << m;
+    EXPECT_NE(m.find("1 named swap file(s) of running processes hold 1.00 MiB"), std::string::npos) << m;
+    EXPECT_NE(m.find("lsof +L1 " + d.path), std::string::npos) << m;
   }
-  EXPECT_EQ(count_swap_files(d.path), 0u);
+  EXPECT_EQ(count_entries(d.path), 1u);  // the live process's file, and nothing new
 }
 
 TEST(NvmeStore, BadPathsAreConfigErrorsNamingThePath) {
@@ -366,17 +415,139 @@ TEST(NvmeStore, BadPathsAreConfigErrorsNamingThePath) {
   EXPECT_THROW(NvmeStore{opts({file}, 1 << 20)}, ConfigError);
   EXPECT_THROW(NvmeStore{opts({}, 1 << 20)}, ConfigError);
   EXPECT_THROW(NvmeStore{opts({d.path}, 0)}, ConfigError);
-  EXPECT_EQ(count_swap_files(d.path), 0u);
+  EXPECT_EQ(count_entries(d.path), 1u);  // plain-file only
 }
 
-TEST(NvmeStore, SwapFilesAreRemovedOnDestruction) {
+TEST(NvmeStore, SwapFilesHaveNoNameAndLeaveNothingBehind) {
   TempDir d0, d1;
-  std::vector<std::string> files;
   {
     NvmeStore store(opts({d0.path, d1.path}, 2 << 20));
-    files = store.files();
-    EXPECT_EQ(count_swap_files(d0.path), 1u);
-    EXPECT_EQ(count_swap_files(d1.path), 1u);
+    ASSERT_EQ(store.files().size(), 2u);
+    EXPECT_EQ(count_entries(d0.path), 0u);
+    EXPECT_EQ(count_entries(d1.path), 0u);
+    for (const auto& f : store.files()) {
+      EXPECT_EQ(f.rfind("/proc/self/fd/", 0), 0u) << f;
+      EXPECT_NE(link_target(f).find("(deleted)"), std::string::npos) << link_target(f);
+    }
   }
-  for (const auto& f : files) EXPECT_FALSE(fs::exists(f)) << f;
+  EXPECT_EQ(count_entries(d0.path), 0u);
+  EXPECT_EQ(count_entries(d1.path), 0u);
+}
+
+// The case the names made leak: a rank killed with SIGKILL (or SIGBUS, a segfault, an
+// mpirun abort) runs no destructor. The child holds a 256 MiB store; once it is killed,
+// the directory is empty and the file system has the space back.
+TEST(NvmeStore, SigkilledProcessLeavesNoSwapFileAndItsSpaceReturns) {
+  TempDir d;
+  const uint64_t budget = 256ull << 20;
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0) << std::strerror(errno);
+  if (child == 0) {
+    close(ready[0]);
+    try {
+      NvmeStore store(opts({d.path}, budget));
+      AlignedBuf buf(1 << 20);
+      std::memset(buf.p, 0x42, 1 << 20);
+      store.write(store.allocate(1 << 20), buf.p, 1 << 20).wait();
+      char ok = 1;
+      if (write(ready[1], &ok, 1) != 1) _exit(2);
+      for (;;) pause();
+    } catch (...) {
+      _exit(1);
+    }
+  }
+  close(ready[1]);
+  char ok = 0;
+  const bool started = read(ready[0], &ok, 1) == 1;
+  close(ready[0]);
+  if (!started) {
+    int status = 0;
+    waitpid(child, &status, 0);
+    FAIL() << "the child could not make its store (exit status " << WEXITSTATUS(status) << ")";
+  }
+  // While it runs: its swap file is open in the directory, allocated, and has no name.
+  EXPECT_EQ(count_entries(d.path), 0u);
+  uint64_t held = 0;
+  for (const auto& e : fs::directory_iterator("/proc/" + std::to_string(child) + "/fd")) {
+    const std::string t = link_target(e.path().string());
+    if (t.rfind(d.path + "/", 0) != 0) continue;
+    EXPECT_NE(t.find("(deleted)"), std::string::npos) << t;
+    struct stat st {};
+    ASSERT_EQ(stat(e.path().c_str(), &st), 0);
+    held += static_cast<uint64_t>(st.st_blocks) * 512;
+  }
+  EXPECT_GE(held, budget);
+  const uint64_t free_while_held = free_bytes(d.path);
+
+  ASSERT_EQ(kill(child, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  EXPECT_EQ(count_entries(d.path), 0u);
+  // Other processes write to this disk too: ask for half the budget back, and give the
+  // file system a moment to count the freed blocks.
+  uint64_t free_after = 0;
+  for (auto t0 = std::chrono::steady_clock::now(); std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10);) {
+    free_after = free_bytes(d.path);
+    if (free_after >= free_while_held + budget / 2) break;
+    usleep(50'000);
+  }
+  EXPECT_GE(free_after, free_while_held + budget / 2)
+      << "free while the child held its store: " << free_while_held << ", after SIGKILL: " << free_after;
+}
+
+// Named files from older versions (or a kill between create and unlink): those of dead
+// processes are removed at start with one info line; a live process's, a locked one,
+// and other names stay.
+TEST(NvmeStore, StaleNamedSwapFilesOfDeadProcessesAreReclaimedAtStart) {
+  TempDir d;
+  const pid_t dead = dead_pid(), dead2 = dead_pid();
+  const std::string stale = make_named_swap_file(d.path, dead, 0, 1 << 20);
+  const std::string mine = make_named_swap_file(d.path, getpid(), 3, 4096);
+  const std::string parents = make_named_swap_file(d.path, getppid(), 1, 4096);
+  const std::string locked = make_named_swap_file(d.path, dead2, 2, 4096);
+  const std::string other = d.path + "/strata-swap-" + std::to_string(dead) + "-x.bin";
+  close(open(other.c_str(), O_CREAT | O_WRONLY, 0600));
+  // A lock means someone holds the file whatever its pid says (another pid namespace).
+  int lock_fd = open(locked.c_str(), O_RDONLY);
+  ASSERT_GE(lock_fd, 0);
+  ASSERT_EQ(flock(lock_fd, LOCK_EX), 0);
+
+  log::set_level(log::Level::Info);
+  testing::internal::CaptureStderr();
+  {
+    NvmeStore store(opts({d.path}, 1 << 20));
+  }
+  const std::string log = testing::internal::GetCapturedStderr();
+  close(lock_fd);
+
+  EXPECT_FALSE(fs::exists(stale)) << stale;
+  EXPECT_TRUE(fs::exists(mine)) << mine;
+  EXPECT_TRUE(fs::exists(parents)) << parents;
+  EXPECT_TRUE(fs::exists(locked)) << locked;
+  EXPECT_TRUE(fs::exists(other)) << other;
+  EXPECT_EQ(count_entries(d.path), 4u);
+  EXPECT_NE(log.find("reclaimed 1 stale swap file (1.00 MiB) in '" + d.path + "'"), std::string::npos) << log;
+  EXPECT_NE(log.find("(pid " + std::to_string(dead) + ")"), std::string::npos) << log;
+  EXPECT_EQ(log.find(std::to_string(dead2)), std::string::npos) << log;
+
+  // Unlocked, the second dead process's file goes at the next start; then nothing is left.
+  testing::internal::CaptureStderr();
+  {
+    NvmeStore store(opts({d.path}, 1 << 20));
+  }
+  const std::string log2 = testing::internal::GetCapturedStderr();
+  EXPECT_NE(log2.find("reclaimed 1 stale swap file (4.00 KiB) in '" + d.path + "'"), std::string::npos) << log2;
+  EXPECT_NE(log2.find("(pid " + std::to_string(dead2) + ")"), std::string::npos) << log2;
+  EXPECT_FALSE(fs::exists(locked)) << locked;
+  EXPECT_EQ(count_entries(d.path), 3u);
+  testing::internal::CaptureStderr();
+  {
+    NvmeStore store(opts({d.path}, 1 << 20));
+  }
+  const std::string log3 = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(log3.find("reclaimed"), std::string::npos) << log3;
+  EXPECT_EQ(count_entries(d.path), 3u);
 }

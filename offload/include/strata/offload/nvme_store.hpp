@@ -1,5 +1,8 @@
 // The NVMe tier: swap files on one or more directories (`nvme_path`), preallocated with
-// fallocate and carved into extents that are reused when freed. A tensor's extent is
+// fallocate and carved into extents that are reused when freed. The swap files have no
+// name (O_TMPFILE, or unlinked right after creation), so their space returns to the file
+// system however the process ends; named ones left by older versions are reclaimed at
+// start when their process is gone. A tensor's extent is
 // striped across every path. All I/O goes through the IoEngine (io_uring with O_DIRECT,
 // or the thread-pool fallback), asynchronously, completing as events. On the sim
 // backend the same store runs over simulated channels instead of files (`sim` below);
@@ -23,7 +26,7 @@ class IoEngine;
 struct FaultPlan;
 
 struct NvmeStoreOptions {
-  std::vector<std::string> paths;  // directories; one swap file is made in each
+  std::vector<std::string> paths;  // directories; one (unnamed) swap file is made in each
   uint64_t capacity = 0;           // bytes, over all paths together (the nvme budget)
   AioConfig aio;                   // block size, queue depth, rings, engine choice
   bool checksums = false;          // xxHash per extent, verified on every read
@@ -43,8 +46,10 @@ struct Extent {
 
 class NvmeStore {
  public:
-  // Creates and preallocates the swap files. Throws OutOfBudget (naming the path, the
-  // free space and the need) when the file system cannot hold `capacity`, before any I/O.
+  // Removes stale named swap files of dead processes from the paths (logging what it
+  // reclaimed), then creates and preallocates the swap files. Throws OutOfBudget (naming
+  // the path, the free space and the need) when the file system cannot hold `capacity`,
+  // before any I/O.
   explicit NvmeStore(NvmeStoreOptions opts);
   ~NvmeStore();
 
@@ -78,7 +83,10 @@ class NvmeStore {
   uint64_t used() const;            // bytes
   uint64_t peak() const;            // bytes
   uint64_t largest_free() const;    // bytes
-  const std::vector<std::string>& files() const;  // swap file paths
+  // /proc/self/fd/<fd> of each swap file, one per path: the files have no name, and
+  // this path reaches them from this process while the store lives (tests, bench). I/O
+  // errors name them as "/proc/self/fd/<fd> (unnamed swap file in <dir>)".
+  const std::vector<std::string>& files() const;
   std::string engine_name() const;  // "io_uring", "threadpool" or "sim"
   uint64_t stripe_unit() const;     // bytes; consecutive units go to consecutive files
   IoStats io_stats() const;         // requests, resubmissions, retries, bytes moved
