@@ -1,4 +1,5 @@
-// The ConfigError message of parsing a configuration, for tests of bad input.
+// The messages of errors, for tests of bad input: of parsing a configuration, or of any
+// call expected to throw E.
 #pragma once
 
 #include <string>
@@ -18,6 +19,20 @@ inline std::string error_of(const nlohmann::json& j) {
     return e.what();
   }
   return "";
+}
+
+// The message of the E that f() throws; "wrong exception type: ..." for another
+// exception, "no exception" when it returns.
+template <class E, class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("wrong exception type: ") + e.what();
+  }
+  return "no exception";
 }
 
 }  // namespace strata::test

@@ -14,6 +14,8 @@
 #include <fstream>
 
 #include "strata/runtime/export.hpp"
+
+#include "config_errors.hpp"
 #include "test_checkpoint_harness.hpp"
 
 using namespace strata;
@@ -47,17 +49,7 @@ void flip_byte(const fs::path& p, uint64_t offset) {
   f.write(&c, 1);
 }
 
-template <class E, class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("wrong exception type: ") + e.what();
-  }
-  return "no exception";
-}
+using strata::test::error_of;
 
 }  // namespace
 

@@ -30,6 +30,8 @@
 #include "strata/runtime/checkpoint.hpp"
 #include "strata/runtime/train.hpp"
 
+#include "config_errors.hpp"
+
 namespace fs = std::filesystem;
 using namespace strata;
 
@@ -304,17 +306,7 @@ TEST(Train, CudaWithoutAGpuIsAClearError) {
 
 namespace {
 
-template <class E, class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("wrong exception type: ") + e.what();
-  }
-  return "no exception";
-}
+using strata::test::error_of;
 
 bool has(const std::string& msg, const std::string& part) { return msg.find(part) != std::string::npos; }
 

@@ -16,21 +16,12 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from long_run_config import long_run_config  # noqa: E402
+
 
 def config(tmp):
-    return {
-        "train_micro_batch_size_per_gpu": 2,
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-        "zero_optimization": {"stage": 3,
-                              "offload_param": {"device": "nvme", "nvme_path": str(tmp)},
-                              "offload_optimizer": {"device": "nvme", "nvme_path": str(tmp)}},
-        "strata": {
-            "device_budget": "8MiB", "pinned_budget": "8MiB",
-            "model": {"layers": 2, "d_model": 64, "heads": 2, "seq_len": 64, "vocab": 256},
-            "data": {"path": str(tmp / "corpus.txt"), "format": "text"},
-            "steps": 100000, "checkpoint_every": 100000, "checkpoint_dir": str(tmp / "ckpt"),
-        },
-    }
+    return long_run_config(tmp, tmp / "ckpt", checkpoint_every=100000)
 
 
 def main():

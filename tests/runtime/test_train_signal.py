@@ -15,6 +15,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from long_run_config import long_run_config  # noqa: E402
+
 
 def corpus(n):
     words = "the cat dog sat on a mat ran to red big house".split()
@@ -23,22 +26,7 @@ def corpus(n):
 
 
 def config(tmp, with_dir):
-    strata = {
-        "device_budget": "8MiB", "pinned_budget": "8MiB",
-        "model": {"layers": 2, "d_model": 64, "heads": 2, "seq_len": 64, "vocab": 256},
-        "data": {"path": str(tmp / "corpus.txt"), "format": "text"},
-        "steps": 100000,
-    }
-    if with_dir:
-        strata["checkpoint_dir"] = str(tmp / "ckpt")
-    return {
-        "train_micro_batch_size_per_gpu": 2,
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-        "zero_optimization": {"stage": 3,
-                              "offload_param": {"device": "nvme", "nvme_path": str(tmp)},
-                              "offload_optimizer": {"device": "nvme", "nvme_path": str(tmp)}},
-        "strata": strata,
-    }
+    return long_run_config(tmp, tmp / "ckpt" if with_dir else None)
 
 
 def metrics(path):
