@@ -11,6 +11,7 @@
 #include "strata/runtime/checkpoint.hpp"
 #include "cli.hpp"
 #include "strata/runtime/config.hpp"
+#include "strata/runtime/export.hpp"
 #include "strata/runtime/train.hpp"
 
 namespace strata::cli {
@@ -70,8 +71,9 @@ std::string resolve_checkpoint(const std::string& path) {
 int run_sample() {
   const std::string dir = resolve_checkpoint(g_sample.checkpoint);
   CheckpointInfo info = read_checkpoint_info(dir);
-  const Config c = parse_config(info.config);
-  const GptShape shape = c.strata.model;
+  // Only the model's shape: a checkpoint is complete on its own, so the run's nvme_path,
+  // data file and budgets need not exist here (export reads it the same way).
+  const GptShape shape = checkpoint_gpt_shape(info);
   std::vector<std::vector<float>> groups;
   for (int g = 0; g < static_cast<int>(gpt_groups(shape).size()); ++g) groups.push_back(read_checkpoint_group(info, g));
   HostWeights w(std::move(groups));
