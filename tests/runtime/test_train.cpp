@@ -342,6 +342,16 @@ TEST(Train, ResumeFromANamedCheckpointGivesTheUninterruptedLosses) {
   // Both flags at once is refused.
   o.resume = true;
   EXPECT_TRUE(has(error_of<ConfigError>([&] { train(c, o); }), "--resume and --resume-from"));
+  // A path that is not there, or a directory that is not a checkpoint: clear errors, and
+  // the saved checkpoints are untouched.
+  o.resume = false;
+  const auto before = snapshot(run.ckpt);
+  o.resume_from = (d.p / "nowhere" / "step-00000010").string();
+  EXPECT_TRUE(has(error_of<ConfigError>([&] { train(c, o); }), "is not a directory: give a step-<N> directory"));
+  fs::create_directories(d.p / "empty");
+  o.resume_from = (d.p / "empty").string();
+  EXPECT_TRUE(has(error_of<CorruptionError>([&] { train(c, o); }), "has no manifest.json"));
+  EXPECT_EQ(snapshot(run.ckpt), before);
 }
 
 // Resuming from step 10 (--resume-from, or --resume after the latest is damaged) into a
