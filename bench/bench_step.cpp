@@ -69,7 +69,8 @@ struct Setup {
   std::string label;
   DType precision = DType::F32;
   bool nvme = false;
-  std::unique_ptr<ZeroEngine> engine;  // none: the PyTorch reference
+  bool torch = false;                  // the PyTorch reference: no engine, it times its own step
+  std::unique_ptr<ZeroEngine> engine;
   GptModel* model = nullptr;
   std::vector<double> seconds, exposed, optimizer, nvme_read, nvme_written;
 };
@@ -179,6 +180,7 @@ int run_step(const StepArgs& a) {
     Setup s;
     s.label = std::string("PyTorch, autocast ") + precision_name(precision);
     s.precision = precision;
+    s.torch = true;
     setups.push_back(std::move(s));
   }
   const auto specs = gpt_group_specs(a.shape);
@@ -187,7 +189,7 @@ int run_step(const StepArgs& a) {
     models.push_back(make_gpt(backend, a.shape,
                               {a.micro_batch, a.checkpointing ? ActivationCheckpointing::PerBlock : ActivationCheckpointing::None, p}));
   for (Setup& s : setups) {
-    if (s.label.rfind("PyTorch", 0) == 0) continue;
+    if (s.torch) continue;
     progress.show("building " + s.label);
     s.engine = std::make_unique<ZeroEngine>(*device, dev_comm, *comm, options(s.nvme, s.precision), specs);
     s.engine->set_schedule(gpt_schedule(a.shape));
@@ -203,7 +205,7 @@ int run_step(const StepArgs& a) {
       progress.show((r < a.warmup ? "warm-up, " : "rep " + std::to_string(r - a.warmup + 1) + "/" +
                                                       std::to_string(a.reps) + ", ") +
                     s.label);
-      if (!s.engine) {  // PyTorch times its own step
+      if (s.torch) {
         const nlohmann::json got = torch->command("step");
         if (!got.contains("seconds")) throw Unavailable("bench step: the PyTorch reference failed: " + got.dump());
         if (r >= a.warmup) s.seconds.push_back(got["seconds"].get<double>());
