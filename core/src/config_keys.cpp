@@ -309,7 +309,8 @@ void parse_section(const ConfigSection& s, const json& j, void* target, std::vec
   if (!j.is_object()) throw_bad_value(s.path.empty() ? "the config's top level" : s.path, j, "a JSON object");
   // Every key is checked against the table before any value is read, so a typo is
   // reported as such rather than as a missing value elsewhere.
-  for (const auto& [name, v] : j.items()) {
+  for (const auto& item : j.items()) {
+    const std::string& name = item.key();
     bool known = std::any_of(s.keys.begin(), s.keys.end(), [&](const ConfigKey& k) { return name == k.name; });
     if (known) continue;
     std::vector<std::string> names;

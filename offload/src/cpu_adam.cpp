@@ -3,6 +3,9 @@
 #include "strata/offload/cpu_adam.hpp"
 
 #include <algorithm>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #include <condition_variable>
 #include <functional>
 #include <mutex>
@@ -36,14 +39,21 @@ CpuIsa parse_cpu_isa(const std::string& name) {
   throw ConfigError("unknown CPU ISA '" + name + "': choose auto, scalar, avx2 or avx512");
 }
 
+#if defined(__x86_64__)
+// F16C (CPUID leaf 1, ECX bit 29): clang 14's __builtin_cpu_supports does not know it.
+bool has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) != 0;
+}
+#endif
+
 bool cpu_supports(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::Auto:
     case CpuIsa::Scalar: return true;
 #if defined(__x86_64__)
     case CpuIsa::Avx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
     case CpuIsa::Avx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
