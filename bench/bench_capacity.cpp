@@ -254,6 +254,7 @@ class References {
     std::memset(read_, 3, (lookahead + 1) * z.tensor);
     IoEngineOptions eo;
     eo.aio = aio;
+    eo.on_full = "free space on it or give --dir on a disk with room";
     eo.files = {IoFile{swap, raw_.fd()}};
     eo.alignment = probe_dio_alignment(raw_.fd());
     engine_ = std::make_unique<IoEngine>(std::move(eo));

@@ -347,6 +347,7 @@ struct IoTarget {
 
   std::unique_ptr<IoEngine> make_engine(uint64_t bs, unsigned depth) const {
     IoEngineOptions eo;
+    eo.on_full = "free space on it or give --dir on a disk with room (or smaller --size)";
     eo.aio.block_size = bs;
     eo.aio.queue_depth = depth;
     eo.aio.engine = kind;

@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "strata/bench/cli_checks.hpp"
 #include "strata/bench/commands.hpp"
 #include "strata/bench/reference_process.hpp"
 #include "strata/bench/report.hpp"
@@ -89,10 +90,10 @@ int run_step(const StepArgs& a) {
   std::error_code ec;
   if (!fs::is_directory(a.dir, ec))
     throw ConfigError("--dir '" + a.dir + "' is not a directory; give an existing directory on the NVMe drive");
-  if (!a.trace.empty()) check_output_path(a.trace, "--trace");
-  if (!a.trace.empty() && !std::ofstream(a.trace, std::ios::app))  // before minutes of work, not after
-    throw ConfigError("--trace '" + a.trace + "' cannot be written: " + std::strerror(errno) +
-                      "; give a file in an existing, writable directory");
+  if (!a.trace.empty()) {  // before minutes of work, not after
+    check_output_path(a.trace, "--trace");
+    check_output_writable(a.trace, "--trace");
+  }
   const fs::path swap = fs::path(a.dir) / ("strata-bench-step-" + std::to_string(::getpid()));
   fs::create_directories(swap);
   struct Cleanup {
@@ -351,15 +352,15 @@ void add_step(CLI::App& bench, Runner& run) {
   static StepArgs a;
   auto* s = bench.add_subcommand("step", "One training step of the GPT, in memory and with params and optimizer states "
                                          "on NVMe (the in-memory step is the reference)");
-  s->add_option("--layers", a.shape.layers, "Transformer blocks")->check(CLI::PositiveNumber);
-  s->add_option("--d-model", a.shape.d_model, "Model width")->check(CLI::PositiveNumber);
-  s->add_option("--heads", a.shape.heads, "Attention heads")->check(CLI::PositiveNumber);
-  s->add_option("--seq", a.shape.seq_len, "Sequence length")->check(CLI::PositiveNumber);
+  s->add_option("--layers", a.shape.layers, "Transformer blocks")->check(cli_checks::at_least(1));
+  s->add_option("--d-model", a.shape.d_model, "Model width")->check(cli_checks::at_least(1));
+  s->add_option("--heads", a.shape.heads, "Attention heads")->check(cli_checks::at_least(1));
+  s->add_option("--seq", a.shape.seq_len, "Sequence length")->check(cli_checks::at_least(1));
   s->add_option("--vocab", a.shape.vocab, "Vocabulary")->check(CLI::Range(2, 1 << 20));
-  s->add_option("--micro-batch", a.micro_batch, "Sequences per micro-step")->check(CLI::PositiveNumber);
-  s->add_option("--accum", a.accum, "Micro-steps per optimizer step")->check(CLI::PositiveNumber);
-  s->add_option("--reps", a.reps, "Timed steps per configuration")->check(CLI::PositiveNumber);
-  s->add_option("--warmup", a.warmup, "Untimed steps per configuration first")->check(CLI::NonNegativeNumber);
+  s->add_option("--micro-batch", a.micro_batch, "Sequences per micro-step")->check(cli_checks::at_least(1));
+  s->add_option("--accum", a.accum, "Micro-steps per optimizer step")->check(cli_checks::at_least(1));
+  s->add_option("--reps", a.reps, "Timed steps per configuration")->check(cli_checks::at_least(1));
+  s->add_option("--warmup", a.warmup, "Untimed steps per configuration first")->check(cli_checks::at_least(0));
   s->add_flag("--checkpointing", a.checkpointing, "Recompute each block's activations in backward");
   s->add_option("--dir", a.dir, "Directory on the NVMe drive for the swap files");
   s->add_option("--memory-budget", a.memory_budget, "Device budget of the in-memory configuration");

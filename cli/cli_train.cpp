@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "strata/bench/cli_checks.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/safe_io.hpp"
 #include "strata/model/gpt.hpp"
@@ -43,7 +44,10 @@ int run_train() {
   if (g_train.steps > 0) sets.push_back("strata.steps=" + std::to_string(g_train.steps));
   const Config c = load_config(g_train.config, sets);
   // Appended to for the whole run: never a device, a FIFO or a checkpoint's file.
-  if (!g_train.metrics.empty()) check_output_path(g_train.metrics, "--metrics");
+  if (!g_train.metrics.empty()) {
+    check_output_path(g_train.metrics, "--metrics");
+    check_output_writable(g_train.metrics, "--metrics");
+  }
   TrainOptions o;
   o.resume = g_train.resume;
   o.resume_from = g_train.resume_from;
@@ -149,7 +153,7 @@ void add_train(CLI::App& app) {
   t->add_option("--set", g_train.sets, "Override a key: --set strata.steps=50 (repeatable)");
   t->add_flag_callback("--list-keys", [] { std::fputs(config_keys_text().c_str(), stdout); throw CLI::Success(); },
                        "Print every config key with what it accepts, its default and meaning, and exit");
-  t->add_option("--steps", g_train.steps, "Total optimizer steps (overrides strata.steps)")->check(CLI::PositiveNumber);
+  t->add_option("--steps", g_train.steps, "Total optimizer steps (overrides strata.steps)")->check(cli_checks::at_least(1));
   auto* resume = t->add_flag("--resume", g_train.resume,
                              "Continue from the latest complete checkpoint in strata.checkpoint_dir");
   t->add_option("--resume-from", g_train.resume_from,
@@ -157,7 +161,7 @@ void add_train(CLI::App& app) {
       ->excludes(resume);
   t->add_option("--metrics", g_train.metrics, "Append one JSON object per step to this file (rank 0)");
   t->add_option("--eval-batches", g_train.eval_batches, "Held-out batches to evaluate after the last step")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli_checks::at_least(0));
   t->add_flag("--quiet", g_train.quiet, "No per-step lines");
   t->callback([] { selected() = run_train; });
 
@@ -165,9 +169,9 @@ void add_train(CLI::App& app) {
   s->add_option("--checkpoint", g_sample.checkpoint, "A checkpoint directory, or the root holding several (latest used)")
       ->required();
   s->add_option("--prompt", g_sample.prompt, "Text to continue (byte-level models) or comma-separated token ids");
-  s->add_option("--tokens", g_sample.tokens, "Tokens to generate")->check(CLI::PositiveNumber);
-  s->add_option("--temperature", g_sample.temperature, "Softmax temperature; 0 = greedy")->check(CLI::NonNegativeNumber);
-  s->add_option("--top-k", g_sample.top_k, "Sample among the k most likely tokens (0 = all)")->check(CLI::NonNegativeNumber);
+  s->add_option("--tokens", g_sample.tokens, "Tokens to generate")->check(cli_checks::at_least(1));
+  s->add_option("--temperature", g_sample.temperature, "Softmax temperature; 0 = greedy")->check(cli_checks::finite_non_negative());
+  s->add_option("--top-k", g_sample.top_k, "Sample among the k most likely tokens (0 = all)")->check(cli_checks::at_least(0));
   s->add_option("--seed", g_sample.seed, "Sampling seed");
   s->callback([] { selected() = run_sample; });
 }

@@ -8,6 +8,7 @@ pkgs=(
   libopenblas-dev libdnnl-dev libopenmpi-dev openmpi-bin
   nlohmann-json3-dev libcli11-dev libxxhash-dev
   libgtest-dev libgmock-dev
+  clang libclang-rt-14-dev
   fio fortunes
   python3 python3-numpy python3-matplotlib python3-torch python3-venv python3-pip
   pybind11-dev python3-pybind11 python3-dev

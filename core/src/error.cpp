@@ -11,17 +11,18 @@ namespace {
 std::atomic<int> g_rank{0};
 
 std::string io_message(const std::string& what, const std::string& path, uint64_t offset,
-                       uint64_t length, int err) {
+                       uint64_t length, int err, const std::string& on_full) {
   std::ostringstream os;
   os << what << ": " << std::strerror(err) << " (errno " << err << ") on " << path << " at offset "
      << offset << ", length " << length;
-  if (err == ENOSPC) os << "; the disk is full: free space on it or point nvme_path elsewhere";
+  if (err == ENOSPC || err == EDQUOT) os << "; the disk is full: " << on_full;
   return os.str();
 }
 }  // namespace
 
-IoError::IoError(const std::string& what, std::string path, uint64_t offset, uint64_t length, int err)
-    : Error(io_message(what, path, offset, length, err)),
+IoError::IoError(const std::string& what, std::string path, uint64_t offset, uint64_t length, int err,
+                 const std::string& on_full)
+    : Error(io_message(what, path, offset, length, err, on_full)),
       path_(std::move(path)),
       offset_(offset),
       length_(length),

@@ -77,6 +77,24 @@ void check_output_path(const std::string& path, const std::string& what) {
                       "would read as one: choose another name");
 }
 
+void check_output_writable(const std::string& path, const std::string& what) {
+  // An existing file is opened for appending (nothing written); a new name is created
+  // and removed again, which proves the directory takes it.
+  int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_NONBLOCK | O_CLOEXEC);
+  bool created = false;
+  if (fd < 0 && errno == ENOENT) {
+    fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    created = fd >= 0;
+  }
+  if (fd < 0) {
+    const int err = errno;
+    throw ConfigError(what + " '" + path + "' cannot be written (" + std::strerror(err) +
+                      "): give a file in an existing, writable directory");
+  }
+  ::close(fd);
+  if (created) ::unlink(path.c_str());
+}
+
 int open_input_file(const std::string& path, const std::string& what, struct stat* st, const std::string& key) {
   // O_NONBLOCK: opening a FIFO with no writer returns at once instead of waiting for one.
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
@@ -176,6 +194,47 @@ nlohmann::json parse_untrusted_json(std::string_view text) {
   } catch (const json::exception&) {
     return json(json::value_t::discarded);
   }
+}
+
+uint64_t first_non_text(const unsigned char* p, uint64_t n, const char** why) {
+  uint64_t i = 0;
+  while (i < n) {
+    const unsigned char c = p[i];
+    if (c >= 0x01 && c < 0x80) {
+      ++i;
+      continue;
+    }
+    if (c == 0) {
+      *why = "is a NUL byte";
+      return i;
+    }
+    int len = 0;
+    uint32_t cp = 0, min = 0;
+    if ((c & 0xE0) == 0xC0) len = 2, cp = c & 0x1F, min = 0x80;
+    else if ((c & 0xF0) == 0xE0) len = 3, cp = c & 0x0F, min = 0x800;
+    else if ((c & 0xF8) == 0xF0) len = 4, cp = c & 0x07, min = 0x10000;
+    else {
+      *why = "cannot begin a UTF-8 character";
+      return i;
+    }
+    if (i + len > n) {
+      *why = "begins a UTF-8 character cut off by the end";
+      return i;
+    }
+    for (int k = 1; k < len; ++k) {
+      if ((p[i + k] & 0xC0) != 0x80) {
+        *why = "begins a malformed UTF-8 sequence";
+        return i;
+      }
+      cp = (cp << 6) | (p[i + k] & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
+      *why = "begins an invalid UTF-8 sequence (overlong, surrogate or beyond U+10FFFF)";
+      return i;
+    }
+    i += len;
+  }
+  return n;
 }
 
 }  // namespace strata

@@ -14,6 +14,8 @@ namespace strata::trace {
 
 namespace {
 
+constexpr const char* kTraceFull = "free space on it or point strata.trace (or --trace) at a disk with room";
+
 std::atomic<Recorder*> g_active{nullptr};
 
 void write_string(std::ostream& os, std::string_view s) {
@@ -104,10 +106,10 @@ void Recorder::write_json(std::ostream& os) const {
 void Recorder::write_json(const std::string& path) const {
   check_output_path(path, "the trace file");  // never a device, a FIFO or a checkpoint's file
   std::ofstream f(path, std::ios::trunc);
-  if (!f) throw IoError("cannot open the trace file for writing", path, 0, 0, errno);
+  if (!f) throw IoError("cannot open the trace file for writing", path, 0, 0, errno, kTraceFull);
   write_json(f);
   f.flush();
-  if (!f) throw IoError("writing the trace file failed", path, 0, 0, errno);
+  if (!f) throw IoError("writing the trace file failed", path, 0, 0, errno, kTraceFull);
 }
 
 Recorder* active() { return g_active.load(std::memory_order_acquire); }

@@ -34,50 +34,6 @@ std::string hex64(uint64_t v) {
   return buf;
 }
 
-// Offset of the first byte that makes `p[0..n)` not UTF-8 text (a NUL, a malformed or
-// overlong sequence, a surrogate, a code point above U+10FFFF), or n when it is text.
-// `why` says which.
-uint64_t first_non_text(const unsigned char* p, uint64_t n, const char** why) {
-  uint64_t i = 0;
-  while (i < n) {
-    const unsigned char c = p[i];
-    if (c >= 0x01 && c < 0x80) {
-      ++i;
-      continue;
-    }
-    if (c == 0) {
-      *why = "is a NUL byte";
-      return i;
-    }
-    int len = 0;
-    uint32_t cp = 0, min = 0;
-    if ((c & 0xE0) == 0xC0) len = 2, cp = c & 0x1F, min = 0x80;
-    else if ((c & 0xF0) == 0xE0) len = 3, cp = c & 0x0F, min = 0x800;
-    else if ((c & 0xF8) == 0xF0) len = 4, cp = c & 0x07, min = 0x10000;
-    else {
-      *why = "cannot begin a UTF-8 character";
-      return i;
-    }
-    if (i + len > n) {
-      *why = "begins a UTF-8 character that the file cuts off";
-      return i;
-    }
-    for (int k = 1; k < len; ++k) {
-      if ((p[i + k] & 0xC0) != 0x80) {
-        *why = "begins a malformed UTF-8 sequence";
-        return i;
-      }
-      cp = (cp << 6) | (p[i + k] & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
-      *why = "begins an invalid UTF-8 sequence (overlong, surrogate or beyond U+10FFFF)";
-      return i;
-    }
-    i += len;
-  }
-  return n;
-}
-
 std::string human(uint64_t bytes) {
   char buf[32];
   const double b = static_cast<double>(bytes);

@@ -290,7 +290,7 @@ class Ring {
     const Piece& pc = sl.piece;
     std::string w = std::string(to_string(sl.part->job->dir)) + " " + what;
     return std::make_exception_ptr(
-        IoError(w, opts_.files[pc.file].path, pc.offset + sl.done, pc.len - sl.done, err));
+        IoError(w, opts_.files[pc.file].path, pc.offset + sl.done, pc.len - sl.done, err, opts_.on_full));
   }
 
   // Complete: every result is read. Short transfers go round again for the remainder,

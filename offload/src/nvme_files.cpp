@@ -62,14 +62,19 @@ struct OpenFiles {
 // Why a path cannot hold its share, with the fixes. Swap files of other running jobs
 // take space without showing up in `ls`: named ones (older Strata) are counted here,
 // unnamed ones only lsof +L1 lists.
-std::string out_of_space(const std::string& dir, uint64_t need, uint64_t avail, const StaleSwapFiles& stale) {
+std::string out_of_space(const std::string& dir, uint64_t need, uint64_t avail, const StaleSwapFiles& stale,
+                         bool automatic) {
   std::string m = "not enough free space at '" + dir + "': " + format_bytes(avail) + " free, " + format_bytes(need) +
                   " needed";
   if (stale.live_files > 0)
     m += " (" + std::to_string(stale.live_files) + " named swap file(s) of running processes hold " +
          format_bytes(stale.live_bytes) + " there)";
-  return m + "; free space there, lower the NVMe budget, or add nvme_path directories on other disks "
-             "(swap files of running Strata jobs have no name; `lsof +L1 " + dir + "` lists them)";
+  const std::string budget =
+      automatic ? "keep fewer states on NVMe (offload_param or offload_optimizer device \"cpu\"): the NVMe budget is "
+                  "automatic (strata.nvme_budget unset), what the states homed on NVMe need"
+                : "lower strata.nvme_budget";
+  return m + "; free space there, add nvme_path directories on other disks, or " + budget +
+         " (swap files of running Strata jobs have no name; `lsof +L1 " + dir + "` lists them)";
 }
 
 class SwapFiles final : public SwapSpace {
@@ -127,7 +132,7 @@ SwapFiles::SwapFiles(const NvmeStoreOptions& opts) : checksums_(opts.checksums) 
   const uint64_t per_file = share / stripe * stripe;  // bytes preallocated in each file
   if (per_file == 0)
     throw ConfigError("nvme store: capacity " + format_bytes(opts.capacity) + " over " + std::to_string(n) +
-                      " paths leaves less than 4 KiB per swap file; raise the NVMe budget to at least " +
+                      " paths leaves less than 4 KiB per swap file; raise strata.nvme_budget to at least " +
                       format_bytes(n * kMinExtentGrain));
 
   // 3. Free space, before anything is created: paths on one file system share it.
@@ -143,8 +148,9 @@ SwapFiles::SwapFiles(const NvmeStoreOptions& opts) : checksums_(opts.checksums) 
     }
     const uint64_t avail = static_cast<uint64_t>(vs.f_bavail) * vs.f_frsize;
     if (it->second > avail)
-      throw OutOfBudget("nvme store (NVMe budget " + format_bytes(opts.capacity) + " over " + std::to_string(n) +
-                        " path(s)): " + out_of_space(paths[i], it->second, avail, stale[i]));
+      throw OutOfBudget("nvme store (" + std::string(opts.capacity_automatic ? "automatic NVMe budget " : "strata.nvme_budget ") +
+                        format_bytes(opts.capacity) + " over " + std::to_string(n) +
+                        " path(s)): " + out_of_space(paths[i], it->second, avail, stale[i], opts.capacity_automatic));
     need.erase(it);
   }
 
@@ -163,7 +169,7 @@ SwapFiles::SwapFiles(const NvmeStoreOptions& opts) : checksums_(opts.checksums) 
         struct statvfs vs {};
         uint64_t avail = statvfs(p.c_str(), &vs) == 0 ? static_cast<uint64_t>(vs.f_bavail) * vs.f_frsize : 0;
         throw OutOfBudget("nvme store: preallocating " + format_bytes(per_file) + " for " + label +
-                          " failed: " + std::strerror(e) + "; " + out_of_space(p, per_file, avail, stale[i]));
+                          " failed: " + std::strerror(e) + "; " + out_of_space(p, per_file, avail, stale[i], opts.capacity_automatic));
       }
       if (e == EOPNOTSUPP) {
         log::warn_once("nvme-fallocate", "nvme store: the file system at '" + p +
@@ -171,10 +177,10 @@ SwapFiles::SwapFiles(const NvmeStoreOptions& opts) : checksums_(opts.checksums) 
                                              "show up as write errors later");
         if (ftruncate(fd, static_cast<off_t>(per_file)) != 0) {
           int e2 = errno;
-          throw IoError("sizing swap file failed", label, 0, per_file, e2);
+          throw IoError("sizing swap file failed", label, 0, per_file, e2, "free space on it or point nvme_path at a disk with room");
         }
       } else {
-        throw IoError("preallocating swap file failed", label, 0, per_file, e);
+        throw IoError("preallocating swap file failed", label, 0, per_file, e, "free space on it or point nvme_path at a disk with room");
       }
     }
   }

@@ -205,7 +205,10 @@ void TieredStore::check_plan(const std::vector<TensorSpec>& specs, const TieredS
     if (home[idx(t)] > budget[idx(t)]) {
       os << "the " << to_string(t) << " tier must hold " << format_bytes(home[idx(t)])
          << " of tensors that live there, but its budget is " << format_bytes(budget[idx(t)]);
-      if (t == Tier::Nvme && opts.nvme.paths.empty()) os << " (no nvme_path is set)";
+      if (t == Tier::Nvme && opts.nvme.paths.empty())
+        os << " (no nvme_path is set)";
+      else
+        os << " (strata." << (t == Tier::Device ? "device" : t == Tier::Pinned ? "pinned" : "nvme") << "_budget)";
       os << "; ";
     }
   }

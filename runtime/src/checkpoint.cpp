@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <climits>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -23,31 +25,20 @@
 #include "strata/core/error.hpp"
 #include "strata/core/log.hpp"
 #include "strata/core/safe_io.hpp"
+#include "checkpoint_format.hpp"
 
 namespace strata {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+using namespace checkpoint_format;  // NOLINT: the format's names, used throughout
+
 namespace {
 
-constexpr const char* kFormat = "strata-checkpoint";
-constexpr int kVersion = 1;
-constexpr int kStates = 3;  // master, exp_avg, exp_avg_sq
-constexpr const char* kStateNames[kStates] = {"master", "exp_avg", "exp_avg_sq"};
-
-std::string step_name(int64_t step) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));
-  return buf;
-}
-std::string rank_file(int r) { return "rank-" + std::to_string(r) + ".bin"; }
-
-std::string hex64(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
+// What a full disk during a save asks for (IoError); the save's .tmp directory is removed.
+constexpr const char* kCheckpointDiskFull =
+    "free space on it or set strata.checkpoint_dir to a disk with room; the checkpoints saved before are intact";
 
 // ---------------------------------------------------------------------------------------
 // Plain file I/O; every failure names the file, the offset and the length.
@@ -65,7 +56,7 @@ struct Fd {
   void close_checked(const std::string& path) {
     const int f = fd;
     fd = -1;
-    if (::close(f) != 0) throw IoError("closing checkpoint file", path, 0, 0, errno);
+    if (::close(f) != 0) throw IoError("closing checkpoint file", path, 0, 0, errno, kCheckpointDiskFull);
   }
 };
 
@@ -75,9 +66,9 @@ void write_all(int fd, const void* data, uint64_t n, uint64_t offset, const std:
     const ssize_t w = ::pwrite(fd, p, std::min<uint64_t>(n, 1ull << 30), static_cast<off_t>(offset));
     if (w < 0) {
       if (errno == EINTR) continue;
-      throw IoError("writing checkpoint file", path, offset, n, errno);
+      throw IoError("writing checkpoint file", path, offset, n, errno, kCheckpointDiskFull);
     }
-    if (w == 0) throw IoError("writing checkpoint file", path, offset, n, ENOSPC);
+    if (w == 0) throw IoError("writing checkpoint file", path, offset, n, ENOSPC, kCheckpointDiskFull);
     p += w;
     offset += static_cast<uint64_t>(w);
     n -= static_cast<uint64_t>(w);
@@ -91,7 +82,7 @@ void read_exact(int fd, void* data, uint64_t n, uint64_t offset, const std::stri
     const ssize_t r = ::pread(fd, p, std::min<uint64_t>(n, 1ull << 30), static_cast<off_t>(offset));
     if (r < 0) {
       if (errno == EINTR) continue;
-      throw IoError("reading checkpoint file", path, offset, n, errno);
+      throw IoError("reading checkpoint file", path, offset, n, errno, kCheckpointDiskFull);
     }
     if (r == 0)
       throw CorruptionError("checkpoint file '" + path + "' ends at byte " + std::to_string(offset) +
@@ -104,13 +95,13 @@ void read_exact(int fd, void* data, uint64_t n, uint64_t offset, const std::stri
 }
 
 void fsync_fd(int fd, const std::string& path) {
-  if (::fsync(fd) != 0) throw IoError("fsync of checkpoint file", path, 0, 0, errno);
+  if (::fsync(fd) != 0) throw IoError("fsync of checkpoint file", path, 0, 0, errno, kCheckpointDiskFull);
 }
 
 void fsync_dir(const fs::path& dir) {
   Fd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (d.fd < 0) throw IoError("opening directory for fsync", dir.string(), 0, 0, errno);
-  if (::fsync(d.fd) != 0) throw IoError("fsync of directory", dir.string(), 0, 0, errno);
+  if (d.fd < 0) throw IoError("opening directory for fsync", dir.string(), 0, 0, errno, kCheckpointDiskFull);
+  if (::fsync(d.fd) != 0) throw IoError("fsync of directory", dir.string(), 0, 0, errno, kCheckpointDiskFull);
 }
 
 // A regular file only (a FIFO would block, /dev/zero never end), of bounded size.
@@ -137,7 +128,7 @@ struct Failure {
     const std::string what = "on rank " + std::to_string(origin) + ": " + desc.value("what", "");
     if (kind == "io")
       throw IoError("checkpoint I/O failed on rank " + std::to_string(origin), desc.value("path", ""),
-                    desc.value("offset", uint64_t{0}), desc.value("length", uint64_t{0}), desc.value("errno", 0));
+                    desc.value("offset", uint64_t{0}), desc.value("length", uint64_t{0}), desc.value("errno", 0), kCheckpointDiskFull);
     if (kind == "config") throw ConfigError(what);
     if (kind == "corruption") throw CorruptionError(what);
     throw Error(what);
@@ -182,114 +173,6 @@ std::optional<Failure> agree(coll::Communicator& host, const std::exception_ptr&
 }
 
 // ---------------------------------------------------------------------------------------
-// Manifest.
-
-json info_to_json(const CheckpointInfo& info) {
-  json groups = json::array();
-  for (const auto& g : info.groups)
-    groups.push_back({{"name", g.name}, {"numel", g.numel}, {"padded", g.padded}, {"shard", g.shard}});
-  json files = json::array();
-  for (const auto& f : info.files) {
-    json segs = json::array();
-    for (uint64_t h : f.segments) segs.push_back(hex64(h));
-    files.push_back({{"name", f.name}, {"bytes", f.bytes}, {"xxh3", segs}});
-  }
-  json j = {{"format", kFormat}, {"version", kVersion}, {"step", info.step},     {"world_size", info.world_size},
-            {"groups", groups},  {"files", files},      {"config", info.config}, {"extra", info.extra},
-            {"optimizer_steps", info.optimizer_steps}, {"precision", info.precision}};
-  if (info.loss_scaler) {
-    const LossScalerState& ls = *info.loss_scaler;
-    j["loss_scaler"] = {{"scale", ls.scale},
-                        {"iter", ls.iter},
-                        {"last_overflow_iter", ls.last_overflow_iter},
-                        {"hysteresis", ls.hysteresis}};
-  }
-  return j;
-}
-
-uint64_t manifest_hash(const json& body) {
-  const std::string s = body.dump();
-  return XXH3_64bits(s.data(), s.size());
-}
-
-// Bytes of one group's three segments in every rank file, and where group g begins.
-uint64_t group_offset(const CheckpointInfo& info, size_t g) {
-  uint64_t off = 0;
-  for (size_t i = 0; i < g; ++i) off += kStates * 4 * info.groups[i].shard;
-  return off;
-}
-
-CheckpointInfo parse_manifest(const fs::path& dir, const fs::path& mpath, const std::string& text) {
-  const std::string where = "checkpoint manifest '" + mpath.string() + "'";
-  json j = parse_untrusted_json(text);  // bounded nesting (core/safe_io.hpp)
-  if (j.is_discarded() || !j.is_object())
-    throw CorruptionError(where + " is not valid JSON: it is damaged; resume from another checkpoint");
-  if (!j.contains("checksum") || !j["checksum"].is_string())
-    throw CorruptionError(where + " has no checksum: it is damaged or was not written by Strata");
-  const std::string stored = j["checksum"].get<std::string>();
-  j.erase("checksum");
-  const std::string computed = hex64(manifest_hash(j));
-  if (stored != computed)
-    throw CorruptionError(where + " is damaged: its checksum is " + stored + ", its contents hash to " + computed +
-                          "; resume from another checkpoint");
-  try {
-    if (j.at("format").get<std::string>() != kFormat)
-      throw CorruptionError(where + " is not a Strata checkpoint (format '" + j.at("format").get<std::string>() + "')");
-    const int version = j.at("version").get<int>();
-    if (version != kVersion)
-      throw ConfigError(where + " has format version " + std::to_string(version) + "; this Strata reads version " +
-                        std::to_string(kVersion) + ": use the Strata that wrote it");
-    CheckpointInfo info;
-    info.dir = dir.string();
-    info.step = j.at("step").get<int64_t>();
-    // Written since 16-bit training; older checkpoints trained in fp32 without skips.
-    info.optimizer_steps = j.contains("optimizer_steps") ? j.at("optimizer_steps").get<int64_t>() : info.step;
-    info.precision = j.contains("precision") ? j.at("precision").get<std::string>() : "f32";
-    if (j.contains("loss_scaler")) {
-      const json& ls = j.at("loss_scaler");
-      info.loss_scaler = LossScalerState{ls.at("scale").get<double>(), ls.at("iter").get<int64_t>(),
-                                         ls.at("last_overflow_iter").get<int64_t>(), ls.at("hysteresis").get<int>()};
-    }
-    info.world_size = j.at("world_size").get<int>();
-    info.config = j.at("config");
-    info.extra = j.at("extra");
-    for (const auto& g : j.at("groups"))
-      info.groups.push_back({g.at("name").get<std::string>(), g.at("numel").get<uint64_t>(),
-                             g.at("padded").get<uint64_t>(), g.at("shard").get<uint64_t>()});
-    for (const auto& f : j.at("files")) {
-      CheckpointFile cf{f.at("name").get<std::string>(), f.at("bytes").get<uint64_t>(), {}};
-      for (const auto& h : f.at("xxh3")) cf.segments.push_back(std::stoull(h.get<std::string>(), nullptr, 16));
-      info.files.push_back(std::move(cf));
-    }
-    // The numbers must fit together, or reading would go wrong later.
-    auto bad = [&](const std::string& what) { throw CorruptionError(where + " is inconsistent: " + what); };
-    if (info.world_size < 1) bad("world_size " + std::to_string(info.world_size));
-    if (info.groups.empty()) bad("no parameter groups");
-    if (info.files.size() != static_cast<size_t>(info.world_size))
-      bad(std::to_string(info.files.size()) + " rank files for world_size " + std::to_string(info.world_size));
-    uint64_t bytes = 0;
-    for (const auto& g : info.groups) {
-      if (g.shard * static_cast<uint64_t>(info.world_size) != g.padded || g.numel > g.padded || g.numel == 0)
-        bad("group '" + g.name + "' has numel " + std::to_string(g.numel) + ", padded " + std::to_string(g.padded) +
-            ", shard " + std::to_string(g.shard));
-      bytes += kStates * 4 * g.shard;
-    }
-    for (size_t r = 0; r < info.files.size(); ++r) {
-      const auto& f = info.files[r];
-      if (f.name != rank_file(static_cast<int>(r))) bad("file " + std::to_string(r) + " is named '" + f.name + "'");
-      if (f.bytes != bytes) bad("'" + f.name + "' is listed with " + std::to_string(f.bytes) + " bytes, the groups need " + std::to_string(bytes));
-      if (f.segments.size() != kStates * info.groups.size()) bad("'" + f.name + "' has a wrong number of checksums");
-    }
-    return info;
-  } catch (const json::exception& e) {
-    throw CorruptionError(where + " lacks a field or has one of the wrong type (" + std::string(e.what()) +
-                          "): it is damaged or was not written by this Strata");
-  } catch (const std::logic_error& e) {  // stoull
-    throw CorruptionError(where + " has a malformed checksum: it is damaged");
-  }
-}
-
-// ---------------------------------------------------------------------------------------
 // Reading elements [begin, begin + count) of group g, of the states in `outs` (nullptr:
 // not wanted), from the writers' files. Elements at or beyond numel are padding: 0.
 // Every writer segment touched is read whole and its checksum verified.
@@ -315,7 +198,7 @@ void read_range(const CheckpointInfo& info, size_t g, uint64_t begin, uint64_t c
       const int err = errno;
       if (err == ENOENT)
         throw CorruptionError("checkpoint file '" + path + "' is missing: the checkpoint is incomplete; resume from another one");
-      throw IoError("opening checkpoint file", path, 0, 0, err);
+      throw IoError("opening checkpoint file", path, 0, 0, err, kCheckpointDiskFull);
     }
     const uint64_t lo = std::max(begin, w * S), hi = std::min(data_end, (w + 1) * S);  // global
     for (int k = 0; k < kStates; ++k) {
@@ -360,7 +243,7 @@ void check_groups(ZeroEngine& engine, const CheckpointInfo& info) {
 void write_rank_file(ZeroEngine& engine, const fs::path& path, CheckpointFile& out) {
   const std::string p = path.string();
   Fd f(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
-  if (f.fd < 0) throw IoError("creating checkpoint file", p, 0, 0, errno);
+  if (f.fd < 0) throw IoError("creating checkpoint file", p, 0, 0, errno, kCheckpointDiskFull);
   uint64_t off = 0;
   std::vector<float> states[kStates];
   for (int g = 0; g < engine.num_groups(); ++g) {
@@ -384,14 +267,14 @@ void write_manifest(const fs::path& path, const CheckpointInfo& info) {
   const std::string text = j.dump(1) + "\n";
   const std::string p = path.string();
   Fd f(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
-  if (f.fd < 0) throw IoError("creating checkpoint manifest", p, 0, 0, errno);
+  if (f.fd < 0) throw IoError("creating checkpoint manifest", p, 0, 0, errno, kCheckpointDiskFull);
   write_all(f.fd, text.data(), text.size(), 0, p);
   fsync_fd(f.fd, p);
   f.close_checked(p);
 }
 
 void fs_call(const std::error_code& ec, const char* what, const fs::path& p) {
-  if (ec) throw IoError(what, p.string(), 0, 0, ec.value());
+  if (ec) throw IoError(what, p.string(), 0, 0, ec.value(), kCheckpointDiskFull);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -469,7 +352,7 @@ std::vector<std::pair<int64_t, fs::path>> step_dirs(const std::string& root, std
     if (err != std::errc() || end != digits.data() + digits.size() || step < 0) continue;  // not ours
     found.emplace_back(step, e.path());
   }
-  if (ec) throw IoError("listing checkpoint directory", root, 0, 0, ec.value());
+  if (ec) throw IoError("listing checkpoint directory", root, 0, 0, ec.value(), kCheckpointDiskFull);
   std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   return found;
 }
@@ -496,7 +379,7 @@ struct CheckpointDirLockAccess {
     if (f.fd < 0) {
       const int err = errno;
       if (err == EACCES || err == EPERM || err == EROFS) not_writable(root, "creating its lock file " + lp.string(), err);
-      throw IoError("opening the checkpoint directory's lock file", lp.string(), 0, 0, err);
+      throw IoError("opening the checkpoint directory's lock file", lp.string(), 0, 0, err, kCheckpointDiskFull);
     }
     while (::flock(f.fd, LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;
@@ -512,7 +395,7 @@ struct CheckpointDirLockAccess {
     if (::ftruncate(f.fd, 0) != 0) not_writable(root, "writing its lock file " + lp.string(), errno);
     write_all(f.fd, me.data(), me.size(), 0, lp.string());
     struct stat st {};
-    if (::stat(root.c_str(), &st) != 0) throw IoError("stat of checkpoint directory", root.string(), 0, 0, errno);
+    if (::stat(root.c_str(), &st) != 0) throw IoError("stat of checkpoint directory", root.string(), 0, 0, errno, kCheckpointDiskFull);
     CheckpointDirLock lock;
     lock.fd_ = f.fd;
     f.fd = -1;
@@ -579,7 +462,9 @@ CheckpointDirLock lock_checkpoint_dir(coll::Communicator& host, const std::strin
         throw ConfigError("strata.checkpoint_dir '" + root + "' is not a directory: point it at a directory");
       lock = CheckpointDirLockAccess::take(p);
       // Writable for checkpoints: a new file, not only the lock file an earlier run left.
-      const fs::path probe = p / (".strata-probe-" + std::to_string(::getpid()));
+      // One name for every run: the lock is held, so a probe found here is the leftover of
+      // a holder killed between creating and removing it, and this one replaces it.
+      const fs::path probe = p / ".strata-probe";
       Fd f(::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
       if (f.fd < 0) not_writable(p, "creating a file in it (" + probe.string() + ")", errno);
       f.close_checked(probe.string());
@@ -690,7 +575,7 @@ std::string save_checkpoint(ZeroEngine& engine, coll::Communicator& host, const 
       fsync_dir(tmp);
       maybe_kill("before-rename", rank);
       if (::rename(tmp.c_str(), final_dir.c_str()) != 0)
-        throw IoError("renaming the finished checkpoint into place", final_dir.string(), 0, 0, errno);
+        throw IoError("renaming the finished checkpoint into place", final_dir.string(), 0, 0, errno, kCheckpointDiskFull);
       fsync_dir(rootp);
     } catch (...) {
       ep = std::current_exception();
@@ -830,7 +715,7 @@ CheckpointInfo read_checkpoint_info(const std::string& dir) {
     if (::stat(p.c_str(), &st) != 0) {
       if (errno == ENOENT)
         throw CorruptionError("checkpoint file '" + p.string() + "' is missing: the checkpoint is incomplete; resume from another one");
-      throw IoError("stat of checkpoint file", p.string(), 0, 0, errno);
+      throw IoError("stat of checkpoint file", p.string(), 0, 0, errno, kCheckpointDiskFull);
     }
     if (static_cast<uint64_t>(st.st_size) != f.bytes)
       throw CorruptionError("checkpoint file '" + p.string() + "' is " + std::to_string(st.st_size) +

@@ -81,7 +81,10 @@ std::vector<std::string> config_doc_sections() { return markdown_sections(config
 
 json load_config_json(const std::string& path) {
   // A FIFO, a device or a file far larger than any config is refused before it is read.
-  std::string text = read_input_file(path, "config file", kMaxConfigBytes);
+  return parse_config_text(read_input_file(path, "config file", kMaxConfigBytes), path);
+}
+
+json parse_config_text(const std::string& text, const std::string& path) {
   if (text.find_first_not_of(" \t\r\n") == std::string::npos)
     throw ConfigError("config file '" + path + "' is empty: it must hold a JSON object, e.g. "
                       "{\"train_micro_batch_size_per_gpu\": 1}");
@@ -168,6 +171,11 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 
 void apply_override(json& j, const std::string& assignment) {
   const std::string example = "write key=value, e.g. zero_optimization.stage=2";
+  const char* why = "";
+  const uint64_t bad = first_non_text(reinterpret_cast<const unsigned char*>(assignment.data()), assignment.size(), &why);
+  if (bad != assignment.size())
+    throw ConfigError("override '" + assignment.substr(0, bad) + "...' is not UTF-8 text: its byte " +
+                      std::to_string(bad + 1) + " " + why + "; give keys and values as UTF-8");
   size_t eq = assignment.find('=');
   if (eq == std::string::npos)
     throw ConfigError("override '" + assignment + "' has no '=': " + example);

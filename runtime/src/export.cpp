@@ -18,6 +18,9 @@ using nlohmann::json;
 
 namespace {
 
+// What a full disk under --out asks for (IoError).
+constexpr const char* kOutFull = "free space on it or give --out on a disk with room";
+
 json shape_json(const GptShape& s) {
   return {{"layers", s.layers}, {"d_model", s.d_model}, {"heads", s.heads}, {"seq_len", s.seq_len}, {"vocab", s.vocab}};
 }
@@ -47,7 +50,7 @@ class Writer {
     while (done < buf_.size()) {
       const ssize_t w = ::pwrite(fd_, buf_.data() + done, buf_.size() - done, static_cast<off_t>(off_));
       if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) throw IoError("writing the safetensors file", path_, off_, buf_.size() - done, w < 0 ? errno : ENOSPC);
+      if (w <= 0) throw IoError("writing the safetensors file", path_, off_, buf_.size() - done, w < 0 ? errno : ENOSPC, kOutFull);
       done += static_cast<size_t>(w);
       off_ += static_cast<uint64_t>(w);
     }
@@ -152,7 +155,7 @@ ExportSummary export_safetensors(const std::string& checkpoint, const std::strin
 
   const fs::path tmp = parent / ("." + outp.filename().string() + ".tmp-" + std::to_string(::getpid()));
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw IoError("creating the safetensors file", tmp.string(), 0, 0, errno);
+  if (fd < 0) throw IoError("creating the safetensors file", tmp.string(), 0, 0, errno, kOutFull);
   try {
     Writer w(fd, tmp.string());
     unsigned char len[8];
@@ -185,10 +188,10 @@ ExportSummary export_safetensors(const std::string& checkpoint, const std::strin
     w.flush();
     STRATA_CHECK(w.written() == 8 + hlen + offset, "export wrote " + std::to_string(w.written()) + " bytes, planned " +
                                                       std::to_string(8 + hlen + offset));
-    if (::fsync(fd) != 0) throw IoError("fsync of the safetensors file", tmp.string(), 0, 0, errno);
+    if (::fsync(fd) != 0) throw IoError("fsync of the safetensors file", tmp.string(), 0, 0, errno, kOutFull);
     const int closed = ::close(fd);
     fd = -1;
-    if (closed != 0) throw IoError("closing the safetensors file", tmp.string(), 0, 0, errno);
+    if (closed != 0) throw IoError("closing the safetensors file", tmp.string(), 0, 0, errno, kOutFull);
   } catch (...) {
     if (fd >= 0) ::close(fd);
     fs::remove(tmp, ec);
@@ -203,7 +206,7 @@ ExportSummary export_safetensors(const std::string& checkpoint, const std::strin
   if (::rename(tmp.c_str(), outp.c_str()) != 0) {
     const int err = errno;
     fs::remove(tmp, ec);
-    throw IoError("renaming the safetensors file into place", out, 0, 0, err);
+    throw IoError("renaming the safetensors file into place", out, 0, 0, err, kOutFull);
   }
   if (const int d = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); d >= 0) {
     ::fsync(d);  // the rename's durability; the file itself is complete either way

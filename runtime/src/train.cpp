@@ -9,6 +9,8 @@
 #include <fstream>
 #include <memory>
 
+#include <unistd.h>
+
 #include "strata/collectives/communicator.hpp"
 #include "strata/core/clock.hpp"
 #include "strata/core/convert.hpp"
@@ -34,16 +36,38 @@ std::string with_rank(const std::string& path, int rank, int world) {
 
 // SIGTERM (a scheduler's preemption, `scancel`, srun forwarding), SIGINT (Ctrl-C) and
 // SIGUSR1 (`sbatch --signal=USR1@120`) ask the run to stop after the step in flight,
-// with a checkpoint. A second SIGINT stops at once.
+// with a checkpoint. A second SIGINT stops at once. Each says so on stderr (rank 0;
+// write(2) with fixed text: what a signal handler may do).
 volatile std::sig_atomic_t g_stop_signal = 0;
 
+void say_from_handler(const char* text) {
+  if (process_rank() != 0) return;
+  size_t n = std::strlen(text);
+  while (n > 0) {
+    const ssize_t w = ::write(STDERR_FILENO, text, n);
+    if (w <= 0) return;
+    text += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
 extern "C" void on_stop_signal(int sig) {
+  const int saved_errno = errno;
   if (g_stop_signal != 0 && sig == SIGINT) {
+    say_from_handler(
+        "\nstrata: a second interrupt: stopping at once, without a checkpoint of this step; the checkpoints "
+        "saved before are intact (a save in progress is discarded at the next start): continue with --resume\n");
     std::signal(SIGINT, SIG_DFL);
     std::raise(SIGINT);
     return;
   }
+  if (g_stop_signal == 0)
+    say_from_handler(sig == SIGINT ? "\nstrata: interrupt: stopping after the step in flight, with a checkpoint "
+                                     "when strata.checkpoint_dir is set (interrupt again to stop at once)\n"
+                                   : "\nstrata: stop signal: stopping after the step in flight, with a checkpoint "
+                                     "when strata.checkpoint_dir is set\n");
   g_stop_signal = sig;
+  errno = saved_errno;
 }
 
 // Installs the handlers for the run and puts the previous ones back after it.

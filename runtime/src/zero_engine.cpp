@@ -179,8 +179,10 @@ ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communica
 
   // Check the plan before anything is allocated: every home copy must fit its tier,
   // and the device must hold one group's working set on top.
-  if (!opts_.store.nvme.paths.empty() && opts_.store.nvme.capacity == 0)
+  if (!opts_.store.nvme.paths.empty() && opts_.store.nvme.capacity == 0) {
     opts_.store.nvme.capacity = layout_.nvme_capacity();
+    opts_.store.nvme.capacity_automatic = true;
+  }
   const uint64_t device_home = layout_.need[int(Tier::Device)].homes();
   const uint64_t working = layout_.device_working;
   if (device_home + working > opts_.store.device_budget) {
@@ -237,7 +239,10 @@ ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communica
     }
   }
   // A trace path that cannot be written is refused now, not after the run.
-  if (!opts_.trace_path.empty()) check_output_path(opts_.trace_path, "strata.trace");
+  if (!opts_.trace_path.empty()) {
+    check_output_path(opts_.trace_path, "strata.trace");
+    check_output_writable(opts_.trace_path, "strata.trace");
+  }
   init_shards();
   // Last, so that a constructor that throws leaves no recorder active behind it. The
   // trace starts with training; initialisation is not in it.

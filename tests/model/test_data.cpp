@@ -256,7 +256,7 @@ TEST(Data, BadFilesAreClearConfigErrors) {
   EXPECT_HAS(m, "(0xe9) begins a malformed UTF-8 sequence");
   EXPECT_HAS(m, "iconv");
   EXPECT_HAS(open(dir.file("ff.txt", some_text(50) + "\xff")), "(0xff) cannot begin a UTF-8 character");
-  EXPECT_HAS(open(dir.file("cut.txt", some_text(50) + "\xe6\x9d")), "that the file cuts off");
+  EXPECT_HAS(open(dir.file("cut.txt", some_text(50) + "\xe6\x9d")), "begins a UTF-8 character cut off by the end");
   EXPECT_HAS(open(dir.file("overlong.txt", some_text(50) + "\xc0\xaf")), "overlong");
   // A byte vocabulary smaller than the text needs.
   EXPECT_HAS(open(dir.file("a.txt", some_text(100)), DataFormat::Text, 100), "set strata.model.vocab to at least");

@@ -268,6 +268,8 @@ TEST_P(IoEngineTest, EioAndEnospcFailTheTransferNamingPathOffsetAndLength) {
   EXPECT_EQ(w.length(), 64u << 10);
   std::string msg = w.what();
   EXPECT_NE(msg.find(f.path()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("the disk is full: free space on it or point nvme_path at a disk with room"), std::string::npos)
+      << msg;
   EXPECT_NE(msg.find("offset 1179648"), std::string::npos) << msg;
   EXPECT_NE(msg.find("length 65536"), std::string::npos) << msg;
   EXPECT_NE(msg.find("write"), std::string::npos) << msg;

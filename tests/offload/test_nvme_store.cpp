@@ -394,11 +394,27 @@ TEST(NvmeStore, CapacityBeyondTheFreeSpaceIsOutOfBudgetBeforeAnyFileExists) {
     EXPECT_NE(m.find(d.path), std::string::npos) << m;
     EXPECT_NE(m.find("free"), std::string::npos) << m;
     EXPECT_NE(m.find("1.00 PiB"), std::string::npos) << m;
-    EXPECT_NE(m.find("lower the NVMe budget"), std::string::npos) << m;
+    EXPECT_NE(m.find("nvme store (strata.nvme_budget 1.00 PiB"), std::string::npos) << m;
+    EXPECT_NE(m.find("or lower strata.nvme_budget"), std::string::npos) << m;
     EXPECT_NE(m.find("1 named swap file(s) of running processes hold 1.00 MiB"), std::string::npos) << m;
     EXPECT_NE(m.find("lsof +L1 " + d.path), std::string::npos) << m;
   }
   EXPECT_EQ(count_entries(d.path), 1u);  // the live process's file, and nothing new
+  // Sized automatically (strata.nvme_budget unset), the budget cannot be lowered: the
+  // message says what can be done instead.
+  NvmeStoreOptions automatic = opts({d.path}, pib);
+  automatic.capacity_automatic = true;
+  try {
+    NvmeStore store(automatic);
+    FAIL() << "a 1 PiB store was created";
+  } catch (const OutOfBudget& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("nvme store (automatic NVMe budget 1.00 PiB"), std::string::npos) << m;
+    EXPECT_NE(m.find("keep fewer states on NVMe (offload_param or offload_optimizer device \"cpu\"): the NVMe budget "
+                     "is automatic (strata.nvme_budget unset)"),
+              std::string::npos)
+        << m;
+  }
 }
 
 TEST(NvmeStore, BadPathsAreConfigErrorsNamingThePath) {

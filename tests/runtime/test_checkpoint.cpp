@@ -12,6 +12,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 
 #include "strata/runtime/export.hpp"
 
@@ -292,6 +293,12 @@ TEST(Checkpoint, FullDiskLeavesExistingCheckpointsUntouched) {
   t.step();
   std::string msg = error_of<IoError>([&] { save_checkpoint(*t.engine, self(), mnt.string(), kConfig, {}, t.names()); });
   EXPECT_NE(msg.find("No space left on device"), std::string::npos) << msg;
+  // The fix is the checkpoint directory's, not the swap files' (#16 class 8).
+  EXPECT_NE(msg.find("the disk is full: free space on it or set strata.checkpoint_dir to a disk with room; the "
+                     "checkpoints saved before are intact"),
+            std::string::npos)
+      << msg;
+  EXPECT_EQ(msg.find("nvme_path"), std::string::npos) << msg;
   std::printf("full disk: %s\n", msg.c_str());
   EXPECT_EQ(snapshot(mnt), before);
   EXPECT_EQ(latest_checkpoint(mnt.string()), first);
@@ -313,4 +320,61 @@ TEST(Checkpoint, ExportRefusesACheckpointThatIsNotAGpt) {
   const std::string msg = error_of<ConfigError>([&] { export_safetensors(ck2, out, false); });
   EXPECT_NE(msg.find("is not of the GPT its configuration describes"), std::string::npos) << msg;
   EXPECT_FALSE(fs::exists(out));
+}
+
+// The manifest's fields are read with their types and ranges checked, and its sizes are
+// added and multiplied without wrapping around (tests/fuzz/fuzz_manifest.cpp fuzzes the
+// same function). Each damaged field is a CorruptionError naming it.
+TEST(CheckpointManifest, EveryFieldIsCheckedForTypeRangeAndOverflow) {
+  const nlohmann::json good = {
+      {"format", "strata-checkpoint"}, {"version", 1}, {"step", 2}, {"optimizer_steps", 2}, {"precision", "fp16"},
+      {"loss_scaler", {{"scale", 256.0}, {"iter", 2}, {"last_overflow_iter", -1}, {"hysteresis", 2}}},
+      {"world_size", 2}, {"config", nlohmann::json::object()}, {"extra", nlohmann::json::object()},
+      {"groups", {{{"name", "wte"}, {"numel", 5}, {"padded", 6}, {"shard", 3}}}},
+      {"files", {{{"name", "rank-0.bin"}, {"bytes", 36}, {"xxh3", {"0123456789abcdef", "0", "0"}}},
+                 {{"name", "rank-1.bin"}, {"bytes", 36}, {"xxh3", {"0", "0", "0"}}}}}};
+  auto fixed = [](nlohmann::json j) {  // well-formed checksum strings
+    for (auto& f : j["files"])
+      for (auto& h : f["xxh3"]) h = std::string(16 - h.get<std::string>().size(), '0') + h.get<std::string>();
+    return j;
+  };
+  const CheckpointInfo info = parse_checkpoint_manifest("/x/step-2", seal_checkpoint_manifest(fixed(good)));
+  EXPECT_EQ(info.world_size, 2);
+  ASSERT_TRUE(info.loss_scaler.has_value());
+  EXPECT_EQ(info.loss_scaler->last_overflow_iter, -1);
+  EXPECT_EQ(info.files[0].segments[0], 0x0123456789abcdefull);
+
+  auto damaged = [&](const std::function<void(nlohmann::json&)>& change) {
+    nlohmann::json j = fixed(good);
+    change(j);
+    return test::error_of<CorruptionError>([&] { parse_checkpoint_manifest("/x/step-2", seal_checkpoint_manifest(j)); });
+  };
+  EXPECT_NE(damaged([](auto& j) { j["version"] = 1.5; }).find("'version' = 1.5, not an integer"), std::string::npos);
+  EXPECT_NE(damaged([](auto& j) { j["version"] = 1e300; }).find("'version' = 1e+300, not an integer"), std::string::npos);
+  EXPECT_NE(damaged([](auto& j) { j["step"] = -1; }).find("'step' = -1, not an integer from 0"), std::string::npos);
+  EXPECT_NE(damaged([](auto& j) { j["world_size"] = 0; }).find("'world_size' = 0"), std::string::npos);
+  EXPECT_NE(damaged([](auto& j) { j["world_size"] = 4294967298.0; }).find("'world_size'"), std::string::npos);
+  EXPECT_NE(damaged([](auto& j) { j["loss_scaler"]["hysteresis"] = 1e20; }).find("'hysteresis'"), std::string::npos);
+  EXPECT_NE(damaged([](auto& j) { j["loss_scaler"]["scale"] = -2.0; }).find("loss scale -2.0"), std::string::npos);
+  EXPECT_NE(damaged([](auto& j) { j["precision"] = "f8"; }).find("precision 'f8'"), std::string::npos);
+  // shard x world_size wraps to padded: 2^63 x 2 = 0 (mod 2^64).
+  EXPECT_NE(damaged([](auto& j) {
+              j["groups"][0]["shard"] = uint64_t{1} << 63;
+              j["groups"][0]["padded"] = 0;
+            }).find("'padded' = 0"),
+            std::string::npos);
+  EXPECT_NE(damaged([](auto& j) {
+              j["groups"][0]["shard"] = uint64_t{1} << 63;
+              j["groups"][0]["padded"] = uint64_t{1} << 63;
+            }).find("group 'wte' has numel 5"),
+            std::string::npos);
+  // 12 bytes a shard element: 3 x 2^62 x 12 wraps; the rank files' bytes cannot match.
+  EXPECT_NE(damaged([](auto& j) {
+              j["groups"][0]["shard"] = 3 * (uint64_t{1} << 61);
+              j["groups"][0]["padded"] = 3 * (uint64_t{1} << 62);
+            }).find("inconsistent: group 'wte'"),
+            std::string::npos);
+  EXPECT_NE(damaged([](auto& j) { j["files"][1]["xxh3"][0] = "+000000000000001"; }).find("malformed checksum"),
+            std::string::npos);
+  EXPECT_NE(damaged([](auto& j) { j["files"][1]["xxh3"][0] = 7; }).find("wrong type"), std::string::npos);
 }

@@ -793,6 +793,11 @@ TEST(Config, BadOverridesAreConfigErrors) {
   EXPECT_HAS(error("a..b=3"), "empty key name");
   m = error("train_batch_size.x=1");
   EXPECT_HAS(m, "'train_batch_size' is 32, not a section");
+  // Not UTF-8 (found by tests/fuzz/fuzz_set.cpp: the raw string reached an error
+  // message's json::dump, which threw json::type_error): refused before it is stored.
+  m = error("scheduler.params={\"war\x9d\x8a\x8f\xa0num_steps\": 6}");
+  EXPECT_HAS(m, "is not UTF-8 text: its byte 23 cannot begin a UTF-8 character");
+  EXPECT_HAS(error("strata.trace=a\xc3"), "byte 15 begins a UTF-8 character cut off by the end");
   // An override with a misspelt key is caught by parse_config like the file's own.
   apply_override(j, "zero_optimization.stag=2");
   EXPECT_HAS(error_of(j), "unknown config key 'zero_optimization.stag'");

@@ -455,6 +455,26 @@ TEST(Train, UnwritableCheckpointDirIsRefusedAtStart) {
   EXPECT_EQ(fs::file_size(o.metrics_path), 0u) << "a step was trained";
 }
 
+// A trace that cannot be written was found only when the run ended (after all its work,
+// with exit 0 and an error line, #16 class 8): now it is refused before the first step,
+// and nothing is left at the trace's path.
+TEST(Train, UnwritableTraceIsRefusedAtStart) {
+  Dir d("trace");
+  const std::string data = write_file(d.p / "corpus.txt", corpus(200));
+  Config c = config(d, data, small_shape(), 2);
+  c.strata.trace = (d.p / "no-such-dir" / "trace.json").string();
+  TrainOptions o = quiet();
+  o.metrics_path = (d.p / "metrics.jsonl").string();
+  std::string msg = error_of<ConfigError>([&] { train(c, o); });
+  EXPECT_TRUE(has(msg, "strata.trace '" + c.strata.trace + "' cannot be written (No such file or directory)")) << msg;
+  EXPECT_FALSE(fs::exists(o.metrics_path) && fs::file_size(o.metrics_path) > 0) << "a step was trained";
+  // A writable one is not created by the check, only by the run's end.
+  c.strata.trace = (d.p / "trace.json").string();
+  c.strata.steps = 1;
+  train(c, quiet());
+  EXPECT_TRUE(fs::exists(c.strata.trace));
+}
+
 TEST(Train, ReadOnlyCheckpointDirIsRefusedAtStart) {
   if (::geteuid() == 0) GTEST_SKIP() << "running as root: a read-only directory is writable to root";
   Dir d("readonly");

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """`strata train` stopped by a signal: SIGTERM (a scheduler's preemption) mid-run ends the
 run after the step in flight with a checkpoint of that step and exit status 128 + 15, and
---resume continues from it; without strata.checkpoint_dir it says that nothing was saved.
+--resume continues from it; without strata.checkpoint_dir it says that nothing was saved;
+a second SIGINT stops at once, saying so, and --resume still works.
 
 Usage: test_train_signal.py STRATA_BINARY
 """
@@ -88,6 +89,46 @@ def main():
         rc, out = run_until_steps_then_signal(strata, cfg2, tmp / "m3.jsonl", 2, signal.SIGINT)
         if rc != 128 + signal.SIGINT or "no checkpoint was written" not in out:
             failures.append(f"SIGINT without checkpoint_dir: exit {rc}, output:\n{out}")
+
+        # A second Ctrl-C stops at once and says so (it used to exit silently); the lock
+        # dies with the process and the checkpoints before are intact: --resume works.
+        # Steps of ~0.05 s or more (4096 tokens), so that the second signal, 10 ms after the
+        # first, lands while the step the first one lets finish is still running. When the
+        # run was faster (it stopped normally: "stopped by signal 2"), the attempt is made
+        # again with a new checkpoint_dir, up to 5 times.
+        for attempt in range(5):
+            slow = config(tmp, True)
+            slow["train_micro_batch_size_per_gpu"] = 64
+            slow["strata"].update({"checkpoint_dir": str(tmp / f"ckpt-slow-{attempt}"), "device_budget": "128MiB",
+                                   "pinned_budget": "128MiB"})
+            cfg4 = tmp / f"cfg4-{attempt}.json"
+            cfg4.write_text(json.dumps(slow))
+            m4 = tmp / f"m4-{attempt}.jsonl"
+            proc = subprocess.Popen([strata, "train", "--config", str(cfg4), "--metrics", str(m4)],
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            deadline = time.time() + 180
+            while len(metrics(m4)) < 2 and proc.poll() is None and time.time() < deadline:
+                time.sleep(0.02)
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.01)
+            proc.send_signal(signal.SIGINT)
+            out, _ = proc.communicate(timeout=120)
+            if "stopped by signal 2" in out and "a second interrupt" not in out:
+                print(f"attempt {attempt}: the run stopped before the second signal came; again")
+                continue
+            print(out)
+            if proc.returncode != -signal.SIGINT or "strata: a second interrupt: stopping at once" not in out \
+                    or "strata: interrupt: stopping after the step in flight" not in out:
+                failures.append(f"second SIGINT: exit {proc.returncode}, expected death by SIGINT with both "
+                                f"messages; output:\n{out}")
+            # The lock died with the process; the checkpoints before are intact: --resume works.
+            r = subprocess.run([strata, "train", "--config", str(cfg4), "--resume", "--steps", "3", "--quiet"],
+                               capture_output=True, text=True, timeout=300)
+            if r.returncode != 0:
+                failures.append(f"--resume after the second SIGINT: exit {r.returncode}\n{r.stdout}{r.stderr}")
+            break
+        else:
+            failures.append("second SIGINT: in 5 attempts the run always stopped before the second signal came")
 
     if failures:
         print("FAILED:\n" + "\n".join(failures))

@@ -28,7 +28,10 @@ class ConfigError : public Error {
 // An I/O operation failed. Carries the path, offset, length and errno.
 class IoError : public Error {
  public:
-  IoError(const std::string& what, std::string path, uint64_t offset, uint64_t length, int err);
+  // `on_full`: the fix a full disk (ENOSPC, EDQUOT) asks for, which depends on whose
+  // file it is ("point nvme_path at a disk with room", "set strata.checkpoint_dir ...").
+  IoError(const std::string& what, std::string path, uint64_t offset, uint64_t length, int err,
+          const std::string& on_full = "free space on it");
   const std::string& path() const { return path_; }
   uint64_t offset() const { return offset_; }
   uint64_t length() const { return length_; }

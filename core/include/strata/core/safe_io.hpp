@@ -28,6 +28,12 @@ namespace strata {
 // came from: "--out", "--metrics", "strata.trace". Symbolic links are followed.
 void check_output_path(const std::string& path, const std::string& what);
 
+// Refuses (ConfigError) an output that cannot be written: a directory that does not
+// exist or is read-only, a file without write permission. Leaves nothing behind: an
+// existing file is opened and closed unchanged, a new name created and removed. For
+// outputs written at the end of a run (a trace), so that the run fails before its work.
+void check_output_writable(const std::string& path, const std::string& what);
+
 // The checkpoint directory `path` (a file or directory, existing or not) lies in, or ""
 // (the rule of check_output_path).
 std::string enclosing_checkpoint(const std::string& path);
@@ -56,5 +62,10 @@ inline constexpr size_t kMaxJsonDepth = 64;
 // kMaxJsonDepth, invalid JSON and numbers out of a double's range all give a discarded
 // value (is_discarded()).
 nlohmann::json parse_untrusted_json(std::string_view text);
+
+// Offset of the first byte that makes `p[0..n)` not UTF-8 text (a NUL, a malformed or
+// overlong sequence, a surrogate, a code point above U+10FFFF), or n when it is text.
+// `why` says which ("is a NUL byte", ...).
+uint64_t first_non_text(const unsigned char* p, uint64_t n, const char** why);
 
 }  // namespace strata

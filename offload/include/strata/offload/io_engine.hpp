@@ -127,6 +127,8 @@ struct IoEngineOptions {
   std::vector<IoFile> files;
   uint64_t alignment = 4096;          // bytes; offsets, lengths and buffers are multiples
   std::shared_ptr<FaultPlan> faults;  // optional fault injection under the engine (tests)
+  // The fix an IoError names when the disk is full (whose files these are).
+  std::string on_full = "free space on it or point nvme_path at a disk with room";
 };
 
 struct IoStats {

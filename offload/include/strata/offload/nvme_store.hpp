@@ -28,6 +28,9 @@ struct FaultPlan;
 struct NvmeStoreOptions {
   std::vector<std::string> paths;  // directories; one (unnamed) swap file is made in each
   uint64_t capacity = 0;           // bytes, over all paths together (the nvme budget)
+  // Set when the capacity was sized automatically (what the states homed on NVMe need,
+  // strata.nvme_budget unset), so that a refusal names the fix that applies.
+  bool capacity_automatic = false;
   AioConfig aio;                   // block size, queue depth, rings, engine choice
   bool checksums = false;          // xxHash per extent, verified on every read
   std::shared_ptr<FaultPlan> faults;  // optional fault injection under the engine (tests)

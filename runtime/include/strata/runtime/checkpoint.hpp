@@ -142,6 +142,12 @@ std::string other_checkpoints_hint(const std::string& failed);
 // CorruptionError (missing/garbled manifest, missing rank file, wrong size) or
 // ConfigError naming the problem.
 CheckpointInfo read_checkpoint_info(const std::string& dir);
+// The manifest part of read_checkpoint_info: `text` as manifest.json of checkpoint `dir`
+// holds it, checked (checksum, fields, their types and ranges, that the sizes fit
+// together) but no file opened. seal_checkpoint_manifest: `body` with the checksum a
+// manifest carries (any "checksum" in it replaced), as the text of a manifest.json.
+CheckpointInfo parse_checkpoint_manifest(const std::string& dir, const std::string& text);
+std::string seal_checkpoint_manifest(nlohmann::json body);
 
 // Collective: loads optimizer shards (and so the working parameters) into the engine.
 // The fp32 master weights and moments are stored whatever the precision, so a checkpoint

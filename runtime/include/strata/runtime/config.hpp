@@ -128,6 +128,8 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 // file of at most kMaxConfigBytes, nested at most kMaxJsonDepth deep (core/safe_io.hpp).
 nlohmann::json load_config_json(const std::string& path);
 inline constexpr uint64_t kMaxConfigBytes = 16ull << 20;
+// The same for a config's text; `path` names it in messages.
+nlohmann::json parse_config_text(const std::string& text, const std::string& path);
 
 // Applies "a.b.c=value" (value parsed as JSON, else taken as a string) to the JSON
 // before parsing; used for command-line overrides. Unknown keys fail as in the file.
