@@ -68,6 +68,12 @@ void check_output_path(const std::string& path, const std::string& what) {
     throw ConfigError(what + " '" + path + "' is " + file_kind(st.st_mode) +
                       ", not a regular file: Strata writes outputs only to regular files or new names, so that "
                       "nothing else is replaced; give a file path");
+  // A second name of a file (a hard link to a checkpoint's shard, say): writing it would
+  // change the file under its other names too, where no rule here can see it.
+  if (S_ISREG(st.st_mode) && st.st_nlink > 1)
+    throw ConfigError(what + " '" + path + "' has " + std::to_string(st.st_nlink) +
+                      " hard links: writing it would change the file under its other names too (a checkpoint's "
+                      "shard, perhaps); give a file of its own");
   if (const std::string ck = enclosing_checkpoint(path); !ck.empty())
     throw ConfigError(what + " '" + path + "' lies inside checkpoint directory '" + ck +
                       "': writing there could replace or corrupt the checkpoint's files; write it outside the "

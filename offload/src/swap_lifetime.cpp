@@ -63,7 +63,11 @@ int open_unnamed_swap_file(const std::string& dir) {
   // EOPNOTSUPP: this file system has no O_TMPFILE; EISDIR: the kernel predates it;
   // EINVAL: O_TMPFILE or O_DIRECT refused (the named open below tells which).
   if (e != EOPNOTSUPP && e != EISDIR && e != EINVAL) throw_create_failed(dir, e);
+  return open_named_swap_file(dir);
+}
 
+int open_named_swap_file(const std::string& dir) {
+  int fd = -1, e = 0;
   const std::string pid = std::to_string(getpid());
   for (;;) {
     const std::string path = join(dir, "strata-swap-" + pid + "-" + std::to_string(g_swap_serial.fetch_add(1)) + ".bin");

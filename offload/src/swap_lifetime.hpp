@@ -22,6 +22,10 @@ namespace strata::detail {
 // Throws ConfigError naming the directory when the file system refuses O_DIRECT or the
 // file cannot be made.
 int open_unnamed_swap_file(const std::string& dir);
+// Its fallback where O_TMPFILE is refused: strata-swap-<pid>-<n>.bin created with
+// O_EXCL (a name an earlier process with this pid left is skipped), flocked, and unlinked
+// before it is returned.
+int open_named_swap_file(const std::string& dir);
 
 struct StaleSwapFiles {
   uint64_t reclaimed_files = 0;

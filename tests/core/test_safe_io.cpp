@@ -60,6 +60,34 @@ TEST(SafeIo, OutputsAreRegularFilesOrNewNames) {
   fs::create_symlink("/dev/null", dir.path / "null-link");
   EXPECT_HAS(refusal((dir.path / "null-link").string()), "is a character device");
   EXPECT_HAS(refusal(""), "--out is empty");
+  // A hard link to a checkpoint's shard, outside the checkpoint: appending metrics to it
+  // would have corrupted the shard.
+  const fs::path ck = dir.path / "run" / "step-00000004";
+  fs::create_directories(ck);
+  const std::string shard = dir.file("run/step-00000004/rank-0.bin");
+  fs::create_hard_link(shard, dir.path / "metrics.jsonl");
+  EXPECT_HAS(refusal((dir.path / "metrics.jsonl").string(), "--metrics"),
+             "--metrics '" + (dir.path / "metrics.jsonl").string() + "' has 2 hard links");
+}
+
+// check_output_writable: a missing directory or an unwritable file is refused; nothing
+// is created or changed by the check.
+TEST(SafeIo, OutputsThatCannotBeWrittenAreRefusedLeavingNothing) {
+  TempDir dir;
+  const std::string fresh = (dir.path / "trace.json").string();
+  EXPECT_NO_THROW(check_output_writable(fresh, "strata.trace"));
+  EXPECT_FALSE(fs::exists(fresh));
+  const std::string old = dir.file("old.json");
+  const auto size = fs::file_size(old);
+  EXPECT_NO_THROW(check_output_writable(old, "strata.trace"));
+  EXPECT_EQ(fs::file_size(old), size);
+  std::string m;
+  try {
+    check_output_writable((dir.path / "no" / "t.json").string(), "strata.trace");
+  } catch (const ConfigError& e) {
+    m = e.what();
+  }
+  EXPECT_HAS(m, "cannot be written (No such file or directory): give a file in an existing, writable directory");
 }
 
 TEST(SafeIo, NothingIsWrittenInsideACheckpoint) {

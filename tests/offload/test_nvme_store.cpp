@@ -26,6 +26,7 @@
 #include "strata/core/device.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/log.hpp"
+#include "swap_lifetime.hpp"
 #include "strata/memory/tier.hpp"
 #include "strata/offload/fault_injection.hpp"
 #include "strata/offload/nvme_store.hpp"
@@ -448,6 +449,36 @@ TEST(NvmeStore, SwapFilesHaveNoNameAndLeaveNothingBehind) {
   }
   EXPECT_EQ(count_entries(d0.path), 0u);
   EXPECT_EQ(count_entries(d1.path), 0u);
+}
+
+// The fallback for file systems without O_TMPFILE (ext4 here has it, so the store never
+// takes this path in the tests above): the file has a name only between its create and
+// its unlink, inside the call; it is a working O_DIRECT file; a name an earlier process
+// with this pid left (a crash in that window) is skipped, not opened.
+TEST(NvmeStore, NamedFallbackSwapFileIsUnlinkedBeforeItIsReturned) {
+  TempDir d;
+  const std::string stale = d.path + "/strata-swap-" + std::to_string(getpid()) + "-0.bin";
+  {
+    std::FILE* f = std::fopen(stale.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("an earlier process's", f);
+    std::fclose(f);
+  }
+  const int fd = detail::open_named_swap_file(d.path);
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(count_entries(d.path), 1u);  // only the earlier file: the new one has no name
+  struct stat st {};
+  ASSERT_EQ(::fstat(fd, &st), 0);
+  EXPECT_EQ(st.st_nlink, 0u);
+  EXPECT_EQ(st.st_size, 0);
+  void* buf = nullptr;
+  ASSERT_EQ(::posix_memalign(&buf, 4096, 4096), 0);
+  std::memset(buf, 7, 4096);
+  EXPECT_EQ(::pwrite(fd, buf, 4096, 0), 4096);  // O_DIRECT: an aligned write
+  std::free(buf);
+  EXPECT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);  // this descriptor's own lock
+  ::close(fd);
+  EXPECT_EQ(std::filesystem::file_size(stale), 20u);  // untouched
 }
 
 // The case the names made leak: a rank killed with SIGKILL (or SIGBUS, a segfault, an
