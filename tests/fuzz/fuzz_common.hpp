@@ -36,11 +36,16 @@ void only_strata_errors(const char* target, F&& f) {
   }
 }
 
-// Warnings (unknown keys, ...) are part of what is fuzzed, not of its output.
-inline void quiet() { log::set_level(log::Level::Error); }
 
 inline std::string_view bytes(const uint8_t* data, size_t size) {
   return {reinterpret_cast<const char*>(data), size};
 }
 
 }  // namespace strata::fuzz
+
+// Every target includes this once: warnings (unknown keys, ...) are part of what is
+// fuzzed, not of its output.
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  strata::log::set_level(strata::log::Level::Error);
+  return 0;
+}

@@ -9,11 +9,6 @@
 #include "fuzz_common.hpp"
 #include "strata/runtime/config.hpp"
 
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  strata::fuzz::quiet();
-  return 0;
-}
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view in = strata::fuzz::bytes(data, size);
   const size_t nul = in.find('\0');

@@ -12,11 +12,6 @@
 #include "strata/model/data.hpp"
 #include "strata/runtime/checkpoint.hpp"
 
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  strata::fuzz::quiet();
-  return 0;
-}
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view in = strata::fuzz::bytes(data, size);
   std::string text(in);

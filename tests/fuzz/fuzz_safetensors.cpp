@@ -8,11 +8,6 @@
 #include "fuzz_common.hpp"
 #include "strata/runtime/safetensors.hpp"
 
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  strata::fuzz::quiet();
-  return 0;
-}
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view in = strata::fuzz::bytes(data, size);
   strata::fuzz::only_strata_errors("fuzz_safetensors", [&] {

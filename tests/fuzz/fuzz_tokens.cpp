@@ -12,11 +12,6 @@
 #include "fuzz_common.hpp"
 #include "strata/model/data.hpp"
 
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  strata::fuzz::quiet();
-  return 0;
-}
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int fd = ::memfd_create("fuzz-tokens", MFD_CLOEXEC);
   if (fd < 0) std::abort();
