@@ -1,13 +1,17 @@
-// `strata train` and `strata sample`.
+// `strata train`, `strata sample` and `strata eval`.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "strata/bench/cli_checks.hpp"
+#include "strata/core/convert.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/safe_io.hpp"
+#include "strata/model/data.hpp"
 #include "strata/model/gpt.hpp"
 #include "strata/runtime/checkpoint.hpp"
 #include "cli.hpp"
@@ -38,6 +42,17 @@ struct SampleArgs {
   int top_k = 0;
   uint64_t seed = 1;
 } g_sample;
+
+struct EvalArgs {
+  std::string checkpoint;
+  std::string data;
+  std::string format = "auto";
+  int seq = 0;             // 0: the model's context
+  uint64_t max_windows = 0;  // 0: all
+  int batch = 8;
+  std::string precision;   // "": what the run trained in
+  bool json = false;
+} g_eval;
 
 int run_train() {
   std::vector<std::string> sets = g_train.sets;
@@ -72,15 +87,33 @@ std::string resolve_checkpoint(const std::string& path) {
   }
 }
 
-int run_sample() {
-  const std::string dir = resolve_checkpoint(g_sample.checkpoint);
-  CheckpointInfo info = read_checkpoint_info(dir);
-  // Only the model's shape: a checkpoint is complete on its own, so the run's nvme_path,
-  // data file and budgets need not exist here (export reads it the same way).
-  const GptShape shape = checkpoint_gpt_shape(info);
+// A checkpoint's fp32 master weights in host memory, for sample and eval. Only the
+// model's shape is read from its config: a checkpoint is complete on its own, so the
+// run's nvme_path, data file and budgets need not exist here (export reads it the same
+// way).
+struct LoadedCheckpoint {
+  std::string dir;
+  CheckpointInfo info;
+  GptShape shape;
   std::vector<std::vector<float>> groups;
-  for (int g = 0; g < static_cast<int>(gpt_groups(shape).size()); ++g) groups.push_back(read_checkpoint_group(info, g));
-  HostWeights w(std::move(groups));
+};
+
+LoadedCheckpoint load_weights(const std::string& path) {
+  LoadedCheckpoint c;
+  c.dir = resolve_checkpoint(path);
+  c.info = read_checkpoint_info(c.dir);
+  c.shape = checkpoint_gpt_shape(c.info);
+  for (int g = 0; g < static_cast<int>(gpt_groups(c.shape).size()); ++g)
+    c.groups.push_back(read_checkpoint_group(c.info, g));
+  return c;
+}
+
+int run_sample() {
+  LoadedCheckpoint ck = load_weights(g_sample.checkpoint);
+  const std::string& dir = ck.dir;
+  const CheckpointInfo& info = ck.info;
+  const GptShape shape = ck.shape;
+  HostWeights w(std::move(ck.groups));
   Gpt model(shape, {1, ActivationCheckpointing::None});
 
   const bool bytes = shape.vocab == 256;
@@ -143,6 +176,57 @@ int run_sample() {
   return 0;
 }
 
+// The mean next-token cross-entropy over the data file's windows of seq + 1 tokens at
+// token offsets 0, seq, 2 seq, ... (each predicts its last seq tokens), in file order, the
+// first --max-windows of them when given: the loss of every token predicted, averaged.
+// A context shorter than the model's uses the first seq rows of its position table, as
+// PyTorch's GPT-2 does for a shorter input. It computes in the precision the run trained in
+// (the weights its masters rounded to it, 16-bit activations as in training), or --precision.
+int run_eval() {
+  LoadedCheckpoint ck = load_weights(g_eval.checkpoint);
+  GptShape shape = ck.shape;
+  const int seq = g_eval.seq > 0 ? g_eval.seq : shape.seq_len;
+  if (seq > shape.seq_len)
+    throw ConfigError("--seq " + std::to_string(seq) + " is longer than the model's context of " +
+                      std::to_string(shape.seq_len) + " tokens: give --seq " + std::to_string(shape.seq_len) +
+                      " or less");
+  // Group 0 is wte [vocab, d] then wpe [seq_len, d]: its first seq rows of wpe remain.
+  shape.seq_len = seq;
+  ck.groups[0].resize(static_cast<size_t>(shape.vocab + seq) * static_cast<size_t>(shape.d_model));
+  // The trained precision by default, as --eval-batches evaluates and export writes.
+  const DType precision = parse_precision(g_eval.precision.empty() ? ck.info.precision : g_eval.precision);
+  HostWeights w(std::move(ck.groups), precision);
+  const TokenDataset data(g_eval.data, parse_data_format(g_eval.format), seq, shape.vocab, /*seed=*/0, 0.0);
+  const uint64_t windows =
+      g_eval.max_windows > 0 ? std::min<uint64_t>(g_eval.max_windows, data.windows()) : data.windows();
+  const int batch = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(g_eval.batch), windows));
+  std::unique_ptr<Gpt> model =
+      std::make_unique<Gpt>(shape, GptOptions{batch, ActivationCheckpointing::None, precision});
+  std::vector<int32_t> x(static_cast<size_t>(batch) * seq), y(x.size());
+  double sum = 0;  // of the per-token losses
+  for (uint64_t first = 0; first < windows; first += static_cast<uint64_t>(batch)) {
+    const int n = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(batch), windows - first));
+    if (n != model->options().micro_batch)  // the last, shorter batch
+      model = std::make_unique<Gpt>(shape, GptOptions{n, ActivationCheckpointing::None, precision});
+    for (int i = 0; i < n; ++i)
+      data.window(first + i, x.data() + static_cast<size_t>(i) * seq, y.data() + static_cast<size_t>(i) * seq);
+    sum += model->forward_loss(w, x.data(), y.data()) * n * seq;
+  }
+  const uint64_t tokens = windows * static_cast<uint64_t>(seq);
+  const double loss = sum / static_cast<double>(tokens);
+  if (g_eval.json) {
+    std::printf("{\"loss\": %.17g, \"windows\": %llu, \"tokens\": %llu, \"precision\": \"%s\"}\n", loss,
+                static_cast<unsigned long long>(windows), static_cast<unsigned long long>(tokens),
+                precision_name(precision));
+  } else {
+    std::printf("eval of %s (step %lld) on %s in %s: loss %.6f over %llu windows of %d tokens (%llu tokens "
+                "predicted)\n",
+                ck.dir.c_str(), static_cast<long long>(ck.info.step), g_eval.data.c_str(), precision_name(precision),
+                loss, static_cast<unsigned long long>(windows), seq + 1, static_cast<unsigned long long>(tokens));
+  }
+  return 0;
+}
+
 }  // namespace
 
 void add_train(CLI::App& app) {
@@ -174,6 +258,20 @@ void add_train(CLI::App& app) {
   s->add_option("--top-k", g_sample.top_k, "Sample among the k most likely tokens (0 = all)")->check(cli_checks::at_least(0));
   s->add_option("--seed", g_sample.seed, "Sampling seed");
   s->callback([] { selected() = run_sample; });
+
+  auto* e = app.add_subcommand("eval", "Mean next-token loss of a checkpoint on a data file");
+  e->add_option("--checkpoint", g_eval.checkpoint, "A checkpoint directory, or the root holding several (latest used)")
+      ->required();
+  e->add_option("--data", g_eval.data, "Data file (text or llm.c tokens, as strata.data)")->required();
+  e->add_option("--format", g_eval.format, "auto, text or tokens")->capture_default_str();
+  e->add_option("--seq", g_eval.seq, "Tokens predicted per window (default: the model's context)")
+      ->check(cli_checks::at_least(1));
+  e->add_option("--max-windows", g_eval.max_windows, "Evaluate the first N windows only (default: all)")
+      ->check(cli_checks::at_least(1));
+  e->add_option("--batch", g_eval.batch, "Windows per forward pass")->capture_default_str()->check(cli_checks::at_least(1));
+  e->add_option("--precision", g_eval.precision, "f32, bf16 or fp16 (default: the precision the run trained in)");
+  e->add_flag("--json", g_eval.json, "Print {\"loss\": ..., \"windows\": ..., \"tokens\": ...}");
+  e->callback([] { selected() = run_eval; });
 }
 
 }  // namespace strata::cli

@@ -349,6 +349,12 @@ bool TokenDataset::heldout_batch(uint64_t b, int rank, int world, int micro_batc
   return true;
 }
 
+void TokenDataset::window(uint64_t w, int32_t* x, int32_t* y) const {
+  STRATA_CHECK(w < windows(), "window " + std::to_string(w) + " of " + std::to_string(windows()));
+  impl_->window(w, x, y);
+}
+uint64_t TokenDataset::windows() const { return impl_->train + impl_->heldout; }
+
 DataFormat TokenDataset::format() const { return impl_->format; }
 const std::string& TokenDataset::path() const { return impl_->path; }
 uint64_t TokenDataset::tokens() const { return impl_->count; }

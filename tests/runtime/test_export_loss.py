@@ -10,6 +10,9 @@ bf16 weights; Strata evaluates with 16-bit activations (docs/mixed-precision.md)
 losses differ by the rounding of those, not by the weights: relative 1e-4 (measured
 1.9e-6; the rounding errors of 384 positions average out in the mean loss).
 
+`strata eval` on the same checkpoint gives PyTorch's mean loss over the same windows (a
+context shorter than the model's and the first 150 windows; the whole file): relative 1e-5.
+
 usage: test_export_loss.py --strata BIN --workdir DIR [--precision f32|bf16]
 """
 import argparse
@@ -120,4 +123,33 @@ print(f"held-out loss: strata {strata_loss:.6f}, PyTorch on the exported weights
 # activations (see the top), PyTorch here does not.
 if rel > (1e-4 if a.precision == "bf16" else 1e-5):
     sys.exit("the exported model's loss differs from Strata's")
+
+# `strata eval` on the same checkpoint and text: the mean loss over windows of Te + 1
+# tokens at offsets 0, Te, 2Te, ... in file order, against the same windows here; once with
+# a shorter context than the model's (the first Te rows of wpe) and the first 150 windows,
+# once with the model's own over the whole file. `strata eval` computes in the trained
+# precision, as the held-out loss above: relative 1e-5 (f32), 1e-4 (bf16).
+for Te, max_windows in ((T // 2 + 3, 150), (T, None)):
+    cmd = [a.strata, "eval", "--checkpoint", cfg["strata"]["checkpoint_dir"], "--data", data, "--json"]
+    cmd += ["--seq", str(Te)] + (["--max-windows", str(max_windows)] if max_windows else [])
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit("strata eval failed: " + r.stdout + r.stderr)
+    got = json.loads(r.stdout)
+    n = (len(tokens) - 1) // Te
+    if max_windows:
+        n = min(n, max_windows)
+    total = 0.0
+    for b0 in range(0, n, 64):
+        idx = range(b0, min(n, b0 + 64))
+        x = torch.stack([tokens[i * Te: i * Te + Te] for i in idx])
+        y = torch.stack([tokens[i * Te + 1: i * Te + Te + 1] for i in idx])
+        total += F.cross_entropy(gpt2(x).reshape(-1, V), y.reshape(-1), reduction="sum").item()
+    want = total / (n * Te)
+    rel = abs(got["loss"] - want) / want
+    print(f"strata eval --seq {Te}: loss {got['loss']:.6f} over {got['windows']} windows, {got['tokens']} tokens; "
+          f"PyTorch {want:.6f} over {n} windows; rel diff {rel:.2e}")
+    if got["windows"] != n or got["tokens"] != n * Te or got["precision"] != a.precision \
+            or rel > (1e-4 if a.precision == "bf16" else 1e-5):
+        sys.exit("strata eval differs from PyTorch on the same windows")
 print("1 passed, 0 failed")

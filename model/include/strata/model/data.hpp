@@ -94,6 +94,12 @@ class TokenDataset {
   // (b + 1) x world x micro_batch windows.
   bool heldout_batch(uint64_t b, int rank, int world, int micro_batch, int32_t* x, int32_t* y) const;
 
+  // Window w of the file, in file order (0 <= w < windows(): the training windows, then
+  // the held-out ones), as batch() writes one: x, y [seq_len]. For evaluation over the
+  // whole file (`strata eval`).
+  void window(uint64_t w, int32_t* x, int32_t* y) const;
+  uint64_t windows() const;               // train_windows() + heldout_windows()
+
   DataFormat format() const;              // Text or Tokens (never Auto)
   const std::string& path() const;
   uint64_t tokens() const;                // in the file
