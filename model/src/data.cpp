@@ -19,7 +19,8 @@ namespace strata {
 
 namespace {
 
-constexpr int32_t kLlama3Magic = 20240801;  // llm.c's uint32 token files: not supported
+constexpr int32_t kLlama3Magic = 20240801;  // llm.c's uint32 token files (llama-3 layout)
+constexpr int32_t kLlama3Version = 7;
 
 uint64_t splitmix(uint64_t& state) {
   uint64_t x = (state += 0x9e3779b97f4a7c15ull);
@@ -97,7 +98,7 @@ struct TokenDataset::Impl {
   int fd = -1;
   uint64_t file_bytes = 0;
   uint64_t data_offset = 0;        // where the tokens start (after an llm.c header)
-  int elem = 1;                    // bytes per token: 1 text, 2 llm.c uint16
+  int elem = 1;                    // bytes per token: 1 text, 2 llm.c uint16, 4 llm.c uint32
   uint64_t count = 0;              // tokens
   uint64_t train = 0, heldout = 0; // windows
   uint64_t fingerprint = 0;
@@ -128,11 +129,17 @@ struct TokenDataset::Impl {
     const uint64_t s = w * static_cast<uint64_t>(seq_len), n = static_cast<uint64_t>(seq_len) + 1;
     std::vector<unsigned char> buf(n * static_cast<uint64_t>(elem));
     read_at(buf.data(), buf.size(), data_offset + s * static_cast<uint64_t>(elem));
+    // Ids are below the vocabulary (checked at open, <= 2^24): they fit an int32.
     auto token = [&](uint64_t i) -> int32_t {
       if (elem == 1) return buf[i];
-      uint16_t v;
-      std::memcpy(&v, buf.data() + 2 * i, 2);
-      return v;
+      if (elem == 2) {
+        uint16_t v;
+        std::memcpy(&v, buf.data() + 2 * i, 2);
+        return v;
+      }
+      uint32_t v;
+      std::memcpy(&v, buf.data() + 4 * i, 4);
+      return static_cast<int32_t>(v);
     };
     for (int t = 0; t < seq_len; ++t) {
       x[t] = token(static_cast<uint64_t>(t));
@@ -218,25 +225,28 @@ TokenDataset::TokenDataset(const std::string& path, DataFormat format, int seq_l
              "write it with llm.c's write_datafile, or use strata.data.format \"text\" for a text file");
     int32_t h[3];
     std::memcpy(h, raw, sizeof h);
-    if (h[0] == kLlama3Magic)
-      d.fail("is an llm.c llama-3 token file (magic 20240801, uint32 tokens), which Strata does not read",
-             "write the tokens in the gpt-2 layout (magic 20240520, version 1, uint16 tokens)");
-    if (h[0] != kLlmcMagic)
-      d.fail("has magic " + std::to_string(h[0]) + ", not llm.c's " + std::to_string(kLlmcMagic),
+    // Two layouts (llm.c's dev/data/data_common.py): gpt-2, uint16 tokens; llama-3,
+    // uint32 tokens for vocabularies beyond 65536.
+    if (h[0] != kLlmcMagic && h[0] != kLlama3Magic)
+      d.fail("has magic " + std::to_string(h[0]) + ", not llm.c's " + std::to_string(kLlmcMagic) + " (gpt-2) or " +
+                 std::to_string(kLlama3Magic) + " (llama-3)",
              "it is not an llm.c token file: write it with llm.c's write_datafile, or use strata.data.format "
              "\"text\" (or \"auto\") for a text file");
-    if (h[1] != kLlmcVersion)
-      d.fail("has version " + std::to_string(h[1]) + "; Strata reads version " + std::to_string(kLlmcVersion) +
-                 " (uint16 tokens)",
-             "write it with llm.c's write_datafile for gpt-2");
+    const bool wide = h[0] == kLlama3Magic;
+    const int32_t want_version = wide ? kLlama3Version : kLlmcVersion;
+    if (h[1] != want_version)
+      d.fail("has version " + std::to_string(h[1]) + "; Strata reads version " + std::to_string(want_version) +
+                 " of magic " + std::to_string(h[0]) + (wide ? " (uint32 tokens)" : " (uint16 tokens)"),
+             std::string("write it with llm.c's write_datafile for ") + (wide ? "llama-3" : "gpt-2"));
     if (h[2] < 0) d.fail("has a negative token count " + std::to_string(h[2]), "the header is damaged; write the file again");
-    const uint64_t n = static_cast<uint64_t>(h[2]), want = header + 2 * n;
+    const int elem = wide ? 4 : 2;
+    const uint64_t n = static_cast<uint64_t>(h[2]), want = header + static_cast<uint64_t>(elem) * n;
     if (d.file_bytes != want)
       d.fail("is " + std::to_string(d.file_bytes) + " bytes but its header promises " + std::to_string(n) +
                  " tokens, " + std::to_string(want) + " bytes" + (d.file_bytes < want ? " (truncated)" : " (trailing bytes)"),
              "the file is damaged or incomplete; write it again");
     if (n == 0) d.fail("holds no tokens", "give a file with at least seq_len + 1 = " + std::to_string(seq_len + 1) + " tokens");
-    d.elem = 2;
+    d.elem = elem;
     d.data_offset = header;
     d.count = n;
   }
@@ -258,6 +268,8 @@ TokenDataset::TokenDataset(const std::string& path, DataFormat format, int seq_l
           uint16_t v;
           std::memcpy(&v, p + 2 * i, 2);
           t = v;
+        } else if (d.elem == 4) {
+          std::memcpy(&t, p + 4 * i, 4);
         }
         if (t > max_id) max_id = t, max_at = first_token + i;
       }
@@ -273,7 +285,8 @@ TokenDataset::TokenDataset(const std::string& path, DataFormat format, int seq_l
     d.fail("has token id " + std::to_string(max_id) + " (token " + std::to_string(max_at) +
                "), not below the model's vocabulary of " + std::to_string(vocab),
            "set strata.model.vocab to at least " + std::to_string(max_id + 1) +
-               (format == DataFormat::Text ? " (256 covers every byte)" : " (GPT-2 token files need 50257)"));
+               (format == DataFormat::Text ? " (256 covers every byte)"
+                                            : " (GPT-2's tokenizer needs 50257, Llama 3's 128256)"));
 
   if (d.count < static_cast<uint64_t>(seq_len) + 1)
     d.fail("has " + std::to_string(d.count) + " tokens; one sample needs seq_len + 1 = " + std::to_string(seq_len + 1),

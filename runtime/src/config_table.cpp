@@ -489,9 +489,9 @@ const ConfigSection kModel = {
          .field = STRATA_CONFIG_FIELD(Config, strata.model.heads)},
         {.name = "seq_len", .type = KeyType::Whole, .min = 1, .max = kMaxSeqLen, .help = "Sequence length.",
          .field = STRATA_CONFIG_FIELD(Config, strata.model.seq_len)},
-        // Token files hold uint16 ids, so ids must stay below 65536.
-        {.name = "vocab", .type = KeyType::Whole, .min = 1, .max = 65536,
-         .help = "Vocabulary size; token files hold uint16 ids.",
+        // Token files hold uint16 ids (llm.c gpt-2) or uint32 ids (llm.c llama-3).
+        {.name = "vocab", .type = KeyType::Whole, .min = 1, .max = kMaxVocab,
+         .help = "Vocabulary size; beyond 65536 the data must be llm.c's uint32 (llama-3) token files.",
          .field = STRATA_CONFIG_FIELD(Config, strata.model.vocab)},
     },
     .check = check_model,

@@ -235,6 +235,42 @@ TEST(Data, LlmcTokenFilesAreReadAndDetected) {
   }
 }
 
+// llm.c's llama-3 layout (magic 20240801, version 7, uint32 tokens): ids beyond 65536 are
+// read exactly, detected by "auto", checked against the vocabulary and the length.
+TEST(Data, Uint32TokenFilesAreReadForLargeVocabularies) {
+  TempDir dir;
+  std::mt19937 rng(2);
+  std::vector<uint32_t> toks(3000);
+  for (auto& t : toks) t = static_cast<uint32_t>(rng() % 128256);
+  toks[5] = 128255;
+  std::vector<int32_t> h(256, 0);
+  h[0] = 20240801;
+  h[1] = 7;
+  h[2] = static_cast<int32_t>(toks.size());
+  std::string bytes(reinterpret_cast<const char*>(h.data()), h.size() * 4);
+  bytes.append(reinterpret_cast<const char*>(toks.data()), toks.size() * 4);
+  const std::string path = dir.file("llama.bin", bytes);
+  const int T = 16;
+  TokenDataset d(path, DataFormat::Auto, T, 128256, 1, 0.0);
+  EXPECT_EQ(d.format(), DataFormat::Tokens);
+  EXPECT_EQ(d.tokens(), toks.size());
+  std::vector<int32_t> x(T), y(T);
+  for (uint64_t w : {uint64_t{0}, uint64_t{7}, d.windows() - 1}) {
+    d.window(w, x.data(), y.data());
+    for (int t = 0; t < T; ++t) {
+      EXPECT_EQ(x[t], static_cast<int32_t>(toks[w * T + t]));
+      EXPECT_EQ(y[t], static_cast<int32_t>(toks[w * T + t + 1]));
+    }
+  }
+  EXPECT_HAS(config_error([&] { TokenDataset(path, DataFormat::Tokens, T, 128000, 1, 0.0); }),
+             "has token id 128255 (token 5), not below the model's vocabulary of 128000");
+  std::string cut = bytes;
+  cut.resize(cut.size() - 2);
+  const std::string cut_path = dir.file("cut.bin", cut);
+  EXPECT_HAS(config_error([&] { TokenDataset(cut_path, DataFormat::Auto, T, 128256, 1, 0.0); }),
+             "but its header promises 3000 tokens, 13024 bytes (truncated)");
+}
+
 TEST(Data, BadFilesAreClearConfigErrors) {
   TempDir dir;
   const int T = 8;
@@ -271,8 +307,9 @@ TEST(Data, BadFilesAreClearConfigErrors) {
   m = open(dir.file("magic.bin", llmc_file(toks, 12345)), DataFormat::Tokens, 1000);
   EXPECT_HAS(m, "has magic 12345, not llm.c's 20240520");
   EXPECT_HAS(open(dir.file("v2.bin", llmc_file(toks, kLlmcMagic, 2)), DataFormat::Auto, 1000),
-             "has version 2; Strata reads version 1");
-  EXPECT_HAS(open(dir.file("llama.bin", llmc_file(toks, 20240801, 7)), DataFormat::Auto, 1000), "llama-3");
+             "has version 2; Strata reads version 1 of magic 20240520 (uint16 tokens)");
+  EXPECT_HAS(open(dir.file("llama.bin", llmc_file(toks, 20240801, 1)), DataFormat::Auto, 1000),
+             "has version 1; Strata reads version 7 of magic 20240801 (uint32 tokens)");
   std::string cut = llmc_file(toks);
   cut.resize(cut.size() - 10);
   m = open(dir.file("cut.bin", cut), DataFormat::Auto, 1000);

@@ -351,7 +351,7 @@ TEST(Config, OutOfRangeValuesNameTheKeyAndTheRange) {
       {R"({"strata": {"backend": "tpu"}})", "strata.backend = \"tpu\"", "\"cpu\", \"cuda\" or \"sim\""},
       {R"({"strata": {"model": {"layers": 0}}})", "strata.model.layers = 0", "from 1 to 16384"},
       {R"({"strata": {"model": {"seq_len": 0}}})", "strata.model.seq_len = 0", "from 1 to 16777216"},
-      {R"({"strata": {"model": {"vocab": 70000}}})", "strata.model.vocab = 70000", "from 1 to 65536"},
+      {R"({"strata": {"model": {"vocab": 16777217}}})", "strata.model.vocab = 16777217", "from 1 to 16777216"},
       {R"({"strata": {"model": {"d_model": 100, "heads": 3}}})", "d_model = 100 is not divisible by",
        "heads = 3"},
       {R"({"strata": {"steps": 0}})", "strata.steps = 0", ">= 1"},

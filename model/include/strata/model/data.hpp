@@ -6,11 +6,12 @@
 //             byte or a byte sequence that is not UTF-8 is refused as "not text": that
 //             is binary data (or text in another encoding: convert it with iconv), and
 //             training a byte-level model on it is almost certainly a mistake.
-//   "tokens"  llm.c's token files (dev/data/data_common.py, write_datafile for "gpt-2"):
-//             a header of 256 little-endian int32 (magic 20240520, version 1, token
-//             count), then that many uint16 tokens. Every token must be below the
-//             model's vocabulary.
-//   "auto"    "tokens" when the file begins with llm.c's magic, else "text".
+//   "tokens"  llm.c's token files (dev/data/data_common.py, write_datafile): a header of
+//             256 little-endian int32 (magic, version, token count), then that many
+//             tokens: magic 20240520 version 1 ("gpt-2"), uint16 tokens; magic 20240801
+//             version 7 ("llama-3"), uint32 tokens, for vocabularies beyond 65536. Every
+//             token must be below the model's vocabulary.
+//   "auto"    "tokens" when the file begins with either llm.c magic, else "text".
 //
 // Samples: the tokens are cut into windows of seq_len + 1 tokens, window i starting at
 // token i * seq_len (consecutive windows share one token): inputs are its first seq_len

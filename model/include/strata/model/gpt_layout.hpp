@@ -23,7 +23,7 @@ namespace strata {
 inline constexpr int kMaxLayers = 16384;
 inline constexpr int kMaxDModel = 1 << 20;   // 1,048,576
 inline constexpr int kMaxSeqLen = 1 << 24;   // 16,777,216
-inline constexpr int kMaxVocab = 1 << 24;    // training reads uint16 ids: a config allows 65536
+inline constexpr int kMaxVocab = 1 << 24;    // 16,777,216 (token files: uint16 or uint32 ids)
 inline constexpr double kMaxParams = 1e15;   // 30 times `strata plan`'s gpt-32t
 
 struct GptShape {
