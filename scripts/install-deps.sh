@@ -31,6 +31,9 @@ if [[ ! -x "$venv/bin/python" ]]; then
 fi
 "$venv/bin/python" -c 'import safetensors' 2>/dev/null ||
   "$venv/bin/pip" install -q --disable-pip-version-check 'safetensors>=0.4'
+# Hugging Face tokenizers, for strata.tokenize (python/strata/tokenize.py) and its test.
+"$venv/bin/python" -c 'import tokenizers' 2>/dev/null ||
+  "$venv/bin/pip" install -q --disable-pip-version-check 'tokenizers>=0.15'
 
 # DeepSpeed, the reference for the learning-rate schedules (tests/runtime/test_lr_schedule.py
 # runs its scheduler classes). --no-deps: its torch>=2 requirement would install a second,
