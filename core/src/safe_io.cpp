@@ -84,21 +84,25 @@ void check_output_path(const std::string& path, const std::string& what) {
 }
 
 void check_output_writable(const std::string& path, const std::string& what) {
-  // An existing file is opened for appending (nothing written); a new name is created
-  // and removed again, which proves the directory takes it.
-  int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_NONBLOCK | O_CLOEXEC);
-  bool created = false;
-  if (fd < 0 && errno == ENOENT) {
-    fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    created = fd >= 0;
-  }
-  if (fd < 0) {
-    const int err = errno;
+  // An existing file is opened for appending (nothing written). For a new name, its
+  // directory must exist and be writable: nothing is created, so that ranks checking one
+  // path at once (a metrics file under mpirun) cannot race each other or the writer.
+  auto refuse = [&](int err) {
     throw ConfigError(what + " '" + path + "' cannot be written (" + std::strerror(err) +
                       "): give a file in an existing, writable directory");
+  };
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_NONBLOCK | O_CLOEXEC);
+  if (fd >= 0) {
+    ::close(fd);
+    return;
   }
-  ::close(fd);
-  if (created) ::unlink(path.c_str());
+  if (errno != ENOENT) refuse(errno);
+  fs::path parent = fs::path(path).parent_path();
+  if (parent.empty()) parent = ".";
+  struct stat st {};
+  if (::stat(parent.c_str(), &st) != 0) refuse(errno);
+  if (!S_ISDIR(st.st_mode)) refuse(ENOTDIR);
+  if (::access(parent.c_str(), W_OK | X_OK) != 0) refuse(errno);
 }
 
 int open_input_file(const std::string& path, const std::string& what, struct stat* st, const std::string& key) {

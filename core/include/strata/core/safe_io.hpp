@@ -29,9 +29,10 @@ namespace strata {
 void check_output_path(const std::string& path, const std::string& what);
 
 // Refuses (ConfigError) an output that cannot be written: a directory that does not
-// exist or is read-only, a file without write permission. Leaves nothing behind: an
-// existing file is opened and closed unchanged, a new name created and removed. For
-// outputs written at the end of a run (a trace), so that the run fails before its work.
+// exist or is read-only, a file without write permission. Creates and changes nothing:
+// an existing file is opened for appending and closed; for a new name its directory is
+// checked (access(2)). For outputs written later in a run (a trace at its end), so that
+// the run fails before its work.
 void check_output_writable(const std::string& path, const std::string& what);
 
 // The checkpoint directory `path` (a file or directory, existing or not) lies in, or ""
