@@ -15,7 +15,7 @@ Runner& selected();  // the chosen subcommand's body (main.cpp)
 void add_bench(CLI::App& app);   // cli_bench.cpp
 void add_train(CLI::App& app);   // cli_train.cpp: train, sample, eval
 void add_plan(CLI::App& app);    // cli_plan.cpp
-void add_export(CLI::App& app);  // cli_export.cpp
+void add_export(CLI::App& app);  // cli_export.cpp: export, import
 // Further families add their declaration here and one call in main.cpp.
 
 }  // namespace strata::cli

@@ -1,11 +1,13 @@
 // `strata export --checkpoint DIR --out FILE [--force]`: a checkpoint's weights as one
-// safetensors file with GPT-2 tensor names (runtime/export.hpp).
+// safetensors file with GPT-2 tensor names (runtime/export.hpp); `strata import --hf DIR
+// --out CKPT`: a Hugging Face model directory as a checkpoint (runtime/hf_import.hpp).
 #include <cstdio>
 #include <memory>
 
 #include "cli.hpp"
 #include "strata/core/convert.hpp"
 #include "strata/runtime/export.hpp"
+#include "strata/runtime/hf_import.hpp"
 
 namespace strata::cli {
 
@@ -15,6 +17,11 @@ struct ExportArgs {
   std::string out;
   bool force = false;
   std::string dtype;  // "": what the run trained in
+};
+struct ImportArgs {
+  std::string hf;
+  std::string out;
+  std::string precision;  // "": the tensors'
 };
 }  // namespace
 
@@ -37,6 +44,29 @@ void add_export(CLI::App& app) {
                   s.checkpoint.c_str(), static_cast<long long>(s.step), s.shape.layers, s.shape.d_model,
                   s.shape.heads, s.shape.seq_len, s.shape.vocab, s.out.c_str(), s.tensors, precision_name(s.dtype),
                   static_cast<unsigned long long>(s.parameters), static_cast<unsigned long long>(s.bytes));
+      return 0;
+    };
+  });
+
+  auto b = std::make_shared<ImportArgs>();
+  auto* i = app.add_subcommand("import", "Read a Hugging Face model directory (GPT2LMHeadModel) into a checkpoint");
+  i->add_option("--hf", b->hf, "the model directory: config.json and model.safetensors (or its shards and index)")
+      ->required();
+  i->add_option("--out", b->out, "a new directory; the checkpoint is written as its step-00000000")->required();
+  i->add_option("--precision", b->precision,
+                "bf16, fp16 or f32: what training continues in by default (default: the tensors' type)");
+  i->callback([b] {
+    selected() = [b] {
+      std::optional<DType> precision;
+      if (!b->precision.empty()) precision = parse_precision(b->precision);
+      const ImportSummary s = import_hf(b->hf, b->out, precision);
+      std::printf("imported %s (%s; %d layers, d_model %d, %d heads, context %d, vocab %d) from %d file(s): "
+                  "%d tensors, %llu parameters, %llu bytes read, into %s (%s)\n"
+                  "fine-tune it with: strata train --config CFG --init-from %s\n",
+                  b->hf.c_str(), s.architecture.c_str(), s.shape.layers, s.shape.d_model, s.shape.heads,
+                  s.shape.seq_len, s.shape.vocab, s.files, s.tensors, static_cast<unsigned long long>(s.parameters),
+                  static_cast<unsigned long long>(s.bytes_read), s.checkpoint.c_str(), s.precision.c_str(),
+                  b->out.c_str());
       return 0;
     };
   });

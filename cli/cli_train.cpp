@@ -29,6 +29,7 @@ struct TrainArgs {
   int steps = 0;
   bool resume = false;
   std::string resume_from;
+  std::string init_from;
   std::string metrics;
   int eval_batches = 0;
   bool quiet = false;
@@ -66,6 +67,7 @@ int run_train() {
   TrainOptions o;
   o.resume = g_train.resume;
   o.resume_from = g_train.resume_from;
+  o.init_from = g_train.init_from;
   o.metrics_path = g_train.metrics;
   o.eval_batches = g_train.eval_batches;
   o.quiet = g_train.quiet;
@@ -240,9 +242,14 @@ void add_train(CLI::App& app) {
   t->add_option("--steps", g_train.steps, "Total optimizer steps (overrides strata.steps)")->check(cli_checks::at_least(1));
   auto* resume = t->add_flag("--resume", g_train.resume,
                              "Continue from the latest complete checkpoint in strata.checkpoint_dir");
-  t->add_option("--resume-from", g_train.resume_from,
+  auto* resume_from = t->add_option("--resume-from", g_train.resume_from,
                 "Continue from this checkpoint (a step-<N> directory); new checkpoints go to strata.checkpoint_dir")
       ->excludes(resume);
+  t->add_option("--init-from", g_train.init_from,
+                "Start from this checkpoint's weights (fine-tuning: fresh optimizer, step 0; e.g. one strata import "
+                "wrote); a step-<N> directory or a directory of checkpoints (its latest)")
+      ->excludes(resume)
+      ->excludes(resume_from);
   t->add_option("--metrics", g_train.metrics, "Append one JSON object per step to this file (rank 0)");
   t->add_option("--eval-batches", g_train.eval_batches, "Held-out batches to evaluate after the last step")
       ->check(cli_checks::at_least(0));

@@ -762,6 +762,115 @@ CheckpointInfo load_checkpoint(ZeroEngine& engine, coll::Communicator& host, con
   return info;
 }
 
+CheckpointInfo load_checkpoint_weights(ZeroEngine& engine, coll::Communicator& host, const std::string& dir) {
+  const int rank = host.rank();
+  STRATA_CHECK(host.size() == engine.comm().size() && rank == engine.comm().rank(),
+               "load_checkpoint_weights: the host communicator must span the engine's ranks in the same order");
+  CheckpointInfo info;
+  std::exception_ptr ep;
+  try {
+    info = read_checkpoint_info(dir);
+    check_groups(engine, info);
+  } catch (...) {
+    ep = std::current_exception();
+  }
+  if (auto f = agree(host, ep)) f->raise(rank);
+  for (int g = 0; g < engine.num_groups(); ++g) {
+    const uint64_t n = engine.shard_numel(g);
+    std::vector<float> m(n), zeros(n, 0.0f);
+    try {
+      float* outs[kStates] = {m.data(), nullptr, nullptr};  // this rank's slice of the masters only
+      read_range(info, static_cast<size_t>(g), static_cast<uint64_t>(rank) * n, n, outs);
+    } catch (...) {
+      ep = std::current_exception();
+    }
+    if (auto f = agree(host, ep)) f->raise(rank);
+    engine.write_optimizer_shard(g, m.data(), zeros.data(), zeros.data(), 0);
+  }
+  return info;
+}
+
+// ---------------------------------------------------------------------------------------
+// A checkpoint written without an engine (strata import).
+
+struct InitialCheckpointWriter::State {
+  fs::path root, tmp, final_dir;
+  CheckpointDirLock lock;
+  Fd file;
+  uint64_t offset = 0;
+  CheckpointInfo info;
+  bool done = false;
+};
+
+InitialCheckpointWriter::InitialCheckpointWriter(const std::string& root) : s_(std::make_unique<State>()) {
+  State& s = *s_;
+  if (root.empty()) throw ConfigError("no output directory given: pass --out DIR");
+  s.root = fs::absolute(fs::path(root)).lexically_normal();
+  if (s.root.filename().empty()) s.root = s.root.parent_path();
+  for (fs::path q = s.root; q != q.root_path(); q = q.parent_path())
+    if (is_checkpoint_dir(q))
+      throw ConfigError("--out '" + root + "' is " + (q == s.root ? std::string("a checkpoint") : "inside the checkpoint '" + q.string() + "'") +
+                        ": give a new directory to hold the imported checkpoint");
+  std::error_code ec;
+  fs::create_directories(s.root, ec);
+  if (ec) throw ConfigError("cannot create --out '" + root + "': " + ec.message());
+  s.lock = CheckpointDirLockAccess::take(s.root);
+  std::vector<fs::path> leftovers;
+  if (!step_dirs(s.root.string(), &leftovers).empty())
+    throw ConfigError("--out '" + root + "' holds checkpoints already, which an import never touches: give a new directory");
+  s.final_dir = s.root / step_name(0);
+  s.tmp = s.root / ("." + step_name(0) + ".tmp");
+  fs::remove_all(s.tmp, ec);
+  fs::create_directory(s.tmp, ec);
+  fs_call(ec, "creating temporary checkpoint directory", s.tmp);
+  const fs::path rf = s.tmp / rank_file(0);
+  s.file.fd = ::open(rf.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (s.file.fd < 0) throw IoError("creating checkpoint file", rf.string(), 0, 0, errno, kCheckpointDiskFull);
+  s.info.world_size = 1;
+  s.info.files.push_back({rank_file(0), 0, {}});
+}
+
+InitialCheckpointWriter::~InitialCheckpointWriter() {
+  if (s_ && !s_->done) {
+    std::error_code ec;
+    if (s_->file.fd >= 0) ::close(s_->file.fd), s_->file.fd = -1;
+    fs::remove_all(s_->tmp, ec);
+  }
+}
+
+void InitialCheckpointWriter::add_group(const std::string& name, const float* master, uint64_t numel) {
+  State& s = *s_;
+  const std::string p = (s.tmp / rank_file(0)).string();
+  const std::vector<float> zeros(numel, 0.0f);
+  for (const float* seg : {master, zeros.data(), zeros.data()}) {
+    s.info.files[0].segments.push_back(XXH3_64bits(seg, numel * 4));
+    write_all(s.file.fd, seg, numel * 4, s.offset, p);
+    s.offset += numel * 4;
+  }
+  s.info.groups.push_back({name, numel, numel, numel});
+}
+
+std::string InitialCheckpointWriter::finish(const nlohmann::json& config, const std::string& precision,
+                                            const nlohmann::json& extra) {
+  State& s = *s_;
+  const std::string p = (s.tmp / rank_file(0)).string();
+  fsync_fd(s.file.fd, p);
+  s.file.close_checked(p);
+  s.info.files[0].bytes = s.offset;
+  s.info.step = 0;
+  s.info.optimizer_steps = 0;
+  s.info.precision = precision;
+  s.info.config = config;
+  s.info.extra = extra;
+  write_manifest(s.tmp / "manifest.json", s.info);
+  fsync_dir(s.tmp);
+  if (::rename(s.tmp.c_str(), s.final_dir.c_str()) != 0)
+    throw IoError("renaming the finished checkpoint into place", s.final_dir.string(), 0, 0, errno, kCheckpointDiskFull);
+  fsync_dir(s.root);
+  s.done = true;
+  return s.final_dir.string();
+}
+
 std::vector<float> read_checkpoint_group(const CheckpointInfo& info, int g) {
   if (g < 0 || static_cast<size_t>(g) >= info.groups.size())
     throw Error("read_checkpoint_group: group " + std::to_string(g) + " of " + std::to_string(info.groups.size()));

@@ -25,12 +25,6 @@ json shape_json(const GptShape& s) {
   return {{"layers", s.layers}, {"d_model", s.d_model}, {"heads", s.heads}, {"seq_len", s.seq_len}, {"vocab", s.vocab}};
 }
 
-// GPT-2's shape of a tensor: Conv1D weights are [in, out].
-std::vector<int64_t> gpt2_shape(const GptTensor& t) {
-  if (!t.transposed_in_gpt2) return t.shape;
-  return {t.shape[1], t.shape[0]};
-}
-
 // Writes through a buffer, so that tensors go out in large writes.
 class Writer {
  public:
@@ -67,6 +61,11 @@ class Writer {
 };
 
 }  // namespace
+
+std::vector<int64_t> gpt2_shape(const GptTensor& t) {
+  if (!t.transposed_in_gpt2) return t.shape;
+  return {t.shape[1], t.shape[0]};
+}
 
 GptShape checkpoint_gpt_shape(const CheckpointInfo& info) {
   // Only the model section: the rest (NVMe paths, ...) may name things of the machine

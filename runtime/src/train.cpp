@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 
@@ -19,6 +20,7 @@
 #include "strata/model/data.hpp"
 #include "strata/model/gpt.hpp"
 #include "strata/runtime/checkpoint.hpp"
+#include "strata/runtime/export.hpp"
 #include "strata/runtime/lr_schedule.hpp"
 #include "strata/runtime/rank.hpp"
 
@@ -108,6 +110,27 @@ void check_inputs(const Config& cfg, const TrainOptions& topts) {
     throw ConfigError("--resume and --resume-from " + topts.resume_from +
                       " both given: use --resume for the latest complete checkpoint in strata.checkpoint_dir, or "
                       "--resume-from to name one");
+  if (!topts.init_from.empty() && (topts.resume || !topts.resume_from.empty()))
+    throw ConfigError("--init-from starts a new run from a checkpoint's weights; --resume and --resume-from continue "
+                      "one: give one of them");
+}
+
+// The checkpoint --init-from names (a step-<N> directory, or a directory of checkpoints:
+// its latest complete one), checked to hold this model's shape; "" for none.
+std::string init_checkpoint(const std::string& from, const GptShape& shape) {
+  if (from.empty()) return "";
+  std::error_code ec;
+  std::string dir = from;
+  if (std::filesystem::is_directory(dir, ec) && !std::filesystem::exists(std::filesystem::path(dir) / "manifest.json", ec))
+    if (auto latest = latest_checkpoint(dir)) dir = *latest;
+  const CheckpointInfo info = read_checkpoint_info(dir);
+  const GptShape have = checkpoint_gpt_shape(info);
+  if (!(have == shape))
+    throw ConfigError("--init-from " + dir + " holds a GPT of layers " + std::to_string(have.layers) + ", d_model " +
+                      std::to_string(have.d_model) + ", heads " + std::to_string(have.heads) + ", seq_len " +
+                      std::to_string(have.seq_len) + ", vocab " + std::to_string(have.vocab) +
+                      "; strata.model must say the same (set it in the config)");
+  return dir;
 }
 
 // Where a run starts: the checkpoint choose_start_checkpoint picked, loaded into the
@@ -327,6 +350,7 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
   if (!cfg.strata.checkpoint_dir.empty()) dir_lock = lock_checkpoint_dir(*comm, cfg.strata.checkpoint_dir);
   const std::string start_dir =
       choose_start_checkpoint(*comm, cfg.strata.checkpoint_dir, topts.resume, topts.resume_from);
+  const std::string init_dir = init_checkpoint(topts.init_from, shape);
 
   EngineOptions eo = EngineOptions::from_config(cfg);
   eo.trace_path = with_rank(cfg.strata.trace, rank, world);
@@ -347,6 +371,10 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
 
   TrainResult res;
   const StartPoint start = resume_from(*engine, *comm, start_dir);
+  if (!init_dir.empty()) {
+    load_checkpoint_weights(*engine, *comm, init_dir);  // each rank reads its slice of the masters
+    if (rank == 0) log::info("initialised from the weights of " + init_dir + " (fresh optimizer, step 0)");
+  }
   res.first_step = start.step;
   DataPosition pos = start.pos;
   res.peak_flops = measure_peak_flops(*comm, cfg.strata.backend, cfg.precision());

@@ -32,6 +32,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -160,6 +161,33 @@ std::string seal_checkpoint_manifest(nlohmann::json body);
 // reads its own slice from the writers' files. Checksums are verified; a mismatch is a
 // CorruptionError naming the file.
 CheckpointInfo load_checkpoint(ZeroEngine& engine, coll::Communicator& host, const std::string& dir);
+
+// Collective: the weights only (fine-tuning, `strata train --init-from`): each rank reads
+// its slice of the checkpoint's fp32 master weights (only those bytes); the Adam moments
+// start at zero, the step and optimizer step counts at 0. Groups must match as in
+// load_checkpoint.
+CheckpointInfo load_checkpoint_weights(ZeroEngine& engine, coll::Communicator& host, const std::string& dir);
+
+// A checkpoint made without an engine (`strata import`), written as saves write one:
+// root/.step-00000000.tmp, fsynced, renamed to root/step-00000000. The constructor locks
+// root (created if needed) and refuses a root that holds checkpoints or lies in one; groups
+// are added one at a time in the model's order (the master weights; zero moments), so
+// only one group is ever in memory; finish() writes the manifest and renames. Destroyed
+// unfinished, it removes its .tmp. One writer, world size 1: training re-shards it.
+class InitialCheckpointWriter {
+ public:
+  explicit InitialCheckpointWriter(const std::string& root);
+  ~InitialCheckpointWriter();
+  InitialCheckpointWriter(const InitialCheckpointWriter&) = delete;
+  InitialCheckpointWriter& operator=(const InitialCheckpointWriter&) = delete;
+  void add_group(const std::string& name, const float* master, uint64_t numel);
+  // Returns the checkpoint's directory.
+  std::string finish(const nlohmann::json& config, const std::string& precision, const nlohmann::json& extra);
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
 
 // Reads the full fp32 master weights of group g (unpadded, numel elements) from a
 // checkpoint's files, without an engine (export, sample). Verifies the checksums of

@@ -44,6 +44,8 @@ struct ExportSummary {
 // (strata.model), checked against its parameter groups. Throws ConfigError when the
 // checkpoint is not of a GPT (e.g. another model's groups) or its config is unreadable.
 GptShape checkpoint_gpt_shape(const CheckpointInfo& info);
+// GPT-2's shape of a tensor as its checkpoints store it: Conv1D weights [in, out].
+std::vector<int64_t> gpt2_shape(const GptTensor& t);
 
 // checkpoint: a step-<N> directory, or a checkpoint_dir (its latest complete
 // checkpoint is used). Throws ConfigError (bad arguments, `out` exists and overwrite is

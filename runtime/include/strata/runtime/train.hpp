@@ -21,6 +21,10 @@ std::vector<GroupSpec> gpt_group_specs(const GptShape& shape, float init_std = 0
 struct TrainOptions {
   bool resume = false;            // continue from the latest complete checkpoint
   std::string resume_from;        // continue from this step-<N> directory ("" = see resume)
+  // Start from this checkpoint's weights only (fine-tuning): fresh optimizer moments,
+  // step 0, the data from its start. A step-<N> directory or a checkpoint_dir (its latest
+  // complete one). Excludes resume and resume_from.
+  std::string init_from;
   std::string metrics_path;       // JSONL, one object per step (rank 0); "" = none
   bool quiet = false;             // no per-step lines (tests)
   int eval_batches = 0;           // held-out batches evaluated after the last step (0 = none)

@@ -1,0 +1,42 @@
+// `strata import --hf DIR --out CKPT`: a Hugging Face model directory read into a Strata
+// checkpoint that `strata train --init-from CKPT` fine-tunes (weights only, a fresh
+// optimizer) and `--resume-from` continues.
+//
+// Reads config.json and model.safetensors, or the shards model.safetensors.index.json
+// lists; tensors in F32, BF16 or F16. Architectures: GPT2LMHeadModel (model_type "gpt2";
+// names with or without the "transformer." prefix, Conv1D weights [in, out] transposed to
+// Strata's [out, in], the tied lm_head and the attention-mask buffers skipped). A config
+// this GPT cannot compute as Hugging Face does (another GELU, layer-norm epsilon, an
+// untied head, another MLP width) is refused naming the key. Every safetensors header is
+// checked (runtime/safetensors.hpp) and every tensor's shape against config.json before
+// a byte of it is used. The checkpoint is written one parameter group at a time
+// (InitialCheckpointWriter), so memory holds one group, not the model.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "strata/core/dtype.hpp"
+#include "strata/model/gpt_layout.hpp"
+
+namespace strata {
+
+struct ImportSummary {
+  std::string checkpoint;      // the step-00000000 directory written
+  std::string architecture;    // "GPT2LMHeadModel"
+  GptShape shape;
+  std::string precision;       // recorded in the checkpoint: what training resumes in by default
+  uint64_t parameters = 0;
+  int tensors = 0;             // read
+  int files = 0;               // safetensors files read
+  uint64_t bytes_read = 0;     // tensor bytes read from them
+};
+
+// `precision`: the checkpoint's recorded precision; default: the tensors' (BF16 -> bf16,
+// F16 -> fp16, else f32). Throws ConfigError (unsupported architecture, a missing file or
+// tensor, a shape that disagrees with config.json, --out holding checkpoints) or
+// CorruptionError (a damaged safetensors file), leaving no checkpoint behind.
+ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::optional<DType> precision = {});
+
+}  // namespace strata

@@ -1,0 +1,256 @@
+// Hugging Face model directories into Strata checkpoints (hf_import.hpp).
+#include "strata/runtime/hf_import.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <set>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "strata/core/convert.hpp"
+#include "strata/core/error.hpp"
+#include "strata/core/safe_io.hpp"
+#include "strata/runtime/checkpoint.hpp"
+#include "strata/runtime/export.hpp"
+#include "strata/runtime/safetensors.hpp"
+
+namespace strata {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+json read_json(const fs::path& p, const std::string& what) {
+  json j = parse_untrusted_json(read_input_file(p.string(), what, 64ull << 20));
+  if (j.is_discarded() || !j.is_object())
+    throw ConfigError(what + " '" + p.string() + "' is not a JSON object: the model directory is damaged");
+  return j;
+}
+
+int int_key(const json& c, const std::string& file, std::initializer_list<const char*> names) {
+  for (const char* n : names)
+    if (c.contains(n)) {
+      if (!c[n].is_number_integer() || c[n].get<int64_t>() < 1 || c[n].get<int64_t>() > INT32_MAX)
+        throw ConfigError(file + ": '" + n + "' is " + c[n].dump() + ", not a positive whole number");
+      return static_cast<int>(c[n].get<int64_t>());
+    }
+  throw ConfigError(file + " has no '" + *names.begin() + "': it is not a complete GPT-2 config.json");
+}
+
+// One safetensors file, its header read once.
+struct Shard {
+  std::string path;
+  SafetensorsHeader header;
+  int fd = -1;
+  ~Shard() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+DType tensor_dtype(const SafetensorsTensor& t, const std::string& where) {
+  if (t.dtype == "F32") return DType::F32;
+  if (t.dtype == "BF16") return DType::BF16;
+  if (t.dtype == "F16") return DType::F16;
+  throw ConfigError(where + ": tensor '" + t.name + "' is " + t.dtype + "; Strata imports F32, BF16 and F16 weights");
+}
+
+}  // namespace
+
+ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::optional<DType> precision) {
+  const fs::path dir(hf_dir);
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    throw ConfigError("--hf '" + hf_dir + "' is not a directory: give a Hugging Face model directory (config.json "
+                      "and model.safetensors)");
+  const fs::path cfg_path = dir / "config.json";
+  if (!fs::exists(cfg_path, ec))
+    throw ConfigError("--hf '" + hf_dir + "' has no config.json: give a Hugging Face model directory");
+  const json cfg = read_json(cfg_path, "config.json");
+  const std::string cfg_name = "config.json of '" + hf_dir + "'";
+
+  // The architecture.
+  std::string arch = cfg.contains("architectures") && cfg["architectures"].is_array() &&
+                             !cfg["architectures"].empty() && cfg["architectures"][0].is_string()
+                         ? cfg["architectures"][0].get<std::string>()
+                         : "";
+  const std::string model_type = cfg.contains("model_type") && cfg["model_type"].is_string()
+                                     ? cfg["model_type"].get<std::string>()
+                                     : "";
+  if (!(arch == "GPT2LMHeadModel" || (arch.empty() && model_type == "gpt2")))
+    throw ConfigError(cfg_name + " describes " + (arch.empty() ? "no architecture" : "a " + arch) +
+                      (model_type.empty() ? "" : " (model_type '" + model_type + "')") +
+                      ", which Strata does not import: it imports GPT2LMHeadModel (model_type gpt2); "
+                      "LlamaForCausalLM is not supported yet");
+  arch = "GPT2LMHeadModel";
+
+  // The shape, and what this GPT computes as Hugging Face's GPT-2 does.
+  GptShape shape;
+  shape.layers = int_key(cfg, cfg_name, {"n_layer", "num_hidden_layers"});
+  shape.d_model = int_key(cfg, cfg_name, {"n_embd", "hidden_size"});
+  shape.heads = int_key(cfg, cfg_name, {"n_head", "num_attention_heads"});
+  shape.seq_len = int_key(cfg, cfg_name, {"n_positions", "n_ctx", "max_position_embeddings"});
+  shape.vocab = int_key(cfg, cfg_name, {"vocab_size"});
+  try {
+    validate(shape);
+  } catch (const ConfigError& e) {
+    throw ConfigError(cfg_name + ": " + e.what());
+  }
+  auto refuse = [&](const std::string& key, const std::string& why) {
+    throw ConfigError(cfg_name + ": " + key + " = " + cfg[key].dump() + ", " + why);
+  };
+  if (cfg.contains("activation_function") && cfg["activation_function"] != "gelu_new" &&
+      cfg["activation_function"] != "gelu_pytorch_tanh")
+    refuse("activation_function", "but Strata's GPT computes GELU with the tanh approximation (gelu_new)");
+  if (cfg.contains("layer_norm_epsilon") &&
+      (!cfg["layer_norm_epsilon"].is_number() || std::fabs(cfg["layer_norm_epsilon"].get<double>() - 1e-5) > 1e-12))
+    refuse("layer_norm_epsilon", "but Strata's layer norms use 1e-5");
+  if (cfg.contains("tie_word_embeddings") && cfg["tie_word_embeddings"] != true)
+    refuse("tie_word_embeddings", "but Strata's GPT ties its head to wte");
+  if (cfg.contains("n_inner") && !cfg["n_inner"].is_null() && cfg["n_inner"] != 4 * shape.d_model)
+    refuse("n_inner", "but Strata's MLP is 4 x n_embd wide");
+  if (cfg.contains("scale_attn_weights") && cfg["scale_attn_weights"] != true)
+    refuse("scale_attn_weights", "but Strata scales attention by 1/sqrt(head_dim)");
+  if (cfg.contains("scale_attn_by_inverse_layer_idx") && cfg["scale_attn_by_inverse_layer_idx"] != false)
+    refuse("scale_attn_by_inverse_layer_idx", "which Strata's attention does not do");
+
+  // The files: one model.safetensors, or the shards of an index.
+  std::map<std::string, std::string> file_of;  // tensor name -> file name
+  std::vector<std::string> files;
+  const fs::path index_path = dir / "model.safetensors.index.json";
+  if (fs::exists(index_path, ec)) {
+    const json idx = read_json(index_path, "model.safetensors.index.json");
+    if (!idx.contains("weight_map") || !idx["weight_map"].is_object())
+      throw ConfigError("'" + index_path.string() + "' has no weight_map: the model directory is damaged");
+    std::set<std::string> seen;
+    for (const auto& item : idx["weight_map"].items()) {
+      if (!item.value().is_string() || item.value().get<std::string>().find('/') != std::string::npos)
+        throw ConfigError("'" + index_path.string() + "': tensor '" + item.key() + "' maps to " +
+                          item.value().dump() + ", not a file name in the directory");
+      file_of[item.key()] = item.value().get<std::string>();
+      if (seen.insert(item.value().get<std::string>()).second) files.push_back(item.value().get<std::string>());
+    }
+  } else if (fs::exists(dir / "model.safetensors", ec)) {
+    files.push_back("model.safetensors");
+  } else {
+    throw ConfigError("--hf '" + hf_dir + "' has neither model.safetensors nor model.safetensors.index.json (" +
+                      "PyTorch .bin weights are not read: save the model with safe_serialization=True)");
+  }
+  std::map<std::string, std::unique_ptr<Shard>> shards;
+  for (const std::string& f : files) {
+    const fs::path p = dir / f;
+    if (!fs::exists(p, ec))
+      throw ConfigError("shard '" + p.string() + "' is missing: " +
+                        (file_of.empty() ? std::string("the model directory is incomplete")
+                                         : "model.safetensors.index.json lists it; download the model again"));
+    auto s = std::make_unique<Shard>();
+    s->path = p.string();
+    s->header = read_safetensors_header(s->path);
+    struct stat st {};
+    s->fd = open_input_file(s->path, "safetensors file", &st);
+    if (file_of.empty())
+      for (const auto& t : s->header.tensors) file_of[t.name] = f;
+    shards[f] = std::move(s);
+  }
+
+  // Every tensor of the file must be one this GPT has, a tied head, or a mask buffer.
+  const std::vector<GptGroup> groups = gpt_groups(shape);
+  std::set<std::string> wanted;
+  for (const auto& g : groups)
+    for (const auto& t : g.tensors) wanted.insert(t.name);
+  auto strip = [](const std::string& n) { return n.rfind("transformer.", 0) == 0 ? n.substr(12) : n; };
+  std::vector<std::string> unknown;
+  for (const auto& [name, f] : file_of) {
+    const std::string n = strip(name);
+    if (wanted.count(n) || n == "lm_head.weight" || n.ends_with(".attn.bias") || n.ends_with(".attn.masked_bias"))
+      continue;
+    unknown.push_back(name);
+  }
+  if (!unknown.empty())
+    throw ConfigError("--hf '" + hf_dir + "' holds " + std::to_string(unknown.size()) + " tensor(s) GPT-2 does not have (" +
+                      unknown[0] + (unknown.size() > 1 ? ", ..." : "") + "): it is not a plain GPT2LMHeadModel");
+
+  ImportSummary sum;
+  sum.architecture = arch;
+  sum.shape = shape;
+  sum.files = static_cast<int>(files.size());
+  std::optional<DType> seen_dtype;
+  bool mixed = false;
+  InitialCheckpointWriter writer(out);
+  std::vector<float> buf, tmp;
+  std::vector<std::byte> raw;
+  for (const GptGroup& g : groups) {
+    buf.assign(g.numel, 0.0f);
+    for (const GptTensor& t : g.tensors) {
+      std::string key = t.name;
+      if (!file_of.count(key)) key = "transformer." + t.name;
+      if (!file_of.count(key))
+        throw ConfigError("--hf '" + hf_dir + "' has no tensor '" + t.name + "' (nor 'transformer." + t.name +
+                          "'): the model directory is incomplete or not GPT-2's");
+      const Shard& s = *shards.at(file_of.at(key));
+      const SafetensorsTensor* st = s.header.find(key);
+      if (!st)
+        throw ConfigError("'" + s.path + "' has no tensor '" + key + "', which model.safetensors.index.json puts there");
+      const DType dt = tensor_dtype(*st, "'" + s.path + "'");
+      if (seen_dtype && *seen_dtype != dt) mixed = true;
+      seen_dtype = dt;
+      const std::vector<int64_t> want = gpt2_shape(t);
+      const std::vector<int64_t> got(st->shape.begin(), st->shape.end());
+      if (got != want) {
+        auto text = [](const std::vector<int64_t>& v) {
+          std::string s = "[";
+          for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+          return s + "]";
+        };
+        throw ConfigError("tensor '" + key + "' in '" + s.path + "' is " + text(got) + ", but config.json (n_layer " +
+                          std::to_string(shape.layers) + ", n_embd " + std::to_string(shape.d_model) + ", n_positions " +
+                          std::to_string(shape.seq_len) + ", vocab_size " + std::to_string(shape.vocab) +
+                          ") makes it " + text(want) + ": the weights and config.json are of different models");
+      }
+      raw.resize(st->bytes);
+      uint64_t done = 0;
+      while (done < st->bytes) {
+        const ssize_t r = ::pread(s.fd, raw.data() + done, st->bytes - done, static_cast<off_t>(st->offset + done));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) throw IoError("reading tensor '" + key + "'", s.path, st->offset + done, st->bytes - done, r == 0 ? EIO : errno);
+        done += static_cast<uint64_t>(r);
+      }
+      sum.bytes_read += st->bytes;
+      float* dst = buf.data() + t.offset;
+      if (!t.transposed_in_gpt2) {
+        convert_to_f32(dst, raw.data(), dt, t.numel());
+      } else {  // [in, out] -> [out, in]
+        tmp.resize(t.numel());
+        convert_to_f32(tmp.data(), raw.data(), dt, t.numel());
+        const auto rows = static_cast<uint64_t>(want[0]), cols = static_cast<uint64_t>(want[1]);
+        for (uint64_t r = 0; r < rows; ++r)
+          for (uint64_t c = 0; c < cols; ++c) dst[c * rows + r] = tmp[r * cols + c];
+      }
+      ++sum.tensors;
+    }
+    writer.add_group(g.name, buf.data(), g.numel);
+    sum.parameters += g.numel;
+  }
+  const DType prec = precision ? *precision : (!mixed && seen_dtype ? *seen_dtype : DType::F32);
+  sum.precision = precision_name(prec);
+  json config = {{"strata", {{"model", {{"layers", shape.layers},
+                                         {"d_model", shape.d_model},
+                                         {"heads", shape.heads},
+                                         {"seq_len", shape.seq_len},
+                                         {"vocab", shape.vocab}}}}}};
+  if (prec == DType::BF16) config["bf16"] = {{"enabled", true}};
+  if (prec == DType::F16) config["fp16"] = {{"enabled", true}};
+  const json extra = {{"imported_from", fs::absolute(dir).lexically_normal().string()}, {"architecture", arch}};
+  sum.checkpoint = writer.finish(config, sum.precision, extra);
+  return sum;
+}
+
+}  // namespace strata
