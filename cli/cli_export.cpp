@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "cli.hpp"
+#include "strata/core/config_keys.hpp"
 #include "strata/core/convert.hpp"
 #include "strata/runtime/export.hpp"
 #include "strata/runtime/hf_import.hpp"
@@ -17,6 +18,8 @@ struct ExportArgs {
   std::string out;
   bool force = false;
   std::string dtype;  // "": what the run trained in
+  std::string format = "safetensors";
+  std::string shard_size = "5GB";
 };
 struct ImportArgs {
   std::string hf;
@@ -27,23 +30,34 @@ struct ImportArgs {
 
 void add_export(CLI::App& app) {
   auto a = std::make_shared<ExportArgs>();
-  auto* e = app.add_subcommand("export", "Write a checkpoint's weights as one safetensors file with GPT-2 tensor names");
+  auto* e = app.add_subcommand("export", "Write a checkpoint's weights as a safetensors file with GPT-2 tensor names, "
+                                         "or as a Hugging Face model directory (--format hf)");
   e->add_option("--checkpoint", a->checkpoint,
                 "a step-<N> checkpoint directory, or a checkpoint_dir (its latest complete checkpoint)")
       ->required();
-  e->add_option("--out", a->out, "the safetensors file to write")->required();
+  e->add_option("--out", a->out, "the safetensors file to write (--format hf: the directory)")->required();
+  e->add_option("--format", a->format,
+                "safetensors: one file with GPT-2's names; hf: a Hugging Face GPT2LMHeadModel directory "
+                "(config.json and safetensors, from_pretrained loads it)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"safetensors", "hf"}));
+  e->add_option("--shard-size", a->shard_size, "--format hf: the largest safetensors file (K/M/G units)")
+      ->capture_default_str();
   e->add_flag("--force", a->force, "replace --out when it exists");
   e->add_option("--dtype", a->dtype, "bf16, fp16 or f32 tensors (default: the precision the run trained in)");
   e->callback([a] {
     selected() = [a] {
       std::optional<DType> dtype;
       if (!a->dtype.empty()) dtype = parse_precision(a->dtype);
-      const ExportSummary s = export_safetensors(a->checkpoint, a->out, a->force, dtype);
+      const ExportSummary s =
+          a->format == "hf"
+              ? export_hf(a->checkpoint, a->out, a->force, dtype, parse_bytes(nlohmann::json(a->shard_size), "--shard-size"))
+              : export_safetensors(a->checkpoint, a->out, a->force, dtype);
       std::printf("exported %s (step %lld; %d layers, d_model %d, %d heads, context %d, vocab %d) to %s: "
-                  "%d %s tensors, %llu parameters, %llu bytes\n",
+                  "%d %s tensors, %llu parameters, %llu bytes in %d file(s)\n",
                   s.checkpoint.c_str(), static_cast<long long>(s.step), s.shape.layers, s.shape.d_model,
                   s.shape.heads, s.shape.seq_len, s.shape.vocab, s.out.c_str(), s.tensors, precision_name(s.dtype),
-                  static_cast<unsigned long long>(s.parameters), static_cast<unsigned long long>(s.bytes));
+                  static_cast<unsigned long long>(s.parameters), static_cast<unsigned long long>(s.bytes), s.files);
       return 0;
     };
   });

@@ -34,6 +34,10 @@ fi
 # Hugging Face tokenizers, for strata.tokenize (python/strata/tokenize.py) and its test.
 "$venv/bin/python" -c 'import tokenizers' 2>/dev/null ||
   "$venv/bin/pip" install -q --disable-pip-version-check 'tokenizers>=0.15'
+# transformers, the outside reference for Hugging Face import and export
+# (tests/runtime/test_hf_transformers.py); 4.46 is the newest that runs on Debian's torch 1.13.
+"$venv/bin/python" -c 'import transformers' 2>/dev/null ||
+  "$venv/bin/pip" install -q --disable-pip-version-check 'transformers==4.46.3'
 
 # DeepSpeed, the reference for the learning-rate schedules (tests/runtime/test_lr_schedule.py
 # runs its scheduler classes). --no-deps: its torch>=2 requirement would install a second,

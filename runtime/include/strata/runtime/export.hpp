@@ -1,5 +1,6 @@
 // `strata export`: a checkpoint's fp32 master weights consolidated into one safetensors
-// file with GPT-2's tensor names and layout, for PyTorch / Hugging Face and others.
+// file with GPT-2's tensor names and layout, for PyTorch / Hugging Face and others, or
+// (export_hf) into a Hugging Face model directory.
 //
 // The file (https://github.com/huggingface/safetensors, "Format"): 8 bytes, the header's
 // length N as a little-endian uint64; N bytes of JSON, padded with spaces so the data
@@ -37,7 +38,8 @@ struct ExportSummary {
   GptShape shape;
   int tensors = 0;
   uint64_t parameters = 0;  // elements written
-  uint64_t bytes = 0;       // size of the file
+  uint64_t bytes = 0;       // size of the file(s)
+  int files = 1;            // safetensors files written
 };
 
 // The GPT shape of a checkpoint written by `strata train`: from its configuration
@@ -54,5 +56,15 @@ std::vector<int64_t> gpt2_shape(const GptTensor& t);
 // nullopt: the precision the run trained in.
 ExportSummary export_safetensors(const std::string& checkpoint, const std::string& out, bool overwrite,
                                  std::optional<DType> dtype = std::nullopt);
+
+// `strata export --format hf`: a Hugging Face GPT2LMHeadModel directory that
+// `transformers` loads with from_pretrained(out) and hf_import.hpp reads back:
+// config.json, and model.safetensors, or above shard_bytes model-0000i-of-0000n.safetensors
+// with model.safetensors.index.json (save_pretrained's names: "transformer." + GPT-2's;
+// a tensor is never split). `out` must not exist, or be an empty directory, or with
+// overwrite an earlier export (only config.json, model*.safetensors and the index in it);
+// it is written as a temporary directory beside it and renamed into place.
+ExportSummary export_hf(const std::string& checkpoint, const std::string& out, bool overwrite,
+                        std::optional<DType> dtype = std::nullopt, uint64_t shard_bytes = 5'000'000'000ull);
 
 }  // namespace strata
