@@ -825,7 +825,11 @@ InitialCheckpointWriter::InitialCheckpointWriter(const std::string& root) : s_(s
   fs_call(ec, "creating temporary checkpoint directory", s.tmp);
   const fs::path rf = s.tmp / rank_file(0);
   s.file.fd = ::open(rf.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (s.file.fd < 0) throw IoError("creating checkpoint file", rf.string(), 0, 0, errno, kCheckpointDiskFull);
+  if (s.file.fd < 0) {
+    const int err = errno;
+    fs::remove_all(s.tmp, ec);  // the destructor does not run for a constructor that throws
+    throw IoError("creating checkpoint file", rf.string(), 0, 0, err, kCheckpointDiskFull);
+  }
   s.info.world_size = 1;
   s.info.files.push_back({rank_file(0), 0, {}});
 }

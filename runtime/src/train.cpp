@@ -150,7 +150,9 @@ StartPoint resume_from(ZeroEngine& engine, coll::Communicator& comm, const std::
     throw CorruptionError(e.what() + other_checkpoints_hint(dir));
   }
   start.step = info.step;
-  start.pos = DataPosition::from_json(info.extra.at("data"));
+  // A checkpoint that strata train did not write (strata import) has no data position:
+  // the data starts at its beginning.
+  if (info.extra.is_object() && info.extra.contains("data")) start.pos = DataPosition::from_json(info.extra["data"]);
   if (comm.rank() == 0) log::info("resumed from " + dir + " at step " + std::to_string(info.step));
   return start;
 }

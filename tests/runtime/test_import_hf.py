@@ -6,7 +6,8 @@ prefix, the tied lm_head and the attention-mask buffers present) into a checkpoi
 - `strata eval` on it gives the loss PyTorch computes from the same files (GPT-2's
   equations here, Conv1D weights [in, out]) on the same windows: relative 1e-5;
 - `strata train --init-from` fine-tunes it 50 steps on text with falling loss, and its
-  first step's loss is the imported model's;
+  first step's loss is the imported model's; `--resume-from` the import gives that first
+  step's loss too (an imported checkpoint has zero moments and no data position);
 - bad input is a clear error and writes nothing: a LlamaForCausalLM config, a missing
   shard, a tensor whose shape disagrees with config.json, a truncated safetensors header,
   an --out that holds a checkpoint (untouched), --init-from a checkpoint of another shape.
@@ -160,6 +161,15 @@ def main():
         elif not (sum(losses[-10:]) / 10 < sum(losses[:10]) / 10 - 0.2 and abs(losses[0] - want) < 0.3):
             failures.append(f"--init-from: losses {losses[:3]} ... {losses[-3:]}: not falling, or the first "
                             f"({losses[0]:.3f}) far from the imported model's ({want:.3f})")
+        # --resume-from the import continues it as a checkpoint (no data position: from the start).
+        r3 = run([strata, "train", "--config", str(tmp / "cfg.json"), "--resume-from", str(ck / "step-00000000"),
+                  "--steps", "2", "--quiet", "--metrics", str(tmp / "m3.jsonl"),
+                  "--set", f"strata.checkpoint_dir={tmp / 'resumed'}"])
+        resumed = [json.loads(x)["loss"] for x in (tmp / "m3.jsonl").read_text().splitlines()] \
+            if (tmp / "m3.jsonl").exists() else []
+        if r3.returncode != 0 or len(resumed) != 2 or (losses and abs(resumed[0] - losses[0]) > 1e-9):
+            failures.append(f"--resume-from the import: exit {r3.returncode}, losses {resumed} (--init-from's "
+                            f"first: {losses[:1]})\n{r3.stdout}{r3.stderr}")
         # A random start is worse at step 1 than the import: the weights really came in.
         r2 = run([strata, "train", "--config", str(tmp / "cfg.json"), "--steps", "1", "--quiet", "--metrics",
                   str(tmp / "m0.jsonl"), "--set", f"strata.checkpoint_dir={tmp / 'fresh'}"])
