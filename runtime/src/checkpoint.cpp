@@ -726,10 +726,15 @@ CheckpointInfo read_checkpoint_info(const std::string& dir) {
   return info;
 }
 
-CheckpointInfo load_checkpoint(ZeroEngine& engine, coll::Communicator& host, const std::string& dir) {
+namespace {
+
+// Collective: checks `dir` against the engine, then gives each rank its slice of every
+// group: the masters and, unless weights_only, the moments (weights_only: zeros, and the
+// optimizer's step count 0). Every rank gets the same error.
+CheckpointInfo load_shards(ZeroEngine& engine, coll::Communicator& host, const std::string& dir, bool weights_only) {
   const int rank = host.rank();
   STRATA_CHECK(host.size() == engine.comm().size() && rank == engine.comm().rank(),
-               "load_checkpoint: the host communicator must span the engine's ranks in the same order");
+               "loading a checkpoint: the host communicator must span the engine's ranks in the same order");
   CheckpointInfo info;
   std::exception_ptr ep;
   try {
@@ -742,19 +747,26 @@ CheckpointInfo load_checkpoint(ZeroEngine& engine, coll::Communicator& host, con
 
   for (int g = 0; g < engine.num_groups(); ++g) {
     const uint64_t n = engine.shard_numel(g);
-    std::vector<float> m(n), a(n), v(n);
+    std::vector<float> m(n), a(n, 0.0f), v(n, 0.0f);
     try {
-      float* outs[kStates] = {m.data(), a.data(), v.data()};
-      read_range(info, static_cast<size_t>(g), static_cast<uint64_t>(rank) * n, n, outs);
+      float* outs[kStates] = {m.data(), weights_only ? nullptr : a.data(), weights_only ? nullptr : v.data()};
+      read_range(info, static_cast<size_t>(g), static_cast<uint64_t>(rank) * n, n, outs);  // these bytes only
     } catch (...) {
       ep = std::current_exception();
     }
     if (auto f = agree(host, ep)) f->raise(rank);
-    engine.write_optimizer_shard(g, m.data(), a.data(), v.data(), info.optimizer_steps);
+    engine.write_optimizer_shard(g, m.data(), a.data(), v.data(), weights_only ? 0 : info.optimizer_steps);
   }
+  return info;
+}
+
+}  // namespace
+
+CheckpointInfo load_checkpoint(ZeroEngine& engine, coll::Communicator& host, const std::string& dir) {
+  CheckpointInfo info = load_shards(engine, host, dir, false);
   engine.set_iterations(info.step);
   const std::string now = precision_name(engine.dtype());
-  if (info.precision != now && rank == 0)
+  if (info.precision != now && host.rank() == 0)
     log::warn("checkpoint '" + dir + "' trained in " + info.precision + "; resuming in " + now +
               ": its fp32 master weights and moments carry over exactly, the " + now +
               " working parameters are rebuilt from them");
@@ -763,31 +775,7 @@ CheckpointInfo load_checkpoint(ZeroEngine& engine, coll::Communicator& host, con
 }
 
 CheckpointInfo load_checkpoint_weights(ZeroEngine& engine, coll::Communicator& host, const std::string& dir) {
-  const int rank = host.rank();
-  STRATA_CHECK(host.size() == engine.comm().size() && rank == engine.comm().rank(),
-               "load_checkpoint_weights: the host communicator must span the engine's ranks in the same order");
-  CheckpointInfo info;
-  std::exception_ptr ep;
-  try {
-    info = read_checkpoint_info(dir);
-    check_groups(engine, info);
-  } catch (...) {
-    ep = std::current_exception();
-  }
-  if (auto f = agree(host, ep)) f->raise(rank);
-  for (int g = 0; g < engine.num_groups(); ++g) {
-    const uint64_t n = engine.shard_numel(g);
-    std::vector<float> m(n), zeros(n, 0.0f);
-    try {
-      float* outs[kStates] = {m.data(), nullptr, nullptr};  // this rank's slice of the masters only
-      read_range(info, static_cast<size_t>(g), static_cast<uint64_t>(rank) * n, n, outs);
-    } catch (...) {
-      ep = std::current_exception();
-    }
-    if (auto f = agree(host, ep)) f->raise(rank);
-    engine.write_optimizer_shard(g, m.data(), zeros.data(), zeros.data(), 0);
-  }
-  return info;
+  return load_shards(engine, host, dir, true);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -195,6 +195,20 @@ uint64_t write_planned_file(const std::string& path, const std::vector<PlannedTe
   return 8 + hlen + data;
 }
 
+ExportSummary summary(const CheckpointInfo& info, const std::string& out, DType type, const GptShape& shape,
+                      const std::vector<PlannedTensor>& plan, int files) {
+  ExportSummary s;
+  s.checkpoint = info.dir;
+  s.out = out;
+  s.step = info.step;
+  s.dtype = type;
+  s.shape = shape;
+  s.tensors = static_cast<int>(plan.size());
+  for (const auto& p : plan) s.parameters += p.t->numel();
+  s.files = files;
+  return s;
+}
+
 void fsync_directory(const fs::path& dir) {
   if (const int d = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); d >= 0) {
     ::fsync(d);  // the rename's durability; the files themselves are complete either way
@@ -202,14 +216,29 @@ void fsync_directory(const fs::path& dir) {
   }
 }
 
-// The checkpoint `checkpoint` names (a checkpoint_dir stands for its latest).
-CheckpointInfo export_source(const std::string& checkpoint) {
+// What an export reads: the checkpoint `checkpoint` names (a checkpoint_dir stands for
+// its latest), its GPT, and the tensors' type. The checkpoint holds fp32 master weights;
+// a 16-bit export rounds them to nearest even, which gives exactly the working
+// parameters the run computed with.
+struct Source {
+  CheckpointInfo info;
+  GptShape shape;
+  DType type = DType::F32;
+  std::vector<GptGroup> groups;
+};
+
+Source export_source(const std::string& checkpoint, std::optional<DType> dtype) {
   std::error_code ec;
   std::string dir = checkpoint;
   if (fs::is_directory(dir, ec) && !fs::exists(fs::path(dir) / "manifest.json", ec)) {
     if (auto latest = latest_checkpoint(dir)) dir = *latest;
   }
-  return read_checkpoint_info(dir);
+  Source src;
+  src.info = read_checkpoint_info(dir);
+  src.shape = checkpoint_gpt_shape(src.info);
+  src.type = dtype ? *dtype : parse_precision(src.info.precision);
+  src.groups = gpt_groups(src.shape);
+  return src;
 }
 
 }  // namespace
@@ -231,14 +260,12 @@ ExportSummary export_safetensors(const std::string& checkpoint, const std::strin
   if (parent.empty()) parent = ".";
   if (!fs::is_directory(parent, ec))
     throw ConfigError("--out '" + out + "': directory '" + parent.string() + "' does not exist; create it first");
-  const CheckpointInfo info = export_source(checkpoint);
-  const GptShape shape = checkpoint_gpt_shape(info);
-  // The checkpoint holds fp32 master weights; a 16-bit export rounds them to nearest even,
-  // which gives exactly the working parameters the run computed with.
-  const DType type = dtype ? *dtype : parse_precision(info.precision);
-  const std::vector<GptGroup> groups = gpt_groups(shape);
+  const Source src = export_source(checkpoint, dtype);
+  const CheckpointInfo& info = src.info;
+  const GptShape& shape = src.shape;
+  const DType type = src.type;
   size_t files = 0;
-  const std::vector<PlannedTensor> plan = plan_tensors(groups, dtype_size(type), "", UINT64_MAX, &files);
+  const std::vector<PlannedTensor> plan = plan_tensors(src.groups, dtype_size(type), "", UINT64_MAX, &files);
   const json metadata = {{"format", "pt"},
                          {"strata_step", std::to_string(info.step)},
                          {"strata_precision", info.precision},
@@ -260,16 +287,8 @@ ExportSummary export_safetensors(const std::string& checkpoint, const std::strin
     throw IoError("renaming the safetensors file into place", out, 0, 0, err, kOutFull);
   }
   fsync_directory(parent);
-  ExportSummary s;
-  s.checkpoint = info.dir;
-  s.out = out;
-  s.step = info.step;
-  s.dtype = type;
-  s.shape = shape;
-  s.tensors = static_cast<int>(plan.size());
-  for (const auto& g : groups) s.parameters += g.numel;
+  ExportSummary s = summary(info, out, type, shape, plan, 1);
   s.bytes = bytes;
-  s.files = 1;
   return s;
 }
 
@@ -305,13 +324,14 @@ ExportSummary export_hf(const std::string& checkpoint, const std::string& out, b
   const fs::path parent = dirp.parent_path();
   if (!fs::is_directory(parent, ec))
     throw ConfigError("--out '" + out + "': directory '" + parent.string() + "' does not exist; create it first");
-  const CheckpointInfo info = export_source(checkpoint);
-  const GptShape shape = checkpoint_gpt_shape(info);
-  const DType type = dtype ? *dtype : parse_precision(info.precision);
-  const std::vector<GptGroup> groups = gpt_groups(shape);
+  const Source src = export_source(checkpoint, dtype);
+  const CheckpointInfo& info = src.info;
+  const GptShape& shape = src.shape;
+  const DType type = src.type;
   size_t files = 0;
   // save_pretrained's names for GPT2LMHeadModel; the head is tied to wte and not written.
-  const std::vector<PlannedTensor> plan = plan_tensors(groups, dtype_size(type), "transformer.", shard_bytes, &files);
+  const std::vector<PlannedTensor> plan =
+      plan_tensors(src.groups, dtype_size(type), "transformer.", shard_bytes, &files);
   auto file_name = [&](size_t f) {
     if (files == 1) return std::string("model.safetensors");
     char buf[64];
@@ -376,14 +396,9 @@ ExportSummary export_hf(const std::string& checkpoint, const std::string& out, b
     fs::remove_all(tmp, ec);
     throw;
   }
-  s.checkpoint = info.dir;
-  s.out = dirp.string();
-  s.step = info.step;
-  s.dtype = type;
-  s.shape = shape;
-  s.tensors = static_cast<int>(plan.size());
-  for (const auto& g : groups) s.parameters += g.numel;
-  s.files = static_cast<int>(files);
+  const uint64_t bytes = s.bytes;
+  s = summary(info, dirp.string(), type, shape, plan, static_cast<int>(files));
+  s.bytes = bytes;
   return s;
 }
 
