@@ -363,7 +363,7 @@ void broadcast_text(coll::Communicator& host, std::string& text) {
   int64_t len = static_cast<int64_t>(text.size());
   host.broadcast(std::span<int64_t>(&len, 1), 0).wait();
   std::vector<uint8_t> buf(static_cast<size_t>(len));
-  if (host.rank() == 0) std::memcpy(buf.data(), text.data(), buf.size());
+  if (host.rank() == 0 && len > 0) std::memcpy(buf.data(), text.data(), buf.size());  // empty: data() may be null
   if (len > 0) host.broadcast(std::span<uint8_t>(buf), 0).wait();
   text.assign(buf.begin(), buf.end());
 }
