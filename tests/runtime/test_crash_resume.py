@@ -82,11 +82,11 @@ def children(pid):
         fields = stat[stat.rindex(")") + 2:].split()
         if fields[0] != "Z":
             kids.setdefault(int(fields[1]), []).append(int(p.name))
-    out, todo = [], [pid]
-    while todo:
-        for k in kids.get(todo.pop(), []):
+    out, pending = [], [pid]
+    while pending:
+        for k in kids.get(pending.pop(), []):
             out.append(k)
-            todo.append(k)
+            pending.append(k)
     return out
 
 

@@ -211,6 +211,26 @@ def main():
         if r.returncode != 2 or "holds checkpoints already" not in r.stderr or before != after:
             failures.append(f"import over a checkpoint: exit {r.returncode}: {r.stderr.strip()}; files changed: "
                             f"{before != after}")
+        # Bad arguments to the new commands: each exit 2 with the problem named, nothing written.
+        for args, needle in (
+                (["eval", "--checkpoint", str(ck), "--data", str(corpus), "--seq", str(T + 1)],
+                 f"--seq {T + 1} is longer than the model's context of {T} tokens"),
+                (["eval", "--checkpoint", str(ck), "--data", str(corpus), "--precision", "f8"], "f8"),
+                (["export", "--checkpoint", str(ck), "--format", "hf", "--out", str(tmp / "x-hf"),
+                  "--shard-size", "0"], "--shard-size is 0"),
+                (["export", "--checkpoint", str(ck), "--format", "hf", "--out", str(tmp / "x-hf"),
+                  "--shard-size", "lots"], "--shard-size"),
+                (["train", "--config", str(tmp / "cfg.json"), "--init-from", str(tmp / "nothing"), "--quiet",
+                  "--set", f"strata.checkpoint_dir={tmp / 'never'}"], "is not a directory"),
+                # CLI11's usage error (docs/failure-behaviour.md: 100-127).
+                (["train", "--config", str(tmp / "cfg.json"), "--init-from", str(ck), "--resume", "--quiet"],
+                 "--resume excludes --init-from")):
+            r = run([strata] + args)
+            usage = "excludes" in needle
+            if not (100 <= r.returncode <= 127 if usage else r.returncode == 2) or needle not in r.stderr \
+                    or (tmp / "x-hf").exists() or (tmp / "never" / "step-00000001").exists():
+                failures.append(f"{args[0]} {args[-2:]}: exit {r.returncode}, expected {'100-127' if usage else 2} "
+                                f"with '{needle}': {r.stderr.strip()}")
         cfg["strata"]["model"]["d_model"] = 128
         cfg["strata"]["checkpoint_dir"] = str(tmp / "other")
         (tmp / "cfg2.json").write_text(json.dumps(cfg))
