@@ -109,8 +109,8 @@ nlohmann::json tier_json(const plan::TierPlan& t) {
 
 nlohmann::json plan_json(const plan::Plan& p) {
   nlohmann::json j;
-  j["model"] = {{"layers", p.shape.layers}, {"d_model", p.shape.d_model}, {"heads", p.shape.heads},
-                {"seq_len", p.shape.seq_len}, {"vocab", p.shape.vocab}, {"params", p.params}};
+  j["model"] = model_json(p.shape);
+  j["model"]["params"] = p.params;
   const plan::ClusterSpec& c = p.cluster;
   j["cluster"] = {{"name", c.name}, {"description", c.description}, {"gpus_per_node", c.gpus_per_node},
                   {"nodes", c.nodes}, {"hbm", c.hbm}, {"device_reserve", c.device_reserve},
@@ -143,8 +143,7 @@ nlohmann::json plan_json(const plan::Plan& p) {
 
 void print_plan(const plan::Plan& p) {
   const plan::ClusterSpec& c = p.cluster;
-  std::printf("model    %d layers, d_model %d, %d heads, seq %d, vocab %d: %.4g parameters\n", p.shape.layers,
-              p.shape.d_model, p.shape.heads, p.shape.seq_len, p.shape.vocab, double(p.params));
+  std::printf("model    %s: %.4g parameters\n", describe(p.shape).c_str(), double(p.params));
   std::printf("cluster  %s: %s\n         %d node(s) x %d GPU(s) = %d ranks; %s HBM, %.4g TFLOP/s x %.2f per GPU\n",
               c.name.c_str(), c.description.c_str(), c.nodes, c.gpus_per_node, p.world, gib(c.hbm).c_str(),
               c.gpu_flops / 1e12, c.matmul_efficiency);

@@ -192,9 +192,11 @@ int run_eval() {
     throw ConfigError("--seq " + std::to_string(seq) + " is longer than the model's context of " +
                       std::to_string(shape.seq_len) + " tokens: give --seq " + std::to_string(shape.seq_len) +
                       " or less");
-  // Group 0 is wte [vocab, d] then wpe [seq_len, d]: its first seq rows of wpe remain.
+  // GPT-2's group 0 is wte [vocab, d] then wpe [seq_len, d]: its first seq rows of wpe
+  // remain. (Llama's positions are rotary: nothing to cut.)
   shape.seq_len = seq;
-  ck.groups[0].resize(static_cast<size_t>(shape.vocab + seq) * static_cast<size_t>(shape.d_model));
+  if (!shape.llama())
+    ck.groups[0].resize(static_cast<size_t>(shape.vocab + seq) * static_cast<size_t>(shape.d_model));
   // The trained precision by default, as --eval-batches evaluates and export writes.
   const DType precision = parse_precision(g_eval.precision.empty() ? ck.info.precision : g_eval.precision);
   HostWeights w(std::move(ck.groups), precision);

@@ -71,6 +71,21 @@ void layernorm_backward(const float* dy, const float* x, const float* w, const f
     }
 }
 
+// dx += RMSNorm backward of dy; dw overwritten with the gain's gradient.
+void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
+                      long rows, int n) {
+  const unsigned parts = detail::model_threads();
+  std::vector<float> partial(static_cast<size_t>(parts) * n, 0.0f);
+  const long per = (rows + parts - 1) / parts;
+  parallel_for(parts, 1, [&](long p) {
+    detail::rmsnorm_backward_rows(dy, x, w, rstd, dx, partial.data() + p * n, std::min(rows, p * per),
+                                  std::min(rows, (p + 1) * per), n);
+  });
+  std::fill(dw, dw + n, 0.0f);
+  for (unsigned p = 0; p < parts; ++p)
+    for (int i = 0; i < n; ++i) dw[i] += partial[p * n + i];
+}
+
 // y += x over [rows, n], split over the cores.
 void add_rows(float* y, const float* x, long rows, int n) {
   for_row_chunks(rows, [&](long r0, long r1) { detail::add_into(y + r0 * n, x + r0 * n, (r1 - r0) * n); });
@@ -152,25 +167,30 @@ struct HostBuffers {
 };
 
 // Activations one block keeps from forward for backward (all [rows = B*T] x width). "t":
-// the model's precision (docs/mixed-precision.md); the rest fp32.
+// the model's precision (docs/mixed-precision.md); the rest fp32. Llama's blocks keep
+// the same with RMSNorm (no means), q and rotated k, v repeated to every head, and the
+// SwiGLU MLP: fc is [gate, up] (2 ffn), gel silu(gate) * up (ffn).
 struct BlockActs {
   TypedBuffer ln1;                        // [BT, d] t
-  std::vector<float> mean1, rstd1;        // [BT], [BT]
-  TypedBuffer qkv;                        // [BT, 3d] t
+  std::vector<float> mean1, rstd1;        // [BT], [BT]   (mean: GPT-2 only)
+  TypedBuffer qkv;                        // [BT, 3d] t   attention's q, k, v, one per head
   TypedBuffer att;                        // [BT, d] t
   std::vector<float> lse;                 // [B, H, T]
   std::vector<float> x2;                  // [BT, d]  residual after attention
   TypedBuffer ln2;                        // [BT, d] t
   std::vector<float> mean2, rstd2;        // [BT], [BT]
-  std::vector<float> fc;                  // [BT, 4d] before GELU
-  TypedBuffer gel;                        // [BT, 4d] t, after GELU
-  void carve(HostBuffers& a, long bt, int d, int heads, DType t) {
-    a.take(ln1, bt * d, t); a.take(mean1, bt); a.take(rstd1, bt);
+  std::vector<float> fc;                  // [BT, 4d] before GELU; Llama [BT, 2 ffn]
+  TypedBuffer gel;                        // [BT, 4d] t, after GELU; Llama [BT, ffn]
+  void carve(HostBuffers& a, long bt, const GptShape& s, DType t) {
+    const int d = s.d_model;
+    const uint64_t means = s.llama() ? 0 : bt;
+    const uint64_t mlp_in = s.llama() ? 2ull * s.ffn_dim() : 4ull * d, mlp_mid = s.llama() ? s.ffn_dim() : 4ull * d;
+    a.take(ln1, bt * d, t); a.take(mean1, means); a.take(rstd1, bt);
     a.take(qkv, bt * 3 * d, t);
-    a.take(att, bt * d, t); a.take(lse, static_cast<uint64_t>(bt) * heads);
+    a.take(att, bt * d, t); a.take(lse, static_cast<uint64_t>(bt) * s.heads);
     a.take(x2, bt * d);
-    a.take(ln2, bt * d, t); a.take(mean2, bt); a.take(rstd2, bt);
-    a.take(fc, bt * 4 * d); a.take(gel, bt * 4 * d, t);
+    a.take(ln2, bt * d, t); a.take(mean2, means); a.take(rstd2, bt);
+    a.take(fc, bt * mlp_in); a.take(gel, bt * mlp_mid, t);
   }
 };
 
@@ -186,6 +206,8 @@ struct Gpt::Impl {
   GptShape s;
   GptOptions o;
   GptBlockLayout lay;
+  LlamaBlockLayout llay;                  // Llama only
+  bool llama;
   DType t;                                // the precision: weights, gradients, matmul operands
   bool half;                              // t is BF16 or F16
   long bt_max;
@@ -195,6 +217,10 @@ struct Gpt::Impl {
   TypedBuffer lnf;                        // [BT, d] t
   std::vector<float> meanf, rstdf;        // [BT], [BT]
   std::vector<float> dres, dsmall, dbig, dqkv;  // gradients: [BT, d], [BT, d], [BT, 4d], [BT, 3d]
+                                          // (Llama: dbig [BT, max(2 ffn, d + 2 kvd)]; dqkv also
+                                          // the q, k, v projection's output in forward)
+  std::vector<float> dmid;                // Llama: [BT, ffn] gradient of SwiGLU's output
+  std::vector<float> rope_cos, rope_sin;  // Llama: [seq_len, head_dim / 2]
   std::vector<float> logits;              // [chunk rows, V]
   std::vector<float> ones;                // [BT] for column sums (fp32 only: bias gradients)
   // 16 bits only (empty in fp32):
@@ -207,6 +233,8 @@ struct Gpt::Impl {
   std::vector<float> wte32, gemm_workspace;
   std::array<VecRef, 8> block_vecs;       // ln1 w, b; qkv b; attn proj b; ln2 w, b; fc b; mlp proj b
   std::array<VecRef, 2> final_vecs;       // ln_f w, b
+  std::array<VecRef, 2> llama_vecs;       // input_layernorm, post_attention_layernorm
+  std::array<VecRef, 1> llama_final;      // norm
   detail::CpuGemm gemm;
   uint64_t bytes = 0;                     // every buffer above (activation_bytes)
   const int32_t* inputs = nullptr;        // the caller's host arrays, this micro-batch
@@ -217,8 +245,10 @@ struct Gpt::Impl {
   struct CountOnly {};
   // Lays the buffers out without allocating: bytes only (activation_bytes).
   Impl(const GptShape& shape, const GptOptions& opts, CountOnly)
-      : s(shape), o(opts), lay(gpt_block_layout(shape.d_model)), t(opts.precision), half(t != DType::F32) {
+      : s(shape), o(opts), lay(gpt_block_layout(shape.d_model)), llama(shape.llama()), t(opts.precision),
+        half(t != DType::F32) {
     validate(s);
+    llay = llama_block_layout(s);
     if (o.micro_batch < 1) throw ConfigError("micro_batch = " + std::to_string(o.micro_batch) + " must be at least 1");
     if (!is_working_dtype(t))
       throw ConfigError(std::string("GptOptions::precision ") + to_string(t) + " is not f32, bf16 or fp16");
@@ -230,6 +260,8 @@ struct Gpt::Impl {
                   {lay.attn_proj_b, d, 5L * d},   {lay.ln2_w, d, 6L * d},  {lay.ln2_b, d, 7L * d},
                   {lay.fc_b, 4 * d, 8L * d},      {lay.mlp_proj_b, d, 12L * d}};
     final_vecs = {VecRef{0, d, 0}, {static_cast<uint64_t>(d), d, d}};
+    llama_vecs = {VecRef{llay.attn_norm, d, 0}, {llay.mlp_norm, d, d}};
+    llama_final = {VecRef{0, d, 0}};
     HostBuffers count{true};
     carve(count);
     bytes = count.bytes;
@@ -240,6 +272,22 @@ struct Gpt::Impl {
     carve(real);
     std::fill(ones.begin(), ones.end(), 1.0f);
     gemm.set_workspace(gemm_workspace.data(), gemm_workspace.size());
+    if (llama) fill_rope_tables();
+  }
+
+  // Hugging Face's LlamaRotaryEmbedding in fp32: inv_freq[i] = 1 / theta^(2i / hd), the
+  // angle at position p is p inv_freq[i] (one fp32 product), and cos, sin of it.
+  void fill_rope_tables() {
+    const int h2 = s.head_dim() / 2;
+    for (int i = 0; i < h2; ++i) {
+      const float e = static_cast<float>(2 * i) / static_cast<float>(s.head_dim());
+      const float inv = 1.0f / std::pow(static_cast<float>(s.rope_theta), e);
+      for (int p = 0; p < s.seq_len; ++p) {
+        const float a = static_cast<float>(p) * inv;
+        rope_cos[static_cast<size_t>(p) * h2 + i] = std::cos(a);
+        rope_sin[static_cast<size_t>(p) * h2 + i] = std::sin(a);
+      }
+    }
   }
 
   void carve(HostBuffers& a) {
@@ -247,18 +295,26 @@ struct Gpt::Impl {
     resid.resize(s.layers + 1);
     for (auto& r : resid) a.take(r, bt_max * d);
     acts.resize(o.checkpointing == ActivationCheckpointing::None ? s.layers : 1);
-    for (BlockActs& b : acts) b.carve(a, bt_max, d, s.heads, t);
-    a.take(lnf, bt_max * d, t); a.take(meanf, bt_max); a.take(rstdf, bt_max);
-    a.take(dres, bt_max * d); a.take(dsmall, bt_max * d); a.take(dbig, bt_max * 4 * d); a.take(dqkv, bt_max * 3 * d);
+    for (BlockActs& b : acts) b.carve(a, bt_max, s, t);
+    a.take(lnf, bt_max * d, t); a.take(meanf, llama ? 0 : bt_max); a.take(rstdf, bt_max);
+    // The widest matmul output whose gradient is taken: GPT-2's MLP (4d); Llama's gate and
+    // up (2 ffn) or its q, k, v (d + 2 kvd).
+    const uint64_t wide = llama ? std::max<uint64_t>(2ull * s.ffn_dim(), d + 2ull * s.kv_dim()) : 4ull * d;
+    a.take(dres, bt_max * d); a.take(dsmall, bt_max * d); a.take(dbig, bt_max * wide); a.take(dqkv, bt_max * 3 * d);
+    if (llama) {
+      a.take(dmid, static_cast<uint64_t>(bt_max) * s.ffn_dim());
+      a.take(rope_cos, static_cast<uint64_t>(s.seq_len) * (s.head_dim() / 2));
+      a.take(rope_sin, static_cast<uint64_t>(s.seq_len) * (s.head_dim() / 2));
+    }
     a.take(logits, static_cast<uint64_t>(chunk_rows) * s.vocab);
     if (!half) {
-      a.take(ones, bt_max);
+      if (!llama) a.take(ones, bt_max);
       return;
     }
-    a.take(dy, std::max<uint64_t>(bt_max * 4 * d, static_cast<uint64_t>(chunk_rows) * s.vocab), t);
+    a.take(dy, std::max<uint64_t>(bt_max * wide, static_cast<uint64_t>(chunk_rows) * s.vocab), t);
     a.take(vecs, 13L * d); a.take(vec_grads, 13L * d);
-    a.take(col_parts, static_cast<uint64_t>(detail::model_threads()) * 4 * d);
-    a.take(dembed, static_cast<uint64_t>(s.vocab + s.seq_len) * d);
+    if (!llama) a.take(col_parts, static_cast<uint64_t>(detail::model_threads()) * 4 * d);
+    a.take(dembed, static_cast<uint64_t>(s.vocab + (llama ? 0 : s.seq_len)) * d);
     a.take_bytes(att_workspace, detail::attention16_workspace_bytes(t, s.seq_len, s.head_dim()));
     if (detail::gemm_native(t)) return;
     a.take(wte32, static_cast<uint64_t>(s.vocab) * d);
@@ -272,7 +328,10 @@ struct Gpt::Impl {
     const int d = s.d_model;
     const DType f = DType::F32;
     uint64_t need = 0;
-    const std::tuple<int, int, DType> linears[] = {{3 * d, d, t}, {d, d, f}, {4 * d, d, f}, {d, 4 * d, f}};
+    const int kvd = s.kv_dim(), ff = s.ffn_dim();
+    const std::vector<std::tuple<int, int, DType>> linears =
+        llama ? std::vector<std::tuple<int, int, DType>>{{d + 2 * kvd, d, f}, {d, d, f}, {2 * ff, d, f}, {d, ff, f}}
+              : std::vector<std::tuple<int, int, DType>>{{3 * d, d, t}, {d, d, f}, {4 * d, d, f}, {d, 4 * d, f}};
     for (auto [N, K, out] : linears) {
       need = std::max(need, detail::gemm_workspace_floats(bt, N, K, t, t, out));  // forward
       need = std::max(need, detail::gemm_workspace_floats(bt, K, N, t, t, f));    // dX
@@ -314,9 +373,14 @@ struct Gpt::Impl {
   void release(WeightSource& ws, int g) { ws.release_params(g); }
   void ready(WeightSource& ws, int g) { ws.grads_ready(g); }
   void block_forward(int l, const void* w, bool keep_output, int B, int T) {
-    block_forward(w, resid[l].data(), acts_for(l), keep_output ? resid[l + 1].data() : nullptr, B, T);
+    float* out = keep_output ? resid[l + 1].data() : nullptr;
+    if (llama) return llama_block_forward(w, resid[l].data(), acts_for(l), out, B, T);
+    block_forward(w, resid[l].data(), acts_for(l), out, B, T);
   }
-  void block_backward(int l, const void* w, void* g, int B, int T) { block_backward(w, resid[l].data(), acts_for(l), g, B, T); }
+  void block_backward(int l, const void* w, void* g, int B, int T) {
+    if (llama) return llama_block_backward(w, resid[l].data(), acts_for(l), g, B, T);
+    block_backward(w, resid[l].data(), acts_for(l), g, B, T);
+  }
 
   // y = layernorm(x) over rows [0, rows), of y's type (rounded once when 16-bit).
   void layernorm(const float* x, const float* w, const float* b, TypedBuffer& y, float* mean, float* rstd, long rows,
@@ -396,21 +460,27 @@ struct Gpt::Impl {
     return {wte32.data(), DType::F32, s.d_model};
   }
 
+  // The output head's weights: wte (tied, group 0) or Llama's lm_head, after the final
+  // norm's gain in the final group.
+  const void* head_of(const void* wf, const void* wte) const { return s.tied() ? wte : at(wf, s.d_model); }
+
   void last_logits(const void* wf, const void* wte, int len, float* out) {
     const int d = s.d_model;
     const float* x = resid[s.layers].data() + static_cast<long>(len - 1) * d;
+    const void* hw = head_of(wf, wte);
     float mean, rstd;
+    float* row = half ? dsmall.data() : lnf.f32();
+    if (llama)
+      math::rmsnorm_row(x, vec(wf, llama_final[0]), row, d, static_cast<float>(s.norm_eps), &rstd);
+    else
+      math::layernorm_row(x, vec(wf, final_vecs[0]), vec(wf, final_vecs[1]), row, d, &mean, &rstd);
     if (!half) {
-      const auto* w = static_cast<const float*>(wf);
-      math::layernorm_row(x, w, w + d, lnf.f32(), d, &mean, &rstd);
-      cblas_sgemv(CblasRowMajor, CblasNoTrans, s.vocab, d, 1.0f, static_cast<const float*>(wte), d, lnf.f32(), 1,
-                  0.0f, out, 1);
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, s.vocab, d, 1.0f, static_cast<const float*>(hw), d, row, 1, 0.0f, out,
+                  1);
       return;
     }
-    float* row = dsmall.data();
-    math::layernorm_row(x, vec(wf, final_vecs[0]), vec(wf, final_vecs[1]), row, d, &mean, &rstd);
     convert_from_f32(lnf.data(), t, row, d);
-    gemm.run(1, s.vocab, d, {lnf.data(), t, d}, head_weights(wte).transposed(), nullptr, out, DType::F32, s.vocab,
+    gemm.run(1, s.vocab, d, {lnf.data(), t, d}, head_weights(hw).transposed(), nullptr, out, DType::F32, s.vocab,
              GemmOutput::Overwrite);
   }
 
@@ -418,6 +488,12 @@ struct Gpt::Impl {
     const int32_t* tok = inputs;
     const int d = s.d_model;
     float* x = resid[0].data();
+    if (llama) {  // x = wte[token]: no positions (they are rotary, in attention)
+      parallel_for(static_cast<long>(B) * T, 64, [&](long r) {
+        convert_to_f32(x + r * d, at(w, static_cast<uint64_t>(tok[r]) * d), t, d);
+      });
+      return;
+    }
     if (!half) {
       const auto* wte = static_cast<const float*>(w);
       const float* wpe = wte + static_cast<long>(s.vocab) * d;
@@ -493,16 +569,176 @@ struct Gpt::Impl {
     round_vec_grads(g, v);
   }
 
+  // ---- Llama ----------------------------------------------------------------------
+
+  // y = RMSNorm(x) over rows [0, rows), of y's type (rounded once when 16-bit).
+  void rmsnorm(const float* x, const float* w, TypedBuffer& y, float* rstd, long rows, int n) {
+    const float eps = static_cast<float>(s.norm_eps);
+    for_row_chunks(rows, [&](long r0, long r1) {
+      if (y.type == DType::F32) return detail::rmsnorm_rows(x, w, y.f32(), rstd, r0, r1, n, eps);
+      std::vector<float> row(n);
+      for (long r = r0; r < r1; ++r) {
+        detail::rmsnorm_rows(x + r * n, w, row.data(), rstd + r, 0, 1, n, eps);
+        convert_from_f32(y.at(r, n), t, row.data(), n);
+      }
+    });
+  }
+
+  // A linear's output gradient [M, N] as its backward's matmuls read it (no bias): dY
+  // itself in fp32, rounded once into `dy` in 16 bits.
+  const void* grad_operand(const float* dY, long M, int N) {
+    if (!half) return dY;
+    for_row_chunks(M, [&](long r0, long r1) { convert_from_f32(dy.at(r0, N), t, dY + r0 * N, (r1 - r0) * N); });
+    return dy.data();
+  }
+
+  // Rows [r0, r1) of fn(r, out_row) writing `width` floats per row into y (of y's type):
+  // in place in fp32, through one row of scratch rounded once in 16 bits.
+  template <class Fn>
+  void rows_into(TypedBuffer& y, long rows, int width, Fn&& fn) {
+    for_row_chunks(rows, [&](long r0, long r1) {
+      std::vector<float> row(y.type == DType::F32 ? 0 : width);
+      for (long r = r0; r < r1; ++r) {
+        float* out = y.type == DType::F32 ? y.f32() + r * width : row.data();
+        fn(r, out);
+        if (y.type != DType::F32) convert_from_f32(y.at(r, width), t, out, width);
+      }
+    });
+  }
+
+  // The projection p [BT, d + 2 kvd] (fp32) -> attention's q, k, v [BT, 3d]: q and k rotated
+  // at their positions (rotate-half: channel i pairs with i + hd/2), then k and v repeated
+  // to the heads / kv_heads query heads that share them (Hugging Face's repeat_kv).
+  void rope_expand(const float* p, TypedBuffer& qkv, int T, long bt) {
+    const int d = s.d_model, hd = s.head_dim(), h2 = hd / 2, H = s.heads, rep = H / s.kv(), kvd = s.kv_dim();
+    const int pw = d + 2 * kvd;
+    rows_into(qkv, bt, 3 * d, [&](long r, float* o) {
+      const float* c = rope_cos.data() + (r % T) * h2;
+      const float* sn = rope_sin.data() + (r % T) * h2;
+      const float* pr = p + r * pw;
+      auto rotate = [&](const float* x, float* y) {
+        for (int i = 0; i < h2; ++i) {
+          y[i] = x[i] * c[i] - x[i + h2] * sn[i];
+          y[i + h2] = x[i + h2] * c[i] + x[i] * sn[i];
+        }
+      };
+      for (int h = 0; h < H; ++h) {
+        rotate(pr + h * hd, o + h * hd);
+        rotate(pr + d + (h / rep) * hd, o + d + h * hd);
+        std::copy_n(pr + d + kvd + (h / rep) * hd, hd, o + 2 * d + h * hd);
+      }
+    });
+  }
+
+  // Backward of rope_expand: dqkv [BT, 3d] -> dp [BT, d + 2 kvd], q and k rotated back
+  // (the transpose), the repeated heads' k and v gradients summed into their kv head.
+  void rope_reduce(const float* dqkv_full, float* dp, int T, long bt) {
+    const int d = s.d_model, hd = s.head_dim(), h2 = hd / 2, H = s.heads, rep = H / s.kv(), kvd = s.kv_dim();
+    const int pw = d + 2 * kvd;
+    parallel_for(bt, 16, [&](long r) {
+      const float* c = rope_cos.data() + (r % T) * h2;
+      const float* sn = rope_sin.data() + (r % T) * h2;
+      const float* g = dqkv_full + r * 3 * d;
+      float* o = dp + r * pw;
+      std::fill(o + d, o + pw, 0.0f);
+      auto unrotate_add = [&](const float* x, float* y) {
+        for (int i = 0; i < h2; ++i) {
+          y[i] += x[i] * c[i] + x[i + h2] * sn[i];
+          y[i + h2] += x[i + h2] * c[i] - x[i] * sn[i];
+        }
+      };
+      std::fill(o, o + d, 0.0f);
+      for (int h = 0; h < H; ++h) {
+        unrotate_add(g + h * hd, o + h * hd);
+        unrotate_add(g + d + h * hd, o + d + (h / rep) * hd);
+        detail::add_into(o + d + kvd + (h / rep) * hd, g + 2 * d + h * hd, hd);
+      }
+    });
+  }
+
+  // x [BT, d] -> a's activations; writes x + block(x) to out when out is not null.
+  //   h = x + o_proj(attention(rope(q), rope(k), v of input_layernorm(x)))
+  //   out = h + down_proj(silu(gate_proj(n)) * up_proj(n)),  n = post_attention_layernorm(h)
+  void llama_block_forward(const void* w, const float* x, BlockActs& a, float* out, int B, int T) {
+    const int d = s.d_model, ff = s.ffn_dim(), pw = d + 2 * s.kv_dim();
+    const long bt = static_cast<long>(B) * T;
+    rmsnorm(x, vec(w, llama_vecs[0]), a.ln1, a.rstd1.data(), bt, d);
+    linear(a.ln1.data(), at(w, llay.qkv_w), nullptr, dqkv.data(), DType::F32, bt, pw, d);
+    rope_expand(dqkv.data(), a.qkv, T, bt);
+    if (half)
+      detail::attention16_forward(a.qkv.h16(), a.att.h16(), t, a.lse.data(), B, T, d, s.heads, att_workspace);
+    else
+      detail::attention_forward(a.qkv.f32(), a.att.f32(), a.lse.data(), B, T, d, s.heads);
+    float* x2 = a.x2.data();
+    linear(a.att.data(), at(w, llay.o_w), nullptr, x2, DType::F32, bt, d, d);
+    add_rows(x2, x, bt, d);
+    rmsnorm(x2, vec(w, llama_vecs[1]), a.ln2, a.rstd2.data(), bt, d);
+    linear(a.ln2.data(), at(w, llay.gate_up_w), nullptr, a.fc.data(), DType::F32, bt, 2 * ff, d);
+    const float* gu = a.fc.data();
+    rows_into(a.gel, bt, ff, [&](long r, float* o) { detail::swiglu_forward(gu + r * 2 * ff, o, 1, ff); });
+    if (!out) return;
+    linear(a.gel.data(), at(w, llay.down_w), nullptr, out, DType::F32, bt, d, ff);
+    add_rows(out, x2, bt, d);
+  }
+
+  // dres: gradient of the block's output in, of its input out. g: the block's gradient.
+  void llama_block_backward(const void* w, const float* x, BlockActs& a, void* g, int B, int T) {
+    const int d = s.d_model, ff = s.ffn_dim(), pw = d + 2 * s.kv_dim();
+    const long bt = static_cast<long>(B) * T;
+    float* dr = dres.data();
+    // MLP
+    linear_backward(grad_operand(dr, bt, d), a.gel.data(), at(w, llay.down_w), dmid.data(), at(g, llay.down_w), bt, d,
+                    ff);
+    const void* dy_gu;
+    if (!half) {
+      for_row_chunks(bt, [&](long r0, long r1) {
+        detail::swiglu_backward(dmid.data() + r0 * ff, a.fc.data() + r0 * 2 * ff, dbig.data() + r0 * 2 * ff, r1 - r0, ff);
+      });
+      dy_gu = dbig.data();
+    } else {
+      for_row_chunks(bt, [&](long r0, long r1) {
+        std::vector<float> row(2 * ff);
+        for (long r = r0; r < r1; ++r) {
+          detail::swiglu_backward(dmid.data() + r * ff, a.fc.data() + r * 2 * ff, row.data(), 1, ff);
+          convert_from_f32(dy.at(r, 2 * ff), t, row.data(), 2 * ff);
+        }
+      });
+      dy_gu = dy.data();
+    }
+    linear_backward(dy_gu, a.ln2.data(), at(w, llay.gate_up_w), dsmall.data(), at(g, llay.gate_up_w), bt, 2 * ff, d);
+    rmsnorm_backward(dsmall.data(), a.x2.data(), vec(w, llama_vecs[1]), a.rstd2.data(), dr,
+                     vec_grad(g, llama_vecs[1]), bt, d);
+    // Attention
+    linear_backward(grad_operand(dr, bt, d), a.att.data(), at(w, llay.o_w), dsmall.data(), at(g, llay.o_w), bt, d, d);
+    if (half)
+      detail::attention16_backward(a.qkv.h16(), a.att.h16(), t, a.lse.data(), dsmall.data(), dqkv.data(), B, T, d,
+                                   s.heads, att_workspace);
+    else
+      detail::attention_backward(a.qkv.f32(), a.att.f32(), a.lse.data(), dsmall.data(), dqkv.data(), B, T, d,
+                                 s.heads);
+    rope_reduce(dqkv.data(), dbig.data(), T, bt);
+    linear_backward(grad_operand(dbig.data(), bt, pw), a.ln1.data(), at(w, llay.qkv_w), dsmall.data(),
+                    at(g, llay.qkv_w), bt, pw, d);
+    rmsnorm_backward(dsmall.data(), x, vec(w, llama_vecs[0]), a.rstd1.data(), dr, vec_grad(g, llama_vecs[0]), bt, d);
+    round_vec_grads(g, llama_vecs);
+  }
+
   // Final layer norm, tied head and mean cross-entropy over rows [0, bt). With dwte, also
   // backward: dwte (overwritten; in 16 bits, through dembed until embed_backward) gets the
   // head's gradient and dres the final residual's.
+  // An untied head (Llama's lm_head) is in the final group: its gradient goes to dlnf's,
+  // and dwte_group is null.
   double head(const void* wf, const void* wte, long bt, void* dwte_group, void* dlnf, float loss_scale) {
     const int d = s.d_model, V = s.vocab;
     const float* xf = resid[s.layers].data();
-    const float* lnf_w = vec(wf, final_vecs[0]);
-    layernorm(xf, lnf_w, vec(wf, final_vecs[1]), lnf, meanf.data(), rstdf.data(), bt, d);
-    const MatRef w = head_weights(wte);
-    float* dwte = !dwte_group ? nullptr : half ? dembed.data() : static_cast<float*>(dwte_group);
+    const float* lnf_w = vec(wf, llama ? llama_final[0] : final_vecs[0]);
+    if (llama)
+      rmsnorm(xf, lnf_w, lnf, rstdf.data(), bt, d);
+    else
+      layernorm(xf, lnf_w, vec(wf, final_vecs[1]), lnf, meanf.data(), rstdf.data(), bt, d);
+    const MatRef w = head_weights(head_of(wf, wte));
+    void* dhead_group = s.tied() ? dwte_group : dlnf ? at(dlnf, d) : nullptr;
+    float* dwte = !dhead_group ? nullptr : half ? dembed.data() : static_cast<float*>(dhead_group);
     double loss = 0;
     const float inv_n = loss_scale / static_cast<float>(bt);  // the gradient's scale
     float* dl = dsmall.data();  // gradient of lnf's output
@@ -534,9 +770,18 @@ struct Gpt::Impl {
     }
     if (dwte) {
       std::fill(dres.begin(), dres.begin() + bt * d, 0.0f);
-      layernorm_backward(dl, xf, lnf_w, meanf.data(), rstdf.data(), dres.data(), vec_grad(dlnf, final_vecs[0]),
-                         vec_grad(dlnf, final_vecs[1]), bt, d);
-      round_vec_grads(dlnf, final_vecs);
+      if (llama) {
+        rmsnorm_backward(dl, xf, lnf_w, rstdf.data(), dres.data(), vec_grad(dlnf, llama_final[0]), bt, d);
+        round_vec_grads(dlnf, llama_final);
+      } else {
+        layernorm_backward(dl, xf, lnf_w, meanf.data(), rstdf.data(), dres.data(), vec_grad(dlnf, final_vecs[0]),
+                           vec_grad(dlnf, final_vecs[1]), bt, d);
+        round_vec_grads(dlnf, final_vecs);
+      }
+      if (half && !s.tied())  // lm_head's gradient is complete: rounded into the final group
+        for_row_chunks(V, [&](long r0, long r1) {
+          convert_from_f32(at(dhead_group, r0 * d), t, dembed.data() + r0 * d, (r1 - r0) * d);
+        });
     }
     return loss / static_cast<double>(bt);
   }
@@ -547,8 +792,9 @@ struct Gpt::Impl {
     const int32_t* tok = inputs;
     const int d = s.d_model;
     float* dwte = half ? dembed.data() : static_cast<float*>(g0);
-    float* dwpe = dwte + static_cast<long>(s.vocab) * d;
-    std::fill(dwpe, dwpe + static_cast<long>(s.seq_len) * d, 0.0f);
+    if (!s.tied()) std::fill(dwte, dwte + static_cast<long>(s.vocab) * d, 0.0f);  // no head gradient to add to
+    float* dwpe = llama ? nullptr : dwte + static_cast<long>(s.vocab) * d;
+    if (dwpe) std::fill(dwpe, dwpe + static_cast<long>(s.seq_len) * d, 0.0f);
     const float* dr = dres.data();
     // Rows with the same token add into one wte row: each thread owns a range of channels.
     constexpr int kCols = 64;
@@ -557,15 +803,14 @@ struct Gpt::Impl {
       for (long r = 0; r < static_cast<long>(B) * T; ++r) {
         const float* v = dr + r * d;
         float* e = dwte + static_cast<long>(tok[r]) * d;
+        for (int c = c0; c < c1; ++c) e[c] += v[c];
+        if (!dwpe) continue;
         float* p = dwpe + (r % T) * d;
-        for (int c = c0; c < c1; ++c) {
-          e[c] += v[c];
-          p[c] += v[c];
-        }
+        for (int c = c0; c < c1; ++c) p[c] += v[c];
       }
     });
     if (!half) return;
-    for_row_chunks(s.vocab + s.seq_len, [&](long r0, long r1) {
+    for_row_chunks(s.vocab + (llama ? 0 : s.seq_len), [&](long r0, long r1) {
       convert_from_f32(at(g0, r0 * d), t, dembed.data() + r0 * d, (r1 - r0) * d);
     });
   }

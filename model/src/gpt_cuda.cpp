@@ -149,6 +149,10 @@ struct GptCuda::Impl {
   Impl(const GptShape& shape, const GptOptions& opts, CountOnly)
       : s(shape), o(opts), lay(gpt_block_layout(shape.d_model)), t(opts.precision) {
     validate(s);
+    if (s.llama())
+      throw ConfigError("strata.model.arch \"llama\" runs on the cpu backend only: the cuda model has GPT-2's "
+                        "kernels and not yet Llama's (RMSNorm, rotary, SwiGLU, grouped-query attention); set "
+                        "strata.backend to \"cpu\"");
     if (o.micro_batch < 1) throw ConfigError("micro_batch = " + std::to_string(o.micro_batch) + " must be at least 1");
     if (!is_working_dtype(t))
       throw ConfigError(std::string("the cuda GPT computes in f32, bf16 or fp16, not ") + to_string(t));

@@ -8,7 +8,8 @@
 //   void embed(const void* w, int B, int T)                  // residual[0] from the loaded inputs
 //   void block_forward(int l, const void* w, bool keep_output, int B, int T)
 //   double head(const void* wf, const void* wte, long bt, void* dwte, void* dlnf, float loss_scale)
-//                                             // loss; backward (of loss x loss_scale) when dwte
+//                                             // loss; backward (of loss x loss_scale) when dlnf;
+//                                             // wte and dwte null for an untied head (in wf)
 //   void block_backward(int l, const void* w, void* grad, int B, int T)
 //   void embed_backward(void* g0, int B, int T)
 //   void last_logits(const void* wf, const void* wte, int len, float* host_out)
@@ -69,19 +70,22 @@ long gpt_forward_batch(M& m, WeightSource& ws, const GptShape& s, const GptOptio
 }
 
 // Acquires 0, 1..L, L+1, 0, then L..1 (gpt_schedule); hands in L+1, L..1, then 0, whose
-// gradient buffer is held from the head (tied weights) to the embedding backward.
+// gradient buffer is held from the head (tied weights) to the embedding backward. An
+// untied head is in L+1: group 0 is not acquired for it, and its gradient buffer is asked
+// for at the embedding backward.
 template <class M>
 double gpt_forward_backward(M& m, WeightSource& ws, const GptShape& s, const GptOptions& o, const int32_t* inputs,
                             const int32_t* targets, float loss_scale) {
   const long bt = gpt_forward_batch(m, ws, s, o, inputs, targets);
   const int B = o.micro_batch, T = s.seq_len;
   const int ge = gpt_embeddings_group(), gf = gpt_final_group(s);
+  const bool tied = s.tied();
   const void* wf = ws.acquire_params(gf);
-  const void* wte = ws.acquire_params(ge);
-  void* g0 = ws.gradient_buffer(ge);  // held until the embedding backward at the end
+  const void* wte = tied ? ws.acquire_params(ge) : nullptr;
+  void* g0 = tied ? ws.gradient_buffer(ge) : nullptr;  // held until the embedding backward at the end
   void* gfin = ws.gradient_buffer(gf);
   const double loss = m.head(wf, wte, bt, g0, gfin, loss_scale);
-  m.release(ws, ge);
+  if (tied) m.release(ws, ge);
   m.release(ws, gf);
   m.ready(ws, gf);
   for (int l = s.layers - 1; l >= 0; --l) {
@@ -92,7 +96,7 @@ double gpt_forward_backward(M& m, WeightSource& ws, const GptShape& s, const Gpt
     m.release(ws, g);
     m.ready(ws, g);
   }
-  m.embed_backward(g0, B, T);
+  m.embed_backward(tied ? g0 : ws.gradient_buffer(ge), B, T);
   m.ready(ws, ge);
   return loss;
 }
@@ -103,9 +107,9 @@ double gpt_forward_loss(M& m, WeightSource& ws, const GptShape& s, const GptOpti
   const long bt = gpt_forward_batch(m, ws, s, o, inputs, targets);
   const int ge = gpt_embeddings_group(), gf = gpt_final_group(s);
   const void* wf = ws.acquire_params(gf);
-  const void* wte = ws.acquire_params(ge);
+  const void* wte = s.tied() ? ws.acquire_params(ge) : nullptr;
   const double loss = m.head(wf, wte, bt, nullptr, nullptr, 1.0f);
-  m.release(ws, ge);
+  if (s.tied()) m.release(ws, ge);
   m.release(ws, gf);
   return loss;
 }
@@ -122,9 +126,9 @@ void gpt_next_token_logits(M& m, WeightSource& ws, const GptShape& s, const GptO
   const int ge = gpt_embeddings_group(), gf = gpt_final_group(s);
   gpt_forward_blocks(m, ws, s, 1, len);
   const void* wf = ws.acquire_params(gf);
-  const void* wte = ws.acquire_params(ge);
+  const void* wte = s.tied() ? ws.acquire_params(ge) : nullptr;
   m.last_logits(wf, wte, len, out);
-  m.release(ws, ge);
+  if (s.tied()) m.release(ws, ge);
   m.release(ws, gf);
 }
 

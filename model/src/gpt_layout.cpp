@@ -1,5 +1,6 @@
 #include "strata/model/gpt_layout.hpp"
 
+#include <cmath>
 #include <cstdio>
 
 #include "strata/core/error.hpp"
@@ -10,6 +11,46 @@ uint64_t GptTensor::numel() const {
   uint64_t n = 1;
   for (int64_t d : shape) n *= static_cast<uint64_t>(d);
   return n;
+}
+
+const char* arch_name(Arch a) { return a == Arch::Llama ? "llama" : "gpt2"; }
+
+int GptShape::ffn_dim() const {
+  if (ffn > 0) return ffn;
+  if (arch == Arch::Gpt2) return 4 * d_model;
+  // Meta's Llama rule: 2/3 of 4d, rounded up to a multiple of 256 (4096 -> 11008).
+  const int64_t h = (8LL * d_model / 3 + 255) / 256 * 256;
+  return static_cast<int>(std::min<int64_t>(h, 4LL * kMaxDModel));
+}
+
+std::string describe(const GptShape& s) {
+  auto num = [](double x) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%g", x);
+    return std::string(b);
+  };
+  std::string d = std::string(arch_name(s.arch)) + ": layers " + std::to_string(s.layers) + ", d_model " +
+                  std::to_string(s.d_model) + ", heads " + std::to_string(s.heads);
+  if (s.llama()) d += ", kv_heads " + std::to_string(s.kv()) + ", ffn " + std::to_string(s.ffn_dim());
+  d += ", seq_len " + std::to_string(s.seq_len) + ", vocab " + std::to_string(s.vocab);
+  if (s.llama())
+    d += ", rope_theta " + num(s.rope_theta) + ", norm_eps " + num(s.norm_eps) + (s.tied_head ? ", tied head" : ", untied head");
+  return d;
+}
+
+LlamaBlockLayout llama_block_layout(const GptShape& s) {
+  const uint64_t d = static_cast<uint64_t>(s.d_model), kvd = static_cast<uint64_t>(s.kv_dim()),
+                 f = static_cast<uint64_t>(s.ffn_dim());
+  LlamaBlockLayout b{};
+  uint64_t o = 0;
+  b.attn_norm = o; o += d;
+  b.qkv_w = o; o += (d + 2 * kvd) * d;
+  b.o_w = o; o += d * d;
+  b.mlp_norm = o; o += d;
+  b.gate_up_w = o; o += 2 * f * d;
+  b.down_w = o; o += f * d;
+  b.numel = o;
+  return b;
 }
 
 GptBlockLayout gpt_block_layout(int d_model) {
@@ -49,20 +90,96 @@ void validate(const GptShape& s) {
   at_most(s.d_model, kMaxDModel, "d_model");
   at_most(s.seq_len, kMaxSeqLen, "seq_len");
   at_most(s.vocab, kMaxVocab, "vocab");
+  need(s.d_model % s.heads == 0,
+       "model d_model = " + std::to_string(s.d_model) + " is not divisible by heads = " + std::to_string(s.heads) +
+           ": each head needs d_model / heads channels; change one so heads divides d_model");
+  if (s.arch == Arch::Gpt2) {
+    // Llama's keys at other values than their defaults would be accepted and ignored.
+    const GptShape plain;
+    auto gpt2_fixed = [&](bool same, const std::string& what) {
+      need(same, "model " + what + " applies to arch \"llama\" only; GPT-2 has " +
+                     "none (remove it, or set arch to \"llama\")");
+    };
+    gpt2_fixed(s.kv_heads == 0 || s.kv_heads == s.heads, "kv_heads = " + std::to_string(s.kv_heads));
+    gpt2_fixed(s.ffn == 0 || s.ffn == 4 * s.d_model, "ffn = " + std::to_string(s.ffn));
+    gpt2_fixed(s.rope_theta == plain.rope_theta, "rope_theta");
+    gpt2_fixed(s.norm_eps == plain.norm_eps, "norm_eps");
+    gpt2_fixed(!s.tied_head, "tied_head (GPT-2's head is always tied)");
+  } else {
+    need(s.kv_heads >= 0 && s.kv() <= s.heads && s.heads % s.kv() == 0,
+         "model kv_heads = " + std::to_string(s.kv_heads) + " does not divide heads = " + std::to_string(s.heads) +
+             ": each key/value head serves heads / kv_heads query heads; give a divisor of heads (heads itself "
+             "for plain multi-head attention)");
+    need(s.head_dim() % 2 == 0, "model d_model / heads = " + std::to_string(s.head_dim()) +
+                                    " is odd: rotary embeddings rotate pairs of channels; give an even head size");
+    need(s.ffn >= 0 && s.ffn <= 4 * kMaxDModel, "model ffn = " + std::to_string(s.ffn) + " must be between 1 and " +
+                                                   std::to_string(4 * kMaxDModel) + " (or 0 for Meta's rule)");
+    need(std::isfinite(s.rope_theta) && s.rope_theta > 1, "model rope_theta must be a finite number above 1");
+    need(std::isfinite(s.norm_eps) && s.norm_eps > 0 && s.norm_eps < 1,
+         "model norm_eps must be a number between 0 and 1 (exclusive)");
+  }
   // Within those limits the count fits easily in a double and a uint64_t.
-  const double d = s.d_model, params = double(s.layers) * (12 * d * d + 13 * d) + (double(s.vocab) + s.seq_len) * d + 2 * d;
+  const double d = s.d_model, kvd = double(s.kv()) * s.head_dim(), f = s.ffn_dim();
+  const double block = s.llama() ? d * (d + 2 * kvd) + d * d + 3 * d * f + 2 * d : 12 * d * d + 13 * d;
+  const double ends = s.llama() ? double(s.vocab) * d * (s.tied_head ? 1 : 2) + d : (double(s.vocab) + s.seq_len) * d + 2 * d;
+  const double params = double(s.layers) * block + ends;
   if (params > kMaxParams) {
     char buf[160];
     std::snprintf(buf, sizeof buf, "model of %.3g parameters is more than Strata's limit of %.3g", params, kMaxParams);
     need(false, std::string(buf) + ": give fewer layers or a smaller d_model");
   }
-  need(s.d_model % s.heads == 0,
-       "model d_model = " + std::to_string(s.d_model) + " is not divisible by heads = " + std::to_string(s.heads) +
-           ": each head needs d_model / heads channels; change one so heads divides d_model");
 }
+
+namespace {
+
+std::vector<GptGroup> llama_groups(const GptShape& s) {
+  const int64_t d = s.d_model, V = s.vocab, T = s.seq_len, kvd = s.kv_dim(), f = s.ffn_dim();
+  const double head_flops = 2.0 * static_cast<double>(V) * static_cast<double>(d);
+  std::vector<GptGroup> groups;
+  GptGroup emb{"embeddings", static_cast<uint64_t>(V * d), s.tied_head ? head_flops : 0.0, {}};
+  emb.tensors.push_back({"model.embed_tokens.weight", 0, 0, {V, d}, GptInit::Normal, false});
+  groups.push_back(std::move(emb));
+
+  const LlamaBlockLayout b = llama_block_layout(s);
+  const uint64_t ud = static_cast<uint64_t>(d), ukv = static_cast<uint64_t>(kvd), uf = static_cast<uint64_t>(f);
+  for (int l = 0; l < s.layers; ++l) {
+    const int g = gpt_block_group(l);
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    GptGroup blk{"block." + std::to_string(l), b.numel, 0, {}};
+    blk.tensors = {
+        {p + "input_layernorm.weight", g, b.attn_norm, {d}, GptInit::Ones, false},
+        {p + "self_attn.q_proj.weight", g, b.qkv_w, {d, d}, GptInit::Normal, false},
+        {p + "self_attn.k_proj.weight", g, b.qkv_w + ud * ud, {kvd, d}, GptInit::Normal, false},
+        {p + "self_attn.v_proj.weight", g, b.qkv_w + (ud + ukv) * ud, {kvd, d}, GptInit::Normal, false},
+        {p + "self_attn.o_proj.weight", g, b.o_w, {d, d}, GptInit::Normal, false},
+        {p + "post_attention_layernorm.weight", g, b.mlp_norm, {d}, GptInit::Ones, false},
+        {p + "mlp.gate_proj.weight", g, b.gate_up_w, {f, d}, GptInit::Normal, false},
+        {p + "mlp.up_proj.weight", g, b.gate_up_w + uf * ud, {f, d}, GptInit::Normal, false},
+        {p + "mlp.down_proj.weight", g, b.down_w, {d, f}, GptInit::Normal, false},
+    };
+    const double dd = static_cast<double>(d);
+    blk.forward_flops_per_token = 2.0 * (dd * (dd + 2.0 * static_cast<double>(kvd)) + dd * dd + 3.0 * dd * static_cast<double>(f)) +
+                                  2.0 * static_cast<double>(T) * dd;
+    groups.push_back(std::move(blk));
+  }
+
+  const int gf = gpt_final_group(s);
+  GptGroup fin{"final", static_cast<uint64_t>(d), 0, {}};
+  fin.tensors = {{"model.norm.weight", gf, 0, {d}, GptInit::Ones, false}};
+  if (!s.tied_head) {
+    fin.tensors.push_back({"lm_head.weight", gf, ud, {V, d}, GptInit::Normal, false});
+    fin.numel += static_cast<uint64_t>(V * d);
+    fin.forward_flops_per_token = head_flops;
+  }
+  groups.push_back(std::move(fin));
+  return groups;
+}
+
+}  // namespace
 
 std::vector<GptGroup> gpt_groups(const GptShape& s) {
   validate(s);
+  if (s.llama()) return llama_groups(s);
   const int64_t d = s.d_model, V = s.vocab, T = s.seq_len;
   std::vector<GptGroup> groups;
 
@@ -119,7 +236,7 @@ std::vector<int> gpt_schedule(const GptShape& s) {
   order.push_back(gpt_embeddings_group());
   for (int l = 0; l < s.layers; ++l) order.push_back(gpt_block_group(l));
   order.push_back(gpt_final_group(s));
-  order.push_back(gpt_embeddings_group());
+  if (s.tied()) order.push_back(gpt_embeddings_group());
   for (int l = s.layers - 1; l >= 0; --l) order.push_back(gpt_block_group(l));
   return order;
 }

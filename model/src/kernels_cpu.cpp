@@ -40,6 +40,40 @@ STRATA_CLONES void layernorm_backward_rows(const float* dy, const float* x, cons
     math::layernorm_row_backward(dy + r * n, x + r * n, w, mean[r], rstd[r], n, dx + r * n, dw, db);
 }
 
+STRATA_CLONES void rmsnorm_rows(const float* x, const float* w, float* y, float* rstd, long r0, long r1, int n,
+                                float eps) {
+  for (long r = r0; r < r1; ++r) math::rmsnorm_row(x + r * n, w, y + r * n, n, eps, rstd + r);
+}
+
+STRATA_CLONES void rmsnorm_backward_rows(const float* dy, const float* x, const float* w, const float* rstd,
+                                         float* dx, float* dw, long r0, long r1, int n) {
+  for (long r = r0; r < r1; ++r) math::rmsnorm_row_backward(dy + r * n, x + r * n, w, rstd[r], n, dx + r * n, dw);
+}
+
+STRATA_CLONES void swiglu_forward(const float* gu, float* out, long rows, int f) {
+  for (long r = 0; r < rows; ++r) {
+    const float* g = gu + r * 2 * f;
+    const float* u = g + f;
+#pragma omp simd
+    for (int j = 0; j < f; ++j) out[r * f + j] = math::silu(g[j]) * u[j];
+  }
+}
+
+STRATA_CLONES void swiglu_backward(const float* dout, const float* gu, float* dgu, long rows, int f) {
+  for (long r = 0; r < rows; ++r) {
+    const float* g = gu + r * 2 * f;
+    const float* u = g + f;
+    const float* d = dout + r * f;
+    float* dg = dgu + r * 2 * f;
+    float* du = dg + f;
+#pragma omp simd
+    for (int j = 0; j < f; ++j) {
+      dg[j] = d[j] * u[j] * math::silu_grad(g[j]);
+      du[j] = d[j] * math::silu(g[j]);
+    }
+  }
+}
+
 STRATA_CLONES float max_of(const float* x, int n) {
   // A max is the same in any order (for values that are not NaN), so it vectorises.
   float m = x[0];

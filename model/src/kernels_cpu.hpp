@@ -18,6 +18,14 @@ void layernorm_rows(const float* x, const float* w, const float* b, float* y, fl
                     long r1, int n);
 void layernorm_backward_rows(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
                              float* dx, float* dw, float* db, long r0, long r1, int n);
+// Llama's RMSNorm over rows [r0, r1) (fp32 out), and its backward (dx +=, dw +=).
+void rmsnorm_rows(const float* x, const float* w, float* y, float* rstd, long r0, long r1, int n, float eps);
+void rmsnorm_backward_rows(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
+                           long r0, long r1, int n);
+// SwiGLU over rows of gu = [gate (f), up (f)]: out[r] = silu(gate) * up (rows x f), and
+// its backward from dout: dgu[r] = [dout * up * silu'(gate), dout * silu(gate)].
+void swiglu_forward(const float* gu, float* out, long rows, int f);
+void swiglu_backward(const float* dout, const float* gu, float* dgu, long rows, int f);
 float max_of(const float* x, int n);
 // p[j] = exp(s[j] - m) for j < n; returns the sum (in double for long rows).
 double exp_shifted(const float* s, float* p, int n, float m);

@@ -57,6 +57,19 @@ std::pair<size_t, size_t> line_col(const std::string& text, size_t offset) {
 
 }  // namespace
 
+json model_json(const ModelShape& s) {
+  json m = {{"arch", arch_name(s.arch)}, {"layers", s.layers}, {"d_model", s.d_model}, {"heads", s.heads},
+            {"seq_len", s.seq_len}, {"vocab", s.vocab}};
+  if (s.llama()) {
+    m["kv_heads"] = s.kv();
+    m["ffn"] = s.ffn_dim();
+    m["rope_theta"] = s.rope_theta;
+    m["norm_eps"] = s.norm_eps;
+    m["tied_head"] = s.tied_head;
+  }
+  return m;
+}
+
 Config parse_config(const json& j) {
   Config c;
   c.raw = j;

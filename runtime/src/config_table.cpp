@@ -463,8 +463,14 @@ const ConfigSection kActivationCheckpointing = {
 
 // ---- strata ---------------------------------------------------------------------------
 
-void check_model(const json&, void* target) {
+void check_model(const json& j, void* target) {
   const ModelShape& m = config_of(target).strata.model;
+  if (m.arch == Arch::Gpt2)
+    for (const char* k : {"kv_heads", "ffn", "rope_theta", "norm_eps", "tied_head"})
+      if (j.contains(k))
+        throw ConfigError(std::string("strata.model.") + k + " applies to strata.model.arch \"llama\" only; GPT-2 " +
+                          (std::string(k) == "tied_head" ? "always ties its head to wte" : "has no such setting") +
+                          ": remove the key, or set strata.model.arch to \"llama\"");
   if (m.d_model % m.heads != 0)
     throw ConfigError("strata.model.d_model = " + std::to_string(m.d_model) +
                       " is not divisible by strata.model.heads = " + std::to_string(m.heads) +
@@ -493,6 +499,24 @@ const ConfigSection kModel = {
         {.name = "vocab", .type = KeyType::Whole, .min = 1, .max = kMaxVocab,
          .help = "Vocabulary size; beyond 65536 the data must be llm.c's uint32 (llama-3) token files.",
          .field = STRATA_CONFIG_FIELD(Config, strata.model.vocab)},
+        {.name = "arch", .type = KeyType::Text, .choices = {{"gpt2", 0}, {"llama", 1}},
+         .help = "The architecture: GPT-2 (learned positions, LayerNorm, GELU, tied head) or Llama (rotary "
+                 "positions, RMSNorm, grouped-query attention, SwiGLU).",
+         .field = STRATA_CONFIG_FIELD(Config, strata.model.arch)},
+        {.name = "kv_heads", .type = KeyType::Whole, .min = 0, .max = kMaxDModel, .note = "0: `heads`",
+         .help = "Llama: key/value heads (grouped-query attention); must divide `heads`.",
+         .field = STRATA_CONFIG_FIELD(Config, strata.model.kv_heads)},
+        {.name = "ffn", .type = KeyType::Whole, .min = 0, .max = 4 * static_cast<uint64_t>(kMaxDModel),
+         .note = "0: 256-multiple of 8 d_model / 3", .help = "Llama: the SwiGLU MLP's width (intermediate_size).",
+         .field = STRATA_CONFIG_FIELD(Config, strata.model.ffn)},
+        {.name = "rope_theta", .type = KeyType::Double, .lo = 1, .lo_open = true,
+         .help = "Llama: the rotary embeddings' base (Hugging Face's rope_theta).",
+         .field = STRATA_CONFIG_FIELD(Config, strata.model.rope_theta)},
+        {.name = "norm_eps", .type = KeyType::Double, .lo = 0, .hi = 1, .lo_open = true, .hi_open = true,
+         .help = "Llama: RMSNorm's epsilon (rms_norm_eps).", .field = STRATA_CONFIG_FIELD(Config, strata.model.norm_eps)},
+        {.name = "tied_head", .type = KeyType::Boolean,
+         .help = "Llama: the output head is the token embedding (tie_word_embeddings).",
+         .field = STRATA_CONFIG_FIELD(Config, strata.model.tied_head)},
     },
     .check = check_model,
     .inline_in_parent = true,

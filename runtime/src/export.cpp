@@ -23,10 +23,6 @@ namespace {
 // What a full disk under --out asks for (IoError).
 constexpr const char* kOutFull = "free space on it or give --out on a disk with room";
 
-json shape_json(const GptShape& s) {
-  return {{"layers", s.layers}, {"d_model", s.d_model}, {"heads", s.heads}, {"seq_len", s.seq_len}, {"vocab", s.vocab}};
-}
-
 // Writes through a buffer, so that tensors go out in large writes.
 class Writer {
  public:
@@ -86,9 +82,8 @@ GptShape checkpoint_gpt_shape(const CheckpointInfo& info) {
                       "); export reads GPT checkpoints written by strata train");
   }
   const std::vector<GptGroup> groups = gpt_groups(shape);
-  const std::string what = "checkpoint '" + info.dir + "' is not of the GPT its configuration describes (layers " +
-                           std::to_string(shape.layers) + ", d_model " + std::to_string(shape.d_model) + ", seq_len " +
-                           std::to_string(shape.seq_len) + ", vocab " + std::to_string(shape.vocab) + "): ";
+  const std::string what =
+      "checkpoint '" + info.dir + "' is not of the model its configuration describes (" + describe(shape) + "): ";
   const std::string fix = "; export reads GPT checkpoints written by strata train";
   if (groups.size() != info.groups.size())
     throw ConfigError(what + "it has " + std::to_string(info.groups.size()) + " parameter groups, the GPT " +
@@ -269,7 +264,7 @@ ExportSummary export_safetensors(const std::string& checkpoint, const std::strin
   const json metadata = {{"format", "pt"},
                          {"strata_step", std::to_string(info.step)},
                          {"strata_precision", info.precision},
-                         {"strata_shape", shape_json(shape).dump()},
+                         {"strata_shape", model_json(shape).dump()},
                          {"strata_config", info.config.dump()}};
   const fs::path tmp = parent / ("." + outp.filename().string() + ".tmp-" + std::to_string(::getpid()));
   std::pair<size_t, std::vector<float>> cache{0, {}};

@@ -241,11 +241,7 @@ ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::
   }
   const DType prec = precision ? *precision : (!mixed && seen_dtype ? *seen_dtype : DType::F32);
   sum.precision = precision_name(prec);
-  json config = {{"strata", {{"model", {{"layers", shape.layers},
-                                         {"d_model", shape.d_model},
-                                         {"heads", shape.heads},
-                                         {"seq_len", shape.seq_len},
-                                         {"vocab", shape.vocab}}}}}};
+  json config = {{"strata", {{"model", model_json(shape)}}}};
   if (prec == DType::BF16) config["bf16"] = {{"enabled", true}};
   if (prec == DType::F16) config["fp16"] = {{"enabled", true}};
   const json extra = {{"imported_from", fs::absolute(dir).lexically_normal().string()}, {"architecture", arch}};

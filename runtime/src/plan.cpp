@@ -57,10 +57,14 @@ double activation_bytes(const GptShape& s, int micro_batch, bool checkpointing, 
   // output, GELU's output: 10 d) are 16-bit, the rest fp32 (docs/mixed-precision.md).
   // Attention is computed block-wise (no [seq, seq] scores) and the head in row chunks
   // (no full logits), as the cpu model does (model/gpt.hpp).
+  // Llama's block saves the block input, the residual after attention, gate and up (2 ffn)
+  // and two RMSNorm statistics in fp32, and the norms' outputs, q, k and v repeated to
+  // every head, the attention output and SwiGLU's output (6 d + ffn) in the model's type.
   const double T = double(micro_batch) * s.seq_len;
-  const double d = s.d_model;
+  const double d = s.d_model, f = s.ffn_dim();
   const double e = double(dtype_size(precision));
-  const double block = ((6 * d + 2.0 * s.heads) * 4 + 10 * d * e) * T;
+  const double block = s.llama() ? ((2 * d + 2 * f + 2.0 + s.heads) * 4 + (6 * d + f) * e) * T
+                                 : ((6 * d + 2.0 * s.heads) * 4 + 10 * d * e) * T;
   const double boundary = 3 * d * 4 * T;  // embedding output, final norm in and out
   const double logits_chunk = std::min<double>(T, 1024) * s.vocab * 4 * 2;  // a chunk and its gradient
   const double blocks = checkpointing ? s.layers * d * 4 * T + block : s.layers * block;
@@ -100,14 +104,15 @@ std::vector<GroupTimes> group_times(const GptShape& s, const ClusterSpec& c, con
     const double mm = groups[g].forward_flops_per_token * T / flops;
     GroupTimes& t = out[g];
     if (g == 0) {
-      // Embeddings: the lookup forward, its scatter backward; the tied head's matmul runs
-      // when group 0 is acquired the second time (forward 1x, backward 2x).
+      // Embeddings: the lookup forward, its scatter backward; a tied head's matmul runs
+      // when group 0 is acquired the second time (forward 1x, backward 2x; 0 untied).
       t.forward_s = lookup;
       t.head_s = 3 * mm;
       t.backward_s = lookup;
     } else if (g == n - 1) {
       t.forward_s = ew / 8;   // final layer norm: about 10 d bytes per token
       t.backward_s = ew / 4;
+      t.head_s = 3 * mm;      // an untied head (Llama's lm_head) is in this group; 0 when tied
     } else {
       t.forward_s = mm + ew;
       t.backward_s = 2 * (mm + ew) + (st.checkpointing ? mm + ew : 0.0);
@@ -217,7 +222,9 @@ void Planner::count_bytes() {
   // gathered groups, the embeddings' gradient held through backward (the tied head's
   // gradient arrives first, the lookup's last), and what the runtime cannot use.
   const double lookahead = s3_ ? st_.prefetch_groups * mp4_ : 0.0;
-  emb_grad_ = wb_ * L_.groups[0].padded;
+  // (Untied, group 0's gradient buffer is asked for at the end, when the final group's
+  // buffers are gone: counted as one more group's working set.)
+  emb_grad_ = s_.tied() ? wb_ * L_.groups[0].padded : 0.0;
   dev.buffers = double(L_.device_working) + lookahead + emb_grad_ + cl_.device_reserve;
   dev.activations = activation_bytes(s_, st_.micro_batch, st_.checkpointing, st_.precision);
   // Pinned staging: the optimizer's sub-groups passing through (as the engine reserves
@@ -313,7 +320,7 @@ void Planner::micro_step_lanes() {
     const bool block = g > 0 && g < G_ - 1;
     if (s3_) {
       f_coll_.add_timed(pd4, coll(pd4));                          // all_gather
-      if (g == 0 || block) b_coll_.add_timed(pd4, coll(pd4));     // again for the head and backward
+      if ((g == 0 && s_.tied()) || block) b_coll_.add_timed(pd4, coll(pd4));  // again: tied head, backward
     }
     if (st_.stage >= 2) b_coll_.add_timed(pd4, coll(pd4));        // reduce_scatter
     if (params_move_) {
@@ -327,7 +334,7 @@ void Planner::micro_step_lanes() {
   if (params_move_) {
     // Backward fetches again what the caches could not keep (Belady keeps the blocks
     // needed first), and the head's second use of group 0.
-    const double dev_miss = std::max(0.0, blocks_s4 + sh0_ - dev_room);
+    const double dev_miss = std::max(0.0, blocks_s4 + (s_.tied() ? sh0_ : 0.0) - dev_room);
     const double per = blocks_s4 / std::max(1, G_ - 2);
     const int transfers = static_cast<int>(std::ceil(dev_miss / std::max(per, 1.0)));
     if (dev_miss > 0) b_h2d_.add_timed(dev_miss, dev_miss / c.h2d_bandwidth + transfers * c.pcie_latency);

@@ -41,6 +41,15 @@ GptShape shape(int layers, int d, int heads, int seq = 2048, int vocab = 50257) 
   return s;
 }
 
+GptShape llama(int layers, int d, int heads, int kv_heads, int ffn, int seq, int vocab, double theta) {
+  GptShape s = shape(layers, d, heads, seq, vocab);
+  s.arch = Arch::Llama;
+  s.kv_heads = kv_heads;
+  s.ffn = ffn;
+  s.rope_theta = theta;
+  return s;
+}
+
 std::string fmt(double v, const char* unit) {
   std::ostringstream os;
   os.precision(3);
@@ -76,6 +85,13 @@ const std::vector<ModelPreset>& model_presets() {
       {"gpt-1t-deep", shape(1242, 8192, 64, 256), "Strata's 1T that fits one DGX-2: narrower blocks, context 256"},
       {"gpt-10t", shape(128, 80000, 500), "Strata's 10T shape (1T's 128 layers, wider)"},
       {"gpt-32t", shape(256, 102400, 800), "Strata's 32T shape (twice the layers, wider)"},
+      // Llama: the published config.json of each (Touvron et al. 2023; Meta Llama 3, 2024).
+      {"llama2-7b", llama(32, 4096, 32, 32, 11008, 4096, 32000, 10000), "Llama 2 7B, meta-llama/Llama-2-7b-hf"},
+      {"llama2-13b", llama(40, 5120, 40, 40, 13824, 4096, 32000, 10000), "Llama 2 13B, meta-llama/Llama-2-13b-hf"},
+      {"llama2-70b", llama(80, 8192, 64, 8, 28672, 4096, 32000, 10000), "Llama 2 70B, meta-llama/Llama-2-70b-hf"},
+      {"llama3-8b", llama(32, 4096, 32, 8, 14336, 8192, 128256, 500000), "Llama 3 8B, meta-llama/Meta-Llama-3-8B"},
+      {"llama3-70b", llama(80, 8192, 64, 8, 28672, 8192, 128256, 500000),
+       "Llama 3 70B, meta-llama/Meta-Llama-3-70B"},
   };
   return presets;
 }

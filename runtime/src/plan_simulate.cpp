@@ -19,10 +19,10 @@ namespace {
 
 class GptDriver {
  public:
-  GptDriver(std::vector<GroupTimes> times, double flops, Stream& compute)
-      : times_(std::move(times)), flops_(flops), compute_(compute) {}
+  GptDriver(std::vector<GroupTimes> times, bool tied, double flops, Stream& compute)
+      : times_(std::move(times)), tied_(tied), flops_(flops), compute_(compute) {}
 
-  // One micro-batch in gpt_schedule's order: 0, 1..L, L+1, 0 (head), L..1.
+  // One micro-batch in gpt_schedule's order: 0, 1..L, L+1, 0 (tied head), L..1.
   double forward_backward(WeightSource& ws) {
     const int n = static_cast<int>(times_.size());
     const int last = n - 1;
@@ -32,12 +32,15 @@ class GptDriver {
       kernel(times_[g].forward_s);
       if (g != last) ws.release_params(g);
     }
-    // Final norm (still held) and the tied head: forward, loss, backward.
-    ws.acquire_params(0);
-    ws.gradient_buffer(0);
+    // Final norm (still held) and the head (tied: group 0; untied: in the final group):
+    // forward, loss, backward.
+    if (tied_) {
+      ws.acquire_params(0);
+      ws.gradient_buffer(0);
+    }
     ws.gradient_buffer(last);
-    kernel(times_[0].head_s + times_[last].backward_s);
-    ws.release_params(0);
+    kernel(times_[tied_ ? 0 : last].head_s + times_[last].backward_s);
+    if (tied_) ws.release_params(0);
     ws.release_params(last);
     ws.grads_ready(last);
     for (int g = last - 1; g >= 1; --g) {
@@ -47,6 +50,7 @@ class GptDriver {
       ws.release_params(g);
       ws.grads_ready(g);
     }
+    if (!tied_) ws.gradient_buffer(0);
     kernel(times_[0].backward_s);  // the embedding's scatter: no weights needed
     ws.grads_ready(0);
     return seconds_;
@@ -60,6 +64,7 @@ class GptDriver {
     seconds_ += s;
   }
   std::vector<GroupTimes> times_;
+  bool tied_;
   double flops_;
   Stream& compute_;
   double seconds_ = 0;
@@ -74,7 +79,8 @@ SimulateReport simulate_plan(const Plan& plan, int steps) {
   const std::vector<GroupTimes> times = group_times(plan.shape, plan.cluster, plan.strategy);
   // The gpt_schedule order must be the one the driver follows.
   std::vector<int> order = gpt_schedule(plan.shape);
-  STRATA_CHECK(order.size() == 2 * groups.size() - 1, "gpt_schedule changed: the plan's driver follows 0, 1..L, L+1, 0, L..1");
+  STRATA_CHECK(order.size() == 2 * groups.size() - (plan.shape.tied() ? 1 : 2),
+               "gpt_schedule changed: the plan's driver follows 0, 1..L, L+1, 0 (tied head), L..1");
 
   EngineOptions eo = plan.engine;
   const bool on_nvme = eo.optimizer_home == Tier::Nvme || (eo.stage == 3 && eo.param_home == Tier::Nvme);
@@ -90,7 +96,7 @@ SimulateReport simulate_plan(const Plan& plan, int steps) {
     auto device = make_sim_device(plan.cost);
     auto comm = coll::make_sim_communicator(0, plan.world, plan.cost);
     auto compute = device->create_stream("compute");
-    GptDriver net(times, plan.cost.device_flops, *compute);
+    GptDriver net(times, plan.shape.tied(), plan.cost.device_flops, *compute);
     ZeroEngine engine(*device, *comm, *comm, eo, specs);
     engine.set_schedule(order);
     r.device = device->description();

@@ -126,10 +126,8 @@ std::string init_checkpoint(const std::string& from, const GptShape& shape) {
   const CheckpointInfo info = read_checkpoint_info(dir);
   const GptShape have = checkpoint_gpt_shape(info);
   if (!(have == shape))
-    throw ConfigError("--init-from " + dir + " holds a GPT of layers " + std::to_string(have.layers) + ", d_model " +
-                      std::to_string(have.d_model) + ", heads " + std::to_string(have.heads) + ", seq_len " +
-                      std::to_string(have.seq_len) + ", vocab " + std::to_string(have.vocab) +
-                      "; strata.model must say the same (set it in the config)");
+    throw ConfigError("--init-from " + dir + " holds " + describe(have) + "; this run's strata.model is " +
+                      describe(shape) + ": set strata.model to the checkpoint's (its manifest.json holds it under config.strata.model)");
   return dir;
 }
 

@@ -14,6 +14,17 @@
 namespace strata::testing_engine {
 
 inline GptShape small_gpt() { return {2, 32, 2, 16, 64}; }
+// Llama of the same size: grouped-query attention (4 heads, 2 kv heads), SwiGLU of 48,
+// rope_theta 500000, an untied head.
+inline GptShape small_llama() {
+  GptShape s{2, 32, 4, 16, 64};
+  s.arch = Arch::Llama;
+  s.kv_heads = 2;
+  s.ffn = 48;
+  s.rope_theta = 500000;
+  s.norm_eps = 1e-6;
+  return s;
+}
 constexpr int kGptGlobalBatch = 4;  // sequences per micro-step, over all ranks
 
 // Sequence `row` of micro-step (step, micro): an arithmetic progression mod vocab with a
@@ -28,8 +39,8 @@ inline void gpt_row(int step, int micro, int row, const GptShape& s, int32_t* x,
 }
 
 inline RunResult train_gpt(coll::Communicator& comm, coll::Communicator& host, const RunSpec& spec, int steps,
-                           const std::string& nvme_dir, bool checkpointing = false) {
-  const GptShape shape = small_gpt();
+                           const std::string& nvme_dir, bool checkpointing = false,
+                           const GptShape& shape = small_gpt()) {
   auto device = make_device({});
   EngineOptions o = test_engine_options(spec, 13'333, nvme_dir);  // look-ahead: three blocks
   o.optimizer.lr = 1e-2f;

@@ -318,7 +318,7 @@ TEST(Checkpoint, ExportRefusesACheckpointThatIsNotAGpt) {
   const nlohmann::json gpt = {{"strata", {{"model", {{"layers", 2}, {"d_model", 32}, {"heads", 2}}}}}};
   const std::string ck2 = save_checkpoint(*t.engine, self(), (dir.path / "gpt").string(), gpt, {}, t.names());
   const std::string msg = error_of<ConfigError>([&] { export_safetensors(ck2, out, false); });
-  EXPECT_NE(msg.find("is not of the GPT its configuration describes"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("is not of the model its configuration describes"), std::string::npos) << msg;
   EXPECT_FALSE(fs::exists(out));
 }
 

@@ -370,6 +370,50 @@ TEST(Config, OutOfRangeValuesNameTheKeyAndTheRange) {
   EXPECT_FLOAT_EQ(c.optimizer.beta1, 0.0f);
 }
 
+// Llama's keys: read into the shape (and back by model_json); refused for GPT-2, which
+// would otherwise accept and ignore them; values the model cannot compute refused.
+TEST(Config, LlamaKeysAreReadAndRefusedForGpt2) {
+  Config c = parse_config(json::parse(
+      R"({"strata": {"model": {"arch": "llama", "d_model": 64, "heads": 8, "kv_heads": 2, "ffn": 176,
+                                "rope_theta": 500000, "norm_eps": 1e-6, "tied_head": true}}})"));
+  const ModelShape& m = c.strata.model;
+  EXPECT_TRUE(m.llama());
+  EXPECT_EQ(m.kv(), 2);
+  EXPECT_EQ(m.ffn_dim(), 176);
+  EXPECT_EQ(m.rope_theta, 500000);
+  EXPECT_EQ(m.norm_eps, 1e-6);
+  EXPECT_TRUE(m.tied());
+  EXPECT_EQ(parse_config(json{{"strata", {{"model", model_json(m)}}}}).strata.model, m);
+  ModelShape meta;  // Meta's rule for the MLP width: 4096 -> 11008
+  meta.arch = Arch::Llama;
+  meta.d_model = 4096;
+  meta.heads = 32;
+  EXPECT_EQ(meta.ffn_dim(), 11008);
+  EXPECT_EQ(parse_config(json::parse("{}")).strata.model.arch, Arch::Gpt2);
+  const struct {
+    const char* json;
+    const char* needle1;
+    const char* needle2;
+  } cases[] = {
+      {R"({"strata": {"model": {"kv_heads": 2}}})", "strata.model.kv_heads applies to strata.model.arch \"llama\" only",
+       "remove the key"},
+      {R"({"strata": {"model": {"tied_head": false}}})", "strata.model.tied_head applies", "always ties"},
+      {R"({"strata": {"model": {"rope_theta": 10000}}})", "strata.model.rope_theta applies", "llama"},
+      {R"({"strata": {"model": {"arch": "llama", "heads": 4, "kv_heads": 3}}})", "kv_heads = 3 does not divide heads = 4",
+       "give a divisor of heads"},
+      {R"({"strata": {"model": {"arch": "llama", "d_model": 96, "heads": 32}}})", "d_model / heads = 3 is odd",
+       "even head size"},
+      {R"({"strata": {"model": {"arch": "mamba"}}})", "strata.model.arch = \"mamba\"", "\"gpt2\" or \"llama\""},
+      {R"({"strata": {"model": {"arch": "llama", "rope_theta": 1}}})", "strata.model.rope_theta = 1", "> 1"},
+      {R"({"strata": {"model": {"arch": "llama", "norm_eps": 0}}})", "strata.model.norm_eps = 0", "in (0, 1)"},
+  };
+  for (const auto& k : cases) {
+    const std::string msg = error_of(json::parse(k.json));
+    EXPECT_HAS(msg, k.needle1);
+    EXPECT_HAS(msg, k.needle2);
+  }
+}
+
 TEST(Config, BudgetsOfZeroAreRefused) {
   for (const char* k : {"device_budget", "pinned_budget", "nvme_budget"}) {
     std::string m = error_of(json{{"strata", {{k, 0}}}});

@@ -14,6 +14,7 @@
 #include "strata/core/device.hpp"
 #include "strata/model/gpt_layout.hpp"
 #include "strata/runtime/checkpoint.hpp"
+#include "strata/runtime/config.hpp"
 
 using namespace strata;
 
@@ -66,7 +67,7 @@ int main(int argc, char** argv) {
     std::ofstream((work / "ref" / ("group-" + std::to_string(g) + ".f32")), std::ios::binary)
         .write(reinterpret_cast<const char*>(w.data()), static_cast<std::streamsize>(w.size() * 4));
   }
-  std::ofstream(work / "ref" / "shape.json") << nlohmann::json(config["strata"]["model"]).dump() << "\n";
+  std::ofstream(work / "ref" / "shape.json") << model_json(parse_config(config).strata.model).dump() << "\n";
   std::printf("%s\n", ck.c_str());
   return 0;
 }

@@ -31,23 +31,25 @@ namespace {
 
 // Trains every stage and offload setting at this world size in `precision` and holds
 // each run's losses within rtol of one rank's stage 1 without offload.
-void every_stage_matches_one_rank(coll::Communicator& comm, DType precision, double rtol) {
+void every_stage_matches_one_rank(coll::Communicator& comm, DType precision, double rtol,
+                                  const GptShape& shape = small_gpt()) {
   TempDir dir("gpt-mpi-" + std::string(precision_name(precision)) + "-r" + std::to_string(comm.rank()));
   auto self = coll::make_host_communicator(coll::HostBackend::Self);
   const int steps = 20;
-  RunResult ref = train_gpt(*self, *self, {.stage = 1, .precision = precision}, steps, "");
+  const char* arch = arch_name(shape.arch);
+  RunResult ref = train_gpt(*self, *self, {.stage = 1, .precision = precision}, steps, "", false, shape);
   for (int stage : {1, 2, 3})
     for (OffloadDevice off : {OffloadDevice::None, OffloadDevice::Cpu, OffloadDevice::Nvme}) {
       RunSpec spec{.stage = stage, .param = stage == 3 ? off : OffloadDevice::None, .optimizer = off,
                    .precision = precision};
-      RunResult got = train_gpt(comm, comm, spec, steps, dir.path.string());
+      RunResult got = train_gpt(comm, comm, spec, steps, dir.path.string(), false, shape);
       double worst = 0;
       for (int s = 0; s < steps; ++s)
         worst = std::max(worst, std::abs(got.losses[s] - ref.losses[s]) / std::abs(ref.losses[s]));
-      EXPECT_LE(worst, rtol) << spec.label() << " at world " << comm.size();
+      EXPECT_LE(worst, rtol) << arch << " " << spec.label() << " at world " << comm.size();
       if (comm.rank() == 0)
-        std::printf("world %d, %s: loss %.4f -> %.4f, max rel loss diff %.2e\n", comm.size(), spec.label().c_str(),
-                    got.losses.front(), got.losses.back(), worst);
+        std::printf("%s world %d, %s: loss %.4f -> %.4f, max rel loss diff %.2e\n", arch, comm.size(),
+                    spec.label().c_str(), got.losses.front(), got.losses.back(), worst);
     }
 }
 
@@ -63,4 +65,11 @@ TEST(GptEngineMpi, SixteenBitEveryStageAndOffloadMatchesOneRank) {
   coll::Communicator& comm = world();
   ASSERT_GT(comm.size(), 1) << "run this under mpirun with at least 2 ranks";
   for (DType p : {DType::BF16, DType::F16}) every_stage_matches_one_rank(comm, p, kLossRtol16);
+}
+
+// Llama (grouped-query attention, SwiGLU, an untied head) at 2 and 4 ranks.
+TEST(GptEngineMpi, LlamaEveryStageAndOffloadMatchesOneRankWithoutOffload) {
+  coll::Communicator& comm = world();
+  ASSERT_GT(comm.size(), 1) << "run this under mpirun with at least 2 ranks";
+  every_stage_matches_one_rank(comm, DType::F32, kLossRtol, small_llama());
 }

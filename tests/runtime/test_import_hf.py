@@ -235,7 +235,7 @@ def main():
         cfg["strata"]["checkpoint_dir"] = str(tmp / "other")
         (tmp / "cfg2.json").write_text(json.dumps(cfg))
         r = run([strata, "train", "--config", str(tmp / "cfg2.json"), "--init-from", str(ck), "--quiet"])
-        if r.returncode != 2 or "strata.model must say the same" not in r.stderr:
+        if r.returncode != 2 or "set strata.model to the checkpoint" not in r.stderr:
             failures.append(f"--init-from another shape: exit {r.returncode}: {r.stderr.strip()}")
 
     if failures:

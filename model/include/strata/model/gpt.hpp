@@ -1,6 +1,9 @@
-// The GPT-2-style decoder on the cpu backend: token and position embeddings, pre-LayerNorm
-// blocks (causal multi-head attention, GELU MLP), final LayerNorm, output head tied to
-// the token embedding, mean cross-entropy loss. Layout: model/gpt_layout.hpp.
+// The decoder on the cpu backend, GPT-2 or Llama (GptShape::arch). GPT-2: token and
+// position embeddings, pre-LayerNorm blocks (causal multi-head attention, GELU MLP), final
+// LayerNorm, output head tied to the token embedding. Llama: token embedding, pre-RMSNorm
+// blocks (rotary positions on q and k, grouped-query attention through the same causal
+// attention with k and v repeated per head, SwiGLU MLP), final RMSNorm, tied or untied
+// head. Both: mean cross-entropy loss. Layout: model/gpt_layout.hpp.
 //
 // It knows nothing of sharding or tiers: it asks a WeightSource for each group's weights
 // just before use (in gpt_schedule's order) and hands back each group's gradient right

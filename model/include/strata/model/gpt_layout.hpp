@@ -1,14 +1,23 @@
-// The GPT's shape and parameter layout: which parameter groups exist, which tensors
-// each holds at which offset, their GPT-2 names, initialisers and FLOP counts. No math
-// here: the engine (groups), checkpoints and export (names, shapes), the planner and
-// the sim backend (sizes, FLOPs) all read the same table, so they cannot disagree.
+// The decoder's shape and parameter layout: which parameter groups exist, which tensors
+// each holds at which offset, their names, initialisers and FLOP counts. No math here:
+// the engine (groups), checkpoints and export (names, shapes), the planner and the sim
+// backend (sizes, FLOPs) all read the same table, so they cannot disagree.
+//
+// Two architectures share the driver, the groups and the schedule (GptShape::arch):
+//  - GPT-2: learned positions, pre-LayerNorm blocks with biases, GELU MLP of 4d, tied head.
+//  - Llama: rotary positions (Hugging Face's rotate-half, rope_theta), RMSNorm, no biases,
+//    grouped-query attention (kv_heads), SwiGLU MLP of `ffn`, tied or untied head.
 //
 // Groups, in the order the model first acquires them:
-//   0          "embeddings"  wte [vocab, d], wpe [seq_len, d]   (wte is also the output head)
-//   1 .. L     "block.l"     ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj
-//   L + 1      "final"       ln_f
+//   0          "embeddings"  GPT-2: wte [vocab, d], wpe [seq_len, d]   Llama: embed_tokens [vocab, d]
+//                            (with a tied head, wte / embed_tokens is also the output head)
+//   1 .. L     "block.l"     GPT-2: ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj
+//                            Llama: input_layernorm, q/k/v_proj, o_proj, post_attention_layernorm,
+//                                   gate_proj, up_proj, down_proj
+//   L + 1      "final"       GPT-2: ln_f   Llama: norm, and lm_head [vocab, d] when untied
 // Linear weights are stored [out, in], row-major (torch.nn.Linear's layout; y = x W^T + b).
-// GPT-2 checkpoints store them [in, out] (Conv1D): `transposed_in_gpt2` says which.
+// GPT-2 checkpoints store them [in, out] (Conv1D): `transposed_in_gpt2` says which. Names
+// are GPT-2's (without "transformer.") and Hugging Face Llama's (with "model.").
 #pragma once
 
 #include <cstdint>
@@ -26,15 +35,35 @@ inline constexpr int kMaxSeqLen = 1 << 24;   // 16,777,216
 inline constexpr int kMaxVocab = 1 << 24;    // 16,777,216 (token files: uint16 or uint32 ids)
 inline constexpr double kMaxParams = 1e15;   // 30 times `strata plan`'s gpt-32t
 
+enum class Arch { Gpt2 = 0, Llama = 1 };
+const char* arch_name(Arch a);  // "gpt2", "llama"
+
 struct GptShape {
   int layers = 4;
   int d_model = 128;
   int heads = 4;
-  int seq_len = 64;   // context length (wpe rows)
+  int seq_len = 64;   // context length (GPT-2: wpe rows)
   int vocab = 256;
+  Arch arch = Arch::Gpt2;
+  // Llama only (validate refuses other values for GPT-2):
+  int kv_heads = 0;            // key/value heads, dividing heads (grouped-query attention); 0: heads
+  int ffn = 0;                 // MLP width; 0: GPT-2's 4d, Llama's 256-multiple of 8d/3 (Meta's rule)
+  double rope_theta = 10000;   // rotary base (Hugging Face's rope_theta)
+  double norm_eps = 1e-5;      // RMSNorm's epsilon (rms_norm_eps); GPT-2's LayerNorm has 1e-5
+  bool tied_head = false;      // Llama: lm_head is embed_tokens (tie_word_embeddings); GPT-2: always
+
   int head_dim() const { return d_model / heads; }
+  int kv() const { return kv_heads > 0 ? kv_heads : heads; }  // key/value heads
+  int kv_dim() const { return kv() * head_dim(); }             // channels of k (and of v)
+  int ffn_dim() const;                                         // the MLP's width, ffn resolved
+  bool llama() const { return arch == Arch::Llama; }
+  bool tied() const { return arch == Arch::Gpt2 || tied_head; }
   bool operator==(const GptShape&) const = default;
 };
+
+// "gpt2: layers 4, d_model 128, heads 4, seq_len 64, vocab 256" (Llama's keys added): for
+// messages that say which model something holds.
+std::string describe(const GptShape& s);
 
 enum class GptInit { Normal, Zeros, Ones };
 
@@ -67,6 +96,19 @@ struct GptBlockLayout {
 };
 GptBlockLayout gpt_block_layout(int d_model);
 
+// The same for a Llama block. q, k and v are one [d + 2 kv_dim, d] matrix (one matmul),
+// gate and up one [2 ffn, d]; the names split them as Hugging Face has them.
+struct LlamaBlockLayout {
+  uint64_t attn_norm;           // [d]
+  uint64_t qkv_w;               // [d + 2 kvd, d]   rows: q (d), k (kvd), v (kvd); heads contiguous
+  uint64_t o_w;                 // [d, d]
+  uint64_t mlp_norm;            // [d]
+  uint64_t gate_up_w;           // [2 ffn, d]       rows: gate (ffn), up (ffn)
+  uint64_t down_w;              // [d, ffn]
+  uint64_t numel;
+};
+LlamaBlockLayout llama_block_layout(const GptShape& s);
+
 // Throws ConfigError when the shape cannot work (heads not dividing d_model, ...).
 void validate(const GptShape& s);
 
@@ -79,13 +121,14 @@ inline int gpt_block_group(int layer) { return 1 + layer; }
 inline int gpt_final_group(const GptShape& s) { return s.layers + 1; }
 
 // The order in which one forward + backward acquires groups:
-//   0, 1..L, L+1, 0 (output head; forward and backward of the loss), L..1
-// (the final layer norm's forward and backward both run while L+1 and 0 are held; the
-// embedding backward needs no weights, only the gradient buffer of group 0).
+//   0, 1..L, L+1, 0 (tied output head; forward and backward of the loss), L..1
+// (the final norm's forward and backward both run while L+1 and 0 are held; the
+// embedding backward needs no weights, only the gradient buffer of group 0). An untied
+// head is in L+1: 0, 1..L, L+1, L..1.
 std::vector<int> gpt_schedule(const GptShape& s);
 
 // Model FLOPs of one token's forward + backward (3x forward), without recompute:
-// 6 x (parameters used in matmuls, the tied head included) + causal attention
+// 6 x (parameters used in matmuls, the head included) + causal attention
 // 6 x layers x seq_len x d_model (QK^T and AV over the lower triangle, forward 2x,
 // backward 4x). This is what MFU counts.
 double gpt_flops_per_token(const GptShape& s);

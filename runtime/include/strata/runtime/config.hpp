@@ -121,6 +121,10 @@ struct Config {
 
 // Parses and validates. Throws ConfigError naming the key, the problem and the fix.
 Config parse_config(const nlohmann::json& j);
+
+// The strata.model section that parse_config reads back as `s` (Llama's keys only for
+// Llama): what checkpoints, imports and reports write of a model's shape.
+nlohmann::json model_json(const ModelShape& s);
 // A missing or malformed file is a ConfigError. The overrides ("a.b=value", as
 // apply_override) apply before anything is checked, so they can mend the file.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});

@@ -20,7 +20,7 @@ ShardLayout gpt_shard_layout(const GptShape& shape, const Strategy& st, int worl
 struct GroupTimes {
   double forward_s = 0;   // group 0: the embedding lookup
   double backward_s = 0;  // blocks: with the recompute when checkpointing
-  double head_s = 0;      // group 0 only: the tied head's forward and backward
+  double head_s = 0;      // the head's forward and backward: group 0 (tied) or the final group (untied)
 };
 std::vector<GroupTimes> group_times(const GptShape& shape, const ClusterSpec& c, const Strategy& st);
 

@@ -1,6 +1,6 @@
 // Element-wise math of the GPT, written once for host and device code (DESIGN.md,
 // "Backends"): GELU (GPT-2's tanh approximation) and layer normalisation of one row,
-// forward and backward. The cpu backend's model calls these; the cuda kernels call the
+// forward and backward; Llama's RMSNorm and SiLU. The cpu backend's model calls these; the cuda kernels call the
 // same functions, so the CPU tests check the math the GPU runs.
 #pragma once
 
@@ -100,6 +100,39 @@ STRATA_HD STRATA_FORCE_INLINE void layernorm_row_backward(const float* dy, const
     dx[i] += rstd * (g - inv_n * sum_g - xh * inv_n * sum_gx);
     dw[i] += dy[i] * xh;
     db[i] += dy[i];
+  }
+}
+
+// silu(x) = x sigmoid(x) (torch.nn.functional.silu), and its derivative
+// s (1 + x (1 - s)), s = sigmoid(x).
+STRATA_HD STRATA_FORCE_INLINE float silu(float x) { return x / (1.0f + exp_approx(-x)); }
+STRATA_HD STRATA_FORCE_INLINE float silu_grad(float x) {
+  const float s = 1.0f / (1.0f + exp_approx(-x));
+  return s * (1.0f + x * (1.0f - s));
+}
+
+// y = w * (x * rstd), rstd = 1 / sqrt(mean(x^2) + eps) over one row of n (Hugging Face's
+// LlamaRMSNorm in fp32); returns rstd for backward.
+STRATA_HD STRATA_FORCE_INLINE void rmsnorm_row(const float* x, const float* w, float* y, int n, float eps,
+                                               float* rstd_out) {
+  float ss = 0.0f;
+  for (int i = 0; i < n; ++i) ss += x[i] * x[i];
+  const float r = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
+  for (int i = 0; i < n; ++i) y[i] = w[i] * (x[i] * r);
+  *rstd_out = r;
+}
+
+// Backward of rmsnorm_row: dx += r (g - xhat mean(g xhat)), g = dy w, xhat = x r; the
+// row's dw (dy xhat) is added to dw.
+STRATA_HD STRATA_FORCE_INLINE void rmsnorm_row_backward(const float* dy, const float* x, const float* w, float rstd,
+                                                        int n, float* dx, float* dw) {
+  float sum_gx = 0.0f;
+  for (int i = 0; i < n; ++i) sum_gx += dy[i] * w[i] * (x[i] * rstd);
+  const float m = sum_gx / static_cast<float>(n);
+  for (int i = 0; i < n; ++i) {
+    const float xh = x[i] * rstd;
+    dx[i] += rstd * (dy[i] * w[i] - xh * m);
+    dw[i] += dy[i] * xh;
   }
 }
 
