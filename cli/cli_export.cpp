@@ -7,6 +7,7 @@
 #include "cli.hpp"
 #include "strata/core/config_keys.hpp"
 #include "strata/core/convert.hpp"
+#include "strata/runtime/config.hpp"
 #include "strata/runtime/export.hpp"
 #include "strata/runtime/hf_import.hpp"
 
@@ -37,7 +38,7 @@ void add_export(CLI::App& app) {
       ->required();
   e->add_option("--out", a->out, "the safetensors file to write (--format hf: the directory)")->required();
   e->add_option("--format", a->format,
-                "safetensors: one file with GPT-2's names; hf: a Hugging Face GPT2LMHeadModel directory "
+                "safetensors: one file with the model's names; hf: a Hugging Face GPT2LMHeadModel or LlamaForCausalLM directory "
                 "(config.json and safetensors, from_pretrained loads it)")
       ->capture_default_str()
       ->check(CLI::IsMember({"safetensors", "hf"}));
@@ -63,7 +64,7 @@ void add_export(CLI::App& app) {
   });
 
   auto b = std::make_shared<ImportArgs>();
-  auto* i = app.add_subcommand("import", "Read a Hugging Face model directory (GPT2LMHeadModel) into a checkpoint");
+  auto* i = app.add_subcommand("import", "Read a Hugging Face model directory (GPT2LMHeadModel, LlamaForCausalLM) into a checkpoint");
   i->add_option("--hf", b->hf, "the model directory: config.json and model.safetensors (or its shards and index)")
       ->required();
   i->add_option("--out", b->out, "a new directory; the checkpoint is written as its step-00000000")->required();
@@ -74,13 +75,12 @@ void add_export(CLI::App& app) {
       std::optional<DType> precision;
       if (!b->precision.empty()) precision = parse_precision(b->precision);
       const ImportSummary s = import_hf(b->hf, b->out, precision);
-      std::printf("imported %s (%s; %d layers, d_model %d, %d heads, context %d, vocab %d) from %d file(s): "
-                  "%d tensors, %llu parameters, %llu bytes read, into %s (%s)\n"
-                  "fine-tune it with: strata train --config CFG --init-from %s\n",
-                  b->hf.c_str(), s.architecture.c_str(), s.shape.layers, s.shape.d_model, s.shape.heads,
-                  s.shape.seq_len, s.shape.vocab, s.files, s.tensors, static_cast<unsigned long long>(s.parameters),
-                  static_cast<unsigned long long>(s.bytes_read), s.checkpoint.c_str(), s.precision.c_str(),
-                  b->out.c_str());
+      std::printf("imported %s (%s; %s) from %d file(s): %d tensors, %llu parameters, %llu bytes read, into %s "
+                  "(%s)\nfine-tune it with: strata train --config CFG --init-from %s\n"
+                  "where CFG has \"strata\": {\"model\": %s}\n",
+                  b->hf.c_str(), s.architecture.c_str(), describe(s.shape).c_str(), s.files, s.tensors,
+                  static_cast<unsigned long long>(s.parameters), static_cast<unsigned long long>(s.bytes_read),
+                  s.checkpoint.c_str(), s.precision.c_str(), b->out.c_str(), model_json(s.shape).dump().c_str());
       return 0;
     };
   });

@@ -287,6 +287,36 @@ ExportSummary export_safetensors(const std::string& checkpoint, const std::strin
   return s;
 }
 
+namespace {
+
+// LlamaConfig's keys for this shape, as save_pretrained writes them.
+json llama_hf_config(const GptShape& s, const char* torch_dtype, const CheckpointInfo& info) {
+  return {{"architectures", {"LlamaForCausalLM"}},
+          {"model_type", "llama"},
+          {"num_hidden_layers", s.layers},
+          {"hidden_size", s.d_model},
+          {"num_attention_heads", s.heads},
+          {"num_key_value_heads", s.kv()},
+          {"head_dim", s.head_dim()},
+          {"intermediate_size", s.ffn_dim()},
+          {"max_position_embeddings", s.seq_len},
+          {"vocab_size", s.vocab},
+          {"rms_norm_eps", s.norm_eps},
+          {"rope_theta", s.rope_theta},
+          {"rope_scaling", nullptr},
+          {"hidden_act", "silu"},
+          {"attention_bias", false},
+          {"mlp_bias", false},
+          {"attention_dropout", 0.0},
+          {"pretraining_tp", 1},
+          {"tie_word_embeddings", s.tied_head},
+          {"torch_dtype", torch_dtype},
+          {"strata_checkpoint", info.dir},
+          {"strata_step", info.step}};
+}
+
+}  // namespace
+
 ExportSummary export_hf(const std::string& checkpoint, const std::string& out, bool overwrite,
                         std::optional<DType> dtype, uint64_t shard_bytes) {
   if (checkpoint.empty()) throw ConfigError("no checkpoint given: pass --checkpoint DIR (a step-<N> directory)");
@@ -324,9 +354,10 @@ ExportSummary export_hf(const std::string& checkpoint, const std::string& out, b
   const GptShape& shape = src.shape;
   const DType type = src.type;
   size_t files = 0;
-  // save_pretrained's names for GPT2LMHeadModel; the head is tied to wte and not written.
+  // save_pretrained's names: GPT2LMHeadModel's under "transformer." (its head is tied to wte
+  // and not written); LlamaForCausalLM's as the layout has them (lm_head when untied).
   const std::vector<PlannedTensor> plan =
-      plan_tensors(src.groups, dtype_size(type), "transformer.", shard_bytes, &files);
+      plan_tensors(src.groups, dtype_size(type), shape.llama() ? "" : "transformer.", shard_bytes, &files);
   auto file_name = [&](size_t f) {
     if (files == 1) return std::string("model.safetensors");
     char buf[64];
@@ -351,7 +382,7 @@ ExportSummary export_hf(const std::string& checkpoint, const std::string& out, b
       std::ofstream(tmp / "model.safetensors.index.json") << idx;
     }
     const char* torch_dtype = type == DType::BF16 ? "bfloat16" : type == DType::F16 ? "float16" : "float32";
-    const json config = {{"architectures", {"GPT2LMHeadModel"}},
+    const json config = shape.llama() ? llama_hf_config(shape, torch_dtype, info) : json{{"architectures", {"GPT2LMHeadModel"}},
                          {"model_type", "gpt2"},
                          {"n_layer", shape.layers},
                          {"n_embd", shape.d_model},

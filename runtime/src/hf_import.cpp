@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "strata/core/error.hpp"
 #include "strata/core/safe_io.hpp"
 #include "strata/runtime/checkpoint.hpp"
+#include "strata/runtime/config.hpp"
 #include "strata/runtime/export.hpp"
 #include "strata/runtime/safetensors.hpp"
 
@@ -36,14 +38,54 @@ json read_json(const fs::path& p, const std::string& what) {
   return j;
 }
 
-int int_key(const json& c, const std::string& file, std::initializer_list<const char*> names) {
+int int_key(const json& c, const std::string& file, std::initializer_list<const char*> names,
+            std::optional<int> fallback = std::nullopt) {
   for (const char* n : names)
-    if (c.contains(n)) {
+    if (c.contains(n) && !(fallback && c[n].is_null())) {
       if (!c[n].is_number_integer() || c[n].get<int64_t>() < 1 || c[n].get<int64_t>() > INT32_MAX)
         throw ConfigError(file + ": '" + n + "' is " + c[n].dump() + ", not a positive whole number");
       return static_cast<int>(c[n].get<int64_t>());
     }
-  throw ConfigError(file + " has no '" + *names.begin() + "': it is not a complete GPT-2 config.json");
+  if (fallback) return *fallback;
+  throw ConfigError(file + " has no '" + *names.begin() + "': it is not a complete config.json");
+}
+
+double number_key(const json& c, const std::string& file, const char* name, double fallback) {
+  if (!c.contains(name)) return fallback;
+  if (!c[name].is_number() || !std::isfinite(c[name].get<double>()))
+    throw ConfigError(file + ": '" + name + "' is " + c[name].dump() + ", not a number");
+  return c[name].get<double>();
+}
+
+// LlamaForCausalLM's config.json (LlamaConfig's defaults where a key is absent) as a
+// Strata shape; what Strata's Llama does not compute as Hugging Face's does is refused.
+GptShape llama_shape(const json& cfg, const std::string& cfg_name) {
+  GptShape s;
+  s.arch = Arch::Llama;
+  s.layers = int_key(cfg, cfg_name, {"num_hidden_layers"});
+  s.d_model = int_key(cfg, cfg_name, {"hidden_size"});
+  s.heads = int_key(cfg, cfg_name, {"num_attention_heads"});
+  s.kv_heads = int_key(cfg, cfg_name, {"num_key_value_heads"}, s.heads);
+  s.ffn = int_key(cfg, cfg_name, {"intermediate_size"});
+  s.seq_len = int_key(cfg, cfg_name, {"max_position_embeddings"});
+  s.vocab = int_key(cfg, cfg_name, {"vocab_size"});
+  s.rope_theta = number_key(cfg, cfg_name, "rope_theta", 10000.0);
+  s.norm_eps = number_key(cfg, cfg_name, "rms_norm_eps", 1e-6);
+  s.tied_head = cfg.contains("tie_word_embeddings") && cfg["tie_word_embeddings"] == true;
+  auto refuse = [&](const std::string& key, const std::string& why) {
+    throw ConfigError(cfg_name + ": " + key + " = " + cfg[key].dump() + ", " + why);
+  };
+  if (cfg.contains("hidden_act") && cfg["hidden_act"] != "silu")
+    refuse("hidden_act", "but Strata's Llama MLP is SwiGLU with silu");
+  for (const char* k : {"attention_bias", "mlp_bias"})
+    if (cfg.contains(k) && cfg[k] != false) refuse(k, "but Strata's Llama has no biases");
+  if (cfg.contains("rope_scaling") && !cfg["rope_scaling"].is_null())
+    refuse("rope_scaling", "but Strata's rotary embeddings are unscaled (Llama 2, Llama 3; not Llama 3.1's "
+                           "long-context scaling)");
+  if (cfg.contains("head_dim") && !cfg["head_dim"].is_null() && s.heads > 0 &&
+      cfg["head_dim"] != s.d_model / s.heads)
+    refuse("head_dim", "but Strata's heads are hidden_size / num_attention_heads wide");
+  return s;
 }
 
 // One safetensors file, its header read once.
@@ -85,25 +127,29 @@ ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::
   const std::string model_type = cfg.contains("model_type") && cfg["model_type"].is_string()
                                      ? cfg["model_type"].get<std::string>()
                                      : "";
-  if (!(arch == "GPT2LMHeadModel" || (arch.empty() && model_type == "gpt2")))
+  const bool llama = arch == "LlamaForCausalLM" || (arch.empty() && model_type == "llama");
+  if (!llama && !(arch == "GPT2LMHeadModel" || (arch.empty() && model_type == "gpt2")))
     throw ConfigError(cfg_name + " describes " + (arch.empty() ? "no architecture" : "a " + arch) +
                       (model_type.empty() ? "" : " (model_type '" + model_type + "')") +
-                      ", which Strata does not import: it imports GPT2LMHeadModel (model_type gpt2); "
-                      "LlamaForCausalLM is not supported yet");
-  arch = "GPT2LMHeadModel";
+                      ", which Strata does not import: it imports GPT2LMHeadModel (model_type gpt2) and "
+                      "LlamaForCausalLM (model_type llama)");
+  arch = llama ? "LlamaForCausalLM" : "GPT2LMHeadModel";
 
-  // The shape, and what this GPT computes as Hugging Face's GPT-2 does.
-  GptShape shape;
+  // The shape, and what this model computes as Hugging Face's does.
+  GptShape shape = llama ? llama_shape(cfg, cfg_name) : GptShape{};
+  if (!llama) {
   shape.layers = int_key(cfg, cfg_name, {"n_layer", "num_hidden_layers"});
   shape.d_model = int_key(cfg, cfg_name, {"n_embd", "hidden_size"});
   shape.heads = int_key(cfg, cfg_name, {"n_head", "num_attention_heads"});
   shape.seq_len = int_key(cfg, cfg_name, {"n_positions", "n_ctx", "max_position_embeddings"});
   shape.vocab = int_key(cfg, cfg_name, {"vocab_size"});
+  }
   try {
     validate(shape);
   } catch (const ConfigError& e) {
     throw ConfigError(cfg_name + ": " + e.what());
   }
+  if (!llama) {
   auto refuse = [&](const std::string& key, const std::string& why) {
     throw ConfigError(cfg_name + ": " + key + " = " + cfg[key].dump() + ", " + why);
   };
@@ -121,6 +167,7 @@ ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::
     refuse("scale_attn_weights", "but Strata scales attention by 1/sqrt(head_dim)");
   if (cfg.contains("scale_attn_by_inverse_layer_idx") && cfg["scale_attn_by_inverse_layer_idx"] != false)
     refuse("scale_attn_by_inverse_layer_idx", "which Strata's attention does not do");
+  }
 
   // The files: one model.safetensors, or the shards of an index.
   std::map<std::string, std::string> file_of;  // tensor name -> file name
@@ -166,17 +213,22 @@ ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::
   std::set<std::string> wanted;
   for (const auto& g : groups)
     for (const auto& t : g.tensors) wanted.insert(t.name);
-  auto strip = [](const std::string& n) { return n.rfind("transformer.", 0) == 0 ? n.substr(12) : n; };
+  auto strip = [&](const std::string& n) {
+    return !llama && n.rfind("transformer.", 0) == 0 ? n.substr(12) : n;
+  };
+  // Skipped: a tied head (the embedding is the head), GPT-2's attention-mask buffers and
+  // older Llama checkpoints' rotary inv_freq buffers (Strata computes them).
+  auto skipped = [&](const std::string& n) {
+    if (llama) return (shape.tied_head && n == "lm_head.weight") || n.ends_with(".rotary_emb.inv_freq");
+    return n == "lm_head.weight" || n.ends_with(".attn.bias") || n.ends_with(".attn.masked_bias");
+  };
   std::vector<std::string> unknown;
-  for (const auto& [name, f] : file_of) {
-    const std::string n = strip(name);
-    if (wanted.count(n) || n == "lm_head.weight" || n.ends_with(".attn.bias") || n.ends_with(".attn.masked_bias"))
-      continue;
-    unknown.push_back(name);
-  }
+  for (const auto& [name, f] : file_of)
+    if (!wanted.count(strip(name)) && !skipped(strip(name))) unknown.push_back(name);
   if (!unknown.empty())
-    throw ConfigError("--hf '" + hf_dir + "' holds " + std::to_string(unknown.size()) + " tensor(s) GPT-2 does not have (" +
-                      unknown[0] + (unknown.size() > 1 ? ", ..." : "") + "): it is not a plain GPT2LMHeadModel");
+    throw ConfigError("--hf '" + hf_dir + "' holds " + std::to_string(unknown.size()) + " tensor(s) " + arch +
+                      " of this config.json does not have (" + unknown[0] + (unknown.size() > 1 ? ", ..." : "") +
+                      "): it is not a plain " + arch + " of the shape config.json gives");
 
   ImportSummary sum;
   sum.architecture = arch;
@@ -191,10 +243,11 @@ ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::
     buf.assign(g.numel, 0.0f);
     for (const GptTensor& t : g.tensors) {
       std::string key = t.name;
-      if (!file_of.count(key)) key = "transformer." + t.name;
+      if (!file_of.count(key) && !llama) key = "transformer." + t.name;
       if (!file_of.count(key))
-        throw ConfigError("--hf '" + hf_dir + "' has no tensor '" + t.name + "' (nor 'transformer." + t.name +
-                          "'): the model directory is incomplete or not GPT-2's");
+        throw ConfigError("--hf '" + hf_dir + "' has no tensor '" + t.name + "'" +
+                          (llama ? std::string() : " (nor 'transformer." + t.name + "')") +
+                          ": the model directory is incomplete or not " + arch + "'s");
       const Shard& s = *shards.at(file_of.at(key));
       const SafetensorsTensor* st = s.header.find(key);
       if (!st)
@@ -210,10 +263,9 @@ ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::
           for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
           return s + "]";
         };
-        throw ConfigError("tensor '" + key + "' in '" + s.path + "' is " + text(got) + ", but config.json (n_layer " +
-                          std::to_string(shape.layers) + ", n_embd " + std::to_string(shape.d_model) + ", n_positions " +
-                          std::to_string(shape.seq_len) + ", vocab_size " + std::to_string(shape.vocab) +
-                          ") makes it " + text(want) + ": the weights and config.json are of different models");
+        throw ConfigError("tensor '" + key + "' in '" + s.path + "' is " + text(got) + ", but config.json (" +
+                          describe(shape) + ") makes it " + text(want) +
+                          ": the weights and config.json are of different models");
       }
       raw.resize(st->bytes);
       uint64_t done = 0;

@@ -8,7 +8,7 @@ prefix, the tied lm_head and the attention-mask buffers present) into a checkpoi
 - `strata train --init-from` fine-tunes it 50 steps on text with falling loss, and its
   first step's loss is the imported model's; `--resume-from` the import gives that first
   step's loss too (an imported checkpoint has zero moments and no data position);
-- bad input is a clear error and writes nothing: a LlamaForCausalLM config, a missing
+- bad input is a clear error and writes nothing: a BertModel config, a missing
   shard, a tensor whose shape disagrees with config.json, a truncated safetensors header,
   an --out that holds a checkpoint (untouched), --init-from a checkpoint of another shape.
 
@@ -191,8 +191,8 @@ def main():
             else:
                 print(f"{name}: {msg.strip().splitlines()[-1]}")
 
-        write_hf(tmp / "llama", w, {"architectures": ["LlamaForCausalLM"], "model_type": "llama"})
-        refused("llama", ["--hf", str(tmp / "llama")], "describes a LlamaForCausalLM (model_type 'llama'), which Strata "
+        write_hf(tmp / "llama", w, {"architectures": ["BertModel"], "model_type": "bert"})
+        refused("bert", ["--hf", str(tmp / "llama")], "describes a BertModel (model_type 'bert'), which Strata "
                 "does not import: it imports GPT2LMHeadModel")
         write_hf(tmp / "noshard", w, drop="model-00002-of-00002.safetensors")
         refused("missing-shard", ["--hf", str(tmp / "noshard")], "model-00002-of-00002.safetensors' is missing")

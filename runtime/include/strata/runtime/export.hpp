@@ -57,11 +57,11 @@ std::vector<int64_t> gpt2_shape(const GptTensor& t);
 ExportSummary export_safetensors(const std::string& checkpoint, const std::string& out, bool overwrite,
                                  std::optional<DType> dtype = std::nullopt);
 
-// `strata export --format hf`: a Hugging Face GPT2LMHeadModel directory that
-// `transformers` loads with from_pretrained(out) and hf_import.hpp reads back:
+// `strata export --format hf`: a Hugging Face GPT2LMHeadModel or LlamaForCausalLM directory
+// that `transformers` loads with from_pretrained(out) and hf_import.hpp reads back:
 // config.json, and model.safetensors, or above shard_bytes model-0000i-of-0000n.safetensors
-// with model.safetensors.index.json (save_pretrained's names: "transformer." + GPT-2's;
-// a tensor is never split). `out` must not exist, or be an empty directory, or with
+// with model.safetensors.index.json (save_pretrained's names: "transformer." + GPT-2's,
+// Llama's as they are; a tensor is never split). `out` must not exist, or be an empty directory, or with
 // overwrite an earlier export (only config.json, model*.safetensors and the index in it);
 // it is written as a temporary directory beside it and renamed into place.
 ExportSummary export_hf(const std::string& checkpoint, const std::string& out, bool overwrite,
