@@ -1,27 +1,19 @@
 """A PyTorch training loop in which Strata holds the parameters and the Adam states.
 
 A small GPT (token and position embeddings, a few pre-LayerNorm transformer blocks, a
-final LayerNorm and an LM head) is trained on a synthetic next-token task. Each block,
-the embeddings and the head are one Strata parameter group: ZeRO-3 sharded, with the
-parameter shards and the optimizer states (fp32 master weights, Adam moments) offloaded
-to NVMe (a temporary directory here). PyTorch holds no parameters at all; it only
-computes:
+final LayerNorm and an LM head) is trained on a synthetic next-token task through
+strata.torch, the way a DeepSpeed user trains:
 
-  forward   a forward pre-hook acquires the module's group and binds its parameters as
-            views of the acquired buffer (torch.from_dlpack: no copy); a forward hook
-            releases it after the module ran.
-  backward  autograd's saved-tensor hooks record which saved tensors are views of an
-            acquired group; when backward needs one, the group is acquired again (so
-            parameters are acquired before each module's backward too, and only for the
-            modules whose backward reads them). A small autograd Function per group
-            receives the gradient of the whole group (autograd sums the parameters'
-            gradients into it), writes it into Strata's gradient buffer (DLPack again),
-            hands it in and releases the backward acquisition.
-  step      strata's CPU AdamW updates the shards on NVMe.
+    engine = strata.torch.initialize(model, config, groups=[...])
+    loss = engine(x, y); engine.backward(loss); engine.step()
 
-Torch 1.13 has no module backward pre-hooks, and autograd keeps the tensors it saved
-during forward; the saved-tensor hooks are what makes it safe to release a group after
-its forward (its memory may be reused for the next group) and read it again in backward.
+The embeddings, each block and the head are one Strata parameter group each (given
+explicitly here; without groups= the automatic rule would give the token table, the
+head's LayerNorm and its Linear groups of their own): ZeRO-3 sharded, with the parameter shards
+and the optimizer states (fp32 master weights, Adam moments) offloaded to NVMe (a
+temporary directory here). PyTorch holds no parameters at all; it only computes.
+python/strata/torch.py says how (module hooks, saved-tensor hooks, one autograd Function
+per group), docs/embedding.md what is verified.
 
 With --check, the same model is also trained by plain PyTorch with torch.optim.AdamW
 from the same initial weights and data, and the losses of the two runs must agree to a
@@ -40,7 +32,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import strata
+import strata.torch
 
 # Relative tolerance on each step's loss between Strata and torch.optim.AdamW. Both run
 # the same fp32 arithmetic on the same values (Strata's CPU Adam follows torch's AdamW
@@ -113,10 +105,6 @@ class TinyGPT(nn.Module):
         logits = self.head(x)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
-    def groups(self):
-        """The modules that become Strata parameter groups, in forward order."""
-        return [("embed", self.embed)] + [(f"block.{i}", b) for i, b in enumerate(self.blocks)] + [("head", self.head)]
-
 
 def batch(step, size, seq, vocab):
     """Sequences t_i = (a + b*i) mod vocab with a, b per sequence: predictable after two tokens."""
@@ -128,95 +116,7 @@ def batch(step, size, seq, vocab):
 
 
 # ---------------------------------------------------------------------------------------
-# Strata underneath: the part another trainer would copy.
-
-class _GroupGrad(torch.autograd.Function):
-    """Makes the group's acquired buffer part of the graph: its backward gets the
-    gradient of the whole group (autograd sums the parameters' gradients into it)."""
-
-    @staticmethod
-    def forward(ctx, token, flat, owner, index):
-        ctx.owner, ctx.index = owner, index
-        return flat.view(-1)
-
-    @staticmethod
-    def backward(ctx, grad):
-        ctx.owner._hand_in(ctx.index, grad)
-        return None, None, None, None
-
-
-class StrataParameters:
-    """Moves the parameters of `modules` ([(name, module)]) into a Strata runtime, one
-    group per module, and installs the hooks that acquire and release them."""
-
-    def __init__(self, rt, modules):
-        self.rt = rt
-        self.groups = []  # per group: dict(name, id, module, slots=[(submodule, attr, offset, shape)])
-        for name, module in modules:
-            slots, flat, offset = [], [], 0
-            for sub in module.modules():
-                for attr, p in list(sub._parameters.items()):
-                    if p is None:
-                        continue
-                    slots.append((sub, attr, offset, p.shape))
-                    flat.append(p.detach().reshape(-1))
-                    offset += p.numel()
-                    del sub._parameters[attr]  # PyTorch no longer holds it
-                    setattr(sub, attr, None)   # used outside an acquire: fails loudly
-            gid = rt.register_group(name, [offset], data=torch.cat(flat))
-            index = len(self.groups)
-            self.groups.append(dict(name=name, id=gid, slots=slots, token=torch.zeros(0, requires_grad=True)))
-            module.register_forward_pre_hook(lambda m, args, i=index: self._bind(i))
-            module.register_forward_hook(lambda m, args, out, i=index: self._unbind(i))
-        self.by_storage = {}  # data_ptr of an acquired buffer -> group index
-        self.backward_bufs = {}  # group index -> flat tensor acquired for backward
-
-    # forward
-    def _bind(self, i):
-        g = self.groups[i]
-        flat = torch.from_dlpack(self.rt.acquire(g["id"]))
-        self.by_storage[flat.data_ptr()] = i
-        if torch.is_grad_enabled():
-            flat = _GroupGrad.apply(g["token"], flat, self, i)
-        for sub, attr, off, shape in g["slots"]:
-            setattr(sub, attr, flat[off: off + math.prod(shape)].view(shape))
-
-    def _unbind(self, i):
-        g = self.groups[i]
-        for sub, attr, _, _ in g["slots"]:
-            setattr(sub, attr, None)
-        self.by_storage = {p: j for p, j in self.by_storage.items() if j != i}
-        self.rt.release(g["id"])
-
-    # autograd's saved tensors: views of an acquired group are kept as (group, layout)
-    def pack(self, t):
-        i = self.by_storage.get(t.storage().data_ptr()) if t.device.type == "cpu" else None
-        if i is None:
-            return t
-        return ("strata", i, t.size(), t.stride(), t.storage_offset())
-
-    def unpack(self, packed):
-        if not isinstance(packed, tuple):
-            return packed
-        _, i, size, stride, offset = packed
-        flat = self.backward_bufs.get(i)
-        if flat is None:  # the first use of this group in backward: acquire it again
-            flat = torch.from_dlpack(self.rt.acquire(self.groups[i]["id"]))
-            self.backward_bufs[i] = flat
-        return flat.as_strided(size, stride, offset)
-
-    def saved_tensor_hooks(self):
-        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
-
-    # backward: the group's gradient is complete
-    def _hand_in(self, i, grad):
-        g = self.groups[i]
-        with torch.no_grad():
-            torch.from_dlpack(self.rt.grad_buffer(g["id"])).copy_(grad.reshape(-1))
-        self.rt.grad_ready(g["id"])
-        if self.backward_bufs.pop(i, None) is not None:
-            self.rt.release(g["id"])
-
+# Strata underneath.
 
 def strata_config(nvme_dir, lr, weight_decay):
     nvme = {"device": "nvme", "nvme_path": nvme_dir}
@@ -234,22 +134,17 @@ def strata_config(nvme_dir, lr, weight_decay):
 # ---------------------------------------------------------------------------------------
 
 def train_with_strata(model, args, nvme_dir):
-    rt = strata.Runtime.from_config(strata_config(nvme_dir, args.lr, args.weight_decay))
-    params = StrataParameters(rt, model.groups())
-    assert not list(model.parameters()), "PyTorch still holds parameters"
-    losses = []
-    for step in range(args.steps):
-        x, y = batch(step, args.batch, args.seq, args.vocab)
-        rt.begin_micro_step()
-        with params.saved_tensor_hooks():
-            loss = model(x, y)
-        loss.backward()
-        assert not params.backward_bufs, "a group acquired for backward was never released"
-        rt.step()
-        losses.append(loss.item())
-    stats = rt.stats()
-    rt.close()
-    return losses, stats
+    groups = [model.embed, *model.blocks, model.head]
+    with strata.torch.initialize(model, strata_config(nvme_dir, args.lr, args.weight_decay), groups) as engine:
+        assert not list(model.parameters()), "PyTorch still holds parameters"
+        losses = []
+        for step in range(args.steps):
+            x, y = batch(step, args.batch, args.seq, args.vocab)
+            loss = engine(x, y)
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
+        return losses, engine.stats()
 
 
 def train_with_torch(model, args):

@@ -1,7 +1,9 @@
 """Strata from Python: the tiered store and ZeRO-3 partitioner under another trainer.
 
 A thin layer over libstrata's C API (include/strata/strata.h); docs/embedding.md has
-the guide and examples/torch_transformer.py a PyTorch training loop.
+the guide. strata.torch (import it: it needs PyTorch) trains any torch.nn.Module on top,
+DeepSpeed-style: engine = strata.torch.initialize(model, config); loss = engine(...);
+engine.backward(loss); engine.step(). examples/torch_transformer.py uses it.
 
     rt = strata.Runtime.from_config({"zero_optimization": {"stage": 3}, ...})
     g = rt.register_group("block.0", [1024, 1024], data=torch_tensor)

@@ -1,0 +1,329 @@
+"""strata.torch on a user's own module: training against torch.optim.AdamW with the
+states on NVMe, the grouping rule, checkpoints, gradient accumulation, evaluation, 16
+bits, and misuse. Run by CTest with PYTHONPATH=<build>/python (test_torch_hf.py has the
+Hugging Face models)."""
+import copy
+import os
+import tempfile
+import unittest
+import weakref
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import strata
+import strata.torch
+from torch_harness import (LOSS_RTOL, LR, WEIGHT_DECAY, assert_on_nvme, batch, config, train_engine,
+                           train_reference, worst_relative)
+
+VOCAB = 48
+
+
+class Mixer(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.up = nn.Linear(d, 2 * d)    # weight [2d, d]
+        self.down = nn.Linear(2 * d, d)  # weight [d, 2d]
+
+    def forward(self, x):
+        return x + self.down(torch.tanh(self.up(self.norm(x))))
+
+
+class UserModel(nn.Module):
+    """What the grouping rule has to handle: a parameter owned by the root, a Sequential
+    of blocks, a module called twice per forward, an output layer tied to the embedding
+    (two modules, one tensor), and a module never called (its gradient is zero)."""
+
+    def __init__(self, vocab=VOCAB, d=32):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        nn.init.normal_(self.embed.weight, std=0.1)  # N(0, 1) logits through the tied output are huge
+        self.gate = nn.Parameter(torch.ones(d))  # [d]
+        self.stack = nn.Sequential(Mixer(d), Mixer(d))
+        self.shared = Mixer(d)
+        self.out = nn.Linear(d, vocab, bias=False)
+        self.out.weight = self.embed.weight  # [vocab, d], tied
+        self.unused = nn.Linear(d, d)
+
+    def forward(self, tokens):
+        x = self.embed(tokens[:, :-1]) * self.gate
+        x = self.shared(self.shared(self.stack(x)))
+        logits = self.out(x)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+
+
+def loss_of(model, tokens):
+    return model(tokens)
+
+
+def batches(n, start=0):
+    return [batch(s, VOCAB) for s in range(start, start + n)]
+
+
+def user_model(seed=0):
+    torch.manual_seed(seed)
+    return UserModel()
+
+
+class Training(unittest.TestCase):
+    def test_matches_adamw_with_states_on_nvme(self):
+        model = user_model()
+        reference = copy.deepcopy(model)
+        unused_before = model.unused.weight.detach().clone()
+        with tempfile.TemporaryDirectory() as nvme:
+            with strata.torch.initialize(model, config(nvme)) as engine:
+                self.assertEqual(list(model.parameters()), [], "PyTorch still holds parameters")
+                losses = train_engine(engine, loss_of, batches(20))
+                stats = engine.stats()
+                weights = engine.full_state_dict()
+        ref = train_reference(reference, loss_of, batches(20))
+        worst = worst_relative(losses, ref)
+        print(f"user model: loss {losses[0]:.4f} -> {losses[-1]:.4f}, worst relative difference {worst:.2e}")
+        self.assertLess(worst, LOSS_RTOL)
+        self.assertLess(losses[-1], 0.8 * losses[0], "the loss did not fall")
+        assert_on_nvme(self, stats)
+        self.assertEqual(stats["optimizer_steps"], 20)
+        # The weights too (the same reasoning as LOSS_RTOL; absolute, as Adam's steps are
+        # about lr = 3e-3 each whatever the weight's size). The never-called module: torch
+        # skips a parameter without gradient, Strata hands in zeros (DeepSpeed does the
+        # same), so only AdamW's decoupled weight decay moves it: w * (1 - lr*wd)^20.
+        for name, ref_w in reference.state_dict().items():
+            if name.startswith("unused."):
+                continue
+            torch.testing.assert_close(weights[name], ref_w, rtol=0, atol=1e-5, msg=name)
+        self.assertEqual(weights["out.weight"].data_ptr(), weights["embed.weight"].data_ptr(),
+                         "tied names should share one tensor")
+        torch.testing.assert_close(weights["unused.weight"], unused_before * (1 - LR * WEIGHT_DECAY) ** 20,
+                                   rtol=1e-5, atol=0)
+
+    def test_the_parameters_memory_is_freed(self):
+        model = user_model()
+        gone = weakref.ref(model.stack[0].up.weight)
+        with strata.torch.initialize(model, config()) as engine:
+            self.assertIsNone(gone(), "something still holds a parameter given to Strata")
+            train_engine(engine, loss_of, batches(1))
+
+    def test_gradient_accumulation(self):
+        model = user_model()
+        reference = copy.deepcopy(model)
+        with tempfile.TemporaryDirectory() as nvme, strata.torch.initialize(model, config(nvme, 2)) as engine:
+            stepped, losses = [], []
+            for tokens in batches(12):
+                self.assertEqual(engine.is_gradient_accumulation_boundary(), len(stepped) % 2 == 1)
+                loss = engine(tokens)
+                engine.backward(loss)
+                stepped.append(engine.step())
+                losses.append(loss.item())
+            self.assertEqual(stepped, [False, True] * 6)
+            self.assertEqual(engine.global_steps, 6)
+            self.assertEqual(engine.stats()["optimizer_steps"], 6)
+        worst = worst_relative(losses, train_reference(reference, loss_of, batches(12), accumulation=2))
+        print(f"gradient accumulation 2: worst relative difference {worst:.2e}")
+        self.assertLess(worst, LOSS_RTOL)
+
+    def test_evaluation_between_steps_and_full_state_dict(self):
+        model = user_model()
+        with strata.torch.initialize(model, config()) as engine:
+            train_engine(engine, loss_of, batches(3))
+            weights = engine.full_state_dict()
+            probe = batch(99, VOCAB)
+            with torch.no_grad():
+                evaluated = engine(probe).item()  # read_params: no micro-batch opened
+            train_engine(engine, loss_of, batches(1, 3))  # training goes on after it
+        fresh = UserModel()
+        fresh.load_state_dict(weights)
+        with torch.no_grad():
+            self.assertEqual(evaluated, fresh(probe).item())
+
+    def test_bf16_trains_with_bf16_views(self):
+        model = user_model()
+        seen = []
+        model.stack[0].up.register_forward_hook(lambda m, a, out: seen.append(m.weight.dtype))
+        with strata.torch.initialize(model, config(bf16={"enabled": True})) as engine:
+            self.assertEqual(engine.dtype, torch.bfloat16)
+            losses = train_engine(engine, loss_of, batches(20))
+        self.assertEqual(seen[0], torch.bfloat16)
+        self.assertLess(losses[-1], 0.8 * losses[0], "the loss did not fall in bf16")
+
+    def test_a_failed_forward_can_be_run_again(self):
+        model = user_model()
+        with strata.torch.initialize(model, config()) as engine:
+            with self.assertRaises(IndexError):
+                engine(torch.full((2, 5), VOCAB + 7))  # a token outside the vocabulary
+            self.assertIsNone(model.stack[0].up.weight, "a parameter stayed bound after the failure")
+            losses = train_engine(engine, loss_of, batches(2))
+        ref = train_reference(user_model(), loss_of, batches(2))
+        self.assertLess(worst_relative(losses, ref), LOSS_RTOL)
+
+
+class Grouping(unittest.TestCase):
+    def group_names(self, model, groups=None):
+        with strata.torch.initialize(model, config(), groups) as engine:
+            return [g.name for g in engine.groups]
+
+    def test_automatic_rule(self):
+        # The root's own parameter; the tied embedding and output layer merged; each
+        # Sequential child whole; elsewhere each module owning parameters ("shared" owns
+        # none itself: its LayerNorm and Linears are groups).
+        self.assertEqual(self.group_names(user_model()),
+                         ["(root)", "embed+out", "stack.0", "stack.1", "shared.norm", "shared.up", "shared.down",
+                          "unused"])
+
+    def test_explicit_groups(self):
+        m = user_model()
+        self.assertEqual(self.group_names(m, [m]), ["(root)"])  # the whole model
+        # A module nested in another group's module is carved out of it: "stack" keeps
+        # stack.1, the root only its own parameter. Names or modules; a tuple is one
+        # group, in which a member inside another member binds nothing of its own.
+        m = user_model()
+        self.assertEqual(self.group_names(m, ["", ("embed", m.out), "stack", m.stack[0], ("shared", "shared.norm"),
+                                              "unused"]),
+                         ["(root)", "embed+out", "stack", "stack.0", "shared", "unused"])
+
+    def assert_refused(self, make, groups, *words, status="STRATA_ERR_INVALID_ARGUMENT"):
+        model = make()
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        with self.assertRaises(strata.StrataError) as e:
+            strata.torch.initialize(model, config(), groups)
+        self.assertEqual(e.exception.status, status)
+        for w in words:
+            self.assertIn(w, str(e.exception))
+        # A refused model is left as it was.
+        self.assertEqual(list(before), [n for n, _ in model.named_parameters()])
+        for n, p in model.named_parameters():
+            self.assertTrue(torch.equal(p, before[n]))
+        return str(e.exception)
+
+    def test_ties_across_explicit_groups_are_refused(self):
+        msg = self.assert_refused(user_model, ["", "embed", "out", "stack", "shared", "unused"],
+                                  "'embed.weight' is in two groups, 'embed' and 'out'", "tied", "('embed', 'out')")
+        print("tie across groups:", msg)
+
+    def test_explicit_groups_must_cover_every_parameter_once(self):
+        self.assert_refused(user_model, [("embed", "out"), "stack", "shared"],
+                            "outside every group: gate, unused.weight, unused.bias")
+        self.assert_refused(user_model, ["", ("embed", "out"), "stack", "shared", "stack", "unused"],
+                            "'stack.0.norm.weight' is in two groups", "list a module once")
+        self.assert_refused(user_model, ["", "embed+out"], "'embed+out' is not a submodule")
+        self.assert_refused(user_model, [nn.Linear(2, 2)], "not a submodule")
+        self.assert_refused(lambda: nn.Sequential(nn.Linear(2, 2), nn.ReLU()), ["0", "1"],
+                            "group '1' holds no parameters")
+
+
+class Misuse(unittest.TestCase):
+    def setUp(self):
+        self.engine = strata.torch.initialize(user_model(), config())
+        self.tokens = batch(0, VOCAB)
+
+    def tearDown(self):
+        self.engine.close()
+
+    def assert_state_error(self, call, *words):
+        with self.assertRaises(strata.StrataError) as e:
+            call()
+        self.assertEqual(e.exception.status, "STRATA_ERR_STATE")
+        for w in words:
+            self.assertIn(w, str(e.exception))
+
+    def test_order_of_calls(self):
+        e = self.engine
+        self.assert_state_error(e.step, "engine.step() now (between micro-batches)", "run a forward with gradients enabled")
+        loss = e(self.tokens)
+        self.assert_state_error(e.step, "engine.step() now (forward done", "call engine.backward(loss)")
+        self.assert_state_error(lambda: e(self.tokens), "one forward per backward")
+        with tempfile.TemporaryDirectory() as d:
+            self.assert_state_error(lambda: e.save_checkpoint(d), "in the middle of a step")
+        e.backward(loss)
+        self.assert_state_error(lambda: e.backward(loss), "engine.backward(loss) now (backward done",
+                                "call engine.step() after each engine.backward(loss)")
+        self.assert_state_error(lambda: e(self.tokens), "call engine.step()")
+        self.assertTrue(e.step())
+        # Nothing above reached Strata: training goes on.
+        train_engine(e, loss_of, batches(2, 1))
+
+    def test_the_module_itself_and_loss_backward(self):
+        self.assert_state_error(lambda: self.engine.module(self.tokens), "ran outside engine(...)",
+                                "call the engine")
+        loss = self.engine(self.tokens)
+        # Raised in autograd's saved-tensor hook, which torch re-raises as a RuntimeError
+        # with the message (StrataError is one too).
+        with self.assertRaisesRegex(RuntimeError, r"outside engine\.backward\(loss\).*call engine\.backward\(loss\)"):
+            loss.backward()
+
+    def test_loss_without_gradient(self):
+        with torch.no_grad():
+            loss = self.engine(self.tokens)
+        self.assert_state_error(lambda: self.engine.backward(loss), "run a forward with gradients enabled")
+
+    def test_client_state_must_be_json(self):
+        train_engine(self.engine, loss_of, batches(1))
+        with tempfile.TemporaryDirectory() as d, self.assertRaises(strata.StrataError) as e:
+            self.engine.save_checkpoint(d, client_state={"set": {1, 2}})
+        self.assertIn("JSON", str(e.exception))
+
+
+class Refused(unittest.TestCase):
+    assert_refused = Grouping.assert_refused
+
+    def test_float64_and_integer_parameters(self):
+        def double():
+            m = user_model()
+            m.stack[1].up.double()
+            return m
+
+        def integer():
+            m = user_model()
+            m.counts = nn.Parameter(torch.zeros(3, dtype=torch.int64), requires_grad=False)
+            return m
+
+        self.assert_refused(double, None, "'stack.1.up.weight' is torch.float64", "model.float()",
+                            status="STRATA_ERR_DTYPE")
+        self.assert_refused(integer, None, "'counts' is torch.int64", "register_buffer", status="STRATA_ERR_DTYPE")
+
+    def test_frozen_parameter(self):
+        def frozen():
+            m = user_model()
+            m.gate.requires_grad_(False)
+            return m
+
+        print("frozen:", self.assert_refused(frozen, None, "'gate' does not require grad", "does not support frozen",
+                                             "requires_grad=True"))
+
+    def test_sparse_embedding_and_no_parameters(self):
+        self.assert_refused(lambda: nn.Sequential(nn.Embedding(4, 2, sparse=True)), None, "sparse=True")
+        model = user_model()
+        strata.torch.initialize(model, config()).close()
+        with self.assertRaises(strata.StrataError) as e:
+            strata.torch.initialize(model, config())
+        self.assertIn("no parameters", str(e.exception))
+
+
+class Checkpoints(unittest.TestCase):
+    def test_a_fresh_engine_continues_identically(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            nvme_a, nvme_b, ckpt = (os.path.join(tmp, n) for n in ("nvme-a", "nvme-b", "ckpt"))
+            for d in (nvme_a, nvme_b):
+                os.mkdir(d)
+            with strata.torch.initialize(user_model(), config(nvme_a)) as engine:
+                train_engine(engine, loss_of, batches(5))
+                saved = engine.save_checkpoint(ckpt, client_state={"epoch": 3, "position": 5})
+                continued = train_engine(engine, loss_of, batches(5, 5))
+            # Another initial model (seed 1): everything comes from the checkpoint.
+            with strata.torch.initialize(user_model(seed=1), config(nvme_b)) as engine:
+                path, client = engine.load_checkpoint(ckpt)
+                self.assertEqual((path, client), (saved, {"epoch": 3, "position": 5}))
+                self.assertEqual(engine.global_steps, 5)
+                resumed = train_engine(engine, loss_of, batches(5, 5))
+            self.assertEqual(sorted(os.listdir(tmp)), ["ckpt", "nvme-a", "nvme-b"])
+        print("continued", [f"{x:.6f}" for x in continued])
+        self.assertEqual(resumed, continued, "the resumed run differs")
+        # Not a test that cannot fail: without the checkpoint the losses differ.
+        with strata.torch.initialize(user_model(seed=1), config()) as engine:
+            self.assertNotEqual(train_engine(engine, loss_of, batches(5, 5)), continued)
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)  # tiny models; OpenMP's spinning threads only slow a busy machine
+    unittest.main()
