@@ -2,9 +2,12 @@
 // safetensors file with GPT-2 tensor names (runtime/export.hpp); `strata import --hf DIR
 // --out CKPT`: a Hugging Face model directory as a checkpoint (runtime/hf_import.hpp).
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <memory>
 
 #include "cli.hpp"
+#include "strata/collectives/communicator.hpp"
 #include "strata/core/config_keys.hpp"
 #include "strata/core/convert.hpp"
 #include "strata/runtime/config.hpp"
@@ -74,13 +77,25 @@ void add_export(CLI::App& app) {
     selected() = [b] {
       std::optional<DType> precision;
       if (!b->precision.empty()) precision = parse_precision(b->precision);
-      const ImportSummary s = import_hf(b->hf, b->out, precision);
-      std::printf("imported %s (%s; %s) from %d file(s): %d tensors, %llu parameters, %llu bytes read, into %s "
+      // Under mpirun every rank reads its own shard of the weights and writes its rank file.
+      const auto host = coll::make_host_communicator(coll::HostBackend::Auto);
+      const ImportSummary s = import_hf(b->hf, b->out, precision, host.get());
+      // Test hook: STRATA_IMPORT_READ_LOG=PATH writes each rank's reads to PATH.<rank>, one
+      // "file offset bytes" line each (test_import_mpi.py checks they are disjoint).
+      if (const char* log = std::getenv("STRATA_IMPORT_READ_LOG")) {
+        std::ofstream f(std::string(log) + "." + std::to_string(host->rank()));
+        for (const auto& r : s.reads) f << r.file << " " << r.offset << " " << r.bytes << "\n";
+      }
+      if (host->size() > 1)
+        std::printf("rank %d of %d read %llu tensor bytes in %zu reads\n", host->rank(), host->size(),
+                    static_cast<unsigned long long>(s.bytes_read), s.reads.size());
+      if (host->rank() != 0) return 0;
+      std::printf("imported %s (%s; %s) from %d file(s): %d tensors, %llu parameters, %llu bytes read by %d rank(s), into %s "
                   "(%s)\nfine-tune it with: strata train --config CFG --init-from %s\n"
                   "where CFG has \"strata\": {\"model\": %s}\n",
                   b->hf.c_str(), s.architecture.c_str(), describe(s.shape).c_str(), s.files, s.tensors,
-                  static_cast<unsigned long long>(s.parameters), static_cast<unsigned long long>(s.bytes_read),
-                  s.checkpoint.c_str(), s.precision.c_str(), b->out.c_str(), model_json(s.shape).dump().c_str());
+                  static_cast<unsigned long long>(s.parameters), static_cast<unsigned long long>(s.bytes_read_all),
+                  host->size(), s.checkpoint.c_str(), s.precision.c_str(), b->out.c_str(), model_json(s.shape).dump().c_str());
       return 0;
     };
   });

@@ -786,79 +786,134 @@ struct InitialCheckpointWriter::State {
   CheckpointDirLock lock;
   Fd file;
   uint64_t offset = 0;
-  CheckpointInfo info;
+  CheckpointInfo info;   // groups; files[0]: this rank's
+  std::unique_ptr<coll::Communicator> self;  // the host communicator of a one-rank writer
+  coll::Communicator* host = nullptr;
   bool done = false;
 };
 
-InitialCheckpointWriter::InitialCheckpointWriter(const std::string& root) : s_(std::make_unique<State>()) {
+InitialCheckpointWriter::InitialCheckpointWriter(const std::string& root, coll::Communicator* host)
+    : s_(std::make_unique<State>()) {
   State& s = *s_;
-  if (root.empty()) throw ConfigError("no output directory given: pass --out DIR");
-  s.root = fs::absolute(fs::path(root)).lexically_normal();
-  if (s.root.filename().empty()) s.root = s.root.parent_path();
-  for (fs::path q = s.root; q != q.root_path(); q = q.parent_path())
-    if (is_checkpoint_dir(q))
-      throw ConfigError("--out '" + root + "' is " + (q == s.root ? std::string("a checkpoint") : "inside the checkpoint '" + q.string() + "'") +
-                        ": give a new directory to hold the imported checkpoint");
-  std::error_code ec;
-  fs::create_directories(s.root, ec);
-  if (ec) throw ConfigError("cannot create --out '" + root + "': " + ec.message());
-  s.lock = CheckpointDirLockAccess::take(s.root);
-  std::vector<fs::path> leftovers;
-  if (!step_dirs(s.root.string(), &leftovers).empty())
-    throw ConfigError("--out '" + root + "' holds checkpoints already, which an import never touches: give a new directory");
-  s.final_dir = s.root / step_name(0);
-  s.tmp = s.root / ("." + step_name(0) + ".tmp");
-  fs::remove_all(s.tmp, ec);
-  fs::create_directory(s.tmp, ec);
-  fs_call(ec, "creating temporary checkpoint directory", s.tmp);
-  const fs::path rf = s.tmp / rank_file(0);
-  s.file.fd = ::open(rf.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (s.file.fd < 0) {
-    const int err = errno;
-    fs::remove_all(s.tmp, ec);  // the destructor does not run for a constructor that throws
-    throw IoError("creating checkpoint file", rf.string(), 0, 0, err, kCheckpointDiskFull);
+  if (!host) {
+    s.self = coll::make_host_communicator(coll::HostBackend::Self);
+    host = s.self.get();
   }
-  s.info.world_size = 1;
-  s.info.files.push_back({rank_file(0), 0, {}});
+  s.host = host;
+  rank_ = host->rank();
+  world_ = host->size();
+  std::exception_ptr ep;
+  try {
+    if (root.empty()) throw ConfigError("no output directory given: pass --out DIR");
+    s.root = fs::absolute(fs::path(root)).lexically_normal();
+    if (s.root.filename().empty()) s.root = s.root.parent_path();
+    s.final_dir = s.root / step_name(0);
+    s.tmp = s.root / ("." + step_name(0) + ".tmp");
+    if (rank_ == 0) {
+      for (fs::path q = s.root; q != q.root_path(); q = q.parent_path())
+        if (is_checkpoint_dir(q))
+          throw ConfigError("--out '" + root + "' is " +
+                            (q == s.root ? std::string("a checkpoint") : "inside the checkpoint '" + q.string() + "'") +
+                            ": give a new directory to hold the imported checkpoint");
+      std::error_code ec;
+      fs::create_directories(s.root, ec);
+      if (ec) throw ConfigError("cannot create --out '" + root + "': " + ec.message());
+      s.lock = CheckpointDirLockAccess::take(s.root);
+      std::vector<fs::path> leftovers;
+      if (!step_dirs(s.root.string(), &leftovers).empty())
+        throw ConfigError("--out '" + root + "' holds checkpoints already, which an import never touches: give a new "
+                          "directory");
+      fs::remove_all(s.tmp, ec);
+      fs::create_directory(s.tmp, ec);
+      fs_call(ec, "creating temporary checkpoint directory", s.tmp);
+    }
+  } catch (...) {
+    ep = std::current_exception();
+  }
+  if (auto f = agree(*host, ep)) f->raise(rank_);
+  try {
+    const fs::path rf = s.tmp / rank_file(rank_);
+    s.file.fd = ::open(rf.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (s.file.fd < 0) throw IoError("creating checkpoint file", rf.string(), 0, 0, errno, kCheckpointDiskFull);
+  } catch (...) {
+    ep = std::current_exception();
+  }
+  if (auto f = agree(*host, ep)) {
+    std::error_code ec;
+    if (rank_ == 0) fs::remove_all(s.tmp, ec);  // the destructor does not run for a constructor that throws
+    f->raise(rank_);
+  }
+  s.info.world_size = world_;
+  s.info.files.push_back({rank_file(rank_), 0, {}});
 }
 
 InitialCheckpointWriter::~InitialCheckpointWriter() {
   if (s_ && !s_->done) {
     std::error_code ec;
     if (s_->file.fd >= 0) ::close(s_->file.fd), s_->file.fd = -1;
-    fs::remove_all(s_->tmp, ec);
+    if (rank_ == 0) fs::remove_all(s_->tmp, ec);
   }
 }
 
-void InitialCheckpointWriter::add_group(const std::string& name, const float* master, uint64_t numel) {
+uint64_t InitialCheckpointWriter::shard_size(uint64_t numel) const {
+  return (numel + static_cast<uint64_t>(world_) - 1) / static_cast<uint64_t>(world_);
+}
+
+void InitialCheckpointWriter::add_group(const std::string& name, const float* shard, uint64_t numel) {
   State& s = *s_;
-  const std::string p = (s.tmp / rank_file(0)).string();
-  const std::vector<float> zeros(numel, 0.0f);
-  for (const float* seg : {master, zeros.data(), zeros.data()}) {
-    s.info.files[0].segments.push_back(XXH3_64bits(seg, numel * 4));
-    write_all(s.file.fd, seg, numel * 4, s.offset, p);
-    s.offset += numel * 4;
+  const std::string p = (s.tmp / rank_file(rank_)).string();
+  const uint64_t n = shard_size(numel);
+  const std::vector<float> zeros(n, 0.0f);
+  for (const float* seg : {shard, zeros.data(), zeros.data()}) {
+    s.info.files[0].segments.push_back(XXH3_64bits(seg, n * 4));
+    write_all(s.file.fd, seg, n * 4, s.offset, p);
+    s.offset += n * 4;
   }
-  s.info.groups.push_back({name, numel, numel, numel});
+  s.info.groups.push_back({name, numel, n * static_cast<uint64_t>(world_), n});
 }
 
 std::string InitialCheckpointWriter::finish(const nlohmann::json& config, const std::string& precision,
-                                            const nlohmann::json& extra) {
+                                            const nlohmann::json& extra, std::exception_ptr failed) {
   State& s = *s_;
-  const std::string p = (s.tmp / rank_file(0)).string();
-  fsync_fd(s.file.fd, p);
-  s.file.close_checked(p);
-  s.info.files[0].bytes = s.offset;
-  s.info.step = 0;
-  s.info.optimizer_steps = 0;
-  s.info.precision = precision;
-  s.info.config = config;
-  s.info.extra = extra;
-  write_manifest(s.tmp / "manifest.json", s.info);
-  fsync_dir(s.tmp);
-  if (::rename(s.tmp.c_str(), s.final_dir.c_str()) != 0)
-    throw IoError("renaming the finished checkpoint into place", s.final_dir.string(), 0, 0, errno, kCheckpointDiskFull);
-  fsync_dir(s.root);
+  coll::Communicator& host = *s.host;
+  std::exception_ptr ep = failed;
+  if (!ep) try {
+      const std::string p = (s.tmp / rank_file(rank_)).string();
+      fsync_fd(s.file.fd, p);
+      s.file.close_checked(p);
+    } catch (...) {
+      ep = std::current_exception();
+    }
+  if (auto f = agree(host, ep)) f->raise(rank_);  // the destructor removes the .tmp
+  // Rank 0 learns every file's size and checksums: [bytes, segments...] per rank.
+  const size_t rec = 1 + s.info.files[0].segments.size();
+  std::vector<int64_t> send(rec), all(rec * static_cast<size_t>(world_));
+  send[0] = static_cast<int64_t>(s.offset);
+  for (size_t i = 0; i + 1 < rec; ++i) send[1 + i] = static_cast<int64_t>(s.info.files[0].segments[i]);
+  host.all_gather(send, all).wait();
+  if (rank_ == 0) try {
+      CheckpointInfo& info = s.info;
+      info.files.clear();
+      for (int r = 0; r < world_; ++r) {
+        CheckpointFile cf{rank_file(r), static_cast<uint64_t>(all[r * rec]), {}};
+        for (size_t i = 1; i < rec; ++i) cf.segments.push_back(static_cast<uint64_t>(all[r * rec + i]));
+        info.files.push_back(std::move(cf));
+      }
+      info.step = 0;
+      info.optimizer_steps = 0;
+      info.precision = precision;
+      info.config = config;
+      info.extra = extra;
+      write_manifest(s.tmp / "manifest.json", info);
+      fsync_dir(s.tmp);
+      if (::rename(s.tmp.c_str(), s.final_dir.c_str()) != 0)
+        throw IoError("renaming the finished checkpoint into place", s.final_dir.string(), 0, 0, errno,
+                      kCheckpointDiskFull);
+      fsync_dir(s.root);
+    } catch (...) {
+      ep = std::current_exception();
+    }
+  if (auto f = agree(host, ep)) f->raise(rank_);
   s.done = true;
   return s.final_dir.string();
 }

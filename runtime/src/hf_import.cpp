@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <span>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -107,7 +108,8 @@ DType tensor_dtype(const SafetensorsTensor& t, const std::string& where) {
 
 }  // namespace
 
-ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::optional<DType> precision) {
+ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::optional<DType> precision,
+                        coll::Communicator* host) {
   const fs::path dir(hf_dir);
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
@@ -236,12 +238,16 @@ ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::
   sum.files = static_cast<int>(files.size());
   std::optional<DType> seen_dtype;
   bool mixed = false;
-  InitialCheckpointWriter writer(out);
-  std::vector<float> buf, tmp;
-  std::vector<std::byte> raw;
-  for (const GptGroup& g : groups) {
-    buf.assign(g.numel, 0.0f);
-    for (const GptTensor& t : g.tensors) {
+  // Every tensor is looked up and its type and shape checked on every rank (the headers
+  // are read whole); only this rank's shard of each group is read from the files.
+  struct Found {
+    const Shard* shard;
+    const SafetensorsTensor* st;
+    DType dt;
+  };
+  std::vector<std::vector<Found>> found(groups.size());
+  for (size_t gi = 0; gi < groups.size(); ++gi)
+    for (const GptTensor& t : groups[gi].tensors) {
       std::string key = t.name;
       if (!file_of.count(key) && !llama) key = "transformer." + t.name;
       if (!file_of.count(key))
@@ -267,29 +273,69 @@ ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::
                           describe(shape) + ") makes it " + text(want) +
                           ": the weights and config.json are of different models");
       }
-      raw.resize(st->bytes);
-      uint64_t done = 0;
-      while (done < st->bytes) {
-        const ssize_t r = ::pread(s.fd, raw.data() + done, st->bytes - done, static_cast<off_t>(st->offset + done));
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) throw IoError("reading tensor '" + key + "'", s.path, st->offset + done, st->bytes - done, r == 0 ? EIO : errno);
-        done += static_cast<uint64_t>(r);
-      }
-      sum.bytes_read += st->bytes;
-      float* dst = buf.data() + t.offset;
-      if (!t.transposed_in_gpt2) {
-        convert_to_f32(dst, raw.data(), dt, t.numel());
-      } else {  // [in, out] -> [out, in]
-        tmp.resize(t.numel());
-        convert_to_f32(tmp.data(), raw.data(), dt, t.numel());
-        const auto rows = static_cast<uint64_t>(want[0]), cols = static_cast<uint64_t>(want[1]);
-        for (uint64_t r = 0; r < rows; ++r)
-          for (uint64_t c = 0; c < cols; ++c) dst[c * rows + r] = tmp[r * cols + c];
-      }
-      ++sum.tensors;
+      found[gi].push_back({&s, st, dt});
     }
-    writer.add_group(g.name, buf.data(), g.numel);
-    sum.parameters += g.numel;
+
+  InitialCheckpointWriter writer(out, host);
+  std::vector<float> buf, tmp;
+  std::vector<std::byte> raw;
+  // Reads `bytes` at `offset` of a tensor's file: counted, and recorded in sum.reads.
+  auto read = [&](const Found& f, uint64_t offset, uint64_t bytes) {
+    raw.resize(bytes);
+    uint64_t done = 0;
+    while (done < bytes) {
+      const ssize_t r = ::pread(f.shard->fd, raw.data() + done, bytes - done, static_cast<off_t>(offset + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0)
+        throw IoError("reading tensor '" + f.st->name + "'", f.shard->path, offset + done, bytes - done,
+                      r == 0 ? EIO : errno);
+      done += static_cast<uint64_t>(r);
+    }
+    sum.bytes_read += bytes;
+    sum.reads.push_back({f.shard->path, offset, bytes});
+  };
+  std::exception_ptr failed;
+  try {
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+      const GptGroup& g = groups[gi];
+      // This rank's elements of the group: [lo, hi) of the flat layout.
+      const uint64_t n = writer.shard_size(g.numel), lo = writer.shard_begin(g.numel),
+                     hi = std::min(lo + n, g.numel);
+      buf.assign(n, 0.0f);
+      for (size_t ti = 0; ti < g.tensors.size(); ++ti) {
+        const GptTensor& t = g.tensors[ti];
+        const Found& f = found[gi][ti];
+        const uint64_t es = dtype_size(f.dt);
+        // The tensor's elements (in Strata's layout) that fall in [lo, hi): [a, b).
+        const uint64_t a = std::max(lo, t.offset) - t.offset, b = std::min(hi, t.offset + t.numel());
+        if (b <= t.offset || a >= b - t.offset) continue;
+        const uint64_t bb = b - t.offset;
+        float* dst = buf.data() + (t.offset + a - lo);
+        if (!t.transposed_in_gpt2) {
+          read(f, f.st->offset + a * es, (bb - a) * es);
+          convert_to_f32(dst, raw.data(), f.dt, bb - a);
+        } else {
+          // Conv1D [in, out] in the file, [out, in] here: element (o, i) here is o * in + i,
+          // in the file i * out + o. Each of the file's rows i holds a contiguous run of
+          // the o this range needs: one read per row, of exactly those elements.
+          const uint64_t in = static_cast<uint64_t>(t.shape[1]), outs = static_cast<uint64_t>(t.shape[0]);
+          auto ceil_div = [](uint64_t x, uint64_t y) { return (x + y - 1) / y; };
+          for (uint64_t i = 0; i < in; ++i) {
+            const uint64_t o0 = a > i ? ceil_div(a - i, in) : 0, o1 = std::min(outs, bb > i ? ceil_div(bb - i, in) : 0);
+            if (o1 <= o0) continue;
+            read(f, f.st->offset + (i * outs + o0) * es, (o1 - o0) * es);
+            tmp.resize(o1 - o0);
+            convert_to_f32(tmp.data(), raw.data(), f.dt, o1 - o0);
+            for (uint64_t o = o0; o < o1; ++o) buf[t.offset + o * in + i - lo] = tmp[o - o0];
+          }
+        }
+      }
+      writer.add_group(g.name, buf.data(), g.numel);
+      sum.tensors += static_cast<int>(g.tensors.size());
+      sum.parameters += g.numel;
+    }
+  } catch (...) {
+    failed = std::current_exception();
   }
   const DType prec = precision ? *precision : (!mixed && seen_dtype ? *seen_dtype : DType::F32);
   sum.precision = precision_name(prec);
@@ -297,7 +343,13 @@ ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::
   if (prec == DType::BF16) config["bf16"] = {{"enabled", true}};
   if (prec == DType::F16) config["fp16"] = {{"enabled", true}};
   const json extra = {{"imported_from", fs::absolute(dir).lexically_normal().string()}, {"architecture", arch}};
-  sum.checkpoint = writer.finish(config, sum.precision, extra);
+  sum.checkpoint = writer.finish(config, sum.precision, extra, failed);
+  sum.bytes_read_all = sum.bytes_read;
+  if (host && host->size() > 1) {
+    int64_t all = static_cast<int64_t>(sum.bytes_read);
+    host->all_reduce(std::span<int64_t>(&all, 1)).wait();
+    sum.bytes_read_all = static_cast<uint64_t>(all);
+  }
   return sum;
 }
 

@@ -32,6 +32,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
@@ -169,24 +170,37 @@ CheckpointInfo load_checkpoint(ZeroEngine& engine, coll::Communicator& host, con
 CheckpointInfo load_checkpoint_weights(ZeroEngine& engine, coll::Communicator& host, const std::string& dir);
 
 // A checkpoint made without an engine (`strata import`), written as saves write one:
-// root/.step-00000000.tmp, fsynced, renamed to root/step-00000000. The constructor locks
-// root (created if needed) and refuses a root that holds checkpoints or lies in one; groups
+// root/.step-00000000.tmp, fsynced, renamed to root/step-00000000. Rank 0 locks root
+// (created if needed) and refuses a root that holds checkpoints or lies in one; groups
 // are added one at a time in the model's order (the master weights; zero moments), so
-// only one group is ever in memory; finish() writes the manifest and renames. Destroyed
-// unfinished, it removes its .tmp. One writer, world size 1: training re-shards it.
+// only one group's shard is ever in memory; finish() writes the manifest and renames.
+// Destroyed unfinished, it removes its .tmp.
+//
+// With a host communicator of W ranks it is collective: every rank writes rank-<r>.bin
+// with its shard of each group (shard = ceil(numel / W) elements, the last rank's padded
+// with zeros), which training re-shards like any checkpoint. Without one, W = 1.
 class InitialCheckpointWriter {
  public:
-  explicit InitialCheckpointWriter(const std::string& root);
+  explicit InitialCheckpointWriter(const std::string& root, coll::Communicator* host = nullptr);
   ~InitialCheckpointWriter();
   InitialCheckpointWriter(const InitialCheckpointWriter&) = delete;
   InitialCheckpointWriter& operator=(const InitialCheckpointWriter&) = delete;
-  void add_group(const std::string& name, const float* master, uint64_t numel);
-  // Returns the checkpoint's directory.
-  std::string finish(const nlohmann::json& config, const std::string& precision, const nlohmann::json& extra);
+  // Elements of group `numel` this rank writes: [shard_begin(numel), + shard_size(numel)),
+  // of which those below numel are the group's (the rest padding).
+  uint64_t shard_size(uint64_t numel) const;
+  uint64_t shard_begin(uint64_t numel) const { return shard_size(numel) * static_cast<uint64_t>(rank_); }
+  // This rank's shard of the group: shard_size(numel) floats (padding included).
+  void add_group(const std::string& name, const float* shard, uint64_t numel);
+  // Collective. `failed`: this rank's error while reading its part (or null); when any
+  // rank has one, every rank throws the lowest failing rank's, and nothing is left
+  // behind. Returns the checkpoint's directory.
+  std::string finish(const nlohmann::json& config, const std::string& precision, const nlohmann::json& extra,
+                     std::exception_ptr failed = nullptr);
 
  private:
   struct State;
   std::unique_ptr<State> s_;
+  int rank_ = 0, world_ = 1;
 };
 
 // Reads the full fp32 master weights of group g (unpadded, numel elements) from a

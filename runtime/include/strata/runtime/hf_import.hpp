@@ -16,7 +16,9 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "strata/collectives/communicator.hpp"
 #include "strata/core/dtype.hpp"
 #include "strata/model/gpt_layout.hpp"
 
@@ -30,13 +32,26 @@ struct ImportSummary {
   uint64_t parameters = 0;
   int tensors = 0;             // read
   int files = 0;               // safetensors files read
-  uint64_t bytes_read = 0;     // tensor bytes read from them
+  uint64_t bytes_read = 0;     // tensor bytes this rank read from them
+  uint64_t bytes_read_all = 0; // ... and all ranks together
+  struct Read {
+    std::string file;
+    uint64_t offset = 0, bytes = 0;
+  };
+  std::vector<Read> reads;     // every read this rank made, in order
 };
 
 // `precision`: the checkpoint's recorded precision; default: the tensors' (BF16 -> bf16,
 // F16 -> fp16, else f32). Throws ConfigError (unsupported architecture, a missing file or
 // tensor, a shape that disagrees with config.json, --out holding checkpoints) or
 // CorruptionError (a damaged safetensors file), leaving no checkpoint behind.
-ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::optional<DType> precision = {});
+//
+// With a host communicator of several ranks (strata import under mpirun) it is collective:
+// every rank reads the headers, and of the tensors only the byte ranges of its own shard of
+// each group (ceil(numel / ranks) elements; GPT-2's transposed weights one run per file
+// row), and writes its rank file of the checkpoint. No rank ever holds more than one
+// group's shard; the ranks' reads are disjoint and together cover every tensor once.
+ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::optional<DType> precision = {},
+                        coll::Communicator* host = nullptr);
 
 }  // namespace strata
