@@ -10,13 +10,15 @@
 // fp32, and each gradient of an activation is rounded just before the matmuls that read it.
 //
 // Compiled and linked in CI, never run there (no GPU). fp32 was checked on an H100
-// (docs/training.md); bf16 and fp16 have not run on a GPU (docs/mixed-precision.md).
+// (docs/training.md); bf16 and fp16 have not run on a GPU (docs/mixed-precision.md), nor
+// has Llama (its blocks below mirror gpt.cpp's llama_block_forward / _backward).
 #include "strata/model/gpt_cuda.hpp"
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <string>
 #include <vector>
@@ -101,15 +103,18 @@ struct BlockActsCuda {
   float* x2;                   // [BT, d]  residual after attention
   void* ln2;                   // [BT, d] h
   float *mean2, *rstd2;        // [BT], [BT]
-  float* fc;                   // [BT, 4d] before GELU (GELU's backward reads it)
-  void* gel;                   // [BT, 4d] h, after GELU
-  void carve(Arena& a, long bt, int d, int heads, DType h) {
-    ln1 = a.take_as(h, bt * d); mean1 = a.take<float>(bt); rstd1 = a.take<float>(bt);
+  float* fc;                   // [BT, 4d] before GELU (GELU's backward reads it); Llama [BT, 2 ffn] gate, up
+  void* gel;                   // [BT, 4d] h, after GELU; Llama [BT, ffn] silu(gate) * up
+  void carve(Arena& a, long bt, const GptShape& s, DType h) {
+    const int d = s.d_model;
+    const long means = s.llama() ? 0 : bt;  // RMSNorm keeps no mean
+    const long mlp_in = s.llama() ? 2L * s.ffn_dim() : 4L * d, mlp_mid = s.llama() ? s.ffn_dim() : 4L * d;
+    ln1 = a.take_as(h, bt * d); mean1 = a.take<float>(means); rstd1 = a.take<float>(bt);
     qkv = a.take_as(h, bt * 3 * d);
-    att = a.take_as(h, bt * d); lse = a.take<float>(bt * heads);
+    att = a.take_as(h, bt * d); lse = a.take<float>(bt * s.heads);
     x2 = a.take<float>(bt * d);
-    ln2 = a.take_as(h, bt * d); mean2 = a.take<float>(bt); rstd2 = a.take<float>(bt);
-    fc = a.take<float>(bt * 4 * d); gel = a.take_as(h, bt * 4 * d);
+    ln2 = a.take_as(h, bt * d); mean2 = a.take<float>(means); rstd2 = a.take<float>(bt);
+    fc = a.take<float>(bt * mlp_in); gel = a.take_as(h, bt * mlp_mid);
   }
 };
 
@@ -117,6 +122,8 @@ struct GptCuda::Impl {
   GptShape s;
   GptOptions o;
   GptBlockLayout lay;
+  LlamaBlockLayout llay;                   // Llama only
+  bool llama;
   DType t;                                 // the precision: weights, gradients, 16-bit activations
   size_t es;                               // bytes per element of t
   bool half;                               // t is bf16 or fp16
@@ -128,15 +135,20 @@ struct GptCuda::Impl {
   void* lnf;                               // [BT, d] h
   float *meanf, *rstdf;                    // [BT], [BT]
   float *dres, *dsmall, *dbig, *dqkv;      // gradients: [BT, d], [BT, d], [BT, 4d], [BT, 3d]
-                                           // (dqkv also holds the qkv matmul's fp32 result in 16-bit forward)
+                                           // (dqkv also holds the qkv matmul's fp32 result in 16-bit forward,
+                                           // and Llama's q, k, v projection in forward; Llama's dbig is
+                                           // [BT, max(2 ffn, d + 2 kvd)])
+  float* dmid = nullptr;                   // Llama: [BT, ffn] gradient of SwiGLU's output
+  float *rope_cos = nullptr, *rope_sin = nullptr;  // Llama: [seq_len, head_dim / 2], as gpt.cpp's
   float* logits;                           // [chunk rows, V] (in fp32 also the head's gradient, in place)
   float* dot;                              // [B, H, T] attention backward scratch
   float* row_loss;                         // [BT]
   int32_t *inputs, *targets;               // [BT] token ids, copied from the host
   // 16-bit only (null in fp32):
-  void* dh = nullptr;                      // [BT, 4d] h: an activation gradient rounded for the matmuls
+  void* dh = nullptr;                      // [BT, 4d] h (Llama: as dbig): an activation gradient rounded for the matmuls
   void* dlogits = nullptr;                 // [chunk rows, logits_ld] h: the head's rounded gradient
   float* dwte32 = nullptr;                 // [V, d] the tied wte gradient, head + embedding, rounded once at the end
+                                           // (untied: the head's, then the embedding's, each rounded once)
   void* workspace = nullptr;               // kCublasWorkspaceBytes, cuBLAS's
   void* mem = nullptr;
   uint64_t bytes = 0;
@@ -147,12 +159,9 @@ struct GptCuda::Impl {
   struct CountOnly {};
   // Lays the buffers out without allocating: bytes only (activation_bytes).
   Impl(const GptShape& shape, const GptOptions& opts, CountOnly)
-      : s(shape), o(opts), lay(gpt_block_layout(shape.d_model)), t(opts.precision) {
+      : s(shape), o(opts), lay(gpt_block_layout(shape.d_model)), llama(shape.llama()), t(opts.precision) {
     validate(s);
-    if (s.llama())
-      throw ConfigError("strata.model.arch \"llama\" runs on the cpu backend only: the cuda model has GPT-2's "
-                        "kernels and not yet Llama's (RMSNorm, rotary, SwiGLU, grouped-query attention); set "
-                        "strata.backend to \"cpu\"");
+    llay = llama_block_layout(s);
     if (o.micro_batch < 1) throw ConfigError("micro_batch = " + std::to_string(o.micro_batch) + " must be at least 1");
     if (!is_working_dtype(t))
       throw ConfigError(std::string("the cuda GPT computes in f32, bf16 or fp16, not ") + to_string(t));
@@ -197,6 +206,24 @@ struct GptCuda::Impl {
       STRATA_CHECK_CUBLAS(cublasSetWorkspace(blas, workspace, kCublasWorkspaceBytes));
     }
     host_loss.resize(bt_max);
+    if (llama) upload_rope_tables();
+  }
+
+  // gpt.cpp's fill_rope_tables (Hugging Face's fp32 angles), computed on the host once.
+  void upload_rope_tables() {
+    const int h2 = s.head_dim() / 2;
+    std::vector<float> c(static_cast<size_t>(s.seq_len) * h2), sn(c.size());
+    for (int i = 0; i < h2; ++i) {
+      const float e = static_cast<float>(2 * i) / static_cast<float>(s.head_dim());
+      const float inv = 1.0f / std::pow(static_cast<float>(s.rope_theta), e);
+      for (int p = 0; p < s.seq_len; ++p) {
+        const float a = static_cast<float>(p) * inv;
+        c[static_cast<size_t>(p) * h2 + i] = std::cos(a);
+        sn[static_cast<size_t>(p) * h2 + i] = std::sin(a);
+      }
+    }
+    STRATA_CHECK_CUDA(cudaMemcpy(rope_cos, c.data(), c.size() * sizeof(float), cudaMemcpyHostToDevice));
+    STRATA_CHECK_CUDA(cudaMemcpy(rope_sin, sn.data(), sn.size() * sizeof(float), cudaMemcpyHostToDevice));
   }
 
   ~Impl() {
@@ -215,10 +242,18 @@ struct GptCuda::Impl {
     resid.assign(s.layers + 1, nullptr);
     for (auto& r : resid) r = a.take<float>(bt_max * d);
     acts.assign(o.checkpointing == ActivationCheckpointing::None ? s.layers : 1, BlockActsCuda{});
-    for (auto& ac : acts) ac.carve(a, bt_max, d, s.heads, t);
-    lnf = a.take_as(t, bt_max * d); meanf = a.take<float>(bt_max); rstdf = a.take<float>(bt_max);
+    for (auto& ac : acts) ac.carve(a, bt_max, s, t);
+    lnf = a.take_as(t, bt_max * d); meanf = a.take<float>(llama ? 0 : bt_max); rstdf = a.take<float>(bt_max);
+    // The widest matmul output whose gradient is taken: GPT-2's MLP (4d); Llama's gate and
+    // up (2 ffn) or its q, k, v (d + 2 kvd).
+    const long wide = llama ? std::max<long>(2L * s.ffn_dim(), d + 2L * s.kv_dim()) : 4L * d;
     dres = a.take<float>(bt_max * d); dsmall = a.take<float>(bt_max * d);
-    dbig = a.take<float>(bt_max * 4 * d); dqkv = a.take<float>(bt_max * 3 * d);
+    dbig = a.take<float>(bt_max * wide); dqkv = a.take<float>(bt_max * 3 * d);
+    if (llama) {
+      dmid = a.take<float>(bt_max * s.ffn_dim());
+      rope_cos = a.take<float>(static_cast<uint64_t>(s.seq_len) * (s.head_dim() / 2));
+      rope_sin = a.take<float>(static_cast<uint64_t>(s.seq_len) * (s.head_dim() / 2));
+    }
     logits = a.take<float>(static_cast<uint64_t>(chunk_rows) * s.vocab);
     dot = a.take<float>(bt_max * s.heads);
     row_loss = a.take<float>(bt_max);
@@ -229,7 +264,7 @@ struct GptCuda::Impl {
     // A pitch of 8 elements keeps every row of the gradient chunk 16-byte aligned for the
     // tensor cores whatever the vocabulary (GPT-2's 50257 is odd).
     logits_ld = (static_cast<long>(s.vocab) + 7) / 8 * 8;
-    dh = a.take_as(t, bt_max * 4 * d);
+    dh = a.take_as(t, bt_max * wide);
     dlogits = a.take_as(t, static_cast<uint64_t>(chunk_rows) * logits_ld);
     dwte32 = a.take<float>(static_cast<uint64_t>(s.vocab) * d);
     workspace = a.take_bytes(kCublasWorkspaceBytes);
@@ -271,13 +306,28 @@ struct GptCuda::Impl {
     if (tgt) STRATA_CHECK_CUDA(cudaMemcpyAsync(targets, tgt, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
   }
   void block_forward(int l, const void* w, bool keep_output, int B, int T) {
-    block_forward(w, resid[l], acts_for(l), keep_output ? resid[l + 1] : nullptr, B, T);
+    float* out = keep_output ? resid[l + 1] : nullptr;
+    if (llama) return llama_block_forward(w, resid[l], acts_for(l), out, B, T);
+    block_forward(w, resid[l], acts_for(l), out, B, T);
   }
-  void block_backward(int l, const void* w, void* g, int B, int T) { block_backward(w, resid[l], acts_for(l), g, B, T); }
-  void last_logits(const void* wf, const void* wte, int len, float* out) {
+  void block_backward(int l, const void* w, void* g, int B, int T) {
+    if (llama) return llama_block_backward(w, resid[l], acts_for(l), g, B, T);
+    block_backward(w, resid[l], acts_for(l), g, B, T);
+  }
+  // The final norm over rows of the final residual: LayerNorm, or Llama's RMSNorm.
+  void final_norm(const float* x, const void* wf, long rows) {
+    if (llama)
+      cu::rmsnorm_forward(x, wf, t, lnf, rstdf, rows, s.d_model, static_cast<float>(s.norm_eps), stream);
+    else
+      cu::layernorm_forward(x, wf, at(wf, s.d_model), t, lnf, meanf, rstdf, rows, s.d_model, stream);
+  }
+  // The output head's weights: wte (tied) or Llama's lm_head after the final norm's gain.
+  const void* head_of(const void* wf, const void* wte) const { return s.tied() ? wte : at(wf, s.d_model); }
+  void last_logits(const void* wf, const void* wte_in, int len, float* out) {
     const int d = s.d_model, V = s.vocab;
     const float* x = resid[s.layers] + static_cast<long>(len - 1) * d;
-    cu::layernorm_forward(x, wf, at(wf, d), t, lnf, meanf, rstdf, 1, d, stream);
+    const void* wte = head_of(wf, wte_in);
+    final_norm(x, wf, 1);
     if (!half) {
       // logits = wte [V, d] lnf [d]: column-major, wte is [d, V], so its transpose times lnf.
       const float one = 1.0f, zero = 0.0f;
@@ -306,6 +356,7 @@ struct GptCuda::Impl {
   // dY (fp32) in; in 16 bits it is rounded before the matmuls. dX = dY W (fp32,
   // overwritten; skipped when null), dW = dY^T X (type t, rounded once), db = colsum(dY)
   // (summed in fp32 over the fp32 dY, rounded once).
+  // (db null: a linear without bias, Llama's.)
   void linear_backward(const float* dY, const void* X, const void* W, float* dX, void* dW, void* db, long M, int N,
                        int K) {
     const void* g = dY;
@@ -315,13 +366,13 @@ struct GptCuda::Impl {
     }
     if (dX) matmul(false, false, M, K, N, g, N, W, K, 0.0f, dX, DType::F32, K);
     matmul(true, false, N, K, M, g, N, X, K, 0.0f, dW, t, K);
-    cu::column_sums(dY, db, t, M, N, stream);
+    if (db) cu::column_sums(dY, db, t, M, N, stream);
   }
 
   void embed(const void* w, int B, int T) {
     const int d = s.d_model;
-    cu::embed_forward(w, at(w, static_cast<uint64_t>(s.vocab) * d), t, inputs, resid[0], static_cast<long>(B) * T, T,
-                      d, stream);
+    cu::embed_forward(w, llama ? nullptr : at(w, static_cast<uint64_t>(s.vocab) * d), t, inputs, resid[0],
+                      static_cast<long>(B) * T, T, d, stream);
   }
 
   void block_forward(const void* w, const float* x, BlockActsCuda& a, float* out, int B, int T) {
@@ -366,15 +417,59 @@ struct GptCuda::Impl {
                            bt, d, stream);
   }
 
+  // gpt.cpp's llama_block_forward: x [BT, d] -> a's activations; out = x + block(x) when
+  // out is not null. dqkv holds the q, k, v projection (fp32) before rotation.
+  void llama_block_forward(const void* w, const float* x, BlockActsCuda& a, float* out, int B, int T) {
+    const int d = s.d_model, ff = s.ffn_dim(), pw = d + 2 * s.kv_dim();
+    const long bt = static_cast<long>(B) * T;
+    const float eps = static_cast<float>(s.norm_eps);
+    cu::rmsnorm_forward(x, at(w, llay.attn_norm), t, a.ln1, a.rstd1, bt, d, eps, stream);
+    matmul(false, true, bt, pw, d, a.ln1, d, at(w, llay.qkv_w), d, 0.0f, dqkv, DType::F32, pw);
+    cu::rope_expand(dqkv, rope_cos, rope_sin, a.qkv, t, bt, T, d, s.heads, s.kv(), stream);
+    cu::attention_forward(a.qkv, a.att, t, a.lse, B, T, d, s.heads, stream);
+    matmul(false, true, bt, d, d, a.att, d, at(w, llay.o_w), d, 0.0f, a.x2, DType::F32, d);
+    cu::add_into(a.x2, x, bt * d, stream);
+    cu::rmsnorm_forward(a.x2, at(w, llay.mlp_norm), t, a.ln2, a.rstd2, bt, d, eps, stream);
+    matmul(false, true, bt, 2 * ff, d, a.ln2, d, at(w, llay.gate_up_w), d, 0.0f, a.fc, DType::F32, 2 * ff);
+    cu::swiglu_forward(a.fc, a.gel, t, bt, ff, stream);
+    if (!out) return;
+    matmul(false, true, bt, d, ff, a.gel, ff, at(w, llay.down_w), ff, 0.0f, out, DType::F32, d);
+    cu::add_into(out, a.x2, bt * d, stream);
+  }
+
+  // gpt.cpp's llama_block_backward: dres in (the output's gradient), out (the input's).
+  void llama_block_backward(const void* w, const float* x, BlockActsCuda& a, void* g, int B, int T) {
+    const int d = s.d_model, ff = s.ffn_dim(), pw = d + 2 * s.kv_dim();
+    const long bt = static_cast<long>(B) * T;
+    linear_backward(dres, a.gel, at(w, llay.down_w), dmid, at(g, llay.down_w), nullptr, bt, d, ff);
+    cu::swiglu_backward(dmid, a.fc, dbig, bt, ff, stream);
+    linear_backward(dbig, a.ln2, at(w, llay.gate_up_w), dsmall, at(g, llay.gate_up_w), nullptr, bt, 2 * ff, d);
+    cu::rmsnorm_backward(dsmall, a.x2, at(w, llay.mlp_norm), t, a.rstd2, dres, at(g, llay.mlp_norm), bt, d, stream);
+    linear_backward(dres, a.att, at(w, llay.o_w), dsmall, at(g, llay.o_w), nullptr, bt, d, d);
+    const void* dout = dsmall;
+    if (half) {
+      cu::round_to(dsmall, dh, t, bt * d, stream);
+      dout = dh;
+    }
+    cu::attention_backward(a.qkv, a.att, t, a.lse, dout, dqkv, dot, B, T, d, s.heads, stream);
+    cu::rope_reduce(dqkv, rope_cos, rope_sin, dbig, bt, T, d, s.heads, s.kv(), stream);
+    linear_backward(dbig, a.ln1, at(w, llay.qkv_w), dsmall, at(g, llay.qkv_w), nullptr, bt, pw, d);
+    cu::rmsnorm_backward(dsmall, x, at(w, llay.attn_norm), t, a.rstd1, dres, at(g, llay.attn_norm), bt, d, stream);
+  }
+
   // Final layer norm, tied head and mean cross-entropy over rows [0, bt) (targets already
   // on the device). With dwte, also backward: dwte (overwritten) gets the head's gradient
   // and dres the final residual's. In 16 bits the head's gradient goes to the fp32
   // dwte32 instead, where the embedding backward adds to it before it is rounded into
   // dwte once. Synchronises (the loss comes back to the host).
-  double head(const void* wf, const void* wte, long bt, void* dwte, void* dlnf_wb, float loss_scale) {
+  // An untied head (Llama's lm_head) is in the final group: wte and dwte are null, and
+  // its gradient goes to dlnf_wb's, after the norm's gain.
+  double head(const void* wf, const void* wte_in, long bt, void* dwte_in, void* dlnf_wb, float loss_scale) {
     const int d = s.d_model, V = s.vocab;
     const float* xf = resid[s.layers];
-    cu::layernorm_forward(xf, wf, at(wf, d), t, lnf, meanf, rstdf, bt, d, stream);
+    final_norm(xf, wf, bt);
+    const void* wte = head_of(wf, wte_in);
+    void* dwte = !dlnf_wb ? nullptr : s.tied() ? dwte_in : at(dlnf_wb, d);
     const float inv_n = loss_scale / static_cast<float>(bt);  // the gradient's scale
     // The gradient of a chunk's logits: in place over the fp32 logits, or rounded to the
     // 16-bit chunk (after the loss scale: fp16's small gradients survive the rounding).
@@ -391,7 +486,12 @@ struct GptCuda::Impl {
     }
     if (dwte) {
       STRATA_CHECK_CUDA(cudaMemsetAsync(dres, 0, bt * d * sizeof(float), stream));
-      cu::layernorm_backward(dsmall, xf, wf, t, meanf, rstdf, dres, dlnf_wb, at(dlnf_wb, d), bt, d, stream);
+      if (llama)
+        cu::rmsnorm_backward(dsmall, xf, wf, t, rstdf, dres, dlnf_wb, bt, d, stream);
+      else
+        cu::layernorm_backward(dsmall, xf, wf, t, meanf, rstdf, dres, dlnf_wb, at(dlnf_wb, d), bt, d, stream);
+      // An untied head's gradient is complete: rounded into the final group once.
+      if (half && !s.tied()) cu::round_to(dwte32, dwte, t, static_cast<long>(V) * d, stream);
     }
     STRATA_CHECK_CUDA(
         cudaMemcpyAsync(host_loss.data(), row_loss, bt * sizeof(float), cudaMemcpyDeviceToHost, stream));
@@ -406,6 +506,13 @@ struct GptCuda::Impl {
   void embed_backward(void* g0, int B, int T) {
     const int d = s.d_model;
     const uint64_t wte_numel = static_cast<uint64_t>(s.vocab) * d;
+    if (llama) {  // no position table; an untied head left nothing to add to
+      float* acc = half ? dwte32 : static_cast<float*>(g0);
+      if (!s.tied()) STRATA_CHECK_CUDA(cudaMemsetAsync(acc, 0, wte_numel * sizeof(float), stream));
+      cu::embed_backward(dres, inputs, acc, nullptr, t, B, T, d, stream);
+      if (half) cu::round_to(dwte32, g0, t, static_cast<long>(wte_numel), stream);
+      return;
+    }
     void* dwpe = at(g0, wte_numel);
     // All-zero bits are +0 in every element type.
     STRATA_CHECK_CUDA(cudaMemsetAsync(dwpe, 0, static_cast<size_t>(s.seq_len) * d * es, stream));

@@ -53,7 +53,8 @@ __global__ void embed_forward_kernel(const typename S::Bits* wte, const typename
   for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     const long r = i / d;
     const int c = static_cast<int>(i % d);
-    x[i] = S::load(wte[static_cast<long>(tok[r]) * d + c]) + S::load(wpe[(r % T) * d + c]);
+    const float e = S::load(wte[static_cast<long>(tok[r]) * d + c]);
+    x[i] = wpe ? e + S::load(wpe[(r % T) * d + c]) : e;  // no wpe: Llama (rotary positions)
   }
 }
 
@@ -215,6 +216,123 @@ __global__ void cross_entropy_kernel(float* logits, const int32_t* targets, floa
   }
 }
 
+// ---- Llama ------------------------------------------------------------------------
+
+// y = w * (x * rstd), rstd = 1 / sqrt(mean(x^2) + eps): math::rmsnorm_row, one block per row.
+template <class S>
+__global__ void rmsnorm_forward_kernel(const float* x, const typename S::Bits* w, typename S::Bits* y, float* rstd,
+                                       int n, float eps) {
+  const long r = blockIdx.x;
+  const float* xr = x + r * n;
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+  const float rs = 1.0f / sqrtf(block_sum(ss) / static_cast<float>(n) + eps);
+  typename S::Bits* yr = y + r * n;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = S::store(S::load(w[i]) * (xr[i] * rs));
+  if (threadIdx.x == 0) rstd[r] = rs;
+}
+
+// dx += rstd (g - xhat mean(g xhat)), g = dy w: math::rmsnorm_row_backward's dx.
+template <class S>
+__global__ void rmsnorm_backward_dx_kernel(const float* dy, const float* x, const typename S::Bits* w,
+                                           const float* rstd, float* dx, int n) {
+  const long r = blockIdx.x;
+  const float rs = rstd[r];
+  const float* dyr = dy + r * n;
+  const float* xr = x + r * n;
+  float sgx = 0.0f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) sgx += dyr[i] * S::load(w[i]) * (xr[i] * rs);
+  const float m = block_sum(sgx) / static_cast<float>(n);
+  float* dxr = dx + r * n;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) dxr[i] += rs * (dyr[i] * S::load(w[i]) - xr[i] * rs * m);
+}
+
+// One thread per column: dw = sum over rows of dy xhat in fp32, stored once.
+template <class S>
+__global__ void rmsnorm_backward_w_kernel(const float* dy, const float* x, const float* rstd, typename S::Bits* dw,
+                                          long rows, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    float acc = 0.0f;
+    for (long r = 0; r < rows; ++r) acc += dy[r * n + i] * (x[r * n + i] * rstd[r]);
+    dw[i] = S::store(acc);
+  }
+}
+
+// One thread per element of out [rows, 3d]: q and k rotated at the row's position
+// (rotate-half: channel j pairs with j + hd/2), k and v of kv head h / rep for head h.
+template <class S>
+__global__ void rope_expand_kernel(const float* p, const float* cosv, const float* sinv, typename S::Bits* out,
+                                   long rows, int T, int d, int hd, int kvd, int rep) {
+  const int h2 = hd / 2, pw = d + 2 * kvd;
+  const long n = rows * 3 * d;
+  for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const long r = i / (3 * d);
+    const int c = static_cast<int>(i % (3 * d)), part = c / d, h = (c % d) / hd, j = c % hd;
+    const float* pr = p + r * pw;
+    float v;
+    if (part == 2) {
+      v = pr[d + kvd + (h / rep) * hd + j];
+    } else {
+      const float* x = part == 0 ? pr + h * hd : pr + d + (h / rep) * hd;
+      const int k = j < h2 ? j : j - h2;
+      const float cs = cosv[(r % T) * h2 + k], sn = sinv[(r % T) * h2 + k];
+      v = j < h2 ? x[k] * cs - x[k + h2] * sn : x[k + h2] * cs + x[k] * sn;
+    }
+    out[i] = S::store(v);
+  }
+}
+
+// One thread per element of dp [rows, d + 2 kvd]: q's gradient rotated back; k's and v's
+// summed over the rep heads that share the kv head (a fixed order: deterministic).
+__global__ void rope_reduce_kernel(const float* g, const float* cosv, const float* sinv, float* dp, long rows, int T,
+                                   int d, int hd, int kvd, int rep) {
+  const int h2 = hd / 2, pw = d + 2 * kvd;
+  const long n = rows * pw;
+  for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const long r = i / pw;
+    const int c = static_cast<int>(i % pw);
+    const float* gr = g + r * 3 * d;
+    const int j = (c < d ? c : (c - d) % kvd) % hd;
+    const int k = j < h2 ? j : j - h2;
+    const float cs = cosv[(r % T) * h2 + k], sn = sinv[(r % T) * h2 + k];
+    // The transpose of the rotation: (x_k cs + x_{k+h2} sn, x_{k+h2} cs - x_k sn).
+    auto unrotate = [&](const float* x) { return j < h2 ? x[k] * cs + x[k + h2] * sn : x[k + h2] * cs - x[k] * sn; };
+    float v = 0.0f;
+    if (c < d) {
+      v = unrotate(gr + (c / hd) * hd);
+    } else if (c < d + kvd) {
+      const int kv = (c - d) / hd;
+      for (int h = kv * rep; h < (kv + 1) * rep; ++h) v += unrotate(gr + d + h * hd);
+    } else {
+      const int kv = (c - d - kvd) / hd;
+      for (int h = kv * rep; h < (kv + 1) * rep; ++h) v += gr[2 * d + h * hd + j];
+    }
+    dp[i] = v;
+  }
+}
+
+// out[r, j] = silu(gate) * up over gu [rows, 2f] = [gate, up].
+template <class S>
+__global__ void swiglu_forward_kernel(const float* gu, typename S::Bits* out, long rows, int f) {
+  const long n = rows * f;
+  for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const long r = i / f;
+    const int j = static_cast<int>(i % f);
+    out[i] = S::store(math::silu(gu[r * 2 * f + j]) * gu[r * 2 * f + f + j]);
+  }
+}
+
+__global__ void swiglu_backward_kernel(const float* dout, const float* gu, float* dgu, long rows, int f) {
+  const long n = rows * f;
+  for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const long r = i / f;
+    const int j = static_cast<int>(i % f);
+    const float g = gu[r * 2 * f + j], u = gu[r * 2 * f + f + j], dz = dout[i];
+    dgu[r * 2 * f + j] = dz * u * math::silu_grad(g);
+    dgu[r * 2 * f + f + j] = dz * math::silu(g);
+  }
+}
+
 // splitmix64's finaliser of (seed, i): 24 random bits to [-1, 1).
 template <class S>
 __global__ void fill_uniform_kernel(typename S::Bits* p, long n, uint32_t seed) {
@@ -243,6 +361,7 @@ void embed_backward(const float* dres, const int32_t* tok, float* dwte, void* dw
   const long rows = static_cast<long>(B) * T;
   embed_backward_wte_kernel<<<grid_for(rows * d), kThreads, 0, s>>>(dres, tok, dwte, rows, d);
   STRATA_CHECK_CUDA(cudaGetLastError());
+  if (!dwpe) return;  // Llama: no position table
   with_storage(t, [&](auto tag) {
     using S = decltype(tag);
     embed_backward_wpe_kernel<S><<<grid_for(static_cast<long>(T) * d), kThreads, 0, s>>>(dres, as<S>(dwpe), B, T, d);
@@ -332,6 +451,61 @@ void cross_entropy_rows(float* logits, const int32_t* targets, float* row_loss, 
     cross_entropy_kernel<S>
         <<<static_cast<unsigned>(rows), kThreads, 0, s>>>(logits, targets, row_loss, V, inv_n, as<S>(grad), grad_ld);
   });
+  STRATA_CHECK_CUDA(cudaGetLastError());
+}
+
+void rmsnorm_forward(const float* x, const void* w, DType t, void* y, float* rstd, long rows, int n, float eps,
+                     cudaStream_t s) {
+  if (rows <= 0) return;
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    rmsnorm_forward_kernel<S><<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, as<S>(w), as<S>(y), rstd, n, eps);
+  });
+  STRATA_CHECK_CUDA(cudaGetLastError());
+}
+
+void rmsnorm_backward(const float* dy, const float* x, const void* w, DType t, const float* rstd, float* dx, void* dw,
+                      long rows, int n, cudaStream_t s) {
+  if (rows <= 0) return;
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    rmsnorm_backward_dx_kernel<S><<<static_cast<unsigned>(rows), kThreads, 0, s>>>(dy, x, as<S>(w), rstd, dx, n);
+    STRATA_CHECK_CUDA(cudaGetLastError());
+    rmsnorm_backward_w_kernel<S><<<grid_for(n), kThreads, 0, s>>>(dy, x, rstd, as<S>(dw), rows, n);
+  });
+  STRATA_CHECK_CUDA(cudaGetLastError());
+}
+
+void rope_expand(const float* p, const float* cosv, const float* sinv, void* qkv, DType t, long rows, int T, int d,
+                 int heads, int kv_heads, cudaStream_t s) {
+  const int hd = d / heads;
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    rope_expand_kernel<S><<<grid_for(rows * 3 * d), kThreads, 0, s>>>(p, cosv, sinv, as<S>(qkv), rows, T, d, hd,
+                                                                      kv_heads * hd, heads / kv_heads);
+  });
+  STRATA_CHECK_CUDA(cudaGetLastError());
+}
+
+void rope_reduce(const float* dqkv, const float* cosv, const float* sinv, float* dp, long rows, int T, int d,
+                 int heads, int kv_heads, cudaStream_t s) {
+  const int hd = d / heads;
+  rope_reduce_kernel<<<grid_for(rows * (d + 2L * kv_heads * hd)), kThreads, 0, s>>>(dqkv, cosv, sinv, dp, rows, T, d,
+                                                                                     hd, kv_heads * hd,
+                                                                                     heads / kv_heads);
+  STRATA_CHECK_CUDA(cudaGetLastError());
+}
+
+void swiglu_forward(const float* gu, void* out, DType t, long rows, int f, cudaStream_t s) {
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    swiglu_forward_kernel<S><<<grid_for(rows * f), kThreads, 0, s>>>(gu, as<S>(out), rows, f);
+  });
+  STRATA_CHECK_CUDA(cudaGetLastError());
+}
+
+void swiglu_backward(const float* dout, const float* gu, float* dgu, long rows, int f, cudaStream_t s) {
+  swiglu_backward_kernel<<<grid_for(rows * f), kThreads, 0, s>>>(dout, gu, dgu, rows, f);
   STRATA_CHECK_CUDA(cudaGetLastError());
 }
 

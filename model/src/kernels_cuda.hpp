@@ -33,12 +33,13 @@ STRATA_DEFINE_CALL_CHECK(check_cuda_call, "cuda", cudaError_t, code == cudaSucce
 
 namespace strata::detail::cuda {
 
-// x[r] = wte[tok[r]] + wpe[r % T] over rows of d, in fp32 (wte, wpe of type t).
+// x[r] = wte[tok[r]] + wpe[r % T] over rows of d, in fp32 (wte, wpe of type t; Llama:
+// wpe null, x[r] = wte[tok[r]]).
 void embed_forward(const void* wte, const void* wpe, DType t, const int32_t* tok, float* x, long rows, int T, int d,
                    cudaStream_t s);
 // dwte[tok[r]] += dres[r] (fp32, atomicAdd: tokens repeat); dwpe[t] = sum over b of
 // dres[b*T + t] in fp32, stored as type t (overwritten; rows t >= T of dwpe, up to
-// seq_len, are left to the caller).
+// seq_len, are left to the caller; Llama: dwpe null).
 void embed_backward(const float* dres, const int32_t* tok, float* dwte, void* dwpe, DType t, int B, int T, int d,
                     cudaStream_t s);
 
@@ -69,6 +70,25 @@ void gelu_backward(float* grad, const float* in, long n, cudaStream_t s);       
 // may be the logits themselves when t is F32 and grad_ld is V. The logits are scratch.
 void cross_entropy_rows(float* logits, const int32_t* targets, float* row_loss, long rows, int V, float inv_n,
                         void* grad, DType t, long grad_ld, cudaStream_t s);
+
+// Llama (gpt_layout.hpp): RMSNorm of fp32 x stored as type t (w of type t), rstd [rows]
+// fp32; its backward adds into dx (fp32) and overwrites dw (summed in fp32, stored once).
+void rmsnorm_forward(const float* x, const void* w, DType t, void* y, float* rstd, long rows, int n, float eps,
+                     cudaStream_t s);
+void rmsnorm_backward(const float* dy, const float* x, const void* w, DType t, const float* rstd, float* dx, void* dw,
+                      long rows, int n, cudaStream_t s);
+// The q, k, v projection p [rows, d + 2 kvd] (fp32) -> attention's qkv [rows, 3d] (type t):
+// q and k rotated at position r % T by the fp32 tables cos, sin [T, hd / 2] (rotate-half),
+// k and v repeated to the heads / kv_heads query heads that share them.
+void rope_expand(const float* p, const float* cosv, const float* sinv, void* qkv, DType t, long rows, int T, int d,
+                 int heads, int kv_heads, cudaStream_t s);
+// Its backward: dqkv [rows, 3d] (fp32) -> dp [rows, d + 2 kvd] (fp32, overwritten).
+void rope_reduce(const float* dqkv, const float* cosv, const float* sinv, float* dp, long rows, int T, int d,
+                 int heads, int kv_heads, cudaStream_t s);
+// SwiGLU over gu [rows, 2f] = [gate, up] (fp32): out = silu(gate) * up (type t), and its
+// backward dgu (fp32, overwritten) from dout [rows, f] (fp32).
+void swiglu_forward(const float* gu, void* out, DType t, long rows, int f, cudaStream_t s);
+void swiglu_backward(const float* dout, const float* gu, float* dgu, long rows, int f, cudaStream_t s);
 
 // Values of type t drawn from a hash of (seed, index), uniform in [-1, 1): data for the
 // matmul peak (not zeros, which run faster than real data on the tensor cores).
