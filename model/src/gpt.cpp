@@ -272,22 +272,7 @@ struct Gpt::Impl {
     carve(real);
     std::fill(ones.begin(), ones.end(), 1.0f);
     gemm.set_workspace(gemm_workspace.data(), gemm_workspace.size());
-    if (llama) fill_rope_tables();
-  }
-
-  // Hugging Face's LlamaRotaryEmbedding in fp32: inv_freq[i] = 1 / theta^(2i / hd), the
-  // angle at position p is p inv_freq[i] (one fp32 product), and cos, sin of it.
-  void fill_rope_tables() {
-    const int h2 = s.head_dim() / 2;
-    for (int i = 0; i < h2; ++i) {
-      const float e = static_cast<float>(2 * i) / static_cast<float>(s.head_dim());
-      const float inv = 1.0f / std::pow(static_cast<float>(s.rope_theta), e);
-      for (int p = 0; p < s.seq_len; ++p) {
-        const float a = static_cast<float>(p) * inv;
-        rope_cos[static_cast<size_t>(p) * h2 + i] = std::cos(a);
-        rope_sin[static_cast<size_t>(p) * h2 + i] = std::sin(a);
-      }
-    }
+    if (llama) rope_tables(s, rope_cos.data(), rope_sin.data());
   }
 
   void carve(HostBuffers& a) {
@@ -513,6 +498,22 @@ struct Gpt::Impl {
     });
   }
 
+  // Causal attention over a.qkv into a.att and a.lse, and its backward from dsmall (the
+  // output's gradient) into dqkv: the fp32 tiles, or the 16-bit panels.
+  void attention_forward(BlockActs& a, int B, int T) {
+    if (half)
+      return detail::attention16_forward(a.qkv.h16(), a.att.h16(), t, a.lse.data(), B, T, s.d_model, s.heads,
+                                         att_workspace);
+    detail::attention_forward(a.qkv.f32(), a.att.f32(), a.lse.data(), B, T, s.d_model, s.heads);
+  }
+  void attention_backward(BlockActs& a, int B, int T) {
+    if (half)
+      return detail::attention16_backward(a.qkv.h16(), a.att.h16(), t, a.lse.data(), dsmall.data(), dqkv.data(), B, T,
+                                          s.d_model, s.heads, att_workspace);
+    detail::attention_backward(a.qkv.f32(), a.att.f32(), a.lse.data(), dsmall.data(), dqkv.data(), B, T, s.d_model,
+                               s.heads);
+  }
+
   // x [BT, d] -> a's activations; writes x + block(x) to out when out is not null.
   void block_forward(const void* w, const float* x, BlockActs& a, float* out, int B, int T) {
     const int d = s.d_model;
@@ -520,10 +521,7 @@ struct Gpt::Impl {
     const auto& v = block_vecs;
     layernorm(x, vec(w, v[kLn1W]), vec(w, v[kLn1B]), a.ln1, a.mean1.data(), a.rstd1.data(), bt, d);
     linear(a.ln1.data(), at(w, lay.qkv_w), vec(w, v[kQkvB]), a.qkv.data(), t, bt, 3 * d, d);
-    if (half)
-      detail::attention16_forward(a.qkv.h16(), a.att.h16(), t, a.lse.data(), B, T, d, s.heads, att_workspace);
-    else
-      detail::attention_forward(a.qkv.f32(), a.att.f32(), a.lse.data(), B, T, d, s.heads);
+    attention_forward(a, B, T);
     linear(a.att.data(), at(w, lay.attn_proj_w), vec(w, v[kProjB]), a.x2.data(), DType::F32, bt, d, d);
     float* x2 = a.x2.data();
     add_rows(x2, x, bt, d);
@@ -556,12 +554,7 @@ struct Gpt::Impl {
     // Attention: x2 = x + attn(ln1(x)) Wo^T + bo
     const void* dy_att = matmul_grad(dr, vec_grad(g, v[kProjB]), bt, d);
     linear_backward(dy_att, a.att.data(), at(w, lay.attn_proj_w), dsmall.data(), at(g, lay.attn_proj_w), bt, d, d);
-    if (half)
-      detail::attention16_backward(a.qkv.h16(), a.att.h16(), t, a.lse.data(), dsmall.data(), dqkv.data(), B, T, d,
-                                   s.heads, att_workspace);
-    else
-      detail::attention_backward(a.qkv.f32(), a.att.f32(), a.lse.data(), dsmall.data(), dqkv.data(), B, T, d,
-                                 s.heads);
+    attention_backward(a, B, T);
     const void* dy_qkv = matmul_grad(dqkv.data(), vec_grad(g, v[kQkvB]), bt, 3 * d);
     linear_backward(dy_qkv, a.ln1.data(), at(w, lay.qkv_w), dsmall.data(), at(g, lay.qkv_w), bt, 3 * d, d);
     layernorm_backward(dsmall.data(), x, vec(w, v[kLn1W]), a.mean1.data(), a.rstd1.data(), dr, vec_grad(g, v[kLn1W]),
@@ -665,10 +658,7 @@ struct Gpt::Impl {
     rmsnorm(x, vec(w, llama_vecs[0]), a.ln1, a.rstd1.data(), bt, d);
     linear(a.ln1.data(), at(w, llay.qkv_w), nullptr, dqkv.data(), DType::F32, bt, pw, d);
     rope_expand(dqkv.data(), a.qkv, T, bt);
-    if (half)
-      detail::attention16_forward(a.qkv.h16(), a.att.h16(), t, a.lse.data(), B, T, d, s.heads, att_workspace);
-    else
-      detail::attention_forward(a.qkv.f32(), a.att.f32(), a.lse.data(), B, T, d, s.heads);
+    attention_forward(a, B, T);
     float* x2 = a.x2.data();
     linear(a.att.data(), at(w, llay.o_w), nullptr, x2, DType::F32, bt, d, d);
     add_rows(x2, x, bt, d);
@@ -710,12 +700,7 @@ struct Gpt::Impl {
                      vec_grad(g, llama_vecs[1]), bt, d);
     // Attention
     linear_backward(grad_operand(dr, bt, d), a.att.data(), at(w, llay.o_w), dsmall.data(), at(g, llay.o_w), bt, d, d);
-    if (half)
-      detail::attention16_backward(a.qkv.h16(), a.att.h16(), t, a.lse.data(), dsmall.data(), dqkv.data(), B, T, d,
-                                   s.heads, att_workspace);
-    else
-      detail::attention_backward(a.qkv.f32(), a.att.f32(), a.lse.data(), dsmall.data(), dqkv.data(), B, T, d,
-                                 s.heads);
+    attention_backward(a, B, T);
     rope_reduce(dqkv.data(), dbig.data(), T, bt);
     linear_backward(grad_operand(dbig.data(), bt, pw), a.ln1.data(), at(w, llay.qkv_w), dsmall.data(),
                     at(g, llay.qkv_w), bt, pw, d);

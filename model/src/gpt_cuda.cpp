@@ -209,19 +209,10 @@ struct GptCuda::Impl {
     if (llama) upload_rope_tables();
   }
 
-  // gpt.cpp's fill_rope_tables (Hugging Face's fp32 angles), computed on the host once.
+  // The rotary tables (gpt_layout.hpp's rope_tables), computed on the host once.
   void upload_rope_tables() {
-    const int h2 = s.head_dim() / 2;
-    std::vector<float> c(static_cast<size_t>(s.seq_len) * h2), sn(c.size());
-    for (int i = 0; i < h2; ++i) {
-      const float e = static_cast<float>(2 * i) / static_cast<float>(s.head_dim());
-      const float inv = 1.0f / std::pow(static_cast<float>(s.rope_theta), e);
-      for (int p = 0; p < s.seq_len; ++p) {
-        const float a = static_cast<float>(p) * inv;
-        c[static_cast<size_t>(p) * h2 + i] = std::cos(a);
-        sn[static_cast<size_t>(p) * h2 + i] = std::sin(a);
-      }
-    }
+    std::vector<float> c(static_cast<size_t>(s.seq_len) * (s.head_dim() / 2)), sn(c.size());
+    rope_tables(s, c.data(), sn.data());
     STRATA_CHECK_CUDA(cudaMemcpy(rope_cos, c.data(), c.size() * sizeof(float), cudaMemcpyHostToDevice));
     STRATA_CHECK_CUDA(cudaMemcpy(rope_sin, sn.data(), sn.size() * sizeof(float), cudaMemcpyHostToDevice));
   }

@@ -53,6 +53,19 @@ LlamaBlockLayout llama_block_layout(const GptShape& s) {
   return b;
 }
 
+void rope_tables(const GptShape& s, float* cos_out, float* sin_out) {
+  const int h2 = s.head_dim() / 2;
+  for (int i = 0; i < h2; ++i) {
+    const float e = static_cast<float>(2 * i) / static_cast<float>(s.head_dim());
+    const float inv = 1.0f / std::pow(static_cast<float>(s.rope_theta), e);
+    for (int p = 0; p < s.seq_len; ++p) {
+      const float a = static_cast<float>(p) * inv;
+      cos_out[static_cast<size_t>(p) * h2 + i] = std::cos(a);
+      sin_out[static_cast<size_t>(p) * h2 + i] = std::sin(a);
+    }
+  }
+}
+
 GptBlockLayout gpt_block_layout(int d_model) {
   const uint64_t d = static_cast<uint64_t>(d_model);
   GptBlockLayout b{};

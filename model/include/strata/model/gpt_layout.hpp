@@ -1,7 +1,8 @@
 // The decoder's shape and parameter layout: which parameter groups exist, which tensors
-// each holds at which offset, their names, initialisers and FLOP counts. No math here:
-// the engine (groups), checkpoints and export (names, shapes), the planner and the sim
-// backend (sizes, FLOPs) all read the same table, so they cannot disagree.
+// each holds at which offset, their names, initialisers and FLOP counts (and Llama's
+// rotary tables, which both backends share). No other math here: the engine (groups),
+// checkpoints and export (names, shapes), the planner and the sim backend (sizes, FLOPs)
+// all read the same table, so they cannot disagree.
 //
 // Two architectures share the driver, the groups and the schedule (GptShape::arch):
 //  - GPT-2: learned positions, pre-LayerNorm blocks with biases, GELU MLP of 4d, tied head.
@@ -108,6 +109,11 @@ struct LlamaBlockLayout {
   uint64_t numel;
 };
 LlamaBlockLayout llama_block_layout(const GptShape& s);
+
+// Llama's rotary tables as Hugging Face's LlamaRotaryEmbedding computes them, in fp32:
+// inv_freq[i] = 1 / theta^(2i / hd), the angle at position p is p inv_freq[i] (one fp32
+// product); cos and sin [seq_len, hd / 2] of it (both backends' models use these).
+void rope_tables(const GptShape& s, float* cos_out, float* sin_out);
 
 // Throws ConfigError when the shape cannot work (heads not dividing d_model, ...).
 void validate(const GptShape& s);
