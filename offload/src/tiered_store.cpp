@@ -175,6 +175,24 @@ void TieredStore::discard(TensorId id) {
   discard_locked(lock, rec(id));
 }
 
+void TieredStore::discard_contents(TensorId id) {
+  std::unique_lock<std::mutex> lock(mu_);
+  reap_locked();
+  Record& r = rec(id);
+  if (r.spec.scratch) return discard_locked(lock, r);
+  for (Tier t : kTiers) wait_while_filling(lock, r, t);
+  for (Tier t : kTiers)
+    if (r.at(t).pins > 0)
+      throw Error("tiered store: cannot discard the contents of '" + r.spec.name + "': it is still acquired in the " +
+                  to_string(t) + " tier; release it first");
+  for (Tier t : kTiers)
+    if (t != r.spec.home) free_slot(r, t);
+  Slot& home = r.at(r.spec.home);
+  STRATA_CHECK(home.allocated(), "tiered store: a tensor without its home reservation");
+  home.state = Slot::State::Valid;
+  changed_.notify_all();
+}
+
 void TieredStore::discard_locked(std::unique_lock<std::mutex>& lock, Record& r) {
   // A fill that has landed needs no wait: the memory it wrote is fenced by it.
   for (Tier t : kTiers) wait_while_filling(lock, r, t);

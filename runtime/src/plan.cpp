@@ -400,7 +400,7 @@ void Planner::boundary_lanes() {
       const double b = 4.0 * sg.n;  // one fp32 state
       if (opt_home_ == Tier::Nvme) {
         o_nvr_.add(3 * b, c.nvme_read_bandwidth, 3 * c.nvme_latency);  // master, exp_avg, exp_avg_sq
-        o_nvw_.add(3 * b + gb_ * sg.n, c.nvme_write_bandwidth, 4 * c.nvme_latency);  // and the gradient, written back
+        o_nvw_.add(3 * b, c.nvme_write_bandwidth, 3 * c.nvme_latency);  // the gradient is dead: not written
       }
       if (!s3_) opt_serial += opt_home_ == Tier::Device ? 2 * b / c.device_bandwidth : c.pcie_latency + b / c.h2d_bandwidth;
     }

@@ -609,6 +609,8 @@ bool ZeroEngine::step() {
     else
       log::warn("gradient norm is not finite; skipping this optimizer step");
     stats_.loss_scale = scaler_.scale();
+    for (Group& gr : groups_)  // the skipped gradients are dead too: nothing writes them home
+      for (Chunk& c : gr.chunks) store_->discard_contents(c.grad);
     refresh_params();
     return false;
   }
@@ -708,8 +710,11 @@ bool ZeroEngine::step() {
       store_->release(id, t, Access::Write);
       if (t != opts_.optimizer_home) store_->drop(id, t);  // write back behind the next update
     }
-    store_->release(c.grad, t);  // read only; the next step overwrites it
-    if (t != opts_.optimizer_home) store_->drop(c.grad, t);
+    // The gradient is dead after the update: the next step's first micro-step overwrites
+    // it, so no copy of it is written anywhere (with optimizer states on NVMe this was a
+    // write of 4 (or 2) bytes per parameter per step that nobody read).
+    store_->release(c.grad, t);
+    store_->discard_contents(c.grad);
   }
   close_group();
   stats_.optimizer_s = device_.now() - t_opt;

@@ -191,6 +191,38 @@ TEST(TieredStore, EvictingTheOnlyCopyWritesItHome) {
   expect_version(s, a, Tier::Device, 11);  // and from NVMe again
 }
 
+// Dead contents (an optimizer step's gradient) are not written anywhere: every cache copy
+// is freed, nothing moves towards NVMe, the home stays reserved and the tensor is filled
+// again by acquire_for_overwrite. Acquired, it is refused.
+TEST(TieredStore, DiscardedContentsAreNeverWrittenHome) {
+  TempDir dir("dead");
+  auto dev = make_device({});
+  TieredStore s(*dev, options(1 << 20, 1 << 20, 4 << 20, dir.path));
+  TensorId g = s.add({.name = "grad", .bytes = 100 << 10, .home = Tier::Nvme});
+  write_version(s, g, Tier::Device, 1);
+  s.drop(g, Tier::Device).wait();  // the only copy, on its way home: now in pinned memory
+  ASSERT_TRUE(s.is_valid(g, Tier::Pinned));
+  ASSERT_FALSE(s.is_valid(g, Tier::Nvme));
+  const StoreStats before = s.stats();
+  Acquired a = s.acquire(g, Tier::Pinned);
+  a.ready.wait();
+  EXPECT_THROW(s.discard_contents(g), Error);  // still acquired
+  s.release(g, Tier::Pinned);
+  s.discard_contents(g);
+  EXPECT_FALSE(s.is_valid(g, Tier::Pinned));
+  EXPECT_FALSE(s.is_valid(g, Tier::Device));
+  const StoreStats after = s.stats();
+  EXPECT_EQ(after.bytes_moved[1][2], before.bytes_moved[1][2]) << "dead contents were written to NVMe";
+  EXPECT_EQ(after.tiers[1].used, 0u) << "the pinned copy was kept";
+  EXPECT_EQ(after.tiers[2].used, before.tiers[2].used) << "the home reservation changed";
+  write_version(s, g, Tier::Device, 2);  // filled again, and it travels home as before
+  s.flush(g).wait();
+  s.drop(g, Tier::Device).wait();
+  s.drop(g, Tier::Pinned).wait();
+  expect_version(s, g, Tier::Device, 2);
+  EXPECT_GT(s.stats().bytes_moved[1][2], after.bytes_moved[1][2]);
+}
+
 TEST(TieredStore, NoRoomErrorNamesTensorTierBudgetAndHolders) {
   auto dev = make_device({});
   TieredStore s(*dev, options(128 << 10, 1 << 20, 0, ""));

@@ -139,6 +139,11 @@ class TieredStore {
   void discard(TensorId id);
   // discard() once `after` completes (the last device work reading the tensor).
   void discard_after(TensorId id, Event after);
+  // The contents are dead: the caller overwrites the whole tensor (acquire_for_overwrite)
+  // before anyone reads it again. Every copy but the home reservation is freed without
+  // being written anywhere (no write-back of data nobody reads); the home copy stays
+  // reserved and counts as current, its bytes undefined. A scratch tensor: discard().
+  void discard_contents(TensorId id);
 
   // Eviction order: the tensors in the order they will be used (one step), and where in
   // it the run now is. Without a schedule, least recently used goes first.
