@@ -84,7 +84,7 @@ void add_export(CLI::App& app) {
       // "file offset bytes" line each (test_import_mpi.py checks they are disjoint).
       if (const char* log = std::getenv("STRATA_IMPORT_READ_LOG")) {
         std::ofstream f(std::string(log) + "." + std::to_string(host->rank()));
-        for (const auto& r : s.reads) f << r.file << " " << r.offset << " " << r.bytes << "\n";
+        for (const auto& r : s.reads) f << s.files_read[r.file] << " " << r.offset << " " << r.bytes << "\n";
       }
       if (host->size() > 1)
         std::printf("rank %d of %d read %llu tensor bytes in %zu reads\n", host->rank(), host->size(),

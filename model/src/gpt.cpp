@@ -564,19 +564,6 @@ struct Gpt::Impl {
 
   // ---- Llama ----------------------------------------------------------------------
 
-  // y = RMSNorm(x) over rows [0, rows), of y's type (rounded once when 16-bit).
-  void rmsnorm(const float* x, const float* w, TypedBuffer& y, float* rstd, long rows, int n) {
-    const float eps = static_cast<float>(s.norm_eps);
-    for_row_chunks(rows, [&](long r0, long r1) {
-      if (y.type == DType::F32) return detail::rmsnorm_rows(x, w, y.f32(), rstd, r0, r1, n, eps);
-      std::vector<float> row(n);
-      for (long r = r0; r < r1; ++r) {
-        detail::rmsnorm_rows(x + r * n, w, row.data(), rstd + r, 0, 1, n, eps);
-        convert_from_f32(y.at(r, n), t, row.data(), n);
-      }
-    });
-  }
-
   // A linear's output gradient [M, N] as its backward's matmuls read it (no bias): dY
   // itself in fp32, rounded once into `dy` in 16 bits.
   const void* grad_operand(const float* dY, long M, int N) {
@@ -597,6 +584,12 @@ struct Gpt::Impl {
         if (y.type != DType::F32) convert_from_f32(y.at(r, width), t, out, width);
       }
     });
+  }
+
+  // y = RMSNorm(x) over rows [0, rows), of y's type (rounded once when 16-bit).
+  void rmsnorm(const float* x, const float* w, TypedBuffer& y, float* rstd, long rows, int n) {
+    const float eps = static_cast<float>(s.norm_eps);
+    rows_into(y, rows, n, [&](long r, float* o) { detail::rmsnorm_rows(x + r * n, w, o, rstd + r, 0, 1, n, eps); });
   }
 
   // The projection p [BT, d + 2 kvd] (fp32) -> attention's q, k, v [BT, 3d]: q and k rotated
@@ -633,14 +626,13 @@ struct Gpt::Impl {
       const float* sn = rope_sin.data() + (r % T) * h2;
       const float* g = dqkv_full + r * 3 * d;
       float* o = dp + r * pw;
-      std::fill(o + d, o + pw, 0.0f);
+      std::fill(o, o + pw, 0.0f);
       auto unrotate_add = [&](const float* x, float* y) {
         for (int i = 0; i < h2; ++i) {
           y[i] += x[i] * c[i] + x[i + h2] * sn[i];
           y[i + h2] += x[i + h2] * c[i] - x[i] * sn[i];
         }
       };
-      std::fill(o, o + d, 0.0f);
       for (int h = 0; h < H; ++h) {
         unrotate_add(g + h * hd, o + h * hd);
         unrotate_add(g + d + h * hd, o + d + (h / rep) * hd);
@@ -679,22 +671,18 @@ struct Gpt::Impl {
     // MLP
     linear_backward(grad_operand(dr, bt, d), a.gel.data(), at(w, llay.down_w), dmid.data(), at(g, llay.down_w), bt, d,
                     ff);
-    const void* dy_gu;
-    if (!half) {
+    // SwiGLU's backward, the gradient of [gate, up] written as the matmuls read it: fp32
+    // in dbig, or rounded once into dy.
+    auto swiglu_grad = [&](long r, float* o) {
+      detail::swiglu_backward(dmid.data() + r * ff, a.fc.data() + r * 2 * ff, o, 1, ff);
+    };
+    if (half)
+      rows_into(dy, bt, 2 * ff, swiglu_grad);
+    else
       for_row_chunks(bt, [&](long r0, long r1) {
-        detail::swiglu_backward(dmid.data() + r0 * ff, a.fc.data() + r0 * 2 * ff, dbig.data() + r0 * 2 * ff, r1 - r0, ff);
+        for (long r = r0; r < r1; ++r) swiglu_grad(r, dbig.data() + r * 2 * ff);
       });
-      dy_gu = dbig.data();
-    } else {
-      for_row_chunks(bt, [&](long r0, long r1) {
-        std::vector<float> row(2 * ff);
-        for (long r = r0; r < r1; ++r) {
-          detail::swiglu_backward(dmid.data() + r * ff, a.fc.data() + r * 2 * ff, row.data(), 1, ff);
-          convert_from_f32(dy.at(r, 2 * ff), t, row.data(), 2 * ff);
-        }
-      });
-      dy_gu = dy.data();
-    }
+    const void* dy_gu = half ? dy.data() : static_cast<const void*>(dbig.data());
     linear_backward(dy_gu, a.ln2.data(), at(w, llay.gate_up_w), dsmall.data(), at(g, llay.gate_up_w), bt, 2 * ff, d);
     rmsnorm_backward(dsmall.data(), a.x2.data(), vec(w, llama_vecs[1]), a.rstd2.data(), dr,
                      vec_grad(g, llama_vecs[1]), bt, d);

@@ -92,6 +92,7 @@ GptShape llama_shape(const json& cfg, const std::string& cfg_name) {
 // One safetensors file, its header read once.
 struct Shard {
   std::string path;
+  int index = 0;  // in ImportSummary::files_read
   SafetensorsHeader header;
   int fd = -1;
   ~Shard() {
@@ -193,6 +194,7 @@ ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::
     throw ConfigError("--hf '" + hf_dir + "' has neither model.safetensors nor model.safetensors.index.json (" +
                       "PyTorch .bin weights are not read: save the model with safe_serialization=True)");
   }
+  ImportSummary sum;
   std::map<std::string, std::unique_ptr<Shard>> shards;
   for (const std::string& f : files) {
     const fs::path p = dir / f;
@@ -202,6 +204,8 @@ ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::
                                          : "model.safetensors.index.json lists it; download the model again"));
     auto s = std::make_unique<Shard>();
     s->path = p.string();
+    s->index = static_cast<int>(sum.files_read.size());
+    sum.files_read.push_back(s->path);
     s->header = read_safetensors_header(s->path);
     struct stat st {};
     s->fd = open_input_file(s->path, "safetensors file", &st);
@@ -232,7 +236,6 @@ ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::
                       " of this config.json does not have (" + unknown[0] + (unknown.size() > 1 ? ", ..." : "") +
                       "): it is not a plain " + arch + " of the shape config.json gives");
 
-  ImportSummary sum;
   sum.architecture = arch;
   sum.shape = shape;
   sum.files = static_cast<int>(files.size());
@@ -292,7 +295,7 @@ ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::
       done += static_cast<uint64_t>(r);
     }
     sum.bytes_read += bytes;
-    sum.reads.push_back({f.shard->path, offset, bytes});
+    sum.reads.push_back({f.shard->index, offset, bytes});
   };
   std::exception_ptr failed;
   try {
@@ -306,28 +309,38 @@ ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::
         const GptTensor& t = g.tensors[ti];
         const Found& f = found[gi][ti];
         const uint64_t es = dtype_size(f.dt);
-        // The tensor's elements (in Strata's layout) that fall in [lo, hi): [a, b).
-        const uint64_t a = std::max(lo, t.offset) - t.offset, b = std::min(hi, t.offset + t.numel());
-        if (b <= t.offset || a >= b - t.offset) continue;
-        const uint64_t bb = b - t.offset;
-        float* dst = buf.data() + (t.offset + a - lo);
+        // The tensor's elements (in Strata's layout, from its start) in [lo, hi): [a, b).
+        const uint64_t first = std::max(lo, t.offset), last = std::min(hi, t.offset + t.numel());
+        if (first >= last) continue;
+        const uint64_t a = first - t.offset, b = last - t.offset;
+        float* dst = buf.data() + (first - lo);
         if (!t.transposed_in_gpt2) {
-          read(f, f.st->offset + a * es, (bb - a) * es);
-          convert_to_f32(dst, raw.data(), f.dt, bb - a);
-        } else {
-          // Conv1D [in, out] in the file, [out, in] here: element (o, i) here is o * in + i,
-          // in the file i * out + o. Each of the file's rows i holds a contiguous run of
-          // the o this range needs: one read per row, of exactly those elements.
-          const uint64_t in = static_cast<uint64_t>(t.shape[1]), outs = static_cast<uint64_t>(t.shape[0]);
-          auto ceil_div = [](uint64_t x, uint64_t y) { return (x + y - 1) / y; };
-          for (uint64_t i = 0; i < in; ++i) {
-            const uint64_t o0 = a > i ? ceil_div(a - i, in) : 0, o1 = std::min(outs, bb > i ? ceil_div(bb - i, in) : 0);
-            if (o1 <= o0) continue;
-            read(f, f.st->offset + (i * outs + o0) * es, (o1 - o0) * es);
-            tmp.resize(o1 - o0);
-            convert_to_f32(tmp.data(), raw.data(), f.dt, o1 - o0);
-            for (uint64_t o = o0; o < o1; ++o) buf[t.offset + o * in + i - lo] = tmp[o - o0];
-          }
+          read(f, f.st->offset + a * es, (b - a) * es);
+          convert_to_f32(dst, raw.data(), f.dt, b - a);
+          continue;
+        }
+        // Conv1D [in, out] in the file, [out, in] here: element (o, i) here is o * in + i,
+        // in the file i * out + o. The whole tensor (one process) is one read; a part of it
+        // is one read per file row i, of the contiguous run of o the range needs.
+        const uint64_t in = static_cast<uint64_t>(t.shape[1]), outs = static_cast<uint64_t>(t.shape[0]);
+        auto scatter = [&](uint64_t i, uint64_t o0, uint64_t o1, const float* row) {
+          for (uint64_t o = o0; o < o1; ++o) buf[t.offset + o * in + i - lo] = row[o - o0];
+        };
+        if (a == 0 && b == t.numel()) {
+          read(f, f.st->offset, t.numel() * es);
+          tmp.resize(t.numel());
+          convert_to_f32(tmp.data(), raw.data(), f.dt, t.numel());
+          for (uint64_t i = 0; i < in; ++i) scatter(i, 0, outs, tmp.data() + i * outs);
+          continue;
+        }
+        auto ceil_div = [](uint64_t x, uint64_t y) { return (x + y - 1) / y; };
+        for (uint64_t i = 0; i < in; ++i) {
+          const uint64_t o0 = a > i ? ceil_div(a - i, in) : 0, o1 = std::min(outs, b > i ? ceil_div(b - i, in) : 0);
+          if (o1 <= o0) continue;
+          read(f, f.st->offset + (i * outs + o0) * es, (o1 - o0) * es);
+          tmp.resize(o1 - o0);
+          convert_to_f32(tmp.data(), raw.data(), f.dt, o1 - o0);
+          scatter(i, o0, o1, tmp.data());
         }
       }
       writer.add_group(g.name, buf.data(), g.numel);

@@ -34,8 +34,9 @@ struct ImportSummary {
   int files = 0;               // safetensors files read
   uint64_t bytes_read = 0;     // tensor bytes this rank read from them
   uint64_t bytes_read_all = 0; // ... and all ranks together
+  std::vector<std::string> files_read;  // the safetensors files, in the order opened
   struct Read {
-    std::string file;
+    int file = 0;              // index into files_read
     uint64_t offset = 0, bytes = 0;
   };
   std::vector<Read> reads;     // every read this rank made, in order
