@@ -480,6 +480,44 @@ CheckpointDirLock lock_checkpoint_dir(coll::Communicator& host, const std::strin
 
 // ---------------------------------------------------------------------------------------
 
+namespace {
+
+// Collective, the last stage of writing a checkpoint (a save or an import): rank 0 learns
+// every rank's file (its size and segment checksums, `mine` from each), completes `info`
+// with them, writes the manifest into tmp and renames tmp to final_dir. Rank 0's error,
+// if any, is returned there (the caller agrees on it); the other ranks return null.
+std::exception_ptr publish_checkpoint(coll::Communicator& host, CheckpointInfo info, const CheckpointFile& mine,
+                                      const fs::path& tmp, const fs::path& final_dir) {
+  const int rank = host.rank(), world = host.size();
+  const size_t rec = 1 + mine.segments.size();  // [bytes, segments...] per rank
+  std::vector<int64_t> send(rec), all(rec * static_cast<size_t>(world));
+  send[0] = static_cast<int64_t>(mine.bytes);
+  for (size_t i = 0; i < mine.segments.size(); ++i) send[1 + i] = static_cast<int64_t>(mine.segments[i]);
+  host.all_gather(send, all).wait();
+  if (rank != 0) return nullptr;
+  try {
+    info.world_size = world;
+    info.files.clear();
+    for (int r = 0; r < world; ++r) {
+      CheckpointFile cf{rank_file(r), static_cast<uint64_t>(all[r * rec]), {}};
+      for (size_t i = 1; i < rec; ++i) cf.segments.push_back(static_cast<uint64_t>(all[r * rec + i]));
+      info.files.push_back(std::move(cf));
+    }
+    maybe_kill("before-manifest", rank);
+    write_manifest(tmp / "manifest.json", info);
+    fsync_dir(tmp);
+    maybe_kill("before-rename", rank);
+    if (::rename(tmp.c_str(), final_dir.c_str()) != 0)
+      throw IoError("renaming the finished checkpoint into place", final_dir.string(), 0, 0, errno, kCheckpointDiskFull);
+    fsync_dir(final_dir.parent_path());
+  } catch (...) {
+    return std::current_exception();
+  }
+  return nullptr;
+}
+
+}  // namespace
+
 std::string save_checkpoint(ZeroEngine& engine, coll::Communicator& host, const std::string& root,
                             const json& config, const json& extra, const std::vector<std::string>& group_names) {
   const int rank = host.rank(), world = host.size();
@@ -540,47 +578,20 @@ std::string save_checkpoint(ZeroEngine& engine, coll::Communicator& host, const 
   }
   if (auto f = agree(host, ep)) fail(*f);
 
-  // 3. Rank 0 learns every file's size and checksums: [bytes, segments...] per rank.
-  const size_t G = static_cast<size_t>(engine.num_groups());
-  const size_t rec = 1 + kStates * G;
-  std::vector<int64_t> send(rec), all(rec * static_cast<size_t>(world));
-  send[0] = static_cast<int64_t>(mine.bytes);
-  for (size_t i = 0; i < mine.segments.size(); ++i) send[1 + i] = static_cast<int64_t>(mine.segments[i]);
-  host.all_gather(send, all).wait();
-
-  // 4. Rank 0 writes the manifest, then renames the directory into place.
-  if (rank == 0) {
-    try {
-      CheckpointInfo info;
-      info.step = step;
-      info.optimizer_steps = engine.optimizer_steps();
-      info.precision = precision_name(engine.dtype());
-      if (engine.loss_scaler().enabled()) info.loss_scaler = engine.loss_scaler().state();
-      info.world_size = world;
-      info.config = config;
-      info.extra = extra;
-      for (size_t g = 0; g < G; ++g) {
-        const int gi = static_cast<int>(g);
-        const uint64_t shard = engine.shard_numel(gi);
-        info.groups.push_back({group_names.empty() ? "group." + std::to_string(g) : group_names[g], engine.group_numel(gi),
-                              shard * world, shard});
-      }
-      for (int r = 0; r < world; ++r) {
-        CheckpointFile cf{rank_file(r), static_cast<uint64_t>(all[r * rec]), {}};
-        for (size_t i = 0; i < kStates * G; ++i) cf.segments.push_back(static_cast<uint64_t>(all[r * rec + 1 + i]));
-        info.files.push_back(std::move(cf));
-      }
-      maybe_kill("before-manifest", rank);
-      write_manifest(tmp / "manifest.json", info);
-      fsync_dir(tmp);
-      maybe_kill("before-rename", rank);
-      if (::rename(tmp.c_str(), final_dir.c_str()) != 0)
-        throw IoError("renaming the finished checkpoint into place", final_dir.string(), 0, 0, errno, kCheckpointDiskFull);
-      fsync_dir(rootp);
-    } catch (...) {
-      ep = std::current_exception();
-    }
+  // 3. Rank 0 writes the manifest with every rank's file, then renames the directory into place.
+  CheckpointInfo info;
+  info.step = step;
+  info.optimizer_steps = engine.optimizer_steps();
+  info.precision = precision_name(engine.dtype());
+  if (engine.loss_scaler().enabled()) info.loss_scaler = engine.loss_scaler().state();
+  info.config = config;
+  info.extra = extra;
+  for (int g = 0; g < engine.num_groups(); ++g) {
+    const uint64_t shard = engine.shard_numel(g);
+    info.groups.push_back({group_names.empty() ? "group." + std::to_string(g) : group_names[static_cast<size_t>(g)],
+                           engine.group_numel(g), shard * world, shard});
   }
+  ep = publish_checkpoint(host, std::move(info), mine, tmp, final_dir);
   if (auto f = agree(host, ep)) fail(*f);
   return final_dir.string();
 }
@@ -885,34 +896,15 @@ std::string InitialCheckpointWriter::finish(const nlohmann::json& config, const 
       ep = std::current_exception();
     }
   if (auto f = agree(host, ep)) f->raise(rank_);  // the destructor removes the .tmp
-  // Rank 0 learns every file's size and checksums: [bytes, segments...] per rank.
-  const size_t rec = 1 + s.info.files[0].segments.size();
-  std::vector<int64_t> send(rec), all(rec * static_cast<size_t>(world_));
-  send[0] = static_cast<int64_t>(s.offset);
-  for (size_t i = 0; i + 1 < rec; ++i) send[1 + i] = static_cast<int64_t>(s.info.files[0].segments[i]);
-  host.all_gather(send, all).wait();
-  if (rank_ == 0) try {
-      CheckpointInfo& info = s.info;
-      info.files.clear();
-      for (int r = 0; r < world_; ++r) {
-        CheckpointFile cf{rank_file(r), static_cast<uint64_t>(all[r * rec]), {}};
-        for (size_t i = 1; i < rec; ++i) cf.segments.push_back(static_cast<uint64_t>(all[r * rec + i]));
-        info.files.push_back(std::move(cf));
-      }
-      info.step = 0;
-      info.optimizer_steps = 0;
-      info.precision = precision;
-      info.config = config;
-      info.extra = extra;
-      write_manifest(s.tmp / "manifest.json", info);
-      fsync_dir(s.tmp);
-      if (::rename(s.tmp.c_str(), s.final_dir.c_str()) != 0)
-        throw IoError("renaming the finished checkpoint into place", s.final_dir.string(), 0, 0, errno,
-                      kCheckpointDiskFull);
-      fsync_dir(s.root);
-    } catch (...) {
-      ep = std::current_exception();
-    }
+  CheckpointInfo info = s.info;  // the groups
+  info.step = 0;
+  info.optimizer_steps = 0;
+  info.precision = precision;
+  info.config = config;
+  info.extra = extra;
+  CheckpointFile mine = s.info.files[0];
+  mine.bytes = s.offset;
+  ep = publish_checkpoint(host, std::move(info), mine, s.tmp, s.final_dir);
   if (auto f = agree(host, ep)) f->raise(rank_);
   s.done = true;
   return s.final_dir.string();

@@ -28,7 +28,8 @@
 // read its own slice (padding is zero and is not stored twice).
 //
 // Test hook: STRATA_CHECKPOINT_KILL=before-manifest|before-rename makes save_checkpoint
-// raise SIGKILL on rank 0 at that point (the crash tests use it; nothing else should).
+// (and an import's InitialCheckpointWriter::finish) raise SIGKILL on rank 0 at that point (the
+// crash tests use it; nothing else should).
 #pragma once
 
 #include <cstdint>
