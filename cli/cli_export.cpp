@@ -57,10 +57,9 @@ void add_export(CLI::App& app) {
           a->format == "hf"
               ? export_hf(a->checkpoint, a->out, a->force, dtype, parse_bytes(nlohmann::json(a->shard_size), "--shard-size"))
               : export_safetensors(a->checkpoint, a->out, a->force, dtype);
-      std::printf("exported %s (step %lld; %d layers, d_model %d, %d heads, context %d, vocab %d) to %s: "
-                  "%d %s tensors, %llu parameters, %llu bytes in %d file(s)\n",
-                  s.checkpoint.c_str(), static_cast<long long>(s.step), s.shape.layers, s.shape.d_model,
-                  s.shape.heads, s.shape.seq_len, s.shape.vocab, s.out.c_str(), s.tensors, precision_name(s.dtype),
+      std::printf("exported %s (step %lld; %s) to %s: %d %s tensors, %llu parameters, %llu bytes in %d file(s)\n",
+                  s.checkpoint.c_str(), static_cast<long long>(s.step), describe(s.shape).c_str(), s.out.c_str(),
+                  s.tensors, precision_name(s.dtype),
                   static_cast<unsigned long long>(s.parameters), static_cast<unsigned long long>(s.bytes), s.files);
       return 0;
     };

@@ -29,6 +29,7 @@ import tempfile
 try:
     import torch
     import torch.nn.functional as F
+    from safetensors import safe_open
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 except Exception as e:  # noqa: BLE001
     print(f"SKIP: transformers is not importable here ({e}); pip install transformers")
@@ -152,6 +153,19 @@ def round_trip(strata, arch, root, corpus, tokens, n, failures):
     if r.returncode != 2 or "never replaced" not in r.stderr or not (tmp / "other" / "notes.txt").exists():
         failures.append(f"{arch} export --force over a directory of other files: exit {r.returncode}: {r.stderr}")
     if arch == "llama":
+        # --format safetensors: one file with Hugging Face's names, as LlamaForCausalLM has them.
+        st = tmp / "tuned.safetensors"
+        r = run([strata, "export", "--checkpoint", str(tmp / "tuned"), "--out", str(st)])
+        want = set(Model.from_pretrained(str(out)).state_dict())
+        got = set()
+        if r.returncode == 0:
+            with safe_open(str(st), framework="pt") as f:
+                got = set(f.keys())
+        if r.returncode != 0 or got != want:
+            failures.append(f"llama export --format safetensors: exit {r.returncode}, names differ: "
+                            f"{sorted(got ^ want)[:4]} {r.stderr.strip()}")
+        else:
+            print(f"llama export --format safetensors: {len(got)} tensors, LlamaForCausalLM's names")
         llama_bad_input(strata, tmp, hf, ck, failures)
 
 

@@ -10,6 +10,7 @@ attention, untied head; contiguous ranges), both sharded in two bf16 files:
   is read by both ranks or twice by one; together the reads cover exactly the bytes of
   every tensor the model has (GPT-2's tied lm_head and attention-mask buffers unread);
   each rank read about half (at most 60%);
+- a missing shard under mpirun: every rank stops with it named, no checkpoint written;
 - the checkpoint says world size 2 and has two rank files; `strata eval` of it gives the
   one-process import's loss to the last digit (re-sharded to one reader).
 
@@ -18,6 +19,7 @@ usage: test_import_mpi.py STRATA_BINARY MPIRUN
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -157,6 +159,17 @@ def main():
               lambda k: k == "lm_head.weight" or k.endswith(".attn.bias"), tmp, corpus, failures)
         write_llama(tmp / "llama", gen)
         check("llama", strata, mpirun, tmp / "llama", lambda k: False, tmp, corpus, failures)
+        # Bad input under mpirun: every rank stops with the problem named, nothing is written.
+        shutil.copytree(tmp / "llama", tmp / "noshard")
+        (tmp / "noshard" / "model-00002-of-00002.safetensors").unlink()
+        r = run([mpirun] + MPI_FLAGS + ["-np", "2", strata, "import", "--hf", str(tmp / "noshard"), "--out",
+                                        str(tmp / "bad")])
+        if r.returncode == 0 or "is missing" not in r.stderr or (tmp / "bad" / "step-00000000").exists() \
+                or any((tmp / "bad").glob(".step-*")):
+            failures.append(f"a missing shard under mpirun: exit {r.returncode}: {r.stderr.strip()}")
+        else:
+            said = next(line for line in r.stderr.splitlines() if "is missing" in line)
+            print(f"a missing shard under mpirun: exit {r.returncode}: {said}")
     if failures:
         print("FAILED:\n  " + "\n  ".join(failures))
         return 1

@@ -99,6 +99,12 @@ TEST(Plan, AnalyticStepTimeAgreesWithTheSimulatedEngineWithin15Percent) {
        strategy(3, cpu, nvme, 2)},
       {"gpt-13b (8 layers), gh200, stage 3, params none, optimizer cpu, mb 4", shrunk("gpt-13b", 8), gh200,
        strategy(3, none, cpu, 4)},
+      // Llama: grouped-query attention, an untied head in the final group (no second
+      // gather of the embeddings), SwiGLU's activations.
+      {"llama2-70b (4 layers), dgx-h100, stage 3, nvme/nvme, mb 1", shrunk("llama2-70b", 4), h100,
+       strategy(3, nvme, nvme, 1)},
+      {"llama3-8b (8 layers), dgx-a100, stage 3, params cpu, optimizer cpu, mb 2", shrunk("llama3-8b", 8), a100x2,
+       strategy(3, cpu, cpu, 2)},
   };
   double worst = 0;
   for (const Case& c : cases) {
@@ -346,4 +352,17 @@ TEST(Plan, TheCpuPresetIsMeasuredAndPlansTheCpuBackend) {
   EXPECT_GE(p.step_s, p.compute_s + opt);
   SimulateReport r = simulate_plan(p, 3);
   EXPECT_NEAR(p.step_s / r.step_s_steady, 1.0, 0.15);
+}
+
+// The Llama presets are the published models: their parameter counts as Meta gives them
+// (Llama 2: 6.74B, 13.0B, 69.0B; Llama 3: 8.03B, 70.6B).
+TEST(Plan, LlamaPresetsHaveThePublishedParameterCounts) {
+  const std::pair<const char*, double> published[] = {{"llama2-7b", 6.738e9}, {"llama2-13b", 13.016e9},
+                                                      {"llama2-70b", 68.977e9}, {"llama3-8b", 8.030e9},
+                                                      {"llama3-70b", 70.554e9}};
+  for (const auto& [name, count] : published) {
+    const GptShape s = find_model_preset(name).shape;
+    EXPECT_TRUE(s.llama()) << name;
+    EXPECT_NEAR(double(gpt_param_count(s)), count, 0.001 * count) << name;
+  }
 }
