@@ -28,9 +28,15 @@ from safetensors.torch import save as torch_save
 
 def dump(tool, path):
     r = subprocess.run([tool, str(path)], capture_output=True, text=True, timeout=60)
-    if r.returncode not in (0, 1):
-        sys.exit(f"{tool} {path}: exit {r.returncode}\n{r.stdout}{r.stderr}")
-    return r.returncode, json.loads(r.stdout)
+    # Exit 0 or 1 with one JSON object and nothing on stderr; anything else (a sanitizer's
+    # report, a crash) is shown whole.
+    try:
+        out = json.loads(r.stdout)
+    except json.JSONDecodeError:
+        out = None
+    if r.returncode not in (0, 1) or out is None or r.stderr.strip():
+        sys.exit(f"{tool} {path}: exit {r.returncode}\nstdout: {r.stdout}\nstderr: {r.stderr}")
+    return r.returncode, out
 
 
 def raw_file(header, data=b""):
