@@ -59,6 +59,7 @@ struct StepArgs {
   std::string backend = "cpu";
   std::string precision = "f32";  // 16 bits: beside fp32, and beside PyTorch autocast
   bool nvme = true;               // the NVMe configuration too
+  bool speculative = false;       // each engine configuration also with the speculative optimizer
   bool torch = true;              // the PyTorch reference (cpu backend, 16 bits)
   std::string python = "/usr/bin/python3";
   std::string torch_script = STRATA_TORCH_GPT_STEP_SCRIPT;
@@ -70,6 +71,7 @@ struct Setup {
   std::string label;
   DType precision = DType::F32;
   bool nvme = false;
+  bool speculative = false;            // strata.speculative_optimizer
   bool torch = false;                  // the PyTorch reference: no engine, it times its own step
   std::unique_ptr<ZeroEngine> engine;
   GptModel* model = nullptr;
@@ -141,9 +143,10 @@ int run_step(const StepArgs& a) {
   auto peak_of = [&](DType p) { return peaks[p == DType::F32 ? 0 : 1]; };
 
   const uint64_t params = gpt_param_count(a.shape);
-  auto options = [&](bool offload, DType p) {
+  auto options = [&](bool offload, DType p, bool speculative) {
     EngineOptions o;
     o.stage = 3;
+    o.speculative = speculative;
     o.precision = p;
     o.optimizer = {OptimizerKind::AdamW, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f};
     o.gradient_accumulation_steps = a.accum;
@@ -170,13 +173,16 @@ int run_step(const StepArgs& a) {
   const std::string memory_label = cuda ? "params on GPU, optimizer pinned" : "in memory";
   std::vector<Setup> setups;
   for (int offload = 0; offload < (a.nvme ? 2 : 1); ++offload)
-    for (DType p : precisions) {
-      Setup s;
-      s.label = (offload ? "params+optimizer on NVMe" : memory_label) + (sixteen ? std::string(", ") + precision_name(p) : "");
-      s.precision = p;
-      s.nvme = offload == 1;
-      setups.push_back(std::move(s));
-    }
+    for (DType p : precisions)
+      for (int spec = 0; spec < (a.speculative ? 2 : 1); ++spec) {
+        Setup s;
+        s.label = (offload ? "params+optimizer on NVMe" : memory_label) +
+                  (sixteen ? std::string(", ") + precision_name(p) : "") + (spec ? ", speculative" : "");
+        s.precision = p;
+        s.nvme = offload == 1;
+        s.speculative = spec == 1;
+        setups.push_back(std::move(s));
+      }
   if (torch) {
     Setup s;
     s.label = std::string("PyTorch, autocast ") + precision_name(precision);
@@ -192,7 +198,7 @@ int run_step(const StepArgs& a) {
   for (Setup& s : setups) {
     if (s.torch) continue;
     progress.show("building " + s.label);
-    s.engine = std::make_unique<ZeroEngine>(*device, dev_comm, *comm, options(s.nvme, s.precision), specs);
+    s.engine = std::make_unique<ZeroEngine>(*device, dev_comm, *comm, options(s.nvme, s.precision, s.speculative), specs);
     s.engine->set_schedule(gpt_schedule(a.shape));
     s.model = models[s.precision == DType::F32 ? 0 : 1].get();
   }
@@ -244,6 +250,7 @@ int run_step(const StepArgs& a) {
                 {"tokens_per_step", tokens},  {"reps", a.reps},             {"warmup", a.warmup},
                 {"activation_checkpointing", a.checkpointing}, {"dir", a.dir}, {"backend", a.backend},
                 {"precision", precision_name(precision)}, {"nvme", a.nvme}, {"threads", threads},
+                {"speculative", a.speculative},
                 {"matmul_peak_gflops", peak_of(DType::F32) / 1e9}};
   if (sixteen) rep.config[std::string("matmul_peak_gflops_") + precision_name(precision)] = peak_of(precision) / 1e9;
   rep.table.columns = {{"label", "configuration", ""},       {"step_median_s", "step s", "%.3f"},
@@ -259,9 +266,9 @@ int run_step(const StepArgs& a) {
   const double flops = gpt_flops_per_token(a.shape) * static_cast<double>(tokens);
   // The setup a row is compared with: same configuration in memory (offload cost), and
   // the same configuration in fp32 (what the precision buys).
-  auto find = [&](bool nvme, DType p) -> const Setup* {
+  auto find = [&](bool nvme, DType p, bool speculative = false) -> const Setup* {
     for (const Setup& s : setups)
-      if (s.engine && s.nvme == nvme && s.precision == p) return &s;
+      if (s.engine && s.nvme == nvme && s.precision == p && s.speculative == speculative) return &s;
     return nullptr;
   };
   for (const Setup& s : setups) {
@@ -275,7 +282,7 @@ int run_step(const StepArgs& a) {
                           {"tokens_per_s", static_cast<double>(tokens) / t.median},
                           {"mfu", flops / t.median / peak_of(s.precision)},
                           {"steps", to_json(t, s.seconds)}};
-    const Setup* f32 = s.engine ? find(s.nvme, DType::F32) : find(false, DType::F32);
+    const Setup* f32 = s.engine ? find(s.nvme, DType::F32, s.speculative) : find(false, DType::F32);
     if (sixteen) row["speedup_over_f32"] = summarize(f32->seconds).median / t.median;
     if (s.engine) {
       const Summary e = summarize(s.exposed), o = summarize(s.optimizer);
@@ -304,6 +311,27 @@ int run_step(const StepArgs& a) {
   rep.notes.push_back(mfu_note + ".");
   rep.notes.push_back("exposed: time the model waited for parameters and gradient buffers, plus the optimizer's wait "
                       "for states from their tier; the rest of the step is compute (model and CPU Adam).");
+  if (a.speculative) {
+    // What the speculative optimizer moved out of step(): its optimizer time (the sub-groups
+    // left for step(), or all of them again where the step was undone) against the plain row's.
+    nlohmann::json hidden = nlohmann::json::object();
+    std::string line = "speculative: optimizer s is what is left at step() (the last group, plus any step undone); "
+                       "of the plain row's optimizer time, moved into the backward pass:";
+    for (const Setup& s : setups) {
+      if (!s.engine || !s.speculative) continue;
+      const Setup* plain = find(s.nvme, s.precision, false);
+      const double po = summarize(plain->optimizer).median, so = summarize(s.optimizer).median;
+      const double frac = po > 0 ? 1.0 - so / po : 0.0;
+      hidden[s.label] = frac;
+      char b[160];
+      std::snprintf(b, sizeof b, " %s %.0f%%, step %.3fx the plain one;", s.label.c_str(), 100 * frac,
+                    summarize(s.seconds).median / summarize(plain->seconds).median);
+      line += b;
+    }
+    line.back() = '.';
+    rep.notes.push_back(line);
+    rep.extra["optimizer_moved_into_backward"] = hidden;
+  }
   if (sixteen) {
     nlohmann::json ratios = nlohmann::json::object();
     auto two = [](double v) {
@@ -374,6 +402,8 @@ void add_step(CLI::App& bench, Runner& run) {
       ->check(CLI::IsMember({"f32", "bf16", "fp16"}))
       ->capture_default_str();
   s->add_flag("!--no-nvme", a.nvme, "Only the in-memory configuration");
+  s->add_flag("--speculative", a.speculative,
+              "Each configuration also with the speculative optimizer (strata.speculative_optimizer)");
   s->add_flag("!--no-torch", a.torch, "Without the PyTorch reference");
   s->add_option("--python", a.python, "Python with torch, for the PyTorch reference")->capture_default_str();
   s->add_option("--torch-script", a.torch_script, "The PyTorch reference script")->capture_default_str();

@@ -299,6 +299,9 @@ void Runtime::begin_micro_step() {
   if (micro_open_ >= config_.gradient_accumulation_steps)
     throw ApiError(STRATA_ERR_STATE, "strata_begin_micro_step: " + std::to_string(micro_open_) +
                                          " micro-batches (gradient_accumulation_steps) ran already; call strata_step");
+  // The `scheduler` section's lr for this step (optimizer.params.lr without one), set
+  // before the backward pass: the speculative optimizer steps during it.
+  if (micro_open_ == 0) engine_->set_learning_rate(LrSchedule{config_.scheduler}.lr_at(engine_->optimizer_steps()));
   engine_->begin_micro_step();
   ++micro_open_;
   in_micro_ = true;
@@ -417,8 +420,6 @@ bool Runtime::step() {
                                          " micro-batch(es); gradient_accumulation_steps is " +
                                          std::to_string(config_.gradient_accumulation_steps) +
                                          ": begin the remaining ones first");
-  // The `scheduler` section's lr for this step (optimizer.params.lr without one).
-  engine_->set_learning_rate(LrSchedule{config_.scheduler}.lr_at(engine_->optimizer_steps()));
   const auto end_step = [&] {
     micro_open_ = 0;
     in_micro_ = false;

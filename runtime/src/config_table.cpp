@@ -562,6 +562,12 @@ const ConfigSection kStrata = {
          .help = "Bytes of NVMe swap space.", .field = STRATA_CONFIG_FIELD(Config, strata.nvme_budget)},
         {.name = "checksums", .type = KeyType::Boolean, .help = "xxHash per NVMe extent, verified on read.",
          .field = STRATA_CONFIG_FIELD(Config, strata.checksums)},
+        {.name = "speculative_optimizer", .type = KeyType::Boolean,
+         .help = "Step each optimizer sub-group during the last micro-step's backward pass, as soon as its "
+                 "gradient is reduced, and validate at the step (clipping, non-finite gradients): undone and "
+                 "stepped again when it must be, so the result is bit-identical to the plain step. Keeps a "
+                 "second set of master weights and moments in the optimizer's tier, where the budget allows.",
+         .field = STRATA_CONFIG_FIELD(Config, strata.speculative_optimizer)},
         {.name = "seed", .type = KeyType::Whole, .min = 0, .help = "Random seed.",
          .field = STRATA_CONFIG_FIELD(Config, strata.seed)},
         {.name = "trace", .type = KeyType::Text, .help = "Chrome trace output path; empty turns tracing off.",

@@ -21,6 +21,9 @@ const char* suffix(StateRole r) {
     case StateRole::ExpAvg: return ".exp_avg";
     case StateRole::ExpAvgSq: return ".exp_avg_sq";
     case StateRole::Grad: return ".grad";
+    case StateRole::MasterNext: return ".master.next";
+    case StateRole::ExpAvgNext: return ".exp_avg.next";
+    case StateRole::ExpAvgSqNext: return ".exp_avg_sq.next";
   }
   return "";
 }
@@ -34,7 +37,10 @@ const char* owner(StateRole r) {
     case StateRole::ReplicatedParams: return "params";
     case StateRole::Master:
     case StateRole::ExpAvg:
-    case StateRole::ExpAvgSq: return "optimizer";
+    case StateRole::ExpAvgSq:
+    case StateRole::MasterNext:
+    case StateRole::ExpAvgNext:
+    case StateRole::ExpAvgSqNext: return "optimizer";
     case StateRole::GradFull:
     case StateRole::GradAccumulated:
     case StateRole::GradReduced:
@@ -54,7 +60,10 @@ DType role_dtype(StateRole r, const ShardStrategy& st) {
     case StateRole::Grad: return st.grads;
     case StateRole::Master:
     case StateRole::ExpAvg:
-    case StateRole::ExpAvgSq: return DType::F32;
+    case StateRole::ExpAvgSq:
+    case StateRole::MasterNext:
+    case StateRole::ExpAvgNext:
+    case StateRole::ExpAvgSqNext: return DType::F32;
   }
   return DType::F32;
 }
@@ -78,9 +87,13 @@ std::vector<StateTensor> group_tensors(const GroupLayout& g, const ShardStrategy
       add(StateRole::GradAccumulated, g.padded, Tier::Device, false);
   }
   add(StateRole::GradFull, g.padded, Tier::Device, true);
-  for (size_t i = 0; i < g.sub_groups.size(); ++i)
+  for (size_t i = 0; i < g.sub_groups.size(); ++i) {
     for (StateRole r : {StateRole::Master, StateRole::ExpAvg, StateRole::ExpAvgSq, StateRole::Grad})
       add(r, g.sub_groups[i].n, st.optimizer_home, false, static_cast<int>(i));
+    if (g.sub_groups[i].speculative)
+      for (StateRole r : {StateRole::MasterNext, StateRole::ExpAvgNext, StateRole::ExpAvgSqNext})
+        add(r, g.sub_groups[i].n, st.optimizer_home, false, static_cast<int>(i));
+  }
   return out;
 }
 
@@ -141,7 +154,6 @@ ShardLayout make_shard_layout(const std::vector<GroupSize>& groups, ShardStrateg
   if (sub == 0) sub = std::clamp<uint64_t>(L.max_shard / 4, uint64_t{1} << 20, uint64_t{100'000'000});
   L.sub_group = std::max(align, sub / align * align);
   st.rules.sub_group_elems = L.sub_group;
-  L.strategy = st;
 
   for (GroupLayout& g : L.groups) {
     for (uint64_t off = 0; off < g.shard; off += L.sub_group) {
@@ -150,6 +162,13 @@ ShardLayout make_shard_layout(const std::vector<GroupSize>& groups, ShardStrateg
       L.max_sub_group = std::max(L.max_sub_group, n);
       ++L.sub_group_count;
     }
+  }
+  st.speculative_sub_groups = std::min(st.speculative_sub_groups, L.sub_group_count);
+  L.strategy = st;
+  uint64_t index = 0;  // of the sub-group in the model, first to last
+  for (GroupLayout& g : L.groups)
+    for (SubGroup& sg : g.sub_groups) sg.speculative = index++ >= L.sub_group_count - st.speculative_sub_groups;
+  for (GroupLayout& g : L.groups) {
     g.tensors = group_tensors(g, st);
     for (const StateTensor& t : g.tensors) {
       if (t.spec.scratch) continue;
@@ -175,7 +194,8 @@ ShardLayout make_shard_layout(const std::vector<GroupSize>& groups, ShardStrateg
   L.device_working = st.stage == 3 ? 2 * mp + 2 * ms + mg : mp + ms + mg;
   // Two sub-groups' states (master and moments fp32, the gradient) and a parameter shard.
   const uint64_t per_elem = 3 * L.elem_bytes(StateRole::Master) + L.elem_bytes(StateRole::Grad);
-  L.pinned_staging = st.optimizer_home == Tier::Device ? ms : 2 * L.max_sub_group * per_elem + ms;
+  const uint64_t next_set = st.speculative_sub_groups > 0 ? 3 * L.elem_bytes(StateRole::MasterNext) : 0;
+  L.pinned_staging = st.optimizer_home == Tier::Device ? ms : L.max_sub_group * (2 * per_elem + next_set) + ms;
   return L;
 }
 

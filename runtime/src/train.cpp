@@ -217,7 +217,8 @@ class StepLog {
       : rank0_(rank == 0),
         lines_(rank == 0 && !topts.quiet),
         every_(std::max(1, cfg.steps_per_print)),
-        loss_scaled_(cfg.fp16.enabled) {
+        loss_scaled_(cfg.fp16.enabled),
+        speculative_(cfg.strata.speculative_optimizer) {
     if (rank0_ && !topts.metrics_path.empty()) {
       metrics_.open(topts.metrics_path, std::ios::app);
       if (!metrics_) throw IoError("cannot open the metrics file for appending", topts.metrics_path, 0, 0, errno);
@@ -278,6 +279,11 @@ class StepLog {
                         {"optimizer_s", rec.optimizer_s}, {"grad_norm", st.last_grad_norm},
                         {"stepped", rec.stepped}, {"skipped_steps", st.skipped_steps}};
     if (loss_scaled_) j["loss_scale"] = st.loss_scale;
+    if (speculative_)
+      j["speculation"] = {{"sub_groups", st.speculated_sub_groups},
+                          {"commits", st.speculation_commits},
+                          {"rollbacks", st.speculation_rollbacks},
+                          {"fallback_sub_groups", st.speculation_fallback_sub_groups}};
     for (int k = 0; k < kTierCount; ++k) {
       const char* name = to_string(static_cast<Tier>(k));
       j["used"][name] = t[k].used;
@@ -308,6 +314,17 @@ class StepLog {
     std::fflush(stdout);
   }
 
+  // The speculative optimizer's count: steps committed, and steps it had to undo.
+  void speculation(const EngineStats& st) {
+    if (!lines_ || !speculative_) return;
+    std::printf("speculative optimizer: %llu step(s) committed, %llu undone and stepped again or skipped "
+                "(clipping, non-finite gradients); %llu sub-group(s) without room for it\n",
+                static_cast<unsigned long long>(st.speculation_commits),
+                static_cast<unsigned long long>(st.speculation_rollbacks),
+                static_cast<unsigned long long>(st.speculation_fallback_sub_groups));
+    std::fflush(stdout);
+  }
+
   void heldout(double loss) {
     if (lines_ && loss >= 0) std::printf("held-out loss %.6f\n", loss);
   }
@@ -324,6 +341,7 @@ class StepLog {
   bool lines_;   // rank 0 without --quiet
   int every_;    // steps_per_print, at least 1
   bool loss_scaled_ = false;  // fp16: lines and metrics show the loss scale
+  bool speculative_ = false;  // strata.speculative_optimizer: its counts in metrics and at the end
   std::ofstream metrics_;
 };
 
@@ -390,6 +408,11 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
   for (int64_t step = res.first_step; step < cfg.strata.steps; ++step) {
     const bool last_step = step + 1 == cfg.strata.steps;
     const double t0 = steady_seconds();
+    // The learning rate the schedule gives this optimizer step, set before the backward
+    // pass (the speculative optimizer steps during it).
+    StepRecord rec;
+    rec.lr = lr_schedule.lr_at(engine->optimizer_steps());
+    engine->set_learning_rate(rec.lr);
     // Forward and backward over the micro-batches; the engine accumulates the gradients.
     double loss = 0;
     for (int m = 0; m < accum; ++m) {
@@ -399,11 +422,7 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
       loss += model->forward_backward(*engine, x.data(), y.data(), static_cast<float>(engine->loss_scale()));
     }
     comm->all_reduce(std::span<double>(&loss, 1)).wait();
-    // The update, at the learning rate the schedule gives this optimizer step.
-    StepRecord rec;
     rec.loss = loss / static_cast<double>(world * accum);
-    rec.lr = lr_schedule.lr_at(engine->optimizer_steps());
-    engine->set_learning_rate(rec.lr);
     rec.stepped = engine->step();
     rec.step = engine->iterations();
     const double seconds = steady_seconds() - t0;
@@ -434,6 +453,7 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
     step_log.heldout(res.eval_loss);
   }
   res.stats = engine->stats();
+  step_log.speculation(res.stats);
   return res;
 }
 

@@ -63,6 +63,10 @@ struct ZeroEngine::Chunk {
   uint64_t offset = 0;  // elements into the rank's shard
   uint64_t n = 0;       // elements
   TensorId master = 0, exp_avg = 0, exp_avg_sq = 0, grad = 0;
+  // Speculative sub-groups: the Next set (shard_layout.hpp), swapped with the current
+  // one when a speculative step is committed.
+  TensorId next_master = 0, next_exp_avg = 0, next_exp_avg_sq = 0;
+  bool speculated = false;  // this step's update sits in the Next set, not yet validated
   double sumsq = 0;     // squared norm of the accumulated gradient (written by reduce_stream_)
 };
 
@@ -89,6 +93,7 @@ struct ZeroEngine::Group {
   Event reduced_consumed;  // the last accumulation that read rs_out
   int holders = 0;
   double gather_issued = 0;  // device clock, for the trace
+  bool reduced = false;      // stage 1, speculating: this step's all-reduce already ran
 };
 
 EngineOptions EngineOptions::from_config(const Config& c) {
@@ -119,6 +124,7 @@ EngineOptions EngineOptions::from_config(const Config& c) {
   o.store.nvme.aio = c.aio;
   o.store.nvme.checksums = c.strata.checksums;
   o.trace_path = c.strata.trace;
+  o.speculative = c.strata.speculative_optimizer;
   return o;
 }
 
@@ -205,7 +211,51 @@ ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communica
                       std::to_string(layout_.max_sub_group) + " elements). Raise strata.pinned_budget to at least " +
                       format_bytes(pinned_home + pinned_working) + " or lower sub_group_size.");
   TieredStore::check_plan(layout_.tensor_specs(), opts_.store);  // NVMe capacity and staging
-  prefetch_room_ = opts_.store.device_budget - device_home - working;
+  if (opts_.speculative) {
+    // A Next set for as many sub-groups as the budgets leave room for, counted from the
+    // model's end (the backward pass reaches them first); the others step plainly at
+    // step(). The plain layout fits (checked above), so 0 always does.
+    auto layout_with = [&](uint64_t k) {
+      ShardStrategy st = opts_.shard_strategy(world_);
+      st.speculative_sub_groups = k;
+      return make_shard_layout(sizes, st);
+    };
+    auto fits = [&](uint64_t k) {
+      const ShardLayout L = layout_with(k);
+      if (L.need[int(Tier::Device)].homes() + L.device_working > opts_.store.device_budget) return false;
+      if (L.need[int(Tier::Pinned)].homes() + L.pinned_staging > opts_.store.pinned_budget) return false;
+      TieredStoreOptions so = opts_.store;
+      if (so.nvme.capacity_automatic) so.nvme.capacity = L.nvme_capacity();
+      try {
+        TieredStore::check_plan(L.tensor_specs(), so);
+      } catch (const OutOfBudget&) {
+        return false;
+      }
+      return true;
+    };
+    uint64_t lo = layout_.sub_group_count;
+    if (!fits(lo)) {
+      uint64_t hi = lo - 1;
+      lo = 0;
+      while (lo < hi) {
+        const uint64_t mid = lo + (hi - lo + 1) / 2;
+        if (fits(mid))
+          lo = mid;
+        else
+          hi = mid - 1;
+      }
+    }
+    layout_ = layout_with(lo);
+    if (opts_.store.nvme.capacity_automatic) opts_.store.nvme.capacity = layout_.nvme_capacity();
+    stats_.speculation_fallback_sub_groups = layout_.sub_group_count - lo;
+    if (lo < layout_.sub_group_count)
+      log::warn("strata.speculative_optimizer: the budgets leave room for a second set of optimizer states for " +
+                std::to_string(lo) + " of " + std::to_string(layout_.sub_group_count) +
+                " sub-groups; the others step after the backward pass. Raise the budget of the optimizer's tier "
+                "(zero_optimization.offload_optimizer.device) to speculate on all of them.");
+  }
+  prefetch_room_ =
+      opts_.store.device_budget - layout_.need[int(Tier::Device)].homes() - layout_.device_working;
 
   store_ = std::make_unique<TieredStore>(device_, opts_.store);
   CpuAdamOptions ao;
@@ -235,6 +285,9 @@ ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communica
         case StateRole::ExpAvg: gr.chunks[t.sub_group].exp_avg = id; break;
         case StateRole::ExpAvgSq: gr.chunks[t.sub_group].exp_avg_sq = id; break;
         case StateRole::Grad: gr.chunks[t.sub_group].grad = id; break;
+        case StateRole::MasterNext: gr.chunks[t.sub_group].next_master = id; break;
+        case StateRole::ExpAvgNext: gr.chunks[t.sub_group].next_exp_avg = id; break;
+        case StateRole::ExpAvgSqNext: gr.chunks[t.sub_group].next_exp_avg_sq = id; break;
       }
     }
   }
@@ -528,6 +581,14 @@ void ZeroEngine::accumulate_chunks(Group& gr, const void* reduced, DType t, Even
   }
 }
 
+void ZeroEngine::all_reduce_stage1(Group& gr) {
+  Acquired acc = store_->acquire(gr.gacc, Tier::Device);
+  Event reduced = comm_.all_reduce(view_mut(acc.data, gr.padded, grad_t_), coll::ReduceOp::Sum, acc.ready);
+  accumulate_chunks(gr, at(acc.data, static_cast<uint64_t>(rank_) * gr.shard, gb_), grad_t_, reduced, true, true);
+  store_->release(gr.gacc, Tier::Device, Access::Write, reduced);
+  gr.reduced = true;
+}
+
 void ZeroEngine::grads_ready(int g) {
   Group& gr = groups_.at(g);
   if (!gr.grad_ptr) throw Error("grads_ready: group '" + gr.spec.name + "' has no gradient buffer");
@@ -547,6 +608,9 @@ void ZeroEngine::grads_ready(int g) {
     store_->release(gr.gacc, Tier::Device, Access::Write, done);
     store_->discard_after(gr.gfull, done);
     gr.grad_consumed = done;
+    // Speculating: the step's all-reduce now rather than at step(), so the sub-groups
+    // can be stepped during the rest of the backward pass.
+    if (last && opts_.speculative) all_reduce_stage1(gr);
   } else {
     Acquired out = store_->acquire_for_overwrite(gr.rs_out, Tier::Device);
     // Written only once the previous accumulation has read the last contents.
@@ -561,6 +625,16 @@ void ZeroEngine::grads_ready(int g) {
     gr.grad_consumed = reduced;
   }
   gr.grad_ptr = nullptr;
+  if (last && opts_.speculative) {
+    // One group behind the backward pass: the newest group's reduction is still in
+    // flight, and on a GPU the model's next kernels are queued while the host steps.
+    spec_queue_.push_back(g);
+    while (spec_queue_.size() > 1) {
+      const int q = spec_queue_.front();
+      spec_queue_.erase(spec_queue_.begin());
+      speculate_group(q);
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -576,6 +650,10 @@ double ZeroEngine::global_grad_norm() {
   return std::sqrt(total) / scale;  // of the averaged, unscaled gradient
 }
 
+float ZeroEngine::unclipped_grad_scale() const {
+  return static_cast<float>(1.0 / (static_cast<double>(world_) * opts_.gradient_accumulation_steps * scaler_.scale()));
+}
+
 bool ZeroEngine::step() {
   if (micro_ + 1 != opts_.gradient_accumulation_steps)
     throw Error("step() after " + std::to_string(micro_ + 1) + " micro-steps; gradient_accumulation_steps is " +
@@ -583,25 +661,31 @@ bool ZeroEngine::step() {
   for (const Group& gr : groups_)
     if (gr.holders > 0 || gr.grad_ptr)
       throw Error("step() while group '" + gr.spec.name + "' is still acquired or awaiting its gradient");
-  if (opts_.stage == 1) {
-    for (Group& gr : groups_) {
-      Acquired acc = store_->acquire(gr.gacc, Tier::Device);
-      Event reduced = comm_.all_reduce(view_mut(acc.data, gr.padded, grad_t_), coll::ReduceOp::Sum, acc.ready);
-      accumulate_chunks(gr, at(acc.data, static_cast<uint64_t>(rank_) * gr.shard, gb_), grad_t_, reduced, true, true);
-      store_->release(gr.gacc, Tier::Device, Access::Write, reduced);
-    }
-  }
+  if (opts_.stage == 1)
+    for (Group& gr : groups_)
+      if (!gr.reduced) all_reduce_stage1(gr);
   const double t0 = device_.now();
   reduce_stream_->synchronize();
   waited(t0, "wait gradient reduction", nullptr);
   const double norm = global_grad_norm();
   stats_.last_grad_norm = norm;
   micro_ = -1;
+  spec_queue_.clear();  // the last group(s) are stepped below, knowing the norm
+  for (Group& gr : groups_) gr.reduced = false;
   ++iterations_;
+  std::vector<Update> speculated, plain;
+  for (Group& gr : groups_)
+    for (Chunk& c : gr.chunks) (c.speculated ? speculated : plain).push_back({&gr, &c});
+  stats_.speculated_sub_groups = speculated.size();
   // Every rank has the same norm (all-reduced): all skip together, before any state changes.
   const double scale_used = scaler_.scale();
   if (!std::isfinite(norm)) {
     ++stats_.skipped_steps;
+    if (!speculated.empty()) {
+      // The committed states are untouched; the working parameters go back to them.
+      ++stats_.speculation_rollbacks;
+      restore_params(speculated);
+    }
     scaler_.update(true);
     if (scaler_.enabled())
       log::info("fp16: gradients overflowed at loss scale " + std::to_string(scale_used) +
@@ -610,31 +694,86 @@ bool ZeroEngine::step() {
       log::warn("gradient norm is not finite; skipping this optimizer step");
     stats_.loss_scale = scaler_.scale();
     for (Group& gr : groups_)  // the skipped gradients are dead too: nothing writes them home
-      for (Chunk& c : gr.chunks) store_->discard_contents(c.grad);
+      for (Chunk& c : gr.chunks) {
+        store_->discard_contents(c.grad);
+        if (c.speculated)
+          for (TensorId id : {c.next_master, c.next_exp_avg, c.next_exp_avg_sq}) store_->discard_contents(id);
+        c.speculated = false;
+      }
     refresh_params();
     return false;
   }
-  scaler_.update(false);
-  stats_.loss_scale = scaler_.scale();
   double coef = 1.0;
   if (opts_.gradient_clipping > 0) coef = std::min(1.0, opts_.gradient_clipping / (norm + 1e-6));
   // Averaging, clipping and the loss scale, applied by the optimizer as it reads the gradient.
   const float grad_scale =
       static_cast<float>(coef / (static_cast<double>(world_) * opts_.gradient_accumulation_steps * scale_used));
+  scaler_.update(false);
+  stats_.loss_scale = scaler_.scale();
   ++step_count_;
 
   const double t_opt = device_.now();
   stats_.optimizer_wait_s = 0;
+  if (!speculated.empty()) {
+    // Valid when the step the speculation assumed is the step to take: no clipping (the
+    // same gradient scale to the bit) and the learning rate it used.
+    const bool valid = coef == 1.0 && adam_->config().lr == spec_lr_;
+    for (const Update& u : speculated) {
+      Chunk& c = *u.c;
+      c.speculated = false;
+      if (valid) {
+        std::swap(c.master, c.next_master);
+        std::swap(c.exp_avg, c.next_exp_avg);
+        std::swap(c.exp_avg_sq, c.next_exp_avg_sq);
+        store_->discard_contents(c.grad);
+      }
+      // The set not taken is dead: the next speculation overwrites it whole.
+      for (TensorId id : {c.next_master, c.next_exp_avg, c.next_exp_avg_sq}) store_->discard_contents(id);
+    }
+    if (valid) {
+      ++stats_.speculation_commits;
+    } else {
+      ++stats_.speculation_rollbacks;
+      plain.insert(plain.begin(), speculated.begin(), speculated.end());  // stepped again, in order
+      std::stable_sort(plain.begin(), plain.end(), [&](const Update& a, const Update& b) {
+        return a.gr != b.gr ? a.gr < b.gr : a.c->offset < b.c->offset;
+      });
+    }
+  }
+  update(plain, grad_scale, false);
+  stats_.optimizer_s = device_.now() - t_opt;
+  refresh_params();
+  return true;
+}
+
+void ZeroEngine::speculate_group(int g) {
+  Group& gr = groups_.at(g);
+  if (gr.holders > 0) return;  // still in use by the model: stepped at step()
+  std::vector<Update> items;
+  for (Chunk& c : gr.chunks)
+    if (c.next_master != 0 && !c.speculated) items.push_back({&gr, &c});
+  if (items.empty()) return;
+  // The step the speculation assumes: t + 1, no clipping, this learning rate.
+  bool first = true;
+  for (const Group& o : groups_)
+    for (const Chunk& c : o.chunks) first = first && !c.speculated;
+  if (first) spec_lr_ = adam_->config().lr;
+  if (adam_->config().lr != spec_lr_) return;
+  const int64_t saved = step_count_;
+  ++step_count_;
+  try {
+    update(items, unclipped_grad_scale(), true);
+  } catch (...) {
+    step_count_ = saved;
+    throw;
+  }
+  step_count_ = saved;
+}
+
+void ZeroEngine::update(const std::vector<Update>& items, float grad_scale, bool speculative) {
   const Tier t = opt_compute_tier_;
-  // Flatten the sub-groups so the next one's states can be fetched while this one is
-  // updated and the previous one is written back.
-  struct Item {
-    Group* gr;
-    Chunk* c;
-  };
-  std::vector<Item> items;
-  for (Group& gr : groups_)
-    for (Chunk& c : gr.chunks) items.push_back({&gr, &c});
+  // The next sub-group's states are fetched while this one is updated and the previous
+  // one is written back.
   auto prefetch = [&](size_t i) {
     if (i >= items.size() || t == opts_.optimizer_home) return;
     for (TensorId id : {items[i].c->master, items[i].c->exp_avg, items[i].c->exp_avg_sq, items[i].c->grad})
@@ -662,7 +801,14 @@ bool ZeroEngine::step() {
     if (open_group != &gr) {
       close_group();
       open_group = &gr;
-      params = opts_.stage == 3 ? store_->acquire_for_overwrite(gr.pshard, t) : store_->acquire(gr.full, Tier::Device);
+      // Stage 3 overwrites the whole parameter shard when every sub-group of the group is
+      // stepped here; otherwise the others' values are kept.
+      size_t mine = 0;
+      for (size_t j = i; j < items.size() && items[j].gr == &gr; ++j) ++mine;
+      const bool whole = mine == gr.chunks.size();
+      params = opts_.stage != 3 ? store_->acquire(gr.full, Tier::Device)
+               : whole          ? store_->acquire_for_overwrite(gr.pshard, t)
+                                : store_->acquire(gr.pshard, t);
       const double t0 = device_.now();
       params.ready.wait();
       const double t1 = device_.now();
@@ -674,8 +820,14 @@ bool ZeroEngine::step() {
     Acquired a = store_->acquire(c.exp_avg, t);
     Acquired v = store_->acquire(c.exp_avg_sq, t);
     Acquired gd = store_->acquire(c.grad, t);
+    Acquired out[3] = {m, a, v};  // where the step writes: the same arrays, or the Next set
+    if (speculative) {
+      out[0] = store_->acquire_for_overwrite(c.next_master, t);
+      out[1] = store_->acquire_for_overwrite(c.next_exp_avg, t);
+      out[2] = store_->acquire_for_overwrite(c.next_exp_avg_sq, t);
+    }
     const double t0 = device_.now();
-    for (Acquired* x : {&m, &a, &v, &gd}) x->ready.wait();
+    for (Acquired* x : {&m, &a, &v, &gd, &out[0], &out[1], &out[2]}) x->ready.wait();
     const double t1 = device_.now();
     stats_.optimizer_wait_s += t1 - t0;
     // One fused pass: read the weight, both moments and the (scaled) gradient, write the
@@ -688,38 +840,88 @@ bool ZeroEngine::step() {
     void* half_out = kind == HalfKind::None ? nullptr
                      : opts_.stage == 3     ? at(params.data, c.offset, wb_)
                                             : half_copy.data();
-    const double bytes = (24.0 + gb_) * c.n + (kind != HalfKind::None ? wb_ * c.n : opts_.stage == 3 ? 8.0 * c.n : 0.0);
+    auto* mo = static_cast<float*>(out[0].data);
+    const double bytes = (24.0 + gb_) * c.n + (speculative ? 24.0 * c.n : 0.0) +
+                         (kind != HalfKind::None ? wb_ * c.n : opts_.stage == 3 ? 8.0 * c.n : 0.0);
     device_.host_compute(bytes, [&] {
-      adam_->step(step_count_, static_cast<float*>(m.data), AdamGrads{gd.data, grad_t_, grad_scale},
-                  static_cast<float*>(a.data), static_cast<float*>(v.data), c.n, half_out, kind);
-      if (opts_.stage == 3 && kind == HalfKind::None)
-        std::memcpy(at(params.data, c.offset, 4), m.data, c.n * 4);
+      if (speculative) {
+        std::memcpy(out[0].data, m.data, c.n * 4);
+        std::memcpy(out[1].data, a.data, c.n * 4);
+        std::memcpy(out[2].data, v.data, c.n * 4);
+      }
+      adam_->step(step_count_, mo, AdamGrads{gd.data, grad_t_, grad_scale}, static_cast<float*>(out[1].data),
+                  static_cast<float*>(out[2].data), c.n, half_out, kind);
+      if (opts_.stage == 3 && kind == HalfKind::None) std::memcpy(at(params.data, c.offset, 4), mo, c.n * 4);
     });
     if (trace::Recorder* r = trace::active()) {
       if (t1 > t0) r->record("wait", "wait optimizer states " + gr.spec.name, t0, t1);
-      r->record("optimizer", "adam " + gr.spec.name + " [" + std::to_string(c.offset) + ", " +
-                                 std::to_string(c.offset + c.n) + ")",
+      r->record("optimizer",
+                std::string(speculative ? "adam (speculative) " : "adam ") + gr.spec.name + " [" +
+                    std::to_string(c.offset) + ", " + std::to_string(c.offset + c.n) + ")",
                 t1, device_.now());
     }
     if (opts_.stage != 3) {
       void* full = at(params.data, static_cast<uint64_t>(rank_) * gr.shard + c.offset, wb_);
-      reduce_stream_->copy_async(full, kind == HalfKind::None ? m.data : half_copy.data(), c.n * wb_);
+      reduce_stream_->copy_async(full, kind == HalfKind::None ? static_cast<void*>(mo) : half_copy.data(), c.n * wb_);
       reduce_stream_->synchronize();  // the master copy may move once released
     }
-    for (TensorId id : {c.master, c.exp_avg, c.exp_avg_sq}) {
-      store_->release(id, t, Access::Write);
-      if (t != opts_.optimizer_home) store_->drop(id, t);  // write back behind the next update
+    if (speculative) {
+      // The committed set is only read: dropping its copy writes nothing. The gradient is
+      // kept until step() validates (it is stepped again if the speculation is undone).
+      for (TensorId id : {c.master, c.exp_avg, c.exp_avg_sq}) {
+        store_->release(id, t);
+        if (t != opts_.optimizer_home) store_->drop(id, t);
+      }
+      for (TensorId id : {c.next_master, c.next_exp_avg, c.next_exp_avg_sq}) {
+        store_->release(id, t, Access::Write);
+        if (t != opts_.optimizer_home) store_->drop(id, t);
+      }
+      store_->release(c.grad, t);
+      c.speculated = true;
+    } else {
+      for (TensorId id : {c.master, c.exp_avg, c.exp_avg_sq}) {
+        store_->release(id, t, Access::Write);
+        if (t != opts_.optimizer_home) store_->drop(id, t);  // write back behind the next update
+      }
+      // The gradient is dead after the update: the next step's first micro-step
+      // overwrites it, so no copy of it is written anywhere (with optimizer states on
+      // NVMe this was a write of 4 (or 2) bytes per parameter per step that nobody read).
+      store_->release(c.grad, t);
+      store_->discard_contents(c.grad);
     }
-    // The gradient is dead after the update: the next step's first micro-step overwrites
-    // it, so no copy of it is written anywhere (with optimizer states on NVMe this was a
-    // write of 4 (or 2) bytes per parameter per step that nobody read).
-    store_->release(c.grad, t);
-    store_->discard_contents(c.grad);
   }
   close_group();
-  stats_.optimizer_s = device_.now() - t_opt;
-  refresh_params();
-  return true;
+}
+
+void ZeroEngine::restore_params(const std::vector<Update>& items) {
+  const Tier t = opt_compute_tier_;
+  for (const Update& u : items) {
+    Group& gr = *u.gr;
+    Chunk& c = *u.c;
+    Acquired m = store_->acquire(c.master, t);
+    Acquired p = opts_.stage == 3 ? store_->acquire(gr.pshard, t) : store_->acquire(gr.full, Tier::Device);
+    when_all({m.ready, p.ready}).wait();
+    std::vector<std::byte> working(opts_.stage == 3 ? 0 : c.n * wb_);
+    device_.host_compute((4.0 + wb_) * c.n, [&] {
+      if (opts_.stage == 3)
+        convert_from_f32(at(p.data, c.offset, wb_), work_t_, static_cast<const float*>(m.data), c.n);
+      else
+        convert_from_f32(working.data(), work_t_, static_cast<const float*>(m.data), c.n);
+    });
+    if (opts_.stage != 3) {
+      reduce_stream_->copy_async(at(p.data, static_cast<uint64_t>(rank_) * gr.shard + c.offset, wb_), working.data(),
+                                 working.size());
+      reduce_stream_->synchronize();
+    }
+    store_->release(c.master, t);
+    if (t != opts_.optimizer_home) store_->drop(c.master, t);
+    if (opts_.stage == 3) {
+      store_->release(gr.pshard, t, Access::Write);
+      if (opts_.param_home != t) store_->drop(gr.pshard, t);
+    } else {
+      store_->release(gr.full, Tier::Device, Access::Write);
+    }
+  }
 }
 
 void ZeroEngine::refresh_params() {

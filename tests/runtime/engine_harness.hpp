@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -27,16 +28,53 @@ struct RunSpec {
   bool give_schedule = true;  // else the engine learns the order from the first step
   uint64_t sub_group = 1u << 30;
   DType precision = DType::F32;
+  bool speculative = false;  // strata.speculative_optimizer
+  int poison_step = -1;      // this step's gradient of one group on rank poison_rank becomes NaN
+  int poison_rank = 0;
+  bool snapshots = false;    // RunResult::states after every step
+  uint64_t pinned_budget = 2 << 20;
   std::string label() const {
     return std::string(precision_name(precision)) + ", stage " + std::to_string(stage) + ", params " + to_string(param) + ", optimizer " + to_string(optimizer) +
-           ", accum " + std::to_string(accum) + (clip > 0 ? ", clipped" : "") + (give_schedule ? "" : ", traced");
+           ", accum " + std::to_string(accum) + (clip > 0 ? ", clip " + std::to_string(clip) : "") +
+           (give_schedule ? "" : ", traced") + (speculative ? ", speculative" : "") +
+           (poison_step >= 0 ? ", NaN at step " + std::to_string(poison_step) : "");
   }
 };
 
 struct RunResult {
   std::vector<double> losses;                // global mean loss per step
   std::vector<std::vector<float>> weights;   // final full parameters per group
+  // With RunSpec::snapshots, after every step: this rank's whole state, the working
+  // parameters of every group then each group's master weights and both moments.
+  std::vector<std::vector<float>> states;
+  std::vector<bool> stepped;
+  std::vector<double> norms;  // the gradient norm of every step
   EngineStats stats;
+};
+
+// Hands the model the engine's buffers, and fills one group's gradient with NaN on the
+// chosen step, after the model wrote it: a non-finite gradient on one rank.
+class PoisoningSource final : public WeightSource {
+ public:
+  PoisoningSource(ZeroEngine& e, bool poison) : e_(e), poison_(poison) {}
+  int num_groups() const override { return e_.num_groups(); }
+  uint64_t group_numel(int g) const override { return e_.group_numel(g); }
+  DType dtype() const override { return e_.dtype(); }
+  const void* acquire_params(int g) override { return e_.acquire_params(g); }
+  void release_params(int g) override { e_.release_params(g); }
+  void* gradient_buffer(int g) override { return buf_[g] = e_.gradient_buffer(g); }
+  void grads_ready(int g) override {
+    if (poison_ && g == 1) {
+      std::vector<float> nan(e_.group_numel(g), std::nanf(""));
+      convert_from_f32(buf_[g], e_.dtype(), nan.data(), nan.size());
+    }
+    e_.grads_ready(g);
+  }
+
+ private:
+  ZeroEngine& e_;
+  bool poison_;
+  std::map<int, void*> buf_;
 };
 
 constexpr int kLayers = 4, kWidth = 32, kGlobalBatch = 8;
@@ -47,6 +85,23 @@ inline void make_row(int step, int micro, int row, float* x, float* y) {
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (int j = 0; j < kWidth; ++j) x[j] = u(rng);
   for (int j = 0; j < kWidth; ++j) y[j] = 0.5f * std::sin(2.0f * x[j] + x[(j + 1) % kWidth]);
+}
+
+// This rank's whole state: the working parameters of every group, then each group's
+// master weights and both moments.
+inline std::vector<float> snapshot(ZeroEngine& engine) {
+  std::vector<float> all;
+  for (int g = 0; g < engine.num_groups(); ++g) {
+    const std::vector<float> w = engine.gather_full_params(g);
+    all.insert(all.end(), w.begin(), w.end());
+  }
+  for (int g = 0; g < engine.num_groups(); ++g) {
+    const uint64_t n = engine.shard_numel(g);
+    std::vector<float> st(3 * n);
+    engine.read_optimizer_shard(g, st.data(), st.data() + n, st.data() + 2 * n);
+    all.insert(all.end(), st.begin(), st.end());
+  }
+  return all;
 }
 
 // The engine settings the tests' training runs use; group_numel sets the
@@ -65,6 +120,7 @@ inline EngineOptions test_engine_options(const RunSpec& spec, uint64_t group_num
   o.optimizer.lr = 3e-3f;
   o.optimizer.weight_decay = 0.01f;
   o.gradient_clipping = spec.clip;
+  o.speculative = spec.speculative;
   o.gradient_accumulation_steps = spec.accum;
   o.sub_group_elems = spec.sub_group;
   o.prefetch_bucket_elems = 3 * group_numel;
@@ -72,7 +128,7 @@ inline EngineOptions test_engine_options(const RunSpec& spec, uint64_t group_num
   o.optimizer_threads = 1;
   o.seed = seed;
   o.store.device_budget = 2 << 20;
-  o.store.pinned_budget = 2 << 20;
+  o.store.pinned_budget = spec.pinned_budget;
   if (spec.param == OffloadDevice::Nvme || spec.optimizer == OffloadDevice::Nvme) {
     o.store.nvme.paths = {nvme_dir};
     o.store.nvme.checksums = true;
@@ -100,11 +156,14 @@ inline RunResult train(coll::Communicator& comm, coll::Communicator& host, const
     for (int m = 0; m < spec.accum; ++m) {
       for (int i = 0; i < local; ++i) make_row(step, m, rank * local + i, &x[i * kWidth], &y[i * kWidth]);
       engine.begin_micro_step();
-      loss += model.forward_backward(engine, x.data(), y.data(), local);
+      PoisoningSource source(engine, step == spec.poison_step && rank == spec.poison_rank && m == spec.accum - 1);
+      loss += model.forward_backward(source, x.data(), y.data(), local);
     }
     host.all_reduce(std::span<double>(&loss, 1)).wait();
     r.losses.push_back(loss / (world * spec.accum));
-    engine.step();
+    r.stepped.push_back(engine.step());
+    r.norms.push_back(engine.stats().last_grad_norm);
+    if (spec.snapshots) r.states.push_back(snapshot(engine));
   }
   for (int g = 0; g < kLayers; ++g) r.weights.push_back(engine.gather_full_params(g));
   r.stats = engine.stats();

@@ -57,11 +57,14 @@ inline RunResult train_gpt(coll::Communicator& comm, coll::Communicator& host, c
       for (int i = 0; i < local; ++i)
         gpt_row(step, m, rank * local + i, shape, &x[i * shape.seq_len], &y[i * shape.seq_len]);
       engine.begin_micro_step();
-      loss += model.forward_backward(engine, x.data(), y.data(), static_cast<float>(engine.loss_scale()));
+      PoisoningSource source(engine, step == spec.poison_step && rank == spec.poison_rank && m == spec.accum - 1);
+      loss += model.forward_backward(source, x.data(), y.data(), static_cast<float>(engine.loss_scale()));
     }
     host.all_reduce(std::span<double>(&loss, 1)).wait();
     r.losses.push_back(loss / (world * spec.accum));
-    engine.step();
+    r.stepped.push_back(engine.step());
+    r.norms.push_back(engine.stats().last_grad_norm);
+    if (spec.snapshots) r.states.push_back(snapshot(engine));
   }
   for (int g = 0; g < engine.num_groups(); ++g) r.weights.push_back(engine.gather_full_params(g));
   r.stats = engine.stats();

@@ -23,6 +23,10 @@ that step + 1: no checkpoint that looks complete is skipped), and is not refused
 "in use" (no stale lock). Each chain ends with a run to the last step, whose losses must
 equal the uninterrupted run's and which leaves no .tmp behind.
 
+The one-process chain runs the speculative optimizer (strata.speculative_optimizer) with
+gradient clipping that undoes some of its steps, so kills also land between a speculative
+update and its validation.
+
 The kill points are random; the seed is printed (--seed reruns the same choices; the
 timing of a kill still varies). --kills N scales the number of kills (default 50, about
 30% of them under mpirun).
@@ -180,6 +184,11 @@ class Chain:
         self.nvme.mkdir()
         cfg = long_run_config(root.parent, self.ckpt, checkpoint_every=EVERY)
         cfg["strata"]["steps"] = STEPS
+        if world == 1:
+            # The one-process chain runs the speculative optimizer, with clipping that
+            # undoes some of its steps: kills land inside speculative steps too.
+            cfg["strata"]["speculative_optimizer"] = True
+            cfg["gradient_clipping"] = 1.0
         for k in ("offload_param", "offload_optimizer"):
             cfg["zero_optimization"][k]["nvme_path"] = str(self.nvme)
         self.cfg = root / "cfg.json"

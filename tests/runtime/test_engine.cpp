@@ -146,4 +146,7 @@ TEST(ZeroEngine, OptionsFromConfigRefuseWhatTheEngineLacks) {
   EXPECT_EQ(o.stage, 2);
   EXPECT_EQ(o.optimizer_home, Tier::Pinned);
   EXPECT_EQ(o.store.device_budget, 8u << 20);
+  EXPECT_FALSE(o.speculative);
+  c = parse_config(nlohmann::json::parse(R"({"strata": {"speculative_optimizer": true}})"));
+  EXPECT_TRUE(EngineOptions::from_config(c).speculative);
 }

@@ -1,11 +1,12 @@
 // The ZeRO engine across ranks (run under mpirun at 2 and 4 ranks): every stage and
-// offload setting gives the same losses and final weights as one rank without offload.
+// offload setting gives the same losses and final weights as one rank without offload;
+// the speculative optimizer gives the plain step's bits at the same world size.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 
-#include "engine_harness.hpp"
+#include "speculative_check.hpp"
 
 using namespace strata;
 using namespace strata::testing_engine;
@@ -57,5 +58,27 @@ TEST(ZeroEngineMpi, EveryStageAndOffloadMatchesOneRankWithoutOffload) {
     if (comm.rank() == 0)
       std::printf("world %d, %s: loss %.5f -> %.5f, max rel loss diff %.2e, max weight diff %.2e\n", comm.size(),
                   spec.label().c_str(), got.losses.front(), got.losses.back(), worst_loss, worst_w);
+  }
+}
+
+// The speculative optimizer at world 2 and 4: the norm is an all-reduce of every rank's
+// partial sums, a NaN on the last rank skips the step everywhere, and every rank's
+// states match the plain step's bit for bit after every step.
+TEST(ZeroEngineMpi, SpeculativeStepIsBitIdenticalToThePlainStep) {
+  coll::Communicator& comm = world();
+  ASSERT_GT(comm.size(), 1) << "run this under mpirun with at least 2 ranks";
+  TempDir dir("engine-mpi-spec-r" + std::to_string(comm.rank()));
+  for (int stage : {1, 2, 3})
+    for (OffloadDevice off : {OffloadDevice::Cpu, OffloadDevice::Nvme})
+      for (Regime regime : {Regime::NeverClips, Regime::AlwaysClips, Regime::SometimesClips, Regime::NonFinite}) {
+        RunSpec spec{.stage = stage, .param = stage == 3 ? off : OffloadDevice::None, .optimizer = off,
+                     .sub_group = 1024};
+        expect_speculation_exact(run_mlp, comm, spec, regime, 30, dir.path);
+      }
+  // bf16 through the small GPT, stage 3 on NVMe, with gradient accumulation.
+  for (Regime regime : {Regime::SometimesClips, Regime::NonFinite}) {
+    RunSpec spec{.stage = 3, .param = OffloadDevice::Nvme, .optimizer = OffloadDevice::Nvme, .accum = 2,
+                 .precision = DType::BF16};
+    expect_speculation_exact(run_gpt, comm, spec, regime, 12, dir.path);
   }
 }

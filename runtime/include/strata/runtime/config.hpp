@@ -76,6 +76,7 @@ struct StrataSection {
   uint64_t pinned_budget = 1ull << 30;   // bytes
   uint64_t nvme_budget = 0;              // bytes; 0: sized from the plan
   bool checksums = false;                // xxHash per NVMe extent
+  bool speculative_optimizer = false;    // step sub-groups during backward, validate at step()
   uint64_t seed = 1234;
   std::string trace;                     // Chrome trace output path ("" = off)
   ModelShape model;

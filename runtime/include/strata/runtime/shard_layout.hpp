@@ -49,6 +49,12 @@ struct ShardStrategy {
   DType working = DType::F32;
   DType grads = DType::F32;
   ShardRules rules;
+  // The speculative optimizer (strata.speculative_optimizer): this many sub-groups,
+  // counted from the model's end (the backward pass reaches the last groups first), have
+  // a second set of master weights and moments in optimizer_home, which a step run
+  // during the backward pass writes while the current set stays intact until the step is
+  // validated (zero_engine.hpp). The engine lowers it until the budgets hold.
+  uint64_t speculative_sub_groups = 0;
 };
 
 // The reduced gradient's type: the working type when each step reduces one micro-batch
@@ -70,6 +76,9 @@ enum class StateRole {
   ExpAvg,          // per sub-group: Adam's first moment
   ExpAvgSq,        // per sub-group: Adam's second moment
   Grad,            // per sub-group: the reduced, accumulated gradient
+  MasterNext,      // speculative sub-groups: the next step's master weights, written
+  ExpAvgNext,      //   during the backward pass while Master / ExpAvg / ExpAvgSq stay
+  ExpAvgSqNext,    //   the committed state; the engine swaps the two sets at commit
 };
 
 struct StateTensor {
@@ -81,6 +90,7 @@ struct StateTensor {
 struct SubGroup {
   uint64_t offset = 0;  // elements into the rank's shard
   uint64_t n = 0;       // elements
+  bool speculative = false;  // has the Next set (ShardStrategy::speculative_sub_groups)
 };
 
 struct GroupLayout {
@@ -114,7 +124,8 @@ struct ShardLayout {
   // gradient sub-groups passing through).
   uint64_t device_working = 0;
   // Pinned staging the optimizer needs: its sub-groups' four states passing through,
-  // twice (the one updated and the next one fetched), and a parameter shard.
+  // twice (the one updated and the next one fetched), and a parameter shard; a
+  // speculative step also holds the updated sub-group's Next set.
   uint64_t pinned_staging = 0;
   // NVMe swap space when sized from the layout: the homes plus an eighth for cache copies
   // plus 64 MiB, in whole 4 KiB units.

@@ -75,6 +75,11 @@ struct EngineOptions {
   uint64_t sub_group_elems = 1'000'000'000;      // optimizer sub-group size; 0: chosen (shard_layout.hpp)
   uint64_t shard_align_elems = ShardRules::kDefaultAlignElems;  // shards are multiples of this
   bool prefetch = true;
+  // Speculative optimizer (strata.speculative_optimizer): during the last micro-step's
+  // backward, each sub-group is stepped into its Next set (shard_layout.hpp) as soon as
+  // its gradient is reduced, assuming no clipping and finite gradients; step() validates
+  // and commits, or discards and steps again (or skips). Bit-identical to the plain step.
+  bool speculative = false;
   uint64_t seed = 1234;
   unsigned optimizer_threads = 0;      // 0: all cores
   TieredStoreOptions store;
@@ -101,6 +106,15 @@ struct EngineStats {
   double last_grad_norm = 0;      // before clipping, of the averaged gradient (loss scale divided out)
   uint64_t skipped_steps = 0;     // steps whose gradients were not finite (fp16 overflows included)
   double loss_scale = 1;          // the scale of the next micro-steps' gradients
+  // The speculative optimizer: sub-groups stepped during the backward pass in the last
+  // step; steps whose speculation was committed, and steps where it was undone (clipping
+  // applied, a non-finite gradient, the learning rate changed after the backward pass);
+  // sub-groups without a Next set because the budgets leave no room for one (stepped
+  // plainly at step()).
+  uint64_t speculated_sub_groups = 0;
+  uint64_t speculation_commits = 0;
+  uint64_t speculation_rollbacks = 0;
+  uint64_t speculation_fallback_sub_groups = 0;
   StoreStats store;
 };
 
@@ -183,8 +197,21 @@ class ZeroEngine final : public WeightSource {
   // group's sub-groups; the first micro-step overwrites them.
   void accumulate_chunks(Group& gr, const void* reduced, DType t, Event reduced_ready, bool first, bool last);
   void adopt_schedule(std::vector<int> order);
+  void all_reduce_stage1(Group& gr);  // the step's all-reduce of a stage-1 group's gradient
   void refresh_params();
   double global_grad_norm();
+  struct Update {
+    Group* gr;
+    Chunk* c;
+  };
+  // Steps the sub-groups in `items` (in order, fetching the next one's states while one is
+  // updated): in place, or into their Next sets when speculative.
+  void update(const std::vector<Update>& items, float grad_scale, bool speculative);
+  void speculate_group(int g);  // steps group g's speculative sub-groups into their Next sets
+  float unclipped_grad_scale() const;
+  // After a skipped step: the working parameters of speculated sub-groups back to their
+  // committed master weights.
+  void restore_params(const std::vector<Update>& items);
   void waited(double since, const char* what, const Group* gr);  // an exposed wait ended now
 
   std::unique_ptr<trace::Recorder> trace_;  // set when opts_.trace_path is
@@ -216,6 +243,8 @@ class ZeroEngine final : public WeightSource {
   int64_t step_count_ = 0;
   int64_t iterations_ = 0;
   std::vector<double> norm_parts_;  // per-chunk squared norms of the last micro-step (host)
+  std::vector<int> spec_queue_;     // groups whose last gradients are reduced, not yet speculated
+  double spec_lr_ = 0;              // the learning rate the speculated sub-groups were stepped with
   mutable EngineStats stats_;
 };
 

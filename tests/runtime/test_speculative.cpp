@@ -1,0 +1,112 @@
+// The speculative optimizer (strata.speculative_optimizer) on one rank: every stage,
+// offload and precision, in every clipping regime and with a NaN gradient, gives the
+// plain step's bits after every step; where the budget leaves room for only some Next
+// sets, the rest step plainly and the budget holds; NVMe space is the same after 100
+// steps with rollbacks.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "speculative_check.hpp"
+#include "strata/runtime/shard_layout.hpp"
+
+using namespace strata;
+using namespace strata::testing_engine;
+
+namespace {
+
+std::unique_ptr<coll::Communicator> self() { return coll::make_host_communicator(coll::HostBackend::Self); }
+
+struct Case {
+  int stage;
+  DType precision;
+};
+
+class Speculative : public ::testing::TestWithParam<Case> {};
+
+}  // namespace
+
+TEST_P(Speculative, BitIdenticalToThePlainStepInEveryRegime) {
+  const Case k = GetParam();
+  TempDir dir("spec-" + std::to_string(k.stage) + precision_name(k.precision));
+  auto comm = self();
+  // The residual MLP is fp32 only; the small GPT runs 16 bits.
+  const Runner run = k.precision == DType::F32 ? Runner(run_mlp) : Runner(run_gpt);
+  // 30 steps of the MLP in fp32 with every offload; 20 of the GPT (slower) in bf16 with
+  // the two host tiers.
+  const bool mlp = k.precision == DType::F32;
+  const std::vector<OffloadDevice> offloads =
+      mlp ? std::vector{OffloadDevice::None, OffloadDevice::Cpu, OffloadDevice::Nvme}
+          : std::vector{OffloadDevice::Cpu, OffloadDevice::Nvme};
+  for (OffloadDevice off : offloads)
+    for (Regime regime : {Regime::NeverClips, Regime::AlwaysClips, Regime::SometimesClips, Regime::NonFinite}) {
+      RunSpec spec{.stage = k.stage, .param = k.stage == 3 ? off : OffloadDevice::None, .optimizer = off,
+                   .sub_group = 1024, .precision = k.precision};
+      expect_speculation_exact(run, *comm, spec, regime, mlp ? 30 : 20, dir.path);
+    }
+  // Gradient accumulation: speculation in the last micro-step only.
+  RunSpec acc{.stage = k.stage, .param = k.stage == 3 ? OffloadDevice::Nvme : OffloadDevice::None,
+              .optimizer = OffloadDevice::Nvme, .accum = 3, .precision = k.precision};
+  expect_speculation_exact(run, *comm, acc, Regime::SometimesClips, 20, dir.path);
+  expect_speculation_exact(run, *comm, acc, Regime::NonFinite, 20, dir.path);
+}
+
+INSTANTIATE_TEST_SUITE_P(StagesAndPrecisions, Speculative,
+                         ::testing::Values(Case{1, DType::F32}, Case{2, DType::F32}, Case{3, DType::F32},
+                                           Case{1, DType::BF16}, Case{2, DType::BF16}, Case{3, DType::BF16}),
+                         [](const auto& info) {
+                           return "Stage" + std::to_string(info.param.stage) + precision_name(info.param.precision);
+                         });
+
+TEST(SpeculativeOptimizer, SubGroupsWithoutRoomStepPlainlyAndTheBudgetHolds) {
+  auto comm = self();
+  // Optimizer states in pinned memory, 8 sub-groups; a pinned budget with room for the
+  // plain layout and the Next sets of about half of them.
+  RunSpec base{.stage = 3, .param = OffloadDevice::Cpu, .optimizer = OffloadDevice::Cpu, .clip = 0.05f,
+               .sub_group = 1024, .snapshots = true};
+  ResidualMlp model(kLayers, kWidth);
+  std::vector<GroupSize> sizes(kLayers, GroupSize{"block", model.group_numel()});
+  ShardStrategy st = test_engine_options(base, model.group_numel(), "").shard_strategy(1);
+  const ShardLayout plain_layout = make_shard_layout(sizes, st);
+  st.speculative_sub_groups = plain_layout.sub_group_count;
+  const ShardLayout full = make_shard_layout(sizes, st);
+  ASSERT_EQ(plain_layout.sub_group_count, 8u);
+  const uint64_t pinned = [](const ShardLayout& L) { return L.need[int(Tier::Pinned)].homes() + L.pinned_staging; }(full);
+  const uint64_t next_bytes = full.need[int(Tier::Pinned)].homes() - plain_layout.need[int(Tier::Pinned)].homes();
+  base.pinned_budget = pinned - next_bytes / 2;
+
+  RunResult plain = train(*comm, *comm, base, 30, "");
+  RunSpec spec = base;
+  spec.speculative = true;
+  RunResult got = train(*comm, *comm, spec, 30, "");
+  const uint64_t fallback = got.stats.speculation_fallback_sub_groups;
+  EXPECT_GT(fallback, 0u);
+  EXPECT_LT(fallback, 8u);
+  EXPECT_EQ(got.stats.speculated_sub_groups + fallback, 8u) << "the last step speculated every sub-group with room";
+  for (int s = 0; s < 30; ++s)
+    ASSERT_EQ(std::memcmp(got.states[s].data(), plain.states[s].data(), got.states[s].size() * 4), 0) << "step " << s;
+  for (int t = 0; t < kTierCount; ++t)
+    EXPECT_LE(got.stats.store.tiers[t].peak, got.stats.store.tiers[t].budget) << to_string(static_cast<Tier>(t));
+}
+
+TEST(SpeculativeOptimizer, NvmeSpaceIsTheSameAfterAHundredStepsWithRollbacks) {
+  TempDir dir("spec-nvme");
+  auto comm = self();
+  RunSpec spec{.stage = 3, .param = OffloadDevice::Nvme, .optimizer = OffloadDevice::Nvme, .sub_group = 1024,
+               .speculative = true};
+  // A clip near the norms the run sees: some steps commit, some roll back.
+  RunSpec probe = spec;
+  probe.speculative = false;
+  std::vector<double> n = train(*comm, *comm, probe, 100, dir.path).norms;
+  std::nth_element(n.begin(), n.begin() + n.size() / 2, n.end());
+  spec.clip = static_cast<float>(n[n.size() / 2]);
+  spec.poison_step = 50;
+  const RunResult one = train(*comm, *comm, spec, 1, dir.path);
+  const RunResult hundred = train(*comm, *comm, spec, 100, dir.path);
+  EXPECT_GT(hundred.stats.speculation_rollbacks, 10u);
+  EXPECT_GT(hundred.stats.speculation_commits, 10u);
+  const int nv = int(Tier::Nvme);
+  EXPECT_EQ(hundred.stats.store.tiers[nv].used, one.stats.store.tiers[nv].used);
+  EXPECT_LE(hundred.stats.store.tiers[nv].peak, hundred.stats.store.tiers[nv].budget);
+  EXPECT_EQ(hundred.stats.store.failed_moves, 0u);
+}
