@@ -71,6 +71,7 @@ struct PlanArgs {
   uint64_t sub_group = 0;
   std::string precision = "f32";
   bool no_checkpointing = false;
+  bool speculative = false;
   bool search = false, simulate = false, json = false;
   int simulate_steps = 3;
 };
@@ -122,6 +123,7 @@ nlohmann::json plan_json(const plan::Plan& p) {
   j["strategy"] = {{"stage", s.stage}, {"offload_param", to_string(s.offload_param)},
                    {"offload_optimizer", to_string(s.offload_optimizer)}, {"micro_batch", s.micro_batch},
                    {"grad_accum", s.grad_accum}, {"checkpointing", s.checkpointing},
+                   {"speculative", s.speculative},
                    {"prefetch_groups", s.prefetch_groups}, {"sub_group_elems", p.engine.sub_group_elems},
                    {"describe", s.describe()}};
   j["world"] = p.world;
@@ -260,6 +262,7 @@ int run_plan(const PlanArgs& a) {
   st.micro_batch = a.micro_batch;
   st.grad_accum = a.grad_accum;
   st.checkpointing = !a.no_checkpointing;
+  st.speculative = a.speculative;
   st.prefetch_groups = a.prefetch_groups;
   st.sub_group_elems = a.sub_group;
   st.precision = parse_precision(a.precision);
@@ -348,6 +351,9 @@ void add_plan(CLI::App& app) {
   p->add_option("--micro-batch", args->micro_batch, "sequences per rank per micro-step")->capture_default_str();
   p->add_option("--grad-accum", args->grad_accum, "micro-steps per optimizer step")->capture_default_str();
   p->add_flag("--no-checkpointing", args->no_checkpointing, "keep every block's activations (no recompute)");
+  p->add_flag("--speculative", args->speculative,
+              "the speculative optimizer (strata.speculative_optimizer): sub-groups stepped during the last "
+              "backward pass, a second set of optimizer states");
   p->add_option("--prefetch-groups", args->prefetch_groups, "gathered groups ahead of use")->capture_default_str();
   p->add_option("--sub-group", args->sub_group, "optimizer sub-group, elements (0: chosen)");
   p->add_option("--precision", args->precision, "working parameters and gradients: f32, bf16 or fp16")

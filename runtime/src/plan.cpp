@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <sstream>
 
 #include "strata/core/convert.hpp"
@@ -34,6 +35,7 @@ std::string Strategy::describe() const {
   if (grad_accum > 1) os << " x " << grad_accum << " accumulated";
   os << (checkpointing ? ", checkpointing" : ", no checkpointing");
   if (precision != DType::F32) os << ", " << precision_name(precision);
+  if (speculative) os << ", speculative";
   return os.str();
 }
 
@@ -86,6 +88,8 @@ ShardLayout gpt_shard_layout(const GptShape& shape, const Strategy& st, int worl
   ss.rules.sub_group_elems = st.sub_group_elems;
   ss.working = st.precision;
   ss.grads = grads_dtype(st.precision, st.grad_accum);
+  // Every sub-group: make_shard_layout caps it at the count.
+  ss.speculative_sub_groups = st.speculative ? std::numeric_limits<uint64_t>::max() : 0;
   return make_shard_layout(sizes, ss);
 }
 
@@ -195,6 +199,7 @@ class Planner {
   // At the step boundary: stage 1's reduction, the optimizer, the refresh.
   Lane s1_d2h_, o_nvr_, o_nvw_, o_h2d_;
   double stage1_ = 0, per_param_ = 0, opt_compute_ = 0, opt_ = 0, refresh_ = 0, write_lane_ = 0;
+  double opt_serial_ = 0;  // work the optimizer's thread waits for, per sub-group, summed
 };
 
 void Planner::cannot_run() {
@@ -292,6 +297,7 @@ void Planner::set_engine() {
   e.shard_align_elems = st_.shard_align_elems;
   e.precision = st_.precision;
   e.prefetch = st_.prefetch_groups > 0;
+  e.speculative = st_.speculative;
   // What the engine may use on the device: the HBM less what the runtime cannot use and
   // less the activations, which the engine does not hold (the model does).
   dev_budget_ = cl_.hbm - cl_.device_reserve - p_.tiers[0].need.activations;
@@ -394,7 +400,7 @@ void Planner::boundary_lanes() {
   // (8 more).
   per_param_ = 24.0 + gb_ + (wb_ < 4 ? wb_ : s3_ ? 8.0 : 0.0);
   opt_compute_ = per_param_ * L_.shard_total / c.host_bandwidth;
-  double opt_serial = 0;  // work the optimizer's thread waits for, per sub-group
+  double& opt_serial = opt_serial_;
   for (const GroupLayout& lg : L_.groups) {
     for (const SubGroup& sg : lg.sub_groups) {
       const double b = 4.0 * sg.n;  // one fp32 state
@@ -423,6 +429,28 @@ void Planner::step_time() {
   p_.forward_s = A_ * fwd_;
   p_.backward_s = A_ * bwd_ + tail_;
   p_.optimizer_s = opt_;
+  if (st_.speculative) {
+    // The engine steps a group's sub-groups when the backward pass hands in the next
+    // group's gradient: all but the last two groups the backward pass reaches (the last
+    // acquires of the schedule) are stepped during the last micro-step's backward. It does
+    // so on the thread that drives the model, so their compute adds to the backward
+    // pass's; their NVMe and PCIe traffic shares backward's lanes and runs behind the
+    // rest of it (write-back, the next sub-group's reads).
+    const std::vector<int> order = gpt_schedule(s_);
+    std::vector<int> last;
+    for (auto it = order.rbegin(); it != order.rend() && last.size() < 2; ++it)
+      if (std::find(last.begin(), last.end(), *it) == last.end()) last.push_back(*it);
+    double late = 0;
+    for (int g : last) late += double(L_.groups[g].shard);
+    const double f = std::clamp(1.0 - late / double(L_.shard_total), 0.0, 1.0);
+    const double b_nvme_r = b_nvr_.time + f * o_nvr_.time, b_nvme_w = b_nvw_.time + f * o_nvw_.time;
+    const double compute = bwd_compute_ + f * (opt_compute_ + opt_serial_);
+    const double b_nvme = grad_spill_ > 0 ? b_nvme_r + b_nvme_w : std::max(b_nvme_r, b_nvme_w);
+    const double last_bwd =
+        std::max({compute, b_coll_.time, b_h2d_.time + f * o_h2d_.time, b_d2h_.time, b_nvme, bwd_});
+    p_.backward_s = (A_ - 1) * bwd_ + last_bwd + tail_;
+    p_.optimizer_s = (1.0 - f) * opt_;  // what is left for step(): the last groups' share
+  }
   p_.boundary_s = stage1_ + refresh_;
   p_.compute_s = A_ * (fwd_compute_ + bwd_compute_);
   p_.step_s = p_.forward_s + p_.backward_s + p_.optimizer_s + p_.boundary_s;

@@ -841,16 +841,12 @@ void ZeroEngine::update(const std::vector<Update>& items, float grad_scale, bool
                      : opts_.stage == 3     ? at(params.data, c.offset, wb_)
                                             : half_copy.data();
     auto* mo = static_cast<float*>(out[0].data);
-    const double bytes = (24.0 + gb_) * c.n + (speculative ? 24.0 * c.n : 0.0) +
-                         (kind != HalfKind::None ? wb_ * c.n : opts_.stage == 3 ? 8.0 * c.n : 0.0);
+    // The same bytes in place or out of place (the Next set is written, not read).
+    const double bytes = (24.0 + gb_) * c.n + (kind != HalfKind::None ? wb_ * c.n : opts_.stage == 3 ? 8.0 * c.n : 0.0);
     device_.host_compute(bytes, [&] {
-      if (speculative) {
-        std::memcpy(out[0].data, m.data, c.n * 4);
-        std::memcpy(out[1].data, a.data, c.n * 4);
-        std::memcpy(out[2].data, v.data, c.n * 4);
-      }
-      adam_->step(step_count_, mo, AdamGrads{gd.data, grad_t_, grad_scale}, static_cast<float*>(out[1].data),
-                  static_cast<float*>(out[2].data), c.n, half_out, kind);
+      adam_->step_into(step_count_, static_cast<const float*>(m.data), static_cast<const float*>(a.data),
+                       static_cast<const float*>(v.data), AdamGrads{gd.data, grad_t_, grad_scale}, mo,
+                       static_cast<float*>(out[1].data), static_cast<float*>(out[2].data), c.n, half_out, kind);
       if (opts_.stage == 3 && kind == HalfKind::None) std::memcpy(at(params.data, c.offset, 4), mo, c.n * 4);
     });
     if (trace::Recorder* r = trace::active()) {

@@ -57,6 +57,11 @@ void expect_in_budget(const Plan& p, const SimulateReport& r, const std::string&
       << label << ": the engine's device budget is not the HBM less reserve and activations";
 }
 
+Strategy speculative(Strategy s) {
+  s.speculative = true;
+  return s;
+}
+
 struct Case {
   std::string label;
   GptShape shape;
@@ -105,6 +110,16 @@ TEST(Plan, AnalyticStepTimeAgreesWithTheSimulatedEngineWithin15Percent) {
        strategy(3, nvme, nvme, 1)},
       {"llama3-8b (8 layers), dgx-a100, stage 3, params cpu, optimizer cpu, mb 2", shrunk("llama3-8b", 8), a100x2,
        strategy(3, cpu, cpu, 2)},
+      // The speculative optimizer: the CPU optimizer's time (its compute, and its NVMe
+      // traffic where the states live there) behind the last backward pass.
+      {"gpt-13b (8 layers), gh200, stage 3, optimizer cpu, mb 4, speculative", shrunk("gpt-13b", 8), gh200,
+       speculative(strategy(3, none, cpu, 4))},
+      {"gpt-6.7b (8 layers), dgx-2, stage 2, optimizer cpu, mb 2, no ckpt, speculative", shrunk("gpt-6.7b", 8), dgx2,
+       speculative(strategy(2, none, cpu, 2, false))},
+      {"gpt-2.7b (8 layers), dgx-2, stage 1, optimizer cpu, mb 2, speculative", shrunk("gpt-2.7b", 8), dgx2,
+       speculative(strategy(1, none, cpu, 2))},
+      {"gpt-175b (6 layers), dgx-h100, stage 3, params cpu, optimizer nvme, mb 2, speculative", shrunk("gpt-175b", 6),
+       h100, speculative(strategy(3, cpu, nvme, 2))},
   };
   double worst = 0;
   for (const Case& c : cases) {

@@ -121,6 +121,10 @@ struct Strategy {
   uint64_t sub_group_elems = 0;     // optimizer sub-group; 0: chosen (<= 1/4 of a shard)
   uint64_t shard_align_elems = ShardRules::kDefaultAlignElems;  // the engine's shard alignment
   DType precision = DType::F32;     // working parameters and gradients: F32, BF16 or F16
+  // strata.speculative_optimizer: the optimizer's sub-groups stepped during the last
+  // micro-step's backward (a Next set of states for each: 12 more bytes per parameter in
+  // the optimizer's tier), the groups the backward pass reaches last after it.
+  bool speculative = false;
   std::string describe() const;     // "stage 3, params nvme, optimizer nvme, mb 4, ckpt"
 };
 // Throws ConfigError naming the field and the valid values.
