@@ -82,6 +82,30 @@ detail::AdamKernel kernel_for(CpuIsa isa) {
   }
 }
 
+// The aliasing step_into allows: each out array is its own in array or touches none of
+// the arrays. Anything else would read values another element already overwrote.
+void check_no_partial_overlap(const float* params_in, const float* exp_avg_in, const float* exp_avg_sq_in,
+                              const AdamGrads& grads, const float* params_out, const float* exp_avg_out,
+                              const float* exp_avg_sq_out, size_t n, const void* half_out) {
+  struct Range {
+    const char* begin;
+    size_t bytes;
+    bool overlaps(const Range& o) const { return begin < o.begin + o.bytes && o.begin < begin + bytes; }
+  };
+  auto range = [](const void* p, size_t bytes) { return Range{static_cast<const char*>(p), p ? bytes : 0}; };
+  const Range in[] = {range(params_in, n * 4), range(exp_avg_in, n * 4), range(exp_avg_sq_in, n * 4),
+                      range(grads.data, n * dtype_size(grads.type))};
+  const Range out[] = {range(params_out, n * 4), range(exp_avg_out, n * 4), range(exp_avg_sq_out, n * 4),
+                       range(half_out, n * 2)};
+  for (size_t o = 0; o < 4; ++o) {
+    for (size_t i = 0; i < 4; ++i)
+      STRATA_CHECK(!out[o].overlaps(in[i]) || (o < 3 && o == i && out[o].begin == in[i].begin),
+                   "CpuAdam: an output array overlaps an input other than its own in-place twin");
+    for (size_t p = o + 1; p < 4; ++p)
+      STRATA_CHECK(!out[o].overlaps(out[p]), "CpuAdam: two output arrays overlap");
+  }
+}
+
 // Chunk boundaries fall on multiples of this many elements: a 64-byte line of the
 // 16-bit copy, so no two threads write the same cache line of any array (given
 // line-aligned arrays).
@@ -171,8 +195,9 @@ CpuAdam::CpuAdam(const AdamConfig& config, const CpuAdamOptions& options)
 
 CpuAdam::~CpuAdam() = default;
 
-void CpuAdam::step(int64_t t, float* params, AdamGrads grads, float* exp_avg, float* exp_avg_sq, size_t n,
-                   void* half_out, HalfKind kind) {
+void CpuAdam::step_into(int64_t t, const float* params_in, const float* exp_avg_in, const float* exp_avg_sq_in,
+                        AdamGrads grads, float* params_out, float* exp_avg_out, float* exp_avg_sq_out, size_t n,
+                        void* half_out, HalfKind kind) {
   if (grads.type != DType::F32 && grads.type != DType::BF16 && grads.type != DType::F16)
     throw Error(std::string("CpuAdam::step: gradients of type ") + to_string(grads.type) +
                 "; the optimizer reads float, bfloat16 or float16 gradients");
@@ -180,10 +205,15 @@ void CpuAdam::step(int64_t t, float* params, AdamGrads grads, float* exp_avg, fl
   STRATA_CHECK((half_out != nullptr) == (kind != HalfKind::None),
                "a 16-bit output buffer goes with a 16-bit kind, and none with HalfKind::None");
   if (n == 0) return;
-  STRATA_CHECK(params && grads.data && exp_avg && exp_avg_sq, "null array for a non-empty shard");
+  STRATA_CHECK(params_in && exp_avg_in && exp_avg_sq_in && grads.data && params_out && exp_avg_out && exp_avg_sq_out,
+               "null array for a non-empty shard");
+
+  check_no_partial_overlap(params_in, exp_avg_in, exp_avg_sq_in, grads, params_out, exp_avg_out, exp_avg_sq_out, n,
+                           half_out);
 
   const math::AdamStepScalars scalars = math::adam_step_scalars(config_, t);
-  const detail::AdamArrays arrays{params, grads.data, grads.type, grads.scale, exp_avg, exp_avg_sq, half_out, kind};
+  const detail::AdamArrays arrays{params_in,  grads.data,  grads.type,     grads.scale, exp_avg_in, exp_avg_sq_in,
+                                  params_out, exp_avg_out, exp_avg_sq_out, half_out,    kind};
   const detail::AdamKernel kernel = kernel_for(isa_);
 
   const size_t by_size = std::max<size_t>(1, n / min_elements_per_thread_);

@@ -56,19 +56,19 @@ inline __m128i to_bf16(__m256 x) {
 // Elements [i, i + 8).
 template <math::HalfKind Kind, DType G>
 inline void update8(const Scalars256& s, const AdamArrays& a, uint16_t* half, size_t i) {
-  __m256 p = _mm256_loadu_ps(a.params + i);
+  __m256 p = _mm256_loadu_ps(a.params_in + i);
   __m256 g = _mm256_mul_ps(load_grad8<G>(a.grads, i), s.grad_scale);
-  __m256 m = _mm256_loadu_ps(a.exp_avg + i);
-  __m256 v = _mm256_loadu_ps(a.exp_avg_sq + i);
+  __m256 m = _mm256_loadu_ps(a.exp_avg_in + i);
+  __m256 v = _mm256_loadu_ps(a.exp_avg_sq_in + i);
   p = _mm256_mul_ps(p, s.param_decay);
   g = _mm256_fmadd_ps(p, s.grad_decay, g);
   m = _mm256_fmadd_ps(g, s.one_minus_beta1, _mm256_mul_ps(m, s.beta1));
   v = _mm256_fmadd_ps(_mm256_mul_ps(s.one_minus_beta2, g), g, _mm256_mul_ps(v, s.beta2));
   const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(v), s.bias_correction2_sqrt), s.eps);
   p = _mm256_add_ps(p, _mm256_div_ps(_mm256_mul_ps(s.neg_step_size, m), denom));
-  _mm256_storeu_ps(a.params + i, p);
-  _mm256_storeu_ps(a.exp_avg + i, m);
-  _mm256_storeu_ps(a.exp_avg_sq + i, v);
+  _mm256_storeu_ps(a.params_out + i, p);
+  _mm256_storeu_ps(a.exp_avg_out + i, m);
+  _mm256_storeu_ps(a.exp_avg_sq_out + i, v);
   if constexpr (Kind == math::HalfKind::Bf16) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(half + i), to_bf16(p));
   } else if constexpr (Kind == math::HalfKind::Fp16) {
@@ -84,10 +84,10 @@ void run(const math::AdamStepScalars& scalars, const AdamArrays& a, size_t n) {
   const auto* grads = static_cast<const GradElement<G>*>(a.grads);
   size_t i = 0;
   for (; i + kPrefetchAhead + 16 <= n; i += 16) {  // one cache line of each fp32 array
-    _mm_prefetch(reinterpret_cast<const char*>(a.params + i + kPrefetchAhead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(a.params_in + i + kPrefetchAhead), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(grads + i + kPrefetchAhead), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(a.exp_avg + i + kPrefetchAhead), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(a.exp_avg_sq + i + kPrefetchAhead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(a.exp_avg_in + i + kPrefetchAhead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(a.exp_avg_sq_in + i + kPrefetchAhead), _MM_HINT_T0);
     update8<Kind, G>(s, a, half, i);
     update8<Kind, G>(s, a, half, i + 8);
   }

@@ -60,19 +60,19 @@ inline __m256i to_bf16(__m512 x) {
 // Elements [i, i + 16).
 template <math::HalfKind Kind, DType G>
 inline void update16(const Scalars512& s, const AdamArrays& a, uint16_t* half, size_t i) {
-  __m512 p = _mm512_loadu_ps(a.params + i);
+  __m512 p = _mm512_loadu_ps(a.params_in + i);
   __m512 g = _mm512_mul_ps(load_grad16<G>(a.grads, i), s.grad_scale);
-  __m512 m = _mm512_loadu_ps(a.exp_avg + i);
-  __m512 v = _mm512_loadu_ps(a.exp_avg_sq + i);
+  __m512 m = _mm512_loadu_ps(a.exp_avg_in + i);
+  __m512 v = _mm512_loadu_ps(a.exp_avg_sq_in + i);
   p = _mm512_mul_ps(p, s.param_decay);
   g = _mm512_fmadd_ps(p, s.grad_decay, g);
   m = _mm512_fmadd_ps(g, s.one_minus_beta1, _mm512_mul_ps(m, s.beta1));
   v = _mm512_fmadd_ps(_mm512_mul_ps(s.one_minus_beta2, g), g, _mm512_mul_ps(v, s.beta2));
   const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(v), s.bias_correction2_sqrt), s.eps);
   p = _mm512_add_ps(p, _mm512_div_ps(_mm512_mul_ps(s.neg_step_size, m), denom));
-  _mm512_storeu_ps(a.params + i, p);
-  _mm512_storeu_ps(a.exp_avg + i, m);
-  _mm512_storeu_ps(a.exp_avg_sq + i, v);
+  _mm512_storeu_ps(a.params_out + i, p);
+  _mm512_storeu_ps(a.exp_avg_out + i, m);
+  _mm512_storeu_ps(a.exp_avg_sq_out + i, v);
   if constexpr (Kind == math::HalfKind::Bf16) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(half + i), to_bf16(p));
   } else if constexpr (Kind == math::HalfKind::Fp16) {
@@ -88,10 +88,10 @@ void run(const math::AdamStepScalars& scalars, const AdamArrays& a, size_t n) {
   const auto* grads = static_cast<const GradElement<G>*>(a.grads);
   size_t i = 0;
   for (; i + kPrefetchAhead + 16 <= n; i += 16) {
-    _mm_prefetch(reinterpret_cast<const char*>(a.params + i + kPrefetchAhead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(a.params_in + i + kPrefetchAhead), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(grads + i + kPrefetchAhead), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(a.exp_avg + i + kPrefetchAhead), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(a.exp_avg_sq + i + kPrefetchAhead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(a.exp_avg_in + i + kPrefetchAhead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(a.exp_avg_sq_in + i + kPrefetchAhead), _MM_HINT_T0);
     update16<Kind, G>(s, a, half, i);
   }
   for (; i + 16 <= n; i += 16) update16<Kind, G>(s, a, half, i);

@@ -13,22 +13,32 @@
 
 namespace strata::detail {
 
+// What one step reads and writes. The step reads params_in, exp_avg_in and exp_avg_sq_in
+// and writes params_out, exp_avg_out and exp_avg_sq_out: the same arrays for the in-place
+// step, or arrays that do not overlap them (CpuAdam::step_into). Each element is read
+// before it is written, so the kernels need no other care for the in-place case.
 struct AdamArrays {
-  float* params;        // [n] fp32, updated in place
-  const void* grads;    // [n] of grad_type: fp32, or bf16 or fp16 bits
-  DType grad_type;      // F32, BF16 or F16 (checked by CpuAdam::step)
-  float grad_scale;     // each gradient is multiplied by this as it is read
-  float* exp_avg;       // [n] fp32, updated in place
-  float* exp_avg_sq;    // [n] fp32, updated in place
-  void* half_out;       // [n] bf16 or fp16 bits, or null when kind is None
+  const float* params_in;      // [n] fp32
+  const void* grads;           // [n] of grad_type: fp32, or bf16 or fp16 bits
+  DType grad_type;             // F32, BF16 or F16 (checked by CpuAdam::step_into)
+  float grad_scale;            // each gradient is multiplied by this as it is read
+  const float* exp_avg_in;     // [n] fp32
+  const float* exp_avg_sq_in;  // [n] fp32
+  float* params_out;           // [n] fp32
+  float* exp_avg_out;          // [n] fp32
+  float* exp_avg_sq_out;       // [n] fp32
+  void* half_out;              // [n] bf16 or fp16 bits, or null when kind is None
   math::HalfKind kind;
 
   AdamArrays offset(size_t i) const {
     AdamArrays a = *this;
-    a.params += i;
+    a.params_in += i;
     a.grads = static_cast<const char*>(grads) + i * (grad_type == DType::F32 ? 4 : 2);
-    a.exp_avg += i;
-    a.exp_avg_sq += i;
+    a.exp_avg_in += i;
+    a.exp_avg_sq_in += i;
+    a.params_out += i;
+    a.exp_avg_out += i;
+    a.exp_avg_sq_out += i;
     if (half_out) a.half_out = static_cast<uint16_t*>(half_out) + i;
     return a;
   }
@@ -87,13 +97,13 @@ STRATA_FORCE_INLINE void adam_scalar_range(const math::AdamStepScalars& s, const
                                            size_t end) {
   uint16_t* half = static_cast<uint16_t*>(a.half_out);
   for (size_t i = begin; i < end; ++i) {
-    float p = a.params[i];
-    float m = a.exp_avg[i];
-    float v = a.exp_avg_sq[i];
+    float p = a.params_in[i];
+    float m = a.exp_avg_in[i];
+    float v = a.exp_avg_sq_in[i];
     math::adam_update(s, p, scaled_grad<G>(a, i), m, v);
-    a.params[i] = p;
-    a.exp_avg[i] = m;
-    a.exp_avg_sq[i] = v;
+    a.params_out[i] = p;
+    a.exp_avg_out[i] = m;
+    a.exp_avg_sq_out[i] = v;
     if constexpr (Kind == math::HalfKind::Bf16) half[i] = math::float_to_bf16(p);
     if constexpr (Kind == math::HalfKind::Fp16) half[i] = math::float_to_fp16(p);
   }

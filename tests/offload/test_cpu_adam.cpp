@@ -448,6 +448,75 @@ TEST_P(cpu_adam, EveryHalfGradientBitIdenticalToScalar) {
   }
 }
 
+// step_into from one set of arrays into another gives step()'s bits in place, for every
+// gradient type and 16-bit copy, over steps that go back and forth between two sets (the
+// way a caller double-buffers), and leaves its inputs untouched.
+TEST_P(cpu_adam, StepIntoBitIdenticalToInPlace) {
+  constexpr size_t n = 4096 * 3 + 13;  // split over 3 threads, with a tail
+  constexpr uint32_t steps = 3;
+  std::vector<float> grads32(steps * n);
+  for (size_t i = 0; i < grads32.size(); ++i) grads32[i] = 1e-2f * (static_cast<float>((i * 7919) % 201) - 100.0f);
+  AdamConfig config;
+  config.variant = AdamVariant::Adam;
+  config.weight_decay = 0.01;
+  for (DType type : {DType::F32, DType::BF16, DType::F16}) {
+    std::vector<uint16_t> grads16(steps * n);
+    for (size_t i = 0; i < grads32.size(); ++i)
+      grads16[i] = type == DType::BF16 ? math::float_to_bf16(grads32[i]) : math::float_to_fp16(grads32[i]);
+    auto grads = [&](uint32_t t) {
+      const size_t at = size_t{t - 1} * n;
+      return AdamGrads{type == DType::F32 ? static_cast<const void*>(grads32.data() + at) : grads16.data() + at, type,
+                       0.5f};
+    };
+    for (HalfKind kind : {HalfKind::None, HalfKind::Bf16, HalfKind::Fp16}) {
+      SCOPED_TRACE(std::string(to_string(type)) + " grads, half " + std::to_string(static_cast<int>(kind)));
+      CpuAdam adam(config, CpuAdamOptions{3, GetParam(), /*min_elements_per_thread=*/1000});
+      // In place.
+      std::vector<float> p(n), m(n), v(n);
+      for (size_t i = 0; i < n; ++i) p[i] = 0.5f - static_cast<float>(i % 1013) * 1e-3f;
+      const std::vector<float> p0 = p;
+      std::vector<uint16_t> half_in_place(kind == HalfKind::None ? 0 : n);
+      // Out of place, alternating between set 0 and set 1; each with sentinels after n.
+      Guarded<float> ps[2] = {Guarded<float>(p0), Guarded<float>(n)}, ms[2] = {Guarded<float>(n), Guarded<float>(n)},
+                     vs[2] = {Guarded<float>(n), Guarded<float>(n)};
+      Guarded<uint16_t> half(kind == HalfKind::None ? 0 : n, 0);
+      for (uint32_t t = 1; t <= steps; ++t) {
+        adam.step(t, p.data(), grads(t), m.data(), v.data(), n,
+                  kind == HalfKind::None ? nullptr : half_in_place.data(), kind);
+        const int from = (t - 1) % 2, to = t % 2;
+        const std::vector<float> before(ps[from].data(), ps[from].data() + n);
+        adam.step_into(t, ps[from].data(), ms[from].data(), vs[from].data(), grads(t), ps[to].data(), ms[to].data(),
+                       vs[to].data(), n, kind == HalfKind::None ? nullptr : half.data(), kind);
+        EXPECT_EQ(std::memcmp(before.data(), ps[from].data(), n * 4), 0) << "step " << t << " wrote its input";
+      }
+      const int last = steps % 2;
+      size_t differ = 0, moved = 0;
+      for (size_t i = 0; i < n; ++i) {
+        differ += bits(ps[last][i]) != bits(p[i]) || bits(ms[last][i]) != bits(m[i]) ||
+                  bits(vs[last][i]) != bits(v[i]) || (kind != HalfKind::None && half[i] != half_in_place[i]);
+        moved += p[i] != p0[i] && v[i] != 0.0f;
+      }
+      EXPECT_EQ(differ, 0u);
+      EXPECT_GT(moved, n * 9 / 10) << "the steps should have moved most weights";
+      for (int k = 0; k < 2; ++k)
+        EXPECT_TRUE(ps[k].sentinels_intact() && ms[k].sentinels_intact() && vs[k].sentinels_intact());
+      EXPECT_TRUE(half.sentinels_intact());
+    }
+  }
+}
+
+// An out array that overlaps an input other than its own in-place twin is a caller's bug.
+TEST(cpu_adam_step_into, RefusesPartialOverlap) {
+  CpuAdam adam(AdamConfig{}, 1);
+  std::vector<float> a(64, 1.0f), g(32, 0.1f), m(32), v(32);
+  EXPECT_DEATH(adam.step_into(1, a.data(), m.data(), v.data(), AdamGrads{g.data()}, a.data() + 1, m.data(), v.data(),
+                              32),
+               "overlaps");
+  EXPECT_DEATH(adam.step_into(1, a.data(), m.data(), v.data(), AdamGrads{g.data()}, a.data() + 32, g.data(),
+                              v.data(), 32),
+               "overlaps");
+}
+
 INSTANTIATE_TEST_SUITE_P(isa, cpu_adam, ::testing::ValuesIn(kernels()),
                          [](const auto& info) { return std::string(to_string(info.param)); });
 

@@ -71,12 +71,23 @@ class CpuAdam {
   // reentrant (one step at a time). A gradient type other than F32, BF16 or F16 throws
   // Error.
   void step(int64_t t, float* params, AdamGrads grads, float* exp_avg, float* exp_avg_sq, size_t n,
-            void* half_out = nullptr, HalfKind kind = HalfKind::None);
+            void* half_out = nullptr, HalfKind kind = HalfKind::None) {
+    step_into(t, params, exp_avg, exp_avg_sq, grads, params, exp_avg, exp_avg_sq, n, half_out, kind);
+  }
   // fp32 gradients, unscaled: step(t, params, AdamGrads{grads}, ...).
   void step(int64_t t, float* params, const float* grads, float* exp_avg, float* exp_avg_sq,
             size_t n, void* half_out = nullptr, HalfKind kind = HalfKind::None) {
     step(t, params, AdamGrads{grads, DType::F32, 1.0f}, exp_avg, exp_avg_sq, n, half_out, kind);
   }
+
+  // The same step out of place: reads the weights and moments from the *_in arrays and
+  // writes the updated ones to the *_out arrays ([n] fp32 each), bit for bit what step()
+  // leaves in place (step() is this with each out array the same as its in array). Each
+  // out array is either exactly its in array or overlaps none of the arrays; the inputs
+  // are left untouched when they are distinct. Same contract otherwise as step().
+  void step_into(int64_t t, const float* params_in, const float* exp_avg_in, const float* exp_avg_sq_in,
+                 AdamGrads grads, float* params_out, float* exp_avg_out, float* exp_avg_sq_out, size_t n,
+                 void* half_out = nullptr, HalfKind kind = HalfKind::None);
 
   const AdamConfig& config() const { return config_; }
   void set_lr(double lr) { config_.lr = lr; }  // for learning-rate schedules
