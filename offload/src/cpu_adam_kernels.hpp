@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -76,6 +77,19 @@ void dispatch_adam(const AdamArrays& a, const Fn& fn) {
 // with two threads and 9% with one, bringing the step to the speed of a kernel that
 // moves the same bytes with no arithmetic (docs/bench-optimizer.md).
 constexpr size_t kPrefetchAhead = 256;
+
+// The vector kernels write the 16-bit copy with streaming (non-temporal) stores: it is
+// the one array the step writes without reading, so a plain store would first read each
+// of its lines from memory (2 more bytes per parameter) and leave them in the caches, where
+// nothing here wants them. Those stores need aligned addresses: the number of elements
+// (under n) the scalar loop takes first so that half + i is `align`-byte aligned; 0 with no
+// copy. The in-place arrays keep plain stores: their lines were just read, so there is no
+// read to save (streaming them was 12-14% slower, docs/bench-optimizer.md).
+inline size_t half_copy_head(const uint16_t* half, size_t align, size_t n) {
+  if (!half) return 0;
+  const size_t past = reinterpret_cast<uintptr_t>(half) % align;  // bytes past the boundary; even
+  return past ? std::min(n, (align - past) / 2) : 0;
+}
 
 // Gradient element i, widened to fp32 (exactly) and scaled.
 template <DType G>

@@ -505,6 +505,38 @@ TEST_P(cpu_adam, StepIntoBitIdenticalToInPlace) {
   }
 }
 
+// The vector kernels stream the 16-bit copy from its first 16- or 32-byte boundary on and
+// take the elements before it with the scalar loop: at every start offset of the copy
+// (and of the fp32 arrays), the bits are the scalar kernel's, and nothing is written
+// outside [0, n).
+TEST_P(cpu_adam, HalfCopyAtAnyAlignment) {
+  constexpr size_t n = 1000 + 7;
+  AdamConfig config;
+  config.weight_decay = 0.1;
+  std::vector<float> grads(n);
+  for (size_t i = 0; i < n; ++i) grads[i] = 1e-2f * (static_cast<float>((i * 31) % 113) - 56.0f);
+  for (HalfKind kind : {HalfKind::Bf16, HalfKind::Fp16}) {
+    for (size_t offset = 0; offset < 20; ++offset) {
+      SCOPED_TRACE("offset " + std::to_string(offset) + (kind == HalfKind::Bf16 ? " bf16" : " fp16"));
+      auto run = [&](CpuIsa isa) {
+        CpuAdam adam(config, CpuAdamOptions{1, isa});
+        std::vector<float> p(n + offset), m(n + offset), v(n + offset);
+        for (size_t i = 0; i < n; ++i) p[offset + i] = 0.25f - static_cast<float>(i % 301) * 1e-3f;
+        Guarded<uint16_t> half(n + offset, 0x5555);
+        adam.step(1, p.data() + offset, grads.data(), m.data() + offset, v.data() + offset, n, half.data() + offset,
+                  kind);
+        EXPECT_TRUE(half.sentinels_intact());
+        std::vector<uint16_t> out(n + offset);
+        for (size_t i = 0; i < n + offset; ++i) out[i] = half[i];
+        return out;
+      };
+      const std::vector<uint16_t> want = run(CpuIsa::Scalar), got = run(GetParam());
+      EXPECT_EQ(got, want);
+      for (size_t i = 0; i < offset; ++i) EXPECT_EQ(got[i], 0x5555) << "wrote before the start, at " << i;
+    }
+  }
+}
+
 // An out array that overlaps an input other than its own in-place twin is a caller's bug.
 TEST(cpu_adam_step_into, RefusesPartialOverlap) {
   CpuAdam adam(AdamConfig{}, 1);
