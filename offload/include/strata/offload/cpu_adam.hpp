@@ -12,7 +12,17 @@
 // function the cuda backend runs. Vector kernels (AVX-512, AVX2+FMA+F16C) are chosen at
 // run time from what the CPU supports, and give bit-identical results to the scalar
 // path, which also serves vector tails and other architectures. Results match
-// torch.optim.Adam / AdamW (tests/offload/test_cpu_adam.cpp).
+// torch.optim.Adam / AdamW (tests/offload/test_cpu_adam.cpp). The step may also read one
+// set of arrays and write another (step_into), for callers that double-buffer the state.
+//
+// Where the caller puts the arrays matters more than anything in the kernel: on the AMD
+// EPYC development VM, four 64M-element arrays exactly 2^28 bytes (256 MiB) apart, as a
+// pool of power-of-two slots would place them, ran the step 2.4x slower than the same
+// arrays one page further apart; 2^27 apart, 1.2x; 200,000,000 bytes apart, no loss
+// (docs/bench-optimizer.md). Arrays that fit in the last-level cache show nothing, so the
+// cause lies in how the memory system maps addresses, and no loop order in the kernel
+// avoids it: whoever allocates the state should keep its arrays from lying a large
+// power of two apart (a page of slack between them is enough).
 #pragma once
 
 #include <cstddef>
