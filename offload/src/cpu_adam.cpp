@@ -205,7 +205,7 @@ void CpuAdam::step_into(int64_t t, const float* params_in, const float* exp_avg_
                         AdamGrads grads, float* params_out, float* exp_avg_out, float* exp_avg_sq_out, size_t n,
                         void* half_out, HalfKind kind) {
   if (grads.type != DType::F32 && grads.type != DType::BF16 && grads.type != DType::F16)
-    throw Error(std::string("CpuAdam::step: gradients of type ") + to_string(grads.type) +
+    throw Error(std::string("CpuAdam: gradients of type ") + to_string(grads.type) +
                 "; the optimizer reads float, bfloat16 or float16 gradients");
   STRATA_CHECK(t >= 1, "Adam steps count from 1, got " + std::to_string(t));
   STRATA_CHECK((half_out != nullptr) == (kind != HalfKind::None),
