@@ -52,6 +52,9 @@
 #ifndef STRATA_TORCH_ADAM_SCRIPT
 #define STRATA_TORCH_ADAM_SCRIPT "bench/ref/torch_adam.py"
 #endif
+#ifndef STRATA_VENV_PYTHON
+#define STRATA_VENV_PYTHON ".venv/bin/python"
+#endif
 
 namespace strata::bench {
 
@@ -59,6 +62,12 @@ namespace {
 
 constexpr double kAdamBytesPerParam = 28;  // read p, g, m, v; write p, m, v (fp32)
 constexpr double kTriadBytesPerElement = 24;  // read b, c; write a (fp64)
+
+// The repository's .venv (scripts/install-deps.sh: Debian's torch and DeepSpeed) when it
+// exists, else the system Python (torch only).
+std::string default_python() {
+  return access(STRATA_VENV_PYTHON, X_OK) == 0 ? STRATA_VENV_PYTHON : "/usr/bin/python3";
+}
 
 struct OptimizerOptions {
   uint64_t params = uint64_t{1} << 26;  // elements; 64M = 1 GiB of fp32 state
@@ -72,7 +81,7 @@ struct OptimizerOptions {
   bool torch = true;
   bool deepspeed = true;                 // with the PyTorch process only
   std::string layout = "staggered";      // staggered | power-of-two
-  std::string python = "/usr/bin/python3";
+  std::string python = default_python();
   std::string torch_script = STRATA_TORCH_ADAM_SCRIPT;
   OutputOptions out;
 };
