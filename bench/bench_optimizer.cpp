@@ -74,6 +74,7 @@ struct OptimizerOptions {
   unsigned threads = 0;                 // 0: hardware_concurrency
   unsigned reps = 7;
   std::string isa = "auto";
+  std::string prefetch = "auto";  // CpuAdam's software prefetch: auto | off | l1
   std::string variant = "adam";  // adam | adamw
   std::string half = "none";     // none | bf16 | fp16
   std::string grad = "f32";      // the gradient CpuAdam reads: f32 | bf16 | fp16
@@ -233,6 +234,12 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+CpuAdamOptions cpu_adam_options(const OptimizerOptions& o, unsigned threads) {
+  CpuAdamOptions options{threads, parse_cpu_isa(o.isa)};
+  options.prefetch = parse_cpu_prefetch(o.prefetch);
+  return options;
+}
+
 AdamConfig adam_config(const OptimizerOptions& o) {
   AdamConfig config;
   config.lr = 1e-3;
@@ -255,7 +262,7 @@ class Contenders {
  public:
   Contenders(const OptimizerOptions& o, unsigned threads)
       : n_(o.params), threads_(threads), half_(parse_half(o.half)), grad_(parse_precision(o.grad)),
-        adam_(adam_config(o), CpuAdamOptions{threads, parse_cpu_isa(o.isa)}),
+        adam_(adam_config(o), cpu_adam_options(o, threads)),
         triad_n_(n_ * 16 / kTriadBytesPerElement),
         offsets_(array_offsets({n_ * 4, n_ * dtype_size(grad_), n_ * 4, n_ * 4, n_ * 2}, o.layout)),
         state_(offsets_.back(), o.hugepages),
@@ -323,6 +330,7 @@ class Contenders {
   HalfKind half() const { return half_; }
   DType grad() const { return grad_; }
   CpuIsa isa() const { return adam_.isa(); }
+  CpuPrefetch prefetch() const { return adam_.prefetch(); }
   const TorchAdam* torch() const { return torch_.get(); }
 
  private:
@@ -350,7 +358,8 @@ std::vector<Series> make_series(const Contenders& c, AdamVariant variant) {
   const double adam_bytes = n * adam_bytes_per_param(c.grad(), c.half());
   const double triad_bytes = static_cast<double>(c.triad_elements()) * kTriadBytesPerElement;
   const std::string grads = c.grad() != DType::F32 ? std::string(", ") + precision_name(c.grad()) + " grads" : "";
-  const std::string strata_name = std::string("strata CpuAdam (") + to_string(c.isa()) + grads + ")";
+  const std::string strata_name =
+      std::string("strata CpuAdam (") + to_string(c.isa()) + grads + (c.prefetch() == CpuPrefetch::L1 ? ", prefetch" : "") + ")";
   std::vector<Series> series = {{strata_name, adam_bytes, n, {}},
                                 {"STREAM triad", triad_bytes, 0, {}},
                                 {"STREAM triad, streaming stores", triad_bytes, 0, {}}};
@@ -449,7 +458,8 @@ Report optimizer_report(const OptimizerOptions& o, const Contenders& c, unsigned
   report.config = {{"params", n}, {"threads", threads}, {"reps", o.reps},
                    {"variant", variant == AdamVariant::AdamW ? "adamw" : "adam"}, {"half", o.half},
                    {"grad", precision_name(c.grad())},
-                   {"isa", to_string(c.isa())}, {"hugepages", o.hugepages}, {"array_layout", o.layout},
+                   {"isa", to_string(c.isa())}, {"prefetch", to_string(c.prefetch())}, {"hugepages", o.hugepages},
+                   {"array_layout", o.layout},
                    {"load_average_start", load_before}, {"load_average_end", load_after}};
   report.table.columns = {{"name", "", ""},          {"median_ms", "median ms", "%.2f"},
                           {"min_ms", "min ms", "%.2f"}, {"max_ms", "max ms", "%.2f"},
@@ -478,6 +488,7 @@ Report optimizer_report(const OptimizerOptions& o, const Contenders& c, unsigned
   j["isa"] = to_string(c.isa());
   j["hugepages"] = o.hugepages;
   j["array_layout"] = o.layout;
+  j["prefetch"] = to_string(c.prefetch());
   j["cpu"] = cpu_model();
   j["load_average_before"] = load_before;
   j["load_average_after"] = load_after;
@@ -532,6 +543,9 @@ void add_optimizer(CLI::App& bench, Runner& run) {
   cmd->add_option("--threads", opts->threads, "threads for every contender; 0: all cores")->capture_default_str();
   cmd->add_option("--reps", opts->reps, "timed repetitions of each")->capture_default_str()->check(CLI::Range(1u, 1000u));
   cmd->add_option("--isa", opts->isa, "CpuAdam kernel: auto, scalar, avx2, avx512")->capture_default_str();
+  cmd->add_option("--prefetch", opts->prefetch, "CpuAdam's software prefetch: auto (l1 on Intel, off elsewhere), off, l1")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "off", "l1"}));
   cmd->add_option("--variant", opts->variant, "adam (L2 decay) or adamw (decoupled)")
       ->capture_default_str()
       ->check(CLI::IsMember({"adam", "adamw"}));

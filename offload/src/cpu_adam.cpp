@@ -8,6 +8,7 @@
 #include <cpuid.h>
 #endif
 #include <condition_variable>
+#include <cstring>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -19,7 +20,7 @@
 namespace strata {
 
 namespace detail {
-void adam_kernel_scalar(const math::AdamStepScalars& s, const AdamArrays& a, size_t n) {
+void adam_kernel_scalar(const math::AdamStepScalars& s, const AdamArrays& a, size_t n, bool) {
   dispatch_adam(a, [&](auto kind, auto grad) { adam_scalar_range<kind.value, grad.value>(s, a, 0, n); });
 }
 }  // namespace detail
@@ -65,6 +66,38 @@ bool cpu_supports(CpuIsa isa) {
   }
   return false;
 }
+
+const char* to_string(CpuPrefetch prefetch) {
+  switch (prefetch) {
+    case CpuPrefetch::Auto: return "auto";
+    case CpuPrefetch::Off: return "off";
+    case CpuPrefetch::L1: return "l1";
+  }
+  return "?";
+}
+
+CpuPrefetch parse_cpu_prefetch(const std::string& name) {
+  for (CpuPrefetch p : {CpuPrefetch::Auto, CpuPrefetch::Off, CpuPrefetch::L1})
+    if (name == to_string(p)) return p;
+  throw ConfigError("unknown CPU prefetch '" + name + "': choose auto, off or l1");
+}
+
+namespace {
+// CPUID leaf 0's vendor string is "GenuineIntel" (EBX, EDX, ECX).
+bool cpu_is_intel() {
+#if defined(__x86_64__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+  char vendor[13] = {};
+  std::memcpy(vendor, &b, 4);
+  std::memcpy(vendor + 4, &d, 4);
+  std::memcpy(vendor + 8, &c, 4);
+  return std::strcmp(vendor, "GenuineIntel") == 0;
+#else
+  return false;
+#endif
+}
+}  // namespace
 
 CpuIsa best_cpu_isa() {
   for (CpuIsa isa : {CpuIsa::Avx512, CpuIsa::Avx2})
@@ -190,6 +223,9 @@ class CpuAdam::Pool {
 CpuAdam::CpuAdam(const AdamConfig& config, const CpuAdamOptions& options)
     : config_(config),
       isa_(options.isa == CpuIsa::Auto ? best_cpu_isa() : options.isa),
+      prefetch_(options.prefetch != CpuPrefetch::Auto ? options.prefetch
+                : cpu_is_intel()                      ? CpuPrefetch::L1
+                                                      : CpuPrefetch::Off),
       threads_(options.threads ? options.threads : std::max(1u, std::thread::hardware_concurrency())),
       min_elements_per_thread_(std::max<size_t>(options.min_elements_per_thread, kChunkAlign)) {
   if (!cpu_supports(isa_))
@@ -221,6 +257,7 @@ void CpuAdam::step_into(int64_t t, const float* params_in, const float* exp_avg_
   const detail::AdamArrays arrays{params_in,  grads.data,  grads.type,     grads.scale, exp_avg_in, exp_avg_sq_in,
                                   params_out, exp_avg_out, exp_avg_sq_out, half_out,    kind};
   const detail::AdamKernel kernel = kernel_for(isa_);
+  const bool prefetch = prefetch_ == CpuPrefetch::L1;
 
   const size_t by_size = std::max<size_t>(1, n / min_elements_per_thread_);
   const unsigned parts = static_cast<unsigned>(std::min<size_t>(threads_, by_size));
@@ -236,7 +273,7 @@ void CpuAdam::step_into(int64_t t, const float* params_in, const float* exp_avg_
   pool_->run(parts, [&](unsigned) {
     for (size_t b; (b = next.fetch_add(1, std::memory_order_relaxed)) < blocks;) {
       const size_t begin = b * block;
-      kernel(scalars, arrays.offset(begin), std::min(n, begin + block) - begin);
+      kernel(scalars, arrays.offset(begin), std::min(n, begin + block) - begin, prefetch);
     }
   });
 }

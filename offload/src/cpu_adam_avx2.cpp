@@ -80,14 +80,14 @@ inline void update8(const Scalars256& s, const AdamArrays& a, uint16_t* half, si
 }
 
 template <math::HalfKind Kind, DType G>
-void run(const math::AdamStepScalars& scalars, const AdamArrays& a, size_t n) {
+void run(const math::AdamStepScalars& scalars, const AdamArrays& a, size_t n, bool prefetch) {
   const Scalars256 s(scalars, a.grad_scale);
   uint16_t* half = static_cast<uint16_t*>(a.half_out);
   const auto* grads = static_cast<const GradElement<G>*>(a.grads);
   const size_t head = half_copy_head(half, 16, n);  // scalar elements before half + i is 16-byte aligned
   adam_scalar_range<Kind, G>(scalars, a, 0, head);
   size_t i = head;
-  for (; i + kPrefetchAhead + 16 <= n; i += 16) {  // one cache line of each fp32 array
+  for (; prefetch && i + kPrefetchAhead + 16 <= n; i += 16) {  // one cache line of each fp32 array
     _mm_prefetch(reinterpret_cast<const char*>(a.params_in + i + kPrefetchAhead), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(grads + i + kPrefetchAhead), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(a.exp_avg_in + i + kPrefetchAhead), _MM_HINT_T0);
@@ -102,8 +102,8 @@ void run(const math::AdamStepScalars& scalars, const AdamArrays& a, size_t n) {
 
 }  // namespace
 
-void adam_kernel_avx2(const math::AdamStepScalars& s, const AdamArrays& a, size_t n) {
-  dispatch_adam(a, [&](auto kind, auto grad) { run<kind.value, grad.value>(s, a, n); });
+void adam_kernel_avx2(const math::AdamStepScalars& s, const AdamArrays& a, size_t n, bool prefetch) {
+  dispatch_adam(a, [&](auto kind, auto grad) { run<kind.value, grad.value>(s, a, n, prefetch); });
 }
 
 }  // namespace strata::detail

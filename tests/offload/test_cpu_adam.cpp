@@ -350,6 +350,33 @@ TEST_P(cpu_adam, BitIdenticalToScalarOnAnyThreadCount) {
   }
 }
 
+// Prefetching or not changes no bit: the reference cases with a bf16 copy, both ways, one
+// thread (so that the blocks are long enough for the prefetching loop to run).
+TEST_P(cpu_adam, PrefetchChangesNoBits) {
+  for (const Case& k : reference().cases) {
+    SCOPED_TRACE(k.name());
+    auto run = [&](CpuPrefetch prefetch) {
+      CpuAdamOptions options{1, GetParam()};
+      options.prefetch = prefetch;
+      CpuAdam adam(k.config, options);
+      EXPECT_EQ(adam.prefetch(), prefetch);
+      State s(k);
+      std::vector<uint16_t> half(k.n);
+      for (uint32_t t = 1; t <= k.steps; ++t)
+        adam.step(t, s.params.data(), k.grads(t), s.exp_avg.data(), s.exp_avg_sq.data(), k.n, half.data(),
+                  HalfKind::Bf16);
+      return std::make_pair(std::move(s), std::move(half));
+    };
+    const auto [off, off_half] = run(CpuPrefetch::Off);
+    const auto [l1, l1_half] = run(CpuPrefetch::L1);
+    size_t differ = 0;
+    for (size_t i = 0; i < k.n; ++i)
+      differ += bits(off.params[i]) != bits(l1.params[i]) || bits(off.exp_avg[i]) != bits(l1.exp_avg[i]) ||
+                bits(off.exp_avg_sq[i]) != bits(l1.exp_avg_sq[i]) || off_half[i] != l1_half[i];
+    EXPECT_EQ(differ, 0u);
+  }
+}
+
 // The 16-bit copy written in the same pass is the fp32 result rounded to nearest even,
 // and equals torch's own conversion of its result wherever the fp32 results agree.
 TEST_P(cpu_adam, HalfCopyIsRoundedResult) {
@@ -619,6 +646,10 @@ TEST(cpu_adam_isa, ParsesNamesAndRefusesUnknown) {
   EXPECT_THROW(parse_cpu_isa("avx1024"), ConfigError);
   EXPECT_TRUE(cpu_supports(best_cpu_isa()));
   EXPECT_NE(CpuAdam(AdamConfig{}, 1).isa(), CpuIsa::Auto);
+  EXPECT_EQ(parse_cpu_prefetch("off"), CpuPrefetch::Off);
+  EXPECT_EQ(parse_cpu_prefetch("l1"), CpuPrefetch::L1);
+  EXPECT_THROW(parse_cpu_prefetch("l2"), ConfigError);
+  EXPECT_NE(CpuAdam(AdamConfig{}, 1).prefetch(), CpuPrefetch::Auto);
 }
 
 }  // namespace

@@ -49,10 +49,19 @@ CpuIsa parse_cpu_isa(const std::string& name);  // throws ConfigError naming the
 bool cpu_supports(CpuIsa isa);                  // Auto and Scalar: always
 CpuIsa best_cpu_isa();
 
+// Software prefetch in the vector kernels (each input stream 1 KiB ahead into L1). Auto:
+// L1 on Intel CPUs, Off on others. Measured (docs/bench-optimizer.md): on an Intel Xeon VM
+// it made the step 5% faster with two threads and 9% with one; on an AMD EPYC (Zen 4) VM,
+// 13% slower, the hardware prefetchers there doing better alone. Same bits either way.
+enum class CpuPrefetch { Auto, Off, L1 };
+const char* to_string(CpuPrefetch prefetch);
+CpuPrefetch parse_cpu_prefetch(const std::string& name);  // throws ConfigError naming the choices
+
 struct CpuAdamOptions {
   unsigned threads = 0;         // workers, the calling thread included; 0: hardware_concurrency
   CpuIsa isa = CpuIsa::Auto;    // forcing one the CPU lacks throws Unavailable
   size_t min_elements_per_thread = 1 << 16;  // below this a step uses fewer threads
+  CpuPrefetch prefetch = CpuPrefetch::Auto;
 };
 
 // The gradient as the optimizer reads it: n elements of `type` (F32, BF16 or F16, each
@@ -102,12 +111,14 @@ class CpuAdam {
   const AdamConfig& config() const { return config_; }
   void set_lr(double lr) { config_.lr = lr; }  // for learning-rate schedules
   CpuIsa isa() const { return isa_; }          // never Auto
+  CpuPrefetch prefetch() const { return prefetch_; }  // never Auto
   unsigned threads() const { return threads_; }
 
  private:
   class Pool;
   AdamConfig config_;
   CpuIsa isa_;
+  CpuPrefetch prefetch_;
   unsigned threads_;
   size_t min_elements_per_thread_;
   std::unique_ptr<Pool> pool_;
