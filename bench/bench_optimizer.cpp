@@ -1,11 +1,19 @@
 // strata bench optimizer: the fused CPU Adam against PyTorch's Adam and against the
 // memory bandwidth the machine gives (a STREAM triad), interleaved in one run.
 //
-// Each repetition times, in turn: one CpuAdam step, one torch.optim.Adam step with
-// foreach=False and one with foreach=True (in a PyTorch process that stays up for the
-// whole run, bench/ref/torch_adam.py, which times its own steps), and one triad pass
-// a[i] = b[i] + s*c[i] over doubles with the same number of threads. Interleaving keeps
-// slow drifts of the machine (other tenants, frequency) from favouring one of them.
+// Each repetition times, in turn: one CpuAdam step, one step of DeepSpeed's
+// DeepSpeedCPUAdam (when its op can be had; fp32, or bf16 weights and gradients when
+// CpuAdam reads 16-bit gradients or writes a 16-bit copy), one torch.optim.Adam step with
+// foreach=False and one with foreach=True (DeepSpeed and torch in a PyTorch process that
+// stays up for the whole run, bench/ref/torch_adam.py, which times its own steps), and one
+// triad pass a[i] = b[i] + s*c[i] over doubles with the same number of threads.
+// Interleaving keeps slow drifts of the machine (other tenants, frequency) from favouring
+// one of them.
+//
+// CpuAdam's arrays are carved from one mapping one page apart (--array-layout staggered),
+// as separate malloc'd tensors happen to be for torch and DeepSpeed. Arrays whose
+// addresses differ by a large power of two (power-of-two: 2^28 bytes apart at the default
+// size) make every contender that touches them slower; see docs/bench-optimizer.md.
 //
 // Adam moves 28 bytes per parameter (reads p, g, m, v: 16; writes p, m, v: 12), 2 fewer
 // with 16-bit gradients (--grad), +2 for a 16-bit copy; the triad moves 24 bytes per
@@ -20,6 +28,7 @@
 #endif
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -43,6 +52,9 @@
 #ifndef STRATA_TORCH_ADAM_SCRIPT
 #define STRATA_TORCH_ADAM_SCRIPT "bench/ref/torch_adam.py"
 #endif
+#ifndef STRATA_VENV_PYTHON
+#define STRATA_VENV_PYTHON ".venv/bin/python"
+#endif
 
 namespace strata::bench {
 
@@ -51,17 +63,26 @@ namespace {
 constexpr double kAdamBytesPerParam = 28;  // read p, g, m, v; write p, m, v (fp32)
 constexpr double kTriadBytesPerElement = 24;  // read b, c; write a (fp64)
 
+// The repository's .venv (scripts/install-deps.sh: Debian's torch and DeepSpeed) when it
+// exists, else the system Python (torch only).
+std::string default_python() {
+  return access(STRATA_VENV_PYTHON, X_OK) == 0 ? STRATA_VENV_PYTHON : "/usr/bin/python3";
+}
+
 struct OptimizerOptions {
   uint64_t params = uint64_t{1} << 26;  // elements; 64M = 1 GiB of fp32 state
   unsigned threads = 0;                 // 0: hardware_concurrency
   unsigned reps = 7;
   std::string isa = "auto";
+  std::string prefetch = "auto";  // CpuAdam's software prefetch: auto | off | l1
   std::string variant = "adam";  // adam | adamw
   std::string half = "none";     // none | bf16 | fp16
   std::string grad = "f32";      // the gradient CpuAdam reads: f32 | bf16 | fp16
   bool hugepages = false;
   bool torch = true;
-  std::string python = "/usr/bin/python3";
+  bool deepspeed = true;                 // with the PyTorch process only
+  std::string layout = "staggered";      // staggered | power-of-two
+  std::string python = default_python();
   std::string torch_script = STRATA_TORCH_ADAM_SCRIPT;
   OutputOptions out;
 };
@@ -86,6 +107,23 @@ class HostBuffer {
   void* ptr_;
   size_t bytes_;
 };
+
+// Where CpuAdam's arrays lie in their one mapping: each starts on a page. staggered: one
+// page after the previous one ends, so that no two start a multiple of a large power of
+// two apart; power-of-two: each at a multiple of the largest array's size rounded up to a
+// power of two, the layout a pool of power-of-two classes produces.
+std::vector<size_t> array_offsets(const std::vector<size_t>& bytes, const std::string& layout) {
+  constexpr size_t kPage = 4096;
+  std::vector<size_t> offsets;
+  size_t at = 0, slot = kPage;
+  for (size_t b : bytes) slot = std::max(slot, std::bit_ceil(b));
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    offsets.push_back(layout == "power-of-two" ? i * slot : at);
+    at += (bytes[i] + kPage - 1) / kPage * kPage + kPage;
+  }
+  offsets.push_back(layout == "power-of-two" ? bytes.size() * slot : at);  // the mapping's size
+  return offsets;
+}
 
 // Runs fn(begin, end) over [0, n) split into `threads` equal parts, one thread each.
 template <typename Fn>
@@ -117,6 +155,11 @@ void triad_range_streaming(double* a, const double* b, const double* c, double s
 #endif
 }
 
+// DeepSpeed's weights and gradients: bf16 when CpuAdam runs its 16-bit path (16-bit
+// gradients or a 16-bit copy), else fp32. DeepSpeedCPUAdam has no fp32-master-with-copy
+// mode; its 16-bit mode keeps bf16 weights and fp32 moments (22 bytes per parameter).
+std::string deepspeed_dtype(const OptimizerOptions& o) { return o.grad != "f32" || o.half != "none" ? "bf16" : "fp32"; }
+
 // bench/ref/torch_adam.py in a child process (reference_process.hpp).
 class TorchAdam {
  public:
@@ -125,6 +168,7 @@ class TorchAdam {
               "it needs a Python with torch: --python names another Python; --no-torch measures without it") {}
 
   const nlohmann::json& info() const { return proc_.info(); }
+  bool has_deepspeed() const { return info().contains("deepspeed"); }
 
   // Per-step seconds of `steps` steps of one variant ("default" or "foreach").
   std::vector<double> time(const std::string& variant, unsigned steps) {
@@ -138,6 +182,10 @@ class TorchAdam {
     std::vector<std::string> args = {o.python, o.torch_script, "--params", std::to_string(o.params),
                                      "--threads", std::to_string(threads)};
     if (o.variant == "adamw") args.push_back("--adamw");
+    if (o.deepspeed) {
+      args.push_back("--deepspeed");
+      args.push_back(deepspeed_dtype(o));
+    }
     return args;
   }
 
@@ -186,6 +234,12 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+CpuAdamOptions cpu_adam_options(const OptimizerOptions& o, unsigned threads) {
+  CpuAdamOptions options{threads, parse_cpu_isa(o.isa)};
+  options.prefetch = parse_cpu_prefetch(o.prefetch);
+  return options;
+}
+
 AdamConfig adam_config(const OptimizerOptions& o) {
   AdamConfig config;
   config.lr = 1e-3;
@@ -198,6 +252,7 @@ AdamConfig adam_config(const OptimizerOptions& o) {
 struct RoundSeconds {
   double strata = 0, triad = 0, triad_streaming = 0;
   double torch_default = 0, torch_foreach = 0;  // with the PyTorch reference only
+  double deepspeed = 0;                         // with DeepSpeed's op only
 };
 
 // Everything that is timed, set up before any timing: CpuAdam with its state, the
@@ -207,11 +262,10 @@ class Contenders {
  public:
   Contenders(const OptimizerOptions& o, unsigned threads)
       : n_(o.params), threads_(threads), half_(parse_half(o.half)), grad_(parse_precision(o.grad)),
-        adam_(adam_config(o), CpuAdamOptions{threads, parse_cpu_isa(o.isa)}),
+        adam_(adam_config(o), cpu_adam_options(o, threads)),
         triad_n_(n_ * 16 / kTriadBytesPerElement),
-        p_(n_ * 4, o.hugepages), g_(n_ * dtype_size(grad_), o.hugepages), m_(n_ * 4, o.hugepages),
-        v_(n_ * 4, o.hugepages),
-        half_copy_(half_ != HalfKind::None ? std::make_unique<HostBuffer>(n_ * 2, o.hugepages) : nullptr),
+        offsets_(array_offsets({n_ * 4, n_ * dtype_size(grad_), n_ * 4, n_ * 4, n_ * 2}, o.layout)),
+        state_(offsets_.back(), o.hugepages),
         ta_(triad_n_ * 8, o.hugepages), tb_(triad_n_ * 8, o.hugepages), tc_(triad_n_ * 8, o.hugepages) {
     // First touch from the threads that will use the memory, values far from denormals.
     parallel_parts(n_, threads, [&](size_t b, size_t e) {
@@ -219,12 +273,12 @@ class Contenders {
       for (size_t block = b; block < e; block += 1024) {
         const size_t end = std::min(e, block + 1024);
         for (size_t i = block; i < end; ++i) {
-          p_.as<float>()[i] = 0.5f - static_cast<float>(i % 1000) * 1e-3f;
+          params()[i] = 0.5f - static_cast<float>(i % 1000) * 1e-3f;
           g[i - block] = 1e-2f * (static_cast<float>(i % 77) - 38.0f) + 1e-3f;
-          m_.as<float>()[i] = 0.0f;
-          v_.as<float>()[i] = 0.0f;
+          exp_avg()[i] = 0.0f;
+          exp_avg_sq()[i] = 0.0f;
         }
-        convert_from_f32(g_.as<char>() + block * dtype_size(grad_), grad_, g, end - block);
+        convert_from_f32(static_cast<char*>(grads()) + block * dtype_size(grad_), grad_, g, end - block);
       }
     });
     parallel_parts(triad_n_, threads, [&](size_t b, size_t e) {
@@ -237,15 +291,21 @@ class Contenders {
     if (o.torch) torch_ = std::make_unique<TorchAdam>(o, threads);
   }
 
-  // One pass of each, in a fixed order: a CpuAdam step, PyTorch's two Adams, the triad
-  // with plain and with streaming stores.
+  float* params() { return state_.as<float>() + offsets_[0] / 4; }
+  void* grads() { return state_.as<char>() + offsets_[1]; }
+  float* exp_avg() { return state_.as<float>() + offsets_[2] / 4; }
+  float* exp_avg_sq() { return state_.as<float>() + offsets_[3] / 4; }
+  void* half_copy() { return half_ != HalfKind::None ? state_.as<char>() + offsets_[4] : nullptr; }
+
+  // One pass of each, in a fixed order: a CpuAdam step, DeepSpeed's, PyTorch's two Adams,
+  // the triad with plain and with streaming stores.
   RoundSeconds round() {
     RoundSeconds r;
     auto start = std::chrono::steady_clock::now();
-    adam_.step(++step_, p_.as<float>(), AdamGrads{g_.as<void>(), grad_, 1.0f}, m_.as<float>(), v_.as<float>(), n_,
-               half_copy_ ? half_copy_->as<void>() : nullptr, half_);
+    adam_.step(++step_, params(), AdamGrads{grads(), grad_, 1.0f}, exp_avg(), exp_avg_sq(), n_, half_copy(), half_);
     r.strata = seconds_since(start);
     if (torch_) {
+      if (torch_->has_deepspeed()) r.deepspeed = torch_->time("deepspeed", 1)[0];
       r.torch_default = torch_->time("default", 1)[0];
       r.torch_foreach = torch_->time("foreach", 1)[0];
       // libgomp's workers spin for a while after each parallel region; let them go idle
@@ -270,6 +330,7 @@ class Contenders {
   HalfKind half() const { return half_; }
   DType grad() const { return grad_; }
   CpuIsa isa() const { return adam_.isa(); }
+  CpuPrefetch prefetch() const { return adam_.prefetch(); }
   const TorchAdam* torch() const { return torch_.get(); }
 
  private:
@@ -279,20 +340,26 @@ class Contenders {
   DType grad_;  // CpuAdam's gradient type
   CpuAdam adam_;
   size_t triad_n_;  // triad elements
-  HostBuffer p_, g_, m_, v_;               // [n_] fp32; g_ of grad_
-  std::unique_ptr<HostBuffer> half_copy_;  // [n_] bf16 or fp16, or none
+  std::vector<size_t> offsets_;  // bytes into state_: params, grads, exp_avg, exp_avg_sq, half copy; its size
+  HostBuffer state_;             // [n_] fp32 params, moments; [n_] of grad_; [n_] 16-bit copy
   HostBuffer ta_, tb_, tc_;                // [triad_n_] fp64
   std::unique_ptr<TorchAdam> torch_;
   int64_t step_ = 0;
 };
 
-// One series per contender: strata, the two triads, then PyTorch's two Adams.
+// DeepSpeedCPUAdam's bytes per parameter: fp32 like Strata's 28; bf16 weights and
+// gradients with fp32 moments read 2 + 2 + 4 + 4 and write 2 + 4 + 4.
+constexpr double kDeepSpeedBf16BytesPerParam = 22;
+
+// One series per contender: strata, the two triads, then PyTorch's two Adams, then
+// DeepSpeed's when its op loaded.
 std::vector<Series> make_series(const Contenders& c, AdamVariant variant) {
   const double n = static_cast<double>(c.params());
   const double adam_bytes = n * adam_bytes_per_param(c.grad(), c.half());
   const double triad_bytes = static_cast<double>(c.triad_elements()) * kTriadBytesPerElement;
   const std::string grads = c.grad() != DType::F32 ? std::string(", ") + precision_name(c.grad()) + " grads" : "";
-  const std::string strata_name = std::string("strata CpuAdam (") + to_string(c.isa()) + grads + ")";
+  const std::string strata_name =
+      std::string("strata CpuAdam (") + to_string(c.isa()) + grads + (c.prefetch() == CpuPrefetch::L1 ? ", prefetch" : "") + ")";
   std::vector<Series> series = {{strata_name, adam_bytes, n, {}},
                                 {"STREAM triad", triad_bytes, 0, {}},
                                 {"STREAM triad, streaming stores", triad_bytes, 0, {}}};
@@ -300,6 +367,11 @@ std::vector<Series> make_series(const Contenders& c, AdamVariant variant) {
     const std::string cls = variant == AdamVariant::AdamW ? "AdamW" : "Adam";
     series.push_back({"torch " + cls + " (foreach=False)", n * kAdamBytesPerParam, n, {}});
     series.push_back({"torch " + cls + " (foreach=True)", n * kAdamBytesPerParam, n, {}});
+    if (c.torch()->has_deepspeed()) {
+      const bool bf16 = c.torch()->info().value("deepspeed_dtype", "") == "bf16";
+      series.push_back({std::string("DeepSpeedCPUAdam (") + (bf16 ? "bf16 weights, grads" : "fp32") + ")",
+                        n * (bf16 ? kDeepSpeedBf16BytesPerParam : kAdamBytesPerParam), n, {}});
+    }
   }
   return series;
 }
@@ -312,12 +384,32 @@ void record(std::vector<Series>& series, const RoundSeconds& r) {
     series[3].seconds.push_back(r.torch_default);
     series[4].seconds.push_back(r.torch_foreach);
   }
+  if (series.size() > 5) series[5].seconds.push_back(r.deepspeed);
+}
+
+// What the human report says about DeepSpeed: how its result compared with torch.optim,
+// or the one line naming what is missing (empty without the PyTorch process or with
+// --no-deepspeed).
+std::string deepspeed_note(const TorchAdam* torch) {
+  if (!torch) return "";
+  const nlohmann::json& info = torch->info();
+  if (info.contains("deepspeed_missing"))
+    return "DeepSpeedCPUAdam not run: " + info["deepspeed_missing"].get<std::string>();
+  if (!info.contains("deepspeed_check")) return "";
+  const nlohmann::json& c = info["deepspeed_check"];
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "DeepSpeed %s against torch.optim (4099 params, 5 steps): weights differ by at most %.2g lr, "
+                "exp_avg by %.2g of its largest value",
+                info.value("deepspeed", std::string("?")).c_str(), c.value("params_max_abs_diff_over_lr", -1.0),
+                c.value("exp_avg_max_abs_diff_relative", -1.0));
+  return line;
 }
 
 // The human report: the table, then how strata compares with the triad and PyTorch.
 // torch_note: ", torch <version>" with the PyTorch reference, else "".
 void print_optimizer_table(std::FILE* out, const std::vector<Series>& series, const std::string& torch_note,
-                           double load_before, double load_after) {
+                           const std::string& ds_note, double load_before, double load_after) {
   std::fprintf(out, "cpu: %s%s; load average %.2f before, %.2f after\n", cpu_model().c_str(), torch_note.c_str(),
                load_before, load_after);
   std::fprintf(out, "%-36s %10s %10s %10s %8s %12s %8s\n", "", "median ms", "min ms", "max ms", "spread",
@@ -333,6 +425,9 @@ void print_optimizer_table(std::FILE* out, const std::vector<Series>& series, co
   if (series.size() > 3)
     std::fprintf(out, "strata / torch: %.2fx (foreach=False), %.2fx (foreach=True)\n",
                  series[3].median() / series[0].median(), series[4].median() / series[0].median());
+  if (series.size() > 5)
+    std::fprintf(out, "strata / DeepSpeedCPUAdam: %.2fx (params/s)\n", series[0].params_per_s() / series[5].params_per_s());
+  if (!ds_note.empty()) std::fprintf(out, "%s\n", ds_note.c_str());
 }
 
 Report optimizer_report(const OptimizerOptions& o, const Contenders& c, unsigned threads,
@@ -348,6 +443,7 @@ Report optimizer_report(const OptimizerOptions& o, const Contenders& c, unsigned
     ratios["strata_over_torch_default"] = series[3].median() / series[0].median();
     ratios["strata_over_torch_foreach"] = series[4].median() / series[0].median();
   }
+  if (series.size() > 5) ratios["strata_over_deepspeed_params_per_s"] = series[0].params_per_s() / series[5].params_per_s();
   Report report;
   report.benchmark = "optimizer";
   report.command = command;
@@ -362,7 +458,8 @@ Report optimizer_report(const OptimizerOptions& o, const Contenders& c, unsigned
   report.config = {{"params", n}, {"threads", threads}, {"reps", o.reps},
                    {"variant", variant == AdamVariant::AdamW ? "adamw" : "adam"}, {"half", o.half},
                    {"grad", precision_name(c.grad())},
-                   {"isa", to_string(c.isa())}, {"hugepages", o.hugepages},
+                   {"isa", to_string(c.isa())}, {"prefetch", to_string(c.prefetch())}, {"hugepages", o.hugepages},
+                   {"array_layout", o.layout},
                    {"load_average_start", load_before}, {"load_average_end", load_after}};
   report.table.columns = {{"name", "", ""},          {"median_ms", "median ms", "%.2f"},
                           {"min_ms", "min ms", "%.2f"}, {"max_ms", "max ms", "%.2f"},
@@ -376,8 +473,9 @@ Report optimizer_report(const OptimizerOptions& o, const Contenders& c, unsigned
                                  {"gbps", s.gbps()}, {"min_gbps", s.bytes_per_pass / s.max() / 1e9},
                                  {"max_gbps", s.bytes_per_pass / s.min() / 1e9}});
   const std::string torch_note = torch ? ", torch " + torch->info().value("torch", std::string("?")) : "";
-  report.print_human = [series, torch_note, load_before, load_after](std::FILE* out) {
-    print_optimizer_table(out, series, torch_note, load_before, load_after);
+  const std::string ds_note = deepspeed_note(torch);
+  report.print_human = [series, torch_note, ds_note, load_before, load_after](std::FILE* out) {
+    print_optimizer_table(out, series, torch_note, ds_note, load_before, load_after);
   };
   // The fields `strata bench optimizer --json` has always had.
   nlohmann::json& j = report.extra;
@@ -389,6 +487,8 @@ Report optimizer_report(const OptimizerOptions& o, const Contenders& c, unsigned
   j["grad"] = precision_name(c.grad());
   j["isa"] = to_string(c.isa());
   j["hugepages"] = o.hugepages;
+  j["array_layout"] = o.layout;
+  j["prefetch"] = to_string(c.prefetch());
   j["cpu"] = cpu_model();
   j["load_average_before"] = load_before;
   j["load_average_after"] = load_after;
@@ -443,6 +543,9 @@ void add_optimizer(CLI::App& bench, Runner& run) {
   cmd->add_option("--threads", opts->threads, "threads for every contender; 0: all cores")->capture_default_str();
   cmd->add_option("--reps", opts->reps, "timed repetitions of each")->capture_default_str()->check(CLI::Range(1u, 1000u));
   cmd->add_option("--isa", opts->isa, "CpuAdam kernel: auto, scalar, avx2, avx512")->capture_default_str();
+  cmd->add_option("--prefetch", opts->prefetch, "CpuAdam's software prefetch: auto (l1 on Intel, off elsewhere), off, l1")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "off", "l1"}));
   cmd->add_option("--variant", opts->variant, "adam (L2 decay) or adamw (decoupled)")
       ->capture_default_str()
       ->check(CLI::IsMember({"adam", "adamw"}));
@@ -454,7 +557,13 @@ void add_optimizer(CLI::App& bench, Runner& run) {
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16", "fp16"}));
   cmd->add_flag("--hugepages", opts->hugepages, "ask for transparent huge pages for Strata's and the triad's arrays");
-  cmd->add_flag("!--no-torch", opts->torch, "skip the PyTorch reference");
+  cmd->add_flag("!--no-torch", opts->torch, "skip the PyTorch reference (and DeepSpeed's, which runs in it)");
+  cmd->add_flag("!--no-deepspeed", opts->deepspeed,
+                "skip DeepSpeedCPUAdam (run by default when --python can load its op; scripts/setup-deepspeed-op.sh)");
+  cmd->add_option("--array-layout", opts->layout,
+                  "where CpuAdam's arrays lie: staggered (a page apart) or power-of-two (2^k apart)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"staggered", "power-of-two"}));
   cmd->add_option("--python", opts->python, "Python with PyTorch")->capture_default_str();
   cmd->add_option("--torch-script", opts->torch_script, "the PyTorch reference script")->capture_default_str();
   add_output_options(*cmd, opts->out, "GB/s of each contender, with min-max bars");

@@ -11,18 +11,57 @@ with these:
   quit                     ->  exits
 
 Variants: "default" (foreach=False, the loop over parameters) and "foreach" (foreach=True,
-the multi-tensor kernels). The first line out is {"ready": true, "torch": version, ...};
-any failure is {"error": "..."} and a non-zero exit.
+the multi-tensor kernels). With --deepspeed fp32 or bf16, also "deepspeed": DeepSpeed's
+DeepSpeedCPUAdam (its OpenMP C++ op, built by bench/ref/deepspeed_op.py) on its own
+parameter of --params elements, fp32 (fp32 weights and gradients) or bf16 (bf16 weights and
+gradients, fp32 moments), with the same hyperparameters and thread count. Before timing,
+DeepSpeed's result is checked against torch.optim on a small parameter (5 steps) and the
+largest difference reported. When the op cannot be had, the ready line carries
+"deepspeed_missing": one line naming what is missing and how to get it, and the rest runs.
+
+The first line out is {"ready": true, "torch": version, ...}; any failure is
+{"error": "..."} and a non-zero exit. Anything else a library prints goes to stderr, so
+that stdout carries only these lines.
 """
 import argparse
 import json
+import os
 import sys
 import time
 
+_protocol = None  # the original stdout; fd 1 itself is pointed at stderr in main()
+
 
 def reply(obj):
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
+    _protocol.write(json.dumps(obj) + "\n")
+    _protocol.flush()
+
+
+def check_deepspeed(torch, ds, adamw, dtype, lr, weight_decay):
+    """DeepSpeedCPUAdam against torch.optim.Adam/AdamW (foreach=False) over 5 steps of one
+    parameter of 4099 elements: the largest |difference| of the weights in units of lr (each
+    step moves a weight by about lr), and of the first moment relative to its largest value.
+    DeepSpeed multiplies by 1/sqrt(bias correction) and fuses differently from torch, so
+    fp32 differs by rounding; bf16 weights are rounded to bf16 every step."""
+    torch.manual_seed(1)
+    n = 4099
+    p0 = torch.randn(n) * 0.5
+    p_torch = torch.nn.Parameter(p0.clone())
+    p_ds = torch.nn.Parameter(p0.clone().to(dtype))
+    ref = (torch.optim.AdamW if adamw else torch.optim.Adam)([p_torch], lr=lr, weight_decay=weight_decay, foreach=False)
+    opt = ds.DeepSpeedCPUAdam([p_ds], lr=lr, weight_decay=weight_decay, adamw_mode=adamw)
+    for _ in range(5):
+        g = torch.randn(n) * 1e-2
+        p_torch.grad = g.clone()
+        p_ds.grad = g.to(dtype)
+        ref.step()
+        opt.step()
+    want = p_torch.detach()
+    m_want = ref.state[p_torch]["exp_avg"]
+    return {"params_max_abs_diff_over_lr": (p_ds.detach().float() - want).abs().max().item() / lr,
+            "exp_avg_max_abs_diff_relative": ((opt.state[p_ds]["exp_avg"] - m_want).abs().max() /
+                                              m_want.abs().max()).item(),
+            "params_moved_fraction": (want != p0).float().mean().item()}
 
 
 def main():
@@ -32,7 +71,14 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--weight-decay", type=float, default=0.01)
     ap.add_argument("--adamw", action="store_true", help="torch.optim.AdamW instead of Adam")
+    ap.add_argument("--deepspeed", choices=("none", "fp32", "bf16"), default="none",
+                    help="also time DeepSpeedCPUAdam with fp32 or bf16 weights and gradients")
     args = ap.parse_args()
+    global _protocol
+    _protocol = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    # DeepSpeed's op runs on OpenMP: the same thread count as every other contender.
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
     try:
         import torch
     except ImportError as e:
@@ -48,10 +94,27 @@ def main():
         name: cls([param], lr=args.lr, weight_decay=args.weight_decay, foreach=foreach)
         for name, foreach in (("default", False), ("foreach", True))
     }
+    info = {"ready": True, "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "optimizer": cls.__name__, "params": args.params}
+    if args.deepspeed != "none":
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import deepspeed_op
+        ds, missing = deepspeed_op.load()
+        if ds is None:
+            info["deepspeed_missing"] = missing
+        else:
+            import deepspeed
+            dtype = torch.bfloat16 if args.deepspeed == "bf16" else torch.float32
+            info["deepspeed"] = deepspeed.__version__
+            info["deepspeed_dtype"] = args.deepspeed
+            info["deepspeed_check"] = check_deepspeed(torch, ds, args.adamw, dtype, args.lr, args.weight_decay)
+            ds_param = torch.nn.Parameter((torch.randn(args.params) * 0.5).to(dtype))
+            ds_param.grad = (torch.randn(args.params) * 1e-2).to(dtype)
+            optimizers["deepspeed"] = ds.DeepSpeedCPUAdam([ds_param], lr=args.lr, weight_decay=args.weight_decay,
+                                                          adamw_mode=args.adamw)
     for opt in optimizers.values():
         opt.step()  # creates the moments (first touch) outside the timing
-    reply({"ready": True, "torch": torch.__version__, "threads": torch.get_num_threads(),
-           "optimizer": cls.__name__, "params": args.params})
+    reply(info)
 
     for line in sys.stdin:
         words = line.split()

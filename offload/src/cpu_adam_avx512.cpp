@@ -73,21 +73,25 @@ inline void update16(const Scalars512& s, const AdamArrays& a, uint16_t* half, s
   _mm512_storeu_ps(a.params_out + i, p);
   _mm512_storeu_ps(a.exp_avg_out + i, m);
   _mm512_storeu_ps(a.exp_avg_sq_out + i, v);
+  // The copy is written and never read here: streaming stores skip reading its lines in
+  // first (run() aligns half + i to 32 bytes).
   if constexpr (Kind == math::HalfKind::Bf16) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(half + i), to_bf16(p));
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(half + i), to_bf16(p));
   } else if constexpr (Kind == math::HalfKind::Fp16) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(half + i),
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(half + i),
                         _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
 }
 
 template <math::HalfKind Kind, DType G>
-void run(const math::AdamStepScalars& scalars, const AdamArrays& a, size_t n) {
+void run(const math::AdamStepScalars& scalars, const AdamArrays& a, size_t n, bool prefetch) {
   const Scalars512 s(scalars, a.grad_scale);
   uint16_t* half = static_cast<uint16_t*>(a.half_out);
   const auto* grads = static_cast<const GradElement<G>*>(a.grads);
-  size_t i = 0;
-  for (; i + kPrefetchAhead + 16 <= n; i += 16) {
+  const size_t head = half_copy_head(half, 32, n);  // scalar elements before half + i is 32-byte aligned
+  adam_scalar_range<Kind, G>(scalars, a, 0, head);
+  size_t i = head;
+  for (; prefetch && i + kPrefetchAhead + 16 <= n; i += 16) {
     _mm_prefetch(reinterpret_cast<const char*>(a.params_in + i + kPrefetchAhead), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(grads + i + kPrefetchAhead), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(a.exp_avg_in + i + kPrefetchAhead), _MM_HINT_T0);
@@ -95,13 +99,14 @@ void run(const math::AdamStepScalars& scalars, const AdamArrays& a, size_t n) {
     update16<Kind, G>(s, a, half, i);
   }
   for (; i + 16 <= n; i += 16) update16<Kind, G>(s, a, half, i);
+  if constexpr (Kind != math::HalfKind::None) _mm_sfence();  // the streamed copy before the tail and the return
   adam_scalar_range<Kind, G>(scalars, a, i, n);
 }
 
 }  // namespace
 
-void adam_kernel_avx512(const math::AdamStepScalars& s, const AdamArrays& a, size_t n) {
-  dispatch_adam(a, [&](auto kind, auto grad) { run<kind.value, grad.value>(s, a, n); });
+void adam_kernel_avx512(const math::AdamStepScalars& s, const AdamArrays& a, size_t n, bool prefetch) {
+  dispatch_adam(a, [&](auto kind, auto grad) { run<kind.value, grad.value>(s, a, n, prefetch); });
 }
 
 }  // namespace strata::detail

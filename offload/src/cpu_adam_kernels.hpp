@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -44,7 +45,8 @@ struct AdamArrays {
   }
 };
 
-using AdamKernel = void (*)(const math::AdamStepScalars& s, const AdamArrays& a, size_t n);
+// prefetch: whether the vector kernels prefetch their input streams (CpuPrefetch::L1).
+using AdamKernel = void (*)(const math::AdamStepScalars& s, const AdamArrays& a, size_t n, bool prefetch);
 
 // The element type of a gradient array: float, or the bits of a bf16 or fp16.
 template <DType G>
@@ -70,12 +72,26 @@ void dispatch_adam(const AdamArrays& a, const Fn& fn) {
   }
 }
 
-// The vector kernels prefetch each input stream this many elements (1 KiB of an fp32
-// array) ahead, one cache line per 16 elements. The hardware prefetchers stop at 4 KiB
-// page boundaries; on the development machine (Xeon, 2 cores, 4 KiB pages) this gave 5%
-// with two threads and 9% with one, bringing the step to the speed of a kernel that
-// moves the same bytes with no arithmetic (docs/bench-optimizer.md).
+// When asked to (CpuPrefetch::L1), the vector kernels prefetch each input stream this
+// many elements (1 KiB of an fp32 array) ahead, one cache line per 16 elements. The
+// hardware prefetchers stop at 4 KiB page boundaries; on an Intel Xeon VM (2 cores, 4 KiB
+// pages) this gave 5% with two threads and 9% with one, bringing the step to the speed of
+// a kernel that moves the same bytes with no arithmetic; on an AMD EPYC VM it cost 13%
+// (docs/bench-optimizer.md).
 constexpr size_t kPrefetchAhead = 256;
+
+// The vector kernels write the 16-bit copy with streaming (non-temporal) stores: it is
+// the one array the step writes without reading, so a plain store would first read each
+// of its lines from memory (2 more bytes per parameter) and leave them in the caches, where
+// nothing here wants them. Those stores need aligned addresses: the number of elements
+// (under n) the scalar loop takes first so that half + i is `align`-byte aligned; 0 with no
+// copy. The in-place arrays keep plain stores: their lines were just read, so there is no
+// read to save (streaming them was 12-14% slower, docs/bench-optimizer.md).
+inline size_t half_copy_head(const uint16_t* half, size_t align, size_t n) {
+  if (!half) return 0;
+  const size_t past = reinterpret_cast<uintptr_t>(half) % align;  // bytes past the boundary; even
+  return past ? std::min(n, (align - past) / 2) : 0;
+}
 
 // Gradient element i, widened to fp32 (exactly) and scaled.
 template <DType G>
@@ -109,10 +125,11 @@ STRATA_FORCE_INLINE void adam_scalar_range(const math::AdamStepScalars& s, const
   }
 }
 
-void adam_kernel_scalar(const math::AdamStepScalars& s, const AdamArrays& a, size_t n);
+void adam_kernel_scalar(const math::AdamStepScalars& s, const AdamArrays& a, size_t n, bool prefetch);
 #if defined(__x86_64__)
-void adam_kernel_avx2(const math::AdamStepScalars& s, const AdamArrays& a, size_t n);    // cpu_adam_avx2.cpp
-void adam_kernel_avx512(const math::AdamStepScalars& s, const AdamArrays& a, size_t n);  // cpu_adam_avx512.cpp
+void adam_kernel_avx2(const math::AdamStepScalars& s, const AdamArrays& a, size_t n, bool prefetch);  // cpu_adam_avx2.cpp
+void adam_kernel_avx512(const math::AdamStepScalars& s, const AdamArrays& a, size_t n,
+                        bool prefetch);  // cpu_adam_avx512.cpp
 #endif
 
 }  // namespace strata::detail

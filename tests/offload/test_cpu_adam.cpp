@@ -350,6 +350,33 @@ TEST_P(cpu_adam, BitIdenticalToScalarOnAnyThreadCount) {
   }
 }
 
+// Prefetching or not changes no bit: the reference cases with a bf16 copy, both ways, one
+// thread (so that the blocks are long enough for the prefetching loop to run).
+TEST_P(cpu_adam, PrefetchChangesNoBits) {
+  for (const Case& k : reference().cases) {
+    SCOPED_TRACE(k.name());
+    auto run = [&](CpuPrefetch prefetch) {
+      CpuAdamOptions options{1, GetParam()};
+      options.prefetch = prefetch;
+      CpuAdam adam(k.config, options);
+      EXPECT_EQ(adam.prefetch(), prefetch);
+      State s(k);
+      std::vector<uint16_t> half(k.n);
+      for (uint32_t t = 1; t <= k.steps; ++t)
+        adam.step(t, s.params.data(), k.grads(t), s.exp_avg.data(), s.exp_avg_sq.data(), k.n, half.data(),
+                  HalfKind::Bf16);
+      return std::make_pair(std::move(s), std::move(half));
+    };
+    const auto [off, off_half] = run(CpuPrefetch::Off);
+    const auto [l1, l1_half] = run(CpuPrefetch::L1);
+    size_t differ = 0;
+    for (size_t i = 0; i < k.n; ++i)
+      differ += bits(off.params[i]) != bits(l1.params[i]) || bits(off.exp_avg[i]) != bits(l1.exp_avg[i]) ||
+                bits(off.exp_avg_sq[i]) != bits(l1.exp_avg_sq[i]) || off_half[i] != l1_half[i];
+    EXPECT_EQ(differ, 0u);
+  }
+}
+
 // The 16-bit copy written in the same pass is the fp32 result rounded to nearest even,
 // and equals torch's own conversion of its result wherever the fp32 results agree.
 TEST_P(cpu_adam, HalfCopyIsRoundedResult) {
@@ -505,6 +532,38 @@ TEST_P(cpu_adam, StepIntoBitIdenticalToInPlace) {
   }
 }
 
+// The vector kernels stream the 16-bit copy from its first 16- or 32-byte boundary on and
+// take the elements before it with the scalar loop: at every start offset of the copy
+// (and of the fp32 arrays), the bits are the scalar kernel's, and nothing is written
+// outside [0, n).
+TEST_P(cpu_adam, HalfCopyAtAnyAlignment) {
+  constexpr size_t n = 1000 + 7;
+  AdamConfig config;
+  config.weight_decay = 0.1;
+  std::vector<float> grads(n);
+  for (size_t i = 0; i < n; ++i) grads[i] = 1e-2f * (static_cast<float>((i * 31) % 113) - 56.0f);
+  for (HalfKind kind : {HalfKind::Bf16, HalfKind::Fp16}) {
+    for (size_t offset = 0; offset < 20; ++offset) {
+      SCOPED_TRACE("offset " + std::to_string(offset) + (kind == HalfKind::Bf16 ? " bf16" : " fp16"));
+      auto run = [&](CpuIsa isa) {
+        CpuAdam adam(config, CpuAdamOptions{1, isa});
+        std::vector<float> p(n + offset), m(n + offset), v(n + offset);
+        for (size_t i = 0; i < n; ++i) p[offset + i] = 0.25f - static_cast<float>(i % 301) * 1e-3f;
+        Guarded<uint16_t> half(n + offset, 0x5555);
+        adam.step(1, p.data() + offset, grads.data(), m.data() + offset, v.data() + offset, n, half.data() + offset,
+                  kind);
+        EXPECT_TRUE(half.sentinels_intact());
+        std::vector<uint16_t> out(n + offset);
+        for (size_t i = 0; i < n + offset; ++i) out[i] = half[i];
+        return out;
+      };
+      const std::vector<uint16_t> want = run(CpuIsa::Scalar), got = run(GetParam());
+      EXPECT_EQ(got, want);
+      for (size_t i = 0; i < offset; ++i) EXPECT_EQ(got[i], 0x5555) << "wrote before the start, at " << i;
+    }
+  }
+}
+
 // An out array that overlaps an input other than its own in-place twin is a caller's bug.
 TEST(cpu_adam_step_into, RefusesPartialOverlap) {
   CpuAdam adam(AdamConfig{}, 1);
@@ -587,6 +646,10 @@ TEST(cpu_adam_isa, ParsesNamesAndRefusesUnknown) {
   EXPECT_THROW(parse_cpu_isa("avx1024"), ConfigError);
   EXPECT_TRUE(cpu_supports(best_cpu_isa()));
   EXPECT_NE(CpuAdam(AdamConfig{}, 1).isa(), CpuIsa::Auto);
+  EXPECT_EQ(parse_cpu_prefetch("off"), CpuPrefetch::Off);
+  EXPECT_EQ(parse_cpu_prefetch("l1"), CpuPrefetch::L1);
+  EXPECT_THROW(parse_cpu_prefetch("l2"), ConfigError);
+  EXPECT_NE(CpuAdam(AdamConfig{}, 1).prefetch(), CpuPrefetch::Auto);
 }
 
 }  // namespace

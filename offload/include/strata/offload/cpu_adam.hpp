@@ -12,7 +12,17 @@
 // function the cuda backend runs. Vector kernels (AVX-512, AVX2+FMA+F16C) are chosen at
 // run time from what the CPU supports, and give bit-identical results to the scalar
 // path, which also serves vector tails and other architectures. Results match
-// torch.optim.Adam / AdamW (tests/offload/test_cpu_adam.cpp).
+// torch.optim.Adam / AdamW (tests/offload/test_cpu_adam.cpp). The step may also read one
+// set of arrays and write another (step_into), for callers that double-buffer the state.
+//
+// Where the caller puts the arrays matters more than anything in the kernel: on the AMD
+// EPYC development VM, four 64M-element arrays exactly 2^28 bytes (256 MiB) apart, as a
+// pool of power-of-two slots would place them, ran the step 2.4x slower than the same
+// arrays one page further apart; 2^27 apart, 1.2x; 200,000,000 bytes apart, no loss
+// (docs/bench-optimizer.md). Arrays that fit in the last-level cache show nothing, so the
+// cause lies in how the memory system maps addresses, and no loop order in the kernel
+// avoids it: whoever allocates the state should keep its arrays from lying a large
+// power of two apart (a page of slack between them is enough).
 #pragma once
 
 #include <cstddef>
@@ -39,10 +49,19 @@ CpuIsa parse_cpu_isa(const std::string& name);  // throws ConfigError naming the
 bool cpu_supports(CpuIsa isa);                  // Auto and Scalar: always
 CpuIsa best_cpu_isa();
 
+// Software prefetch in the vector kernels (each input stream 1 KiB ahead into L1). Auto:
+// L1 on Intel CPUs, Off on others. Measured (docs/bench-optimizer.md): on an Intel Xeon VM
+// it made the step 5% faster with two threads and 9% with one; on an AMD EPYC (Zen 4) VM,
+// 13% slower, the hardware prefetchers there doing better alone. Same bits either way.
+enum class CpuPrefetch { Auto, Off, L1 };
+const char* to_string(CpuPrefetch prefetch);
+CpuPrefetch parse_cpu_prefetch(const std::string& name);  // throws ConfigError naming the choices
+
 struct CpuAdamOptions {
   unsigned threads = 0;         // workers, the calling thread included; 0: hardware_concurrency
   CpuIsa isa = CpuIsa::Auto;    // forcing one the CPU lacks throws Unavailable
   size_t min_elements_per_thread = 1 << 16;  // below this a step uses fewer threads
+  CpuPrefetch prefetch = CpuPrefetch::Auto;
 };
 
 // The gradient as the optimizer reads it: n elements of `type` (F32, BF16 or F16, each
@@ -92,12 +111,14 @@ class CpuAdam {
   const AdamConfig& config() const { return config_; }
   void set_lr(double lr) { config_.lr = lr; }  // for learning-rate schedules
   CpuIsa isa() const { return isa_; }          // never Auto
+  CpuPrefetch prefetch() const { return prefetch_; }  // never Auto
   unsigned threads() const { return threads_; }
 
  private:
   class Pool;
   AdamConfig config_;
   CpuIsa isa_;
+  CpuPrefetch prefetch_;
   unsigned threads_;
   size_t min_elements_per_thread_;
   std::unique_ptr<Pool> pool_;
