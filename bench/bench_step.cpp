@@ -8,9 +8,10 @@
 // torch.autocast("cpu", dtype=...) runs beside them (bench/ref/torch_gpt_step.py, in a
 // process that stays up for the run). Steps of all configurations alternate, so drift of
 // the machine hits them alike.
-// On the cuda backend (--backend cuda; run on an H100, docs/training.md) the reference keeps the
-// parameters on the GPU and the optimizer in pinned memory (there is no GPU optimizer),
-// and the model is GptCuda with NCCL over the one GPU.
+// On the cuda backend (--backend cuda; run on an H100 and an H200, docs/training.md) the
+// reference keeps the parameters on the GPU and the optimizer in pinned memory (there is no
+// GPU optimizer), the model is GptCuda with NCCL over the one GPU, and PyTorch's step runs
+// beside it wholly on the GPU (fused AdamW), in fp32 and in the 16-bit precision asked for.
 #include <cstdio>
 #include <cerrno>
 #include <cstring>
@@ -117,17 +118,19 @@ int run_step(const StepArgs& a) {
   coll::Communicator& dev_comm = nccl ? *nccl : *comm;
   Progress progress("bench step");
 
-  // The PyTorch reference: on the cpu backend, in the 16-bit precision asked for.
+  // The PyTorch reference: on the cpu backend in the 16-bit precision asked for; on cuda
+  // in that precision too, fp32 included (the whole step on the GPU).
   std::unique_ptr<ReferenceProcess> torch;
   const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
-  if (a.torch && sixteen && !cuda) {
+  if (a.torch && (sixteen || cuda)) {
     progress.show("starting the PyTorch reference");
     torch = std::make_unique<ReferenceProcess>(
         std::vector<std::string>{a.python, a.torch_script, "--layers", std::to_string(a.shape.layers),
                                  "--d-model", std::to_string(a.shape.d_model), "--heads", std::to_string(a.shape.heads),
                                  "--seq", std::to_string(a.shape.seq_len), "--vocab", std::to_string(a.shape.vocab),
                                  "--micro-batch", std::to_string(a.micro_batch), "--accum", std::to_string(a.accum),
-                                 "--threads", std::to_string(threads), "--precision", precision_name(precision)},
+                                 "--threads", std::to_string(threads), "--precision", precision_name(precision),
+                                 "--device", cuda ? "cuda" : "cpu"},
         "bench step: the PyTorch reference",
         "it needs a Python with torch: --python names another Python; --no-torch measures without it");
   }
@@ -185,7 +188,8 @@ int run_step(const StepArgs& a) {
       }
   if (torch) {
     Setup s;
-    s.label = std::string("PyTorch, autocast ") + precision_name(precision);
+    s.label = std::string(cuda ? "PyTorch on the GPU, " : "PyTorch, ") +
+              (sixteen ? std::string("autocast ") + precision_name(precision) : std::string("fp32"));
     s.precision = precision;
     s.torch = true;
     setups.push_back(std::move(s));
@@ -332,6 +336,28 @@ int run_step(const StepArgs& a) {
     rep.notes.push_back(line);
     rep.extra["optimizer_moved_into_backward"] = hidden;
   }
+  // Strata's step in memory in the reference's precision against PyTorch's.
+  auto torch_ratio = [&] { return summarize(setups.back().seconds).median / summarize(find(false, precision)->seconds).median; };
+  if (torch) {
+    rep.extra["torch"] = torch->info();
+    const std::string how =
+        sixteen ? std::string("under torch.autocast(\"") + (cuda ? "cuda" : "cpu") + "\", dtype=torch." +
+                      (precision == DType::BF16 ? "bfloat16" : "float16") + ")"
+                : std::string("in fp32 (no TF32)");
+    rep.notes.push_back("PyTorch " + torch->info().value("torch", std::string("?")) + " (" +
+                        (cuda ? torch->info().value("device", std::string("GPU")) + ", parameters, gradients and "
+                                                                                     "fused AdamW on the GPU"
+                              : std::to_string(torch->info().value("threads", 0)) + " threads") +
+                        ", attention: " + torch->info().value("attention", std::string("?")) +
+                        "): the same GPT and step (AdamW included) " + how + ", bench/ref/torch_gpt_step.py.");
+  }
+  if (torch && !sixteen) {
+    char b[200];
+    std::snprintf(b, sizeof b, "fp32 tokens/s over PyTorch's on the GPU: %.2fx (%s).", torch_ratio(),
+                  memory_label.c_str());
+    rep.notes.push_back(b);
+    rep.extra["ratios"] = {{"memory_tokens_per_s_over_torch", torch_ratio()}};
+  }
   if (sixteen) {
     nlohmann::json ratios = nlohmann::json::object();
     auto two = [](double v) {
@@ -348,15 +374,7 @@ int run_step(const StepArgs& a) {
       const double b16 = summarize(n16->nvme_read).median + summarize(n16->nvme_written).median;
       if (b32 > 0) ratios["nvme_bytes_over_f32"] = b16 / b32;
     }
-    if (torch) {
-      ratios["memory_tokens_per_s_over_torch"] = summarize(setups.back().seconds).median / summarize(mem16->seconds).median;
-      rep.extra["torch"] = torch->info();
-      rep.notes.push_back("PyTorch " + torch->info().value("torch", std::string("?")) + " (" +
-                          std::to_string(torch->info().value("threads", 0)) + " threads, attention: " +
-                          torch->info().value("attention", std::string("?")) +
-                          "): the same GPT and step (AdamW included) under torch.autocast(\"cpu\", dtype=torch." +
-                          (precision == DType::BF16 ? "bfloat16" : "float16") + "), bench/ref/torch_gpt_step.py.");
-    }
+    if (torch) ratios["memory_tokens_per_s_over_torch"] = torch_ratio();
     std::string line = std::string(precision_name(precision)) + " tokens/s over fp32: " +
                        two(ratios["memory_tokens_per_s_over_f32"].get<double>()) + "x in memory";
     if (ratios.contains("nvme_tokens_per_s_over_f32"))
@@ -364,7 +382,8 @@ int run_step(const StepArgs& a) {
     if (ratios.contains("nvme_bytes_over_f32"))
       line += "; NVMe bytes per step " + two(ratios["nvme_bytes_over_f32"].get<double>()) + " of fp32's";
     if (ratios.contains("memory_tokens_per_s_over_torch"))
-      line += "; over PyTorch autocast: " + two(ratios["memory_tokens_per_s_over_torch"].get<double>()) + "x";
+      line += std::string("; over PyTorch autocast") + (cuda ? " on the GPU" : "") + ": " +
+              two(ratios["memory_tokens_per_s_over_torch"].get<double>()) + "x";
     rep.notes.push_back(line + ".");
     rep.extra["ratios"] = ratios;
   } else if (a.torch && !cuda) {

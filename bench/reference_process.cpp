@@ -27,7 +27,7 @@ ReferenceProcess::ReferenceProcess(std::vector<std::string> argv, std::string wh
   std::vector<char*> args;
   for (auto& a : argv) args.push_back(a.data());
   args.push_back(nullptr);
-  const int err = posix_spawn(&pid_, argv.at(0).c_str(), &actions, nullptr, args.data(), environ);
+  const int err = posix_spawnp(&pid_, argv.at(0).c_str(), &actions, nullptr, args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   close(sv[1]);
   if (err != 0) {

@@ -1,15 +1,17 @@
 #!/usr/bin/python3
-"""PyTorch's CPU training step of Strata's GPT, timed, for `strata bench step`
-(bench/bench_step.cpp).
+"""PyTorch's training step of Strata's GPT, timed, for `strata bench step`
+(bench/bench_step.cpp), on the CPU or (--device cuda) wholly on the GPU.
 
 The model is the PyTorch GPT of Strata's numerics tests (tests/model/gpt_reference.py:
 GPT-2's blocks, tanh GELU, tied head), so both sides compute the same FLOPs; its
 attention is F.scaled_dot_product_attention(is_causal=True) where the torch has it
 (2.0 and up), the masked softmax of the reference otherwise. A step is what Strata's is:
 --accum micro-batches of --micro-batch random sequences, forward under
-torch.autocast("cpu", dtype=--precision) (none for f32), loss / accum backward, then
-torch.optim.AdamW (fp32 parameters and moments, Strata's hyper-parameters) and
-zero_grad. Started once per benchmark run; answers commands on stdin with one JSON line
+torch.autocast(device, dtype=--precision) (none for f32), loss / accum backward, then
+torch.optim.AdamW (fp32 parameters and moments, Strata's hyper-parameters; on cuda the
+fused kernel) and zero_grad. On cuda everything stays in GPU memory and fp32 matmuls are
+plain fp32 (no TF32), as cuBLAS's are in Strata's GptCuda; the step is timed from its
+start to the loss read back, which waits for the GPU. Started once per benchmark run; answers commands on stdin with one JSON line
 on stdout each:
 
   step   ->  {"seconds": wall time of one step, "loss": its last micro-batch's loss}
@@ -45,6 +47,7 @@ def main():
     for name in ("layers", "d-model", "heads", "seq", "vocab", "micro-batch", "accum", "threads"):
         ap.add_argument("--" + name, type=int, required=True)
     ap.add_argument("--precision", choices=("f32", "bf16", "fp16"), required=True)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = ap.parse_args()
     try:
         import torch
@@ -72,6 +75,12 @@ def main():
 
         ref.Block.forward = block_forward
 
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            reply({"error": f"torch {torch.__version__} sees no GPU (torch.cuda.is_available() is False)"})
+            return 1
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = ref.GPT(args.layers, args.d_model, args.heads, args.seq, args.vocab)
@@ -83,27 +92,30 @@ def main():
                 t.fill_(1.0)
             else:
                 t.normal_(0.0, 0.02)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    model.to(args.device)
+    extra = {"fused": True} if args.device == "cuda" else {}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, **extra)
     dtype = {"f32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.precision]
     gen = torch.Generator().manual_seed(1)
 
     def step():
         loss = None
         for _ in range(args.accum):
-            x = torch.randint(0, args.vocab, (args.micro_batch, args.seq), generator=gen)
-            y = torch.randint(0, args.vocab, (args.micro_batch, args.seq), generator=gen)
+            x = torch.randint(0, args.vocab, (args.micro_batch, args.seq), generator=gen).to(args.device)
+            y = torch.randint(0, args.vocab, (args.micro_batch, args.seq), generator=gen).to(args.device)
             if dtype is None:
                 _, loss = model(x, y)
             else:
-                with torch.autocast("cpu", dtype=dtype):
+                with torch.autocast(args.device, dtype=dtype):
                     _, loss = model(x, y)
             (loss / args.accum).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss.item()
 
+    device = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     reply({"ready": True, "torch": torch.__version__, "threads": torch.get_num_threads(), "attention": attention,
-           "precision": args.precision})
+           "precision": args.precision, "device": device})
     for line in sys.stdin:
         words = line.split()
         if not words:
@@ -113,6 +125,8 @@ def main():
         if words != ["step"]:
             reply({"error": f"bad command: {line.strip()!r}"})
             return 1
+        if args.device == "cuda":
+            torch.cuda.synchronize()
         start = time.perf_counter()
         loss = step()
         seconds = time.perf_counter() - start

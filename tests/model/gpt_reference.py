@@ -63,7 +63,7 @@ class Block(nn.Module):
         k = k.view(B, T, self.heads, hd).transpose(1, 2)
         v = v.view(B, T, self.heads, hd).transpose(1, 2)
         att = (q @ k.transpose(-2, -1)) / math.sqrt(hd)
-        mask = torch.ones(T, T, dtype=torch.bool).tril()
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
         att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
         y = (att @ v).transpose(1, 2).reshape(B, T, d)
         x = x + self.attn_proj(y)
@@ -85,7 +85,7 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None):
         T = idx.shape[1]
-        x = self.wte(idx) + self.wpe(torch.arange(T))
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
         for b in self.h:
             x = b(x)
         logits = self.ln_f(x) @ self.wte.weight.t()

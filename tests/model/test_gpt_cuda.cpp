@@ -36,6 +36,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <tuple>
@@ -148,8 +149,9 @@ float max_abs(const float* x, uint64_t n) {
   return m;
 }
 
-// max|got - ref| <= tol * max|ref|, no NaN, and not all zeros where ref is not.
-void expect_close(const float* got, const float* ref, uint64_t n, float tol, const std::string& what) {
+// max|got - ref| <= tol * max|ref|, no NaN, and not all zeros where ref is not. Returns
+// max|got - ref| / max|ref|, the figure the tolerance bounds.
+double expect_close(const float* got, const float* ref, uint64_t n, float tol, const std::string& what) {
   float diff = 0.0f;
   bool nan = false;
   for (uint64_t i = 0; i < n; ++i) {
@@ -162,6 +164,7 @@ void expect_close(const float* got, const float* ref, uint64_t n, float tol, con
   if (scale > 0) {
     EXPECT_GT(max_abs(got, n), 0.0f) << what << ": all zeros";
   }
+  return scale > 0 ? diff / scale : diff;
 }
 
 struct Tolerance {
@@ -208,15 +211,20 @@ void compare_with_cpu(const GptShape& shape, const GptOptions& opts, DType cpu_p
   EXPECT_EQ(gpu.activation_bytes(), GptCuda::activation_bytes(shape, opts));
   const double gpu_loss = gpu.forward_backward(dev, inputs.data(), targets.data(), loss_scale);
   EXPECT_NEAR(gpu_loss, cpu_loss, tol.loss * std::fabs(cpu_loss));
+  // The measured errors, printed against their tolerances: what the tolerances were set from.
+  double worst_grad = 0, worst_logits = 0;
+  std::string worst_grad_name;
   for (int g = 0; g < dev.num_groups(); ++g) EXPECT_EQ(dev.held(g), 0) << "group " << g << " still acquired";
 
   const auto groups = gpt_groups(shape);
   for (size_t g = 0; g < groups.size(); ++g) {
     ASSERT_EQ(dev.grads(static_cast<int>(g)).size(), groups[g].numel) << "grads_ready never called for group " << g;
     const std::vector<float> ref = host.grads(static_cast<int>(g));
-    for (const GptTensor& t : groups[g].tensors)
-      expect_close(dev.grads(static_cast<int>(g)).data() + t.offset, ref.data() + t.offset, t.numel(), tol.grads,
-                   "gradient of " + t.name);
+    for (const GptTensor& t : groups[g].tensors) {
+      const double e = expect_close(dev.grads(static_cast<int>(g)).data() + t.offset, ref.data() + t.offset,
+                                    t.numel(), tol.grads, "gradient of " + t.name);
+      if (e > worst_grad) worst_grad = e, worst_grad_name = t.name;
+    }
   }
 
   EXPECT_NEAR(gpu.forward_loss(dev, inputs.data(), targets.data()), cpu_loss, tol.loss * std::fabs(cpu_loss));
@@ -224,8 +232,12 @@ void compare_with_cpu(const GptShape& shape, const GptOptions& opts, DType cpu_p
     std::vector<float> ref(shape.vocab), got(shape.vocab);
     cpu->next_token_logits(host, inputs.data(), len, ref.data());
     gpu.next_token_logits(dev, inputs.data(), len, got.data());
-    expect_close(got.data(), ref.data(), ref.size(), tol.logits, "logits after " + std::to_string(len) + " tokens");
+    worst_logits = std::max(worst_logits, expect_close(got.data(), ref.data(), ref.size(), tol.logits,
+                                                       "logits after " + std::to_string(len) + " tokens"));
   }
+  std::printf("measured: loss %.2e (tol %.0e), logits %.2e (tol %.0e), worst gradient %.2e (tol %.0e, %s)\n",
+              std::fabs(gpu_loss - cpu_loss) / std::fabs(cpu_loss), tol.loss, worst_logits, tol.logits, worst_grad,
+              tol.grads, worst_grad_name.c_str());
 }
 
 std::string checkpointing_name(const ::testing::TestParamInfo<ActivationCheckpointing>& info) {

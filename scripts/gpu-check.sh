@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Runs on a lent GPU machine, in a copy of the repository with gpu/bundle.tar.xz beside it
+# (scripts/gpu-bundle.sh makes it here): unpacks the binaries, finds CUDA's libraries and
+# NCCL on that machine (its toolkit, or the nvidia-* wheels of its PyTorch), then runs
+# what is asked, each part under a time limit, its output in $OUT (or ./gpu/out):
+#   tests      every GPU test (gtest filters below), one log
+#   sanitize   compute-sanitizer memcheck and racecheck over the 16-bit and Llama model tests
+#   train      strata train on the fortunes corpus, fp32, bf16, bf16 speculative
+#   bench      strata bench step --backend cuda, fp32 and bf16, speculative, PyTorch beside
+# Usage: bash scripts/gpu-check.sh PART... (default: tests)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+out=${OUT:-$root/gpu/out}
+mkdir -p "$out"
+g=/tmp/strata-gpu
+rm -rf "$g" && mkdir -p "$g" && xz -dc gpu/bundle.tar.xz | tar -C "$g" -xf - || { echo "gpu-check.sh: cannot unpack gpu/bundle.tar.xz" >&2; exit 2; }
+# The binaries name files by the absolute paths of the tree they were built in (the
+# PyTorch reference script, for one): point that path at this copy when it is free.
+built=$(strings "$g/bin/strata" | grep -m1 -o '/[^ "]*/bench/ref/torch_gpt_step.py' | sed 's#/bench/ref/torch_gpt_step.py##')
+if [[ -n $built && ! -e $built ]]; then mkdir -p "$(dirname "$built")" && ln -s "$root" "$built"; fi
+libdirs=$g/lib
+for pat in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
+  f=$( (ldconfig -p | awk -v p="$pat" '$1 == p {print $NF}'; find /usr/local/cuda*/ /opt /usr/lib -name "$pat" 2>/dev/null) | head -1)
+  [[ -n $f ]] || { echo "gpu-check.sh: $pat is not on this machine" >&2; exit 2; }
+  libdirs+=:$(dirname "$f")
+done
+export LD_LIBRARY_PATH=$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+B=$g/bin
+missing=$(ldd "$B"/* | grep "not found" | sort -u)
+[[ -z $missing ]] || { echo "gpu-check.sh: libraries missing: $missing" >&2; exit 2; }
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$out/machine.txt"
+nproc >> "$out/machine.txt"; (. /etc/os-release; echo "$PRETTY_NAME") >> "$out/machine.txt"
+echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >> "$out/machine.txt"
+
+run() {  # run LOG LIMIT CMD...: appends to $out/LOG, says the exit status
+  local log=$1 limit=$2; shift 2
+  echo "=== $* (limit ${limit}s)" | tee -a "$out/$log"
+  local t0=$SECONDS
+  timeout "$limit" "$@" >> "$out/$log" 2>&1
+  local rc=$?
+  echo "=== exit $rc after $((SECONDS - t0))s: $*" | tee -a "$out/$log"
+  return 0
+}
+
+parts=("$@")
+[[ ${#parts[@]} -gt 0 ]] || parts=(tests)
+for part in "${parts[@]}"; do
+  case $part in
+  tests)
+    run tests.log 60 "$B/test_core" --gtest_filter='Device.*'
+    run tests.log 120 "$B/test_collectives_nccl"
+    run tests.log 300 "$B/test_gpt_cuda"
+    run tests.log 120 "$B/test_capi_cuda"
+    run tests.log 400 "$B/test_train" --gtest_filter='Train.Cuda*'
+    grep -E "^\[  (FAILED|PASSED|SKIPPED) |^=== exit|worst relative" "$out/tests.log"
+    ;;
+  sanitize)
+    cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+    run sanitize.log 240 "$cs" --tool memcheck --error-exitcode 9 "$B/test_gpt_cuda" --gtest_filter='*Bf16*:*Fp16*:*Llama*'
+    run sanitize.log 150 "$cs" --tool racecheck --error-exitcode 9 "$B/test_gpt_cuda" \
+      --gtest_filter='Checkpointing/GptCudaBf16VsCpu.*/None:GptCudaFp16VsCpu.*'
+    grep -E "ERROR SUMMARY|^=== exit|FAILED" "$out/sanitize.log"
+    ;;
+  train)
+    mkdir -p data && cp -n "$g/data/fortunes.txt" data/ 2>/dev/null
+    for set in "" "--set bf16.enabled=true" "--set bf16.enabled=true --set strata.speculative_optimizer=true"; do
+      d=$(mktemp -d /tmp/strata-train-XXXX)
+      # shellcheck disable=SC2086
+      run train.log 200 "$B/strata" train --config configs/fortunes.json --set strata.backend=cuda \
+        --set strata.steps=200 --set strata.checkpoint_dir="$d/ckpt" --set zero_optimization.offload_param.nvme_path="$d" \
+        --set zero_optimization.offload_optimizer.nvme_path="$d" --eval-batches 8 $set
+      rm -rf "$d"
+    done
+    grep -E "^=== exit|held-out|step +200|speculation" "$out/train.log"
+    ;;
+  bench)
+    d=$(mktemp -d /tmp/strata-bench-XXXX)
+    run bench.log 280 "$B/strata" bench step --backend cuda --dir "$d" --reps 3 --warmup 1 --python "$(command -v python3)" \
+      --json "$out/bench-f32.json"
+    run bench.log 280 "$B/strata" bench step --backend cuda --dir "$d" --reps 3 --warmup 1 --python "$(command -v python3)" \
+      --precision bf16 --speculative --json "$out/bench-bf16.json"
+    rm -rf "$d"
+    tail -n 60 "$out/bench.log"
+    ;;
+  *) echo "gpu-check.sh: unknown part $part (tests, sanitize, train, bench)" >&2; exit 2 ;;
+  esac
+done
