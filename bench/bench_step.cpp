@@ -61,6 +61,7 @@ struct StepArgs {
   std::string precision = "f32";  // 16 bits: beside fp32, and beside PyTorch autocast
   bool nvme = true;               // the NVMe configuration too
   bool speculative = false;       // each engine configuration also with the speculative optimizer
+  bool gpu_optimizer = false;     // cuda: also parameters and optimizer states on the GPU (the GPU optimizer)
   bool torch = true;              // the PyTorch reference (cpu backend, 16 bits)
   std::string python = "/usr/bin/python3";
   std::string torch_script = STRATA_TORCH_GPT_STEP_SCRIPT;
@@ -73,6 +74,7 @@ struct Setup {
   DType precision = DType::F32;
   bool nvme = false;
   bool speculative = false;            // strata.speculative_optimizer
+  bool gpu_optimizer = false;          // states on the GPU, stepped there (offload_optimizer none)
   bool torch = false;                  // the PyTorch reference: no engine, it times its own step
   std::unique_ptr<ZeroEngine> engine;
   GptModel* model = nullptr;
@@ -146,7 +148,7 @@ int run_step(const StepArgs& a) {
   auto peak_of = [&](DType p) { return peaks[p == DType::F32 ? 0 : 1]; };
 
   const uint64_t params = gpt_param_count(a.shape);
-  auto options = [&](bool offload, DType p, bool speculative) {
+  auto options = [&](bool offload, DType p, bool speculative, bool gpu_optimizer) {
     EngineOptions o;
     o.stage = 3;
     o.speculative = speculative;
@@ -162,8 +164,15 @@ int run_step(const StepArgs& a) {
       o.store.device_budget = parse_size("--device-budget", a.device_budget);
       o.store.pinned_budget = parse_size("--pinned-budget", a.pinned_budget);
       o.store.nvme.paths = {swap.string()};
+    } else if (gpu_optimizer) {
+      // Everything on the GPU: 16 bytes of states and 4 of gradient per parameter, three
+      // more states per parameter for the speculative Next sets, and the working buffers.
+      o.optimizer_home = Tier::Device;
+      o.store.device_budget =
+          std::max<uint64_t>(parse_size("--memory-budget", a.memory_budget), params * (speculative ? 34 : 22) + (2ull << 30));
+      o.store.pinned_budget = 512ull << 20;
     } else if (cuda) {
-      // No GPU optimizer: master weights, moments and gradient shards in pinned memory.
+      // The CPU optimizer: master weights, moments and gradient shards in pinned memory.
       o.optimizer_home = Tier::Pinned;
       o.store.device_budget = parse_size("--memory-budget", a.memory_budget);
       o.store.pinned_budget = params * 16 + (1ull << 30);
@@ -175,8 +184,10 @@ int run_step(const StepArgs& a) {
   };
   const std::string memory_label = cuda ? "params on GPU, optimizer pinned" : "in memory";
   std::vector<Setup> setups;
+  if (a.gpu_optimizer && !cuda)
+    throw ConfigError("bench step: --gpu-optimizer needs --backend cuda (the cpu backend's optimizer is CpuAdam)");
   for (int offload = 0; offload < (a.nvme ? 2 : 1); ++offload)
-    for (DType p : precisions)
+    for (DType p : precisions) {
       for (int spec = 0; spec < (a.speculative ? 2 : 1); ++spec) {
         Setup s;
         s.label = (offload ? "params+optimizer on NVMe" : memory_label) +
@@ -186,6 +197,14 @@ int run_step(const StepArgs& a) {
         s.speculative = spec == 1;
         setups.push_back(std::move(s));
       }
+      if (a.gpu_optimizer && !offload) {
+        Setup s;
+        s.label = std::string("params and optimizer on GPU") + (sixteen ? std::string(", ") + precision_name(p) : "");
+        s.precision = p;
+        s.gpu_optimizer = true;
+        setups.push_back(std::move(s));
+      }
+    }
   if (torch) {
     Setup s;
     s.label = std::string(cuda ? "PyTorch on the GPU, " : "PyTorch, ") +
@@ -202,7 +221,8 @@ int run_step(const StepArgs& a) {
   for (Setup& s : setups) {
     if (s.torch) continue;
     progress.show("building " + s.label);
-    s.engine = std::make_unique<ZeroEngine>(*device, dev_comm, *comm, options(s.nvme, s.precision, s.speculative), specs);
+    s.engine = std::make_unique<ZeroEngine>(*device, dev_comm, *comm,
+                                            options(s.nvme, s.precision, s.speculative, s.gpu_optimizer), specs);
     s.engine->set_schedule(gpt_schedule(a.shape));
     s.model = models[s.precision == DType::F32 ? 0 : 1].get();
   }
@@ -270,9 +290,11 @@ int run_step(const StepArgs& a) {
   const double flops = gpt_flops_per_token(a.shape) * static_cast<double>(tokens);
   // The setup a row is compared with: same configuration in memory (offload cost), and
   // the same configuration in fp32 (what the precision buys).
-  auto find = [&](bool nvme, DType p, bool speculative = false) -> const Setup* {
+  auto find = [&](bool nvme, DType p, bool speculative = false, bool gpu_optimizer = false) -> const Setup* {
     for (const Setup& s : setups)
-      if (s.engine && s.nvme == nvme && s.precision == p && s.speculative == speculative) return &s;
+      if (s.engine && s.nvme == nvme && s.precision == p && s.speculative == speculative &&
+          s.gpu_optimizer == gpu_optimizer)
+        return &s;
     return nullptr;
   };
   for (const Setup& s : setups) {
@@ -286,7 +308,7 @@ int run_step(const StepArgs& a) {
                           {"tokens_per_s", static_cast<double>(tokens) / t.median},
                           {"mfu", flops / t.median / peak_of(s.precision)},
                           {"steps", to_json(t, s.seconds)}};
-    const Setup* f32 = s.engine ? find(s.nvme, DType::F32, s.speculative) : find(false, DType::F32);
+    const Setup* f32 = s.engine ? find(s.nvme, DType::F32, s.speculative, s.gpu_optimizer) : find(false, DType::F32);
     if (sixteen) row["speedup_over_f32"] = summarize(f32->seconds).median / t.median;
     if (s.engine) {
       const Summary e = summarize(s.exposed), o = summarize(s.optimizer);
@@ -315,6 +337,20 @@ int run_step(const StepArgs& a) {
   rep.notes.push_back(mfu_note + ".");
   rep.notes.push_back("exposed: time the model waited for parameters and gradient buffers, plus the optimizer's wait "
                       "for states from their tier; the rest of the step is compute (model and CPU Adam).");
+  if (a.gpu_optimizer) {
+    std::string line = "GPU optimizer: the step with parameters and optimizer states on the GPU against the CPU Adam "
+                       "over pinned states:";
+    for (DType p : precisions) {
+      const Setup *g = find(false, p, false, true), *c = find(false, p);
+      char b[160];
+      std::snprintf(b, sizeof b, " %s %.3f s against %.3f s (optimizer %.3f s against %.3f s);", precision_name(p),
+                    summarize(g->seconds).median, summarize(c->seconds).median, summarize(g->optimizer).median,
+                    summarize(c->optimizer).median);
+      line += b;
+    }
+    line.back() = '.';
+    rep.notes.push_back(line);
+  }
   if (a.speculative) {
     // What the speculative optimizer moved out of step(): its optimizer time (the sub-groups
     // left for step(), or all of them again where the step was undone) against the plain row's.
@@ -423,6 +459,8 @@ void add_step(CLI::App& bench, Runner& run) {
   s->add_flag("!--no-nvme", a.nvme, "Only the in-memory configuration");
   s->add_flag("--speculative", a.speculative,
               "Each configuration also with the speculative optimizer (strata.speculative_optimizer)");
+  s->add_flag("--gpu-optimizer", a.gpu_optimizer,
+              "cuda: also parameters and optimizer states on the GPU, stepped there (offload_optimizer none)");
   s->add_flag("!--no-torch", a.torch, "Without the PyTorch reference");
   s->add_option("--python", a.python, "Python with torch, for the PyTorch reference")->capture_default_str();
   s->add_option("--torch-script", a.torch_script, "The PyTorch reference script")->capture_default_str();

@@ -9,7 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=gpu
 bins=(build/strata build/tests/core/test_core build/tests/collectives/test_collectives_nccl
-      build/tests/model/test_gpt_cuda build/tests/capi/test_capi_cuda build/tests/runtime/test_train)
+      build/tests/model/test_gpt_cuda build/tests/capi/test_capi_cuda build/tests/runtime/test_train
+      build/tests/offload/test_cpu_adam)
 for b in "${bins[@]}"; do [[ -x $b ]] || { echo "gpu-bundle.sh: $b is missing: build first" >&2; exit 2; }; done
 grep -q '^STRATA_HAVE_CUDA\|Strata CUDA backend: ON' build/CMakeCache.txt 2>/dev/null || true
 rm -rf "$out/stage" && mkdir -p "$out/stage/bin" "$out/stage/lib" "$out/stage/data"

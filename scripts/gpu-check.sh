@@ -6,7 +6,8 @@
 #   tests      every GPU test (gtest filters below), one log
 #   sanitize   compute-sanitizer memcheck and racecheck over the 16-bit and Llama model tests
 #   train      strata train on the fortunes corpus, fp32, bf16, bf16 speculative
-#   bench      strata bench step --backend cuda, fp32 and bf16, speculative, PyTorch beside
+#   bench      strata bench step --backend cuda, fp32 and bf16, speculative, the GPU optimizer, PyTorch beside
+#   bench1b    the same in memory for a 1.1B GPT
 # Usage: bash scripts/gpu-check.sh PART... (default: tests)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -54,7 +55,8 @@ for part in "${parts[@]}"; do
     run tests.log 300 "$B/test_gpt_cuda"
     run tests.log 120 "$B/test_capi_cuda"
     run tests.log 400 "$B/test_train" --gtest_filter='Train.Cuda*'
-    grep -E "^\[  (FAILED|PASSED|SKIPPED) |^=== exit|worst relative" "$out/tests.log"
+    run tests.log 120 "$B/test_cpu_adam" --gtest_filter='StreamAdamStep.*'
+    grep -E "^\[  (FAILED|PASSED|SKIPPED) |^=== exit|worst relative|^measured|Failure|Expected|Which is" "$out/tests.log" | head -150
     ;;
   sanitize)
     cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
@@ -78,12 +80,20 @@ for part in "${parts[@]}"; do
   bench)
     d=$(mktemp -d /tmp/strata-bench-XXXX)
     run bench.log 280 "$B/strata" bench step --backend cuda --dir "$d" --reps 3 --warmup 1 --python "$(command -v python3)" \
-      --json "$out/bench-f32.json"
+      --gpu-optimizer --json "$out/bench-f32.json"
     run bench.log 280 "$B/strata" bench step --backend cuda --dir "$d" --reps 3 --warmup 1 --python "$(command -v python3)" \
-      --precision bf16 --speculative --json "$out/bench-bf16.json"
+      --precision bf16 --speculative --gpu-optimizer --json "$out/bench-bf16.json"
     rm -rf "$d"
     tail -n 60 "$out/bench.log"
     ;;
-  *) echo "gpu-check.sh: unknown part $part (tests, sanitize, train, bench)" >&2; exit 2 ;;
+  bench1b)
+    # A 1.1B GPT (20 x 2048, GPT-2's vocabulary), in memory only: CPU Adam over pinned
+    # states against the GPU optimizer and PyTorch, fp32 and bf16.
+    run bench1b.log 420 "$B/strata" bench step --backend cuda --layers 20 --d-model 2048 --heads 16 --seq 1024 \
+      --micro-batch 2 --memory-budget 10G --no-nvme --gpu-optimizer --precision bf16 --reps 3 --warmup 1 \
+      --python "$(command -v python3)" --json "$out/bench-1b.json"
+    tail -n 30 "$out/bench1b.log"
+    ;;
+  *) echo "gpu-check.sh: unknown part $part (tests, sanitize, train, bench, bench1b)" >&2; exit 2 ;;
   esac
 done

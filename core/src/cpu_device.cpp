@@ -60,6 +60,9 @@ class CpuStream final : public Stream {
   void sum_squares_as(const void* src, DType t, size_t n, double* out) override {
     push([=] { *out += sum_squares_of(src, t, n); });
   }
+  void adam_step(const AdamStepArgs& a) override {
+    push([a] { adam_step_host(a); });
+  }
   void compute(double, std::function<void()> fn) override { push(std::move(fn)); }
   void wait(const Event& e) override {
     if (e.impl() == nullptr) return;

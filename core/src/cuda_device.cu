@@ -1,4 +1,4 @@
-// The cuda backend. NOTE: compiled and linked in CI; it has not yet run on a GPU.
+// The cuda backend (run on an H100, 2026-11-22, and an H200, 2026-11-24: docs/training.md).
 // Device memory comes from cudaMalloc (memory/DeviceArena takes one region up front
 // and sub-allocates it, which is the caching allocator), pinned memory is registered
 // with cudaHostRegister, streams and events are CUDA streams and events.
@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <type_traits>
 
 #include "host_memory.hpp"
 #include "strata/core/clock.hpp"
@@ -142,6 +143,23 @@ __global__ void sum_squares_kernel(const typename S::Bits* src, size_t n, double
   if (threadIdx.x == 0) atomicAdd(out, partial[0]);
 }
 
+// The engine's GPU optimizer: one thread per element, math::adam_update (the _rn
+// intrinsics keep nvcc from contracting), so the bits are CpuAdam's. H is the working
+// copy's tag, or void for none.
+template <class G, class H>
+__global__ void adam_kernel(AdamStepArgs a) {
+  const auto* grad = static_cast<const typename G::Bits*>(a.grad);
+  STRATA_GRID_LOOP(i, a.n) {
+    float p = a.p_in[i], m = a.m_in[i], v = a.v_in[i];
+    const float g = math::adam_scaled_grad(G::load(grad[i]), a.grad_scale);
+    math::adam_update(a.s, p, g, m, v);
+    a.p_out[i] = p;
+    a.m_out[i] = m;
+    a.v_out[i] = v;
+    if constexpr (!std::is_void_v<H>) static_cast<typename H::Bits*>(a.half_out)[i] = H::store(p);
+  }
+}
+
 // Calls f(T{}) with T the element-type tag of t.
 template <class F>
 void with_type(DType t, F&& f) {
@@ -234,6 +252,24 @@ class CudaStream final : public Stream {
     STRATA_CHECK_CUDA(cudaGetLastError());
     STRATA_CHECK_CUDA(cudaMemcpyAsync(host_sum_, dev_sum_, sizeof(double), cudaMemcpyDeviceToHost, s_));
     host_task([host = host_sum_, out] { *out += *host; });
+  }
+  void adam_step(const AdamStepArgs& a) override {
+    if (a.half_t != DType::F32 && a.half_t != DType::BF16 && a.half_t != DType::F16)
+      throw Error(std::string("adam_step: working-copy type ") + to_string(a.half_t) + " is not bf16 or fp16");
+    STRATA_CHECK_CUDA(cudaSetDevice(ordinal_));
+    // 1024 blocks of 256 threads: the elements of a sub-group (millions) a few per thread.
+    const unsigned grid = static_cast<unsigned>(std::min<size_t>((a.n + 255) / 256, 1024));
+    with_type(a.grad_t, [&](auto G) {
+      using GT = decltype(G);
+      if (!a.n) return;
+      if (a.half_t == DType::BF16)
+        adam_kernel<GT, Bf16T><<<grid, 256, 0, s_>>>(a);
+      else if (a.half_t == DType::F16)
+        adam_kernel<GT, Fp16T><<<grid, 256, 0, s_>>>(a);
+      else
+        adam_kernel<GT, void><<<grid, 256, 0, s_>>>(a);
+    });
+    STRATA_CHECK_CUDA(cudaGetLastError());
   }
   // The model's kernels enqueue themselves; fn is called here, in stream order of issue.
   void compute(double, std::function<void()> fn) override { fn(); }

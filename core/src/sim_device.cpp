@@ -66,6 +66,10 @@ class SimStream final : public Stream {
   void sum_squares_as(const void*, DType t, size_t n, double*) override {
     run(memory_cost(1.0 * dtype_size(t) * n), name_, "sum_squares");
   }
+  void adam_step(const AdamStepArgs& a) override {
+    const double half = a.half_t == DType::F32 ? 0.0 : 1.0 * dtype_size(a.half_t);
+    run(memory_cost((24.0 + dtype_size(a.grad_t) + half) * a.n), name_, "adam");
+  }
   void compute(double flops, std::function<void()>) override;
   void wait(const Event& e) override {
     if (e.impl() == nullptr) return;

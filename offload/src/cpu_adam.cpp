@@ -278,4 +278,6 @@ void CpuAdam::step_into(int64_t t, const float* params_in, const float* exp_avg_
   });
 }
 
+math::AdamStepScalars CpuAdam::scalars(int64_t t) const { return math::adam_step_scalars(config_, t); }
+
 }  // namespace strata

@@ -76,7 +76,7 @@ double activation_bytes(const GptShape& s, int micro_batch, bool checkpointing, 
 
 // ----------------------------------------------------------------------------------------
 
-ShardLayout gpt_shard_layout(const GptShape& shape, const Strategy& st, int world) {
+ShardLayout gpt_shard_layout(const GptShape& shape, const Strategy& st, int world, bool gpu) {
   std::vector<GroupSize> sizes;
   for (const GptGroup& g : gpt_groups(shape)) sizes.push_back({g.name, g.numel});
   ShardStrategy ss;
@@ -90,6 +90,7 @@ ShardLayout gpt_shard_layout(const GptShape& shape, const Strategy& st, int worl
   ss.grads = grads_dtype(st.precision, st.grad_accum);
   // Every sub-group: make_shard_layout caps it at the count.
   ss.speculative_sub_groups = st.speculative ? std::numeric_limits<uint64_t>::max() : 0;
+  ss.device_states_staged = gpu && ss.optimizer_home == Tier::Device;  // the GPU optimizer
   return make_shard_layout(sizes, ss);
 }
 
@@ -148,13 +149,14 @@ struct Lane {
 class Planner {
  public:
   Planner(Plan& p, const Strategy& st)
-      : p_(p), st_(st), cl_(p.cluster), s_(p.shape), L_(gpt_shard_layout(p.shape, st, p.world)) {
+      : p_(p), st_(st), cl_(p.cluster), s_(p.shape), L_(gpt_shard_layout(p.shape, st, p.world, !p.cluster.cpu_backend)) {
     w_ = p.world;
     A_ = st.grad_accum;
     G_ = static_cast<int>(L_.groups.size());
     s3_ = st.stage == 3;
     param_home_ = s3_ ? home_tier(st.offload_param) : Tier::Device;
     opt_home_ = home_tier(st.offload_optimizer);
+    gpu_opt_ = !cl_.cpu_backend && opt_home_ == Tier::Device;
     // Bytes per element from the layout: working parameters and gradients (w), the
     // reduced gradient the optimizer reads (g), fp32 optimizer states.
     wb_ = double(L_.elem_bytes(StateRole::GatherBuffer));
@@ -200,13 +202,10 @@ class Planner {
   Lane s1_d2h_, o_nvr_, o_nvw_, o_h2d_;
   double stage1_ = 0, per_param_ = 0, opt_compute_ = 0, opt_ = 0, refresh_ = 0, write_lane_ = 0;
   double opt_serial_ = 0;  // work the optimizer's thread waits for, per sub-group, summed
+  bool gpu_opt_ = false;   // offload_optimizer none on GPUs: the GPU optimizer steps in HBM
 };
 
 void Planner::cannot_run() {
-  if (!cl_.cpu_backend && opt_home_ == Tier::Device)
-    p_.problems.push_back(
-        "--offload-optimizer none needs a GPU optimizer, which Strata does not have on the cuda backend yet: "
-        "give --offload-optimizer cpu or nvme");
   if ((opt_home_ == Tier::Nvme || param_home_ == Tier::Nvme) && cl_.nvme_capacity <= 0)
     p_.problems.push_back("offloading to NVMe on a cluster without NVMe: give --nvme-capacity and its bandwidths" +
                           std::string(cl_.cpu_backend ? " (or --nvme-dir to measure a disk)" : "") +
@@ -288,6 +287,7 @@ void Planner::set_engine() {
   e.stage = st_.stage;
   e.param_home = param_home_;
   e.optimizer_home = opt_home_;
+  e.optimizer_on_stream = gpu_opt_;
   e.gradient_accumulation_steps = A_;
   e.prefetch_bucket_elems = std::max<uint64_t>(1, uint64_t(st_.prefetch_groups) * L_.max_numel);
   e.max_live_elems = uint64_t{1} << 62;
@@ -399,7 +399,8 @@ void Planner::boundary_lanes() {
   // in the same pass; in fp32, stage 3 copies the master weights into the parameter shard
   // (8 more).
   per_param_ = 24.0 + gb_ + (wb_ < 4 ? wb_ : s3_ ? 8.0 : 0.0);
-  opt_compute_ = per_param_ * L_.shard_total / c.host_bandwidth;
+  // The GPU optimizer (offload_optimizer none on GPUs) streams the same bytes through HBM.
+  opt_compute_ = per_param_ * L_.shard_total / (gpu_opt_ ? c.device_bandwidth : c.host_bandwidth);
   double& opt_serial = opt_serial_;
   for (const GroupLayout& lg : L_.groups) {
     for (const SubGroup& sg : lg.sub_groups) {
@@ -480,7 +481,8 @@ void Planner::link_loads() {
   link("pcie d2h", A_ * b_d2h_.bytes + s1_d2h_.bytes, c.d2h_bandwidth, A_ * b_d2h_.time + s1_d2h_.time, fb_window);
   link("collectives", A_ * (f_coll_.bytes + b_coll_.bytes) * ring_, cbw_,
        A_ * (f_coll_.time + b_coll_.time) + stage1_ + refresh_, fb_window);
-  link("cpu optimizer", per_param_ * L_.shard_total, c.host_bandwidth, opt_compute_, 0);
+  link(gpu_opt_ ? "gpu optimizer" : "cpu optimizer", per_param_ * L_.shard_total,
+       gpu_opt_ ? c.device_bandwidth : c.host_bandwidth, opt_compute_, 0);
 }
 
 void Planner::explain() {
@@ -489,8 +491,12 @@ void Planner::explain() {
   const double hidden_frac = p_.compute_s / p_.step_s;
   const LinkLoad* worst = nullptr;
   for (const LinkLoad& l : p_.links)
-    if (l.name != "cpu optimizer" && (!worst || l.busy_s > worst->busy_s)) worst = &l;
-  if (opt_compute_ > 0.3 * p_.step_s && (!worst || opt_compute_ >= worst->busy_s)) {
+    if (l.name != "cpu optimizer" && l.name != "gpu optimizer" && (!worst || l.busy_s > worst->busy_s)) worst = &l;
+  if (gpu_opt_ && opt_compute_ > 0.3 * p_.step_s && (!worst || opt_compute_ >= worst->busy_s)) {
+    why << "the GPU optimizer: " << per_param_ << " bytes per parameter over " << cl_.hbm_bandwidth / 1e9
+        << " GB/s of HBM takes " << opt_compute_ << " s of the " << p_.step_s
+        << " s step; a larger micro-batch spreads it over more tokens";
+  } else if (opt_compute_ > 0.3 * p_.step_s && (!worst || opt_compute_ >= worst->busy_s)) {
     why << "the CPU optimizer: " << per_param_ << " bytes per parameter over " << cl_.host_bandwidth_per_rank() / 1e9
         << " GB/s of host memory per rank takes " << opt_compute_ << " s of the " << p_.step_s
         << " s step; a larger micro-batch spreads it over more tokens";

@@ -195,7 +195,9 @@ ShardLayout make_shard_layout(const std::vector<GroupSize>& groups, ShardStrateg
   // Two sub-groups' states (master and moments fp32, the gradient) and a parameter shard.
   const uint64_t per_elem = 3 * L.elem_bytes(StateRole::Master) + L.elem_bytes(StateRole::Grad);
   const uint64_t next_set = st.speculative_sub_groups > 0 ? 3 * L.elem_bytes(StateRole::MasterNext) : 0;
-  L.pinned_staging = st.optimizer_home == Tier::Device ? ms : L.max_sub_group * (2 * per_elem + next_set) + ms;
+  L.pinned_staging = st.optimizer_home != Tier::Device ? L.max_sub_group * (2 * per_elem + next_set) + ms
+                     : st.device_states_staged     ? 3 * L.elem_bytes(StateRole::Master) * L.max_sub_group + ms
+                                                   : ms;
   return L;
 }
 

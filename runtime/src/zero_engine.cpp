@@ -139,6 +139,7 @@ ShardStrategy EngineOptions::shard_strategy(int world) const {
   s.rules.persistence_threshold_elems = persistence_threshold_elems;
   s.working = precision;
   s.grads = grads_dtype(precision, gradient_accumulation_steps);
+  s.device_states_staged = optimizer_home == Tier::Device && optimizer_on_stream;
   return s;
 }
 
@@ -153,10 +154,11 @@ ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communica
     throw ConfigError("gradient_accumulation_steps must be at least 1");
   if (opts_.stage < 3) opts_.param_home = Tier::Device;  // stages 1 and 2 replicate parameters
   opt_compute_tier_ = opts_.optimizer_home == Tier::Device ? Tier::Device : Tier::Pinned;
-  if (opt_compute_tier_ == Tier::Device && !device_.host_addressable())
-    throw ConfigError(
-        "zero_optimization.offload_optimizer.device 'none' needs a GPU optimizer, which Strata does not have yet "
-        "on the cuda backend: set it to 'cpu' or 'nvme'");
+  // States in device memory the host cannot address: the GPU optimizer steps them there,
+  // and host code (initialisation, checkpoints, restores) goes through pinned copies.
+  if (opt_compute_tier_ == Tier::Device && !device_.host_addressable()) opts_.optimizer_on_stream = true;
+  gpu_optimizer_ = opt_compute_tier_ == Tier::Device && opts_.optimizer_on_stream;
+  opt_host_tier_ = gpu_optimizer_ ? Tier::Pinned : opt_compute_tier_;
 
   // The layout (shard_layout.hpp) decides every size; the engine allocates from it.
   std::vector<GroupSize> sizes;
@@ -269,6 +271,7 @@ ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communica
   hp.variant = opts_.optimizer.kind == OptimizerKind::AdamW ? AdamVariant::AdamW : AdamVariant::Adam;
   adam_ = std::make_unique<CpuAdam>(hp, ao);
   reduce_stream_ = device_.create_stream("reduce");
+  if (gpu_optimizer_) opt_stream_ = device_.create_stream("optimizer");
 
   for (size_t g = 0; g < groups_.size(); ++g) {
     Group& gr = groups_[g];
@@ -308,6 +311,7 @@ ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communica
 ZeroEngine::~ZeroEngine() {
   try {
     reduce_stream_->synchronize();
+    if (opt_stream_) opt_stream_->synchronize();
   } catch (...) {
   }
   if (store_) store_->quiesce();
@@ -336,7 +340,7 @@ uint64_t ZeroEngine::shard_numel(int g) const { return groups_.at(g).shard; }
 // Initialisation: each rank fills its own shards only.
 
 void ZeroEngine::init_shards() {
-  const Tier t = opt_compute_tier_;
+  const Tier t = opt_host_tier_;
   for (size_t g = 0; g < groups_.size(); ++g) {
     Group& gr = groups_[g];
     const uint64_t base = static_cast<uint64_t>(rank_) * gr.shard;  // global index of the shard
@@ -770,7 +774,90 @@ void ZeroEngine::speculate_group(int g) {
   step_count_ = saved;
 }
 
+// The GPU optimizer: the same update as below, each sub-group one Stream::adam_step on the
+// optimizer stream over its states in device memory (math::adam_update, so the bits are
+// CpuAdam's). A group's sub-groups are queued together and the engine waits for them
+// before releasing what they read and write.
+void ZeroEngine::update_on_device(const std::vector<Update>& items, float grad_scale, bool speculative) {
+  const Tier t = Tier::Device;
+  Stream& s = *opt_stream_;
+  const math::AdamStepScalars sc = adam_->scalars(step_count_);
+  const DType half_t = half_kind(work_t_) == HalfKind::None ? DType::F32 : work_t_;
+  for (size_t i = 0; i < items.size();) {
+    Group& gr = *items[i].gr;
+    size_t end = i;
+    while (end < items.size() && items[end].gr == &gr) ++end;
+    const bool whole = end - i == gr.chunks.size();
+    const TensorId pid = opts_.stage == 3 ? gr.pshard : gr.full;
+    Acquired params = opts_.stage != 3 ? store_->acquire(gr.full, t)
+                      : whole          ? store_->acquire_for_overwrite(gr.pshard, t)
+                                       : store_->acquire(gr.pshard, t);
+    s.wait(params.ready);
+    const double t0 = device_.now();
+    for (size_t k = i; k < end; ++k) {
+      Chunk& c = *items[k].c;
+      Acquired m = store_->acquire(c.master, t);
+      Acquired a = store_->acquire(c.exp_avg, t);
+      Acquired v = store_->acquire(c.exp_avg_sq, t);
+      Acquired gd = store_->acquire(c.grad, t);
+      Acquired out[3] = {m, a, v};
+      if (speculative) {
+        out[0] = store_->acquire_for_overwrite(c.next_master, t);
+        out[1] = store_->acquire_for_overwrite(c.next_exp_avg, t);
+        out[2] = store_->acquire_for_overwrite(c.next_exp_avg_sq, t);
+      }
+      for (Acquired* x : {&m, &a, &v, &gd, &out[0], &out[1], &out[2]}) s.wait(x->ready);
+      // The working copy: in the parameter shard (stage 3) or this rank's slice of the
+      // replicated parameters (stages 1 and 2), both in device memory.
+      void* working = opts_.stage == 3 ? at(params.data, c.offset, wb_)
+                                       : at(params.data, static_cast<uint64_t>(rank_) * gr.shard + c.offset, wb_);
+      AdamStepArgs args;
+      args.s = sc;
+      args.p_in = static_cast<const float*>(m.data);
+      args.m_in = static_cast<const float*>(a.data);
+      args.v_in = static_cast<const float*>(v.data);
+      args.grad = gd.data;
+      args.grad_t = grad_t_;
+      args.grad_scale = grad_scale;
+      args.p_out = static_cast<float*>(out[0].data);
+      args.m_out = static_cast<float*>(out[1].data);
+      args.v_out = static_cast<float*>(out[2].data);
+      args.half_out = half_t == DType::F32 ? nullptr : working;
+      args.half_t = half_t;
+      args.n = c.n;
+      s.adam_step(args);
+      if (half_t == DType::F32) s.copy_async(working, out[0].data, c.n * 4);
+    }
+    Event done = s.record();
+    done.wait();
+    const double t1 = device_.now();
+    if (trace::Recorder* r = trace::active())
+      r->record("optimizer", std::string(speculative ? "adam on the device (speculative) " : "adam on the device ") +
+                                 gr.spec.name, t0, t1);
+    for (size_t k = i; k < end; ++k) {
+      Chunk& c = *items[k].c;
+      const Access states = speculative ? Access::Read : Access::Write;
+      for (TensorId id : {c.master, c.exp_avg, c.exp_avg_sq}) store_->release(id, t, states);
+      if (speculative) {
+        for (TensorId id : {c.next_master, c.next_exp_avg, c.next_exp_avg_sq}) store_->release(id, t, Access::Write);
+        store_->release(c.grad, t);  // kept until step() validates
+        c.speculated = true;
+      } else {
+        store_->release(c.grad, t);
+        store_->discard_contents(c.grad);
+      }
+    }
+    store_->release(pid, t, Access::Write);
+    if (opts_.stage == 3 && opts_.param_home != t) store_->drop(pid, t);  // towards its home
+    i = end;
+  }
+}
+
 void ZeroEngine::update(const std::vector<Update>& items, float grad_scale, bool speculative) {
+  if (gpu_optimizer_) {
+    update_on_device(items, grad_scale, speculative);
+    return;
+  }
   const Tier t = opt_compute_tier_;
   // The next sub-group's states are fetched while this one is updated and the previous
   // one is written back.
@@ -890,7 +977,7 @@ void ZeroEngine::update(const std::vector<Update>& items, float grad_scale, bool
 }
 
 void ZeroEngine::restore_params(const std::vector<Update>& items) {
-  const Tier t = opt_compute_tier_;
+  const Tier t = opt_host_tier_;
   for (const Update& u : items) {
     Group& gr = *u.gr;
     Chunk& c = *u.c;
@@ -973,7 +1060,7 @@ std::vector<float> ZeroEngine::gather_full_params(int g) {
 
 void ZeroEngine::read_optimizer_shard(int g, float* master, float* exp_avg, float* exp_avg_sq) {
   Group& gr = groups_.at(g);
-  const Tier t = opt_compute_tier_;
+  const Tier t = opt_host_tier_;
   for (Chunk& c : gr.chunks) {
     TensorId ids[3] = {c.master, c.exp_avg, c.exp_avg_sq};
     float* outs[3] = {master, exp_avg, exp_avg_sq};
@@ -990,7 +1077,7 @@ void ZeroEngine::read_optimizer_shard(int g, float* master, float* exp_avg, floa
 void ZeroEngine::write_optimizer_shard(int g, const float* master, const float* exp_avg, const float* exp_avg_sq,
                                        int64_t step_count) {
   Group& gr = groups_.at(g);
-  const Tier t = opt_compute_tier_;
+  const Tier t = opt_host_tier_;
   for (Chunk& c : gr.chunks) {
     TensorId ids[3] = {c.master, c.exp_avg, c.exp_avg_sq};
     const float* ins[3] = {master, exp_avg, exp_avg_sq};

@@ -2,8 +2,11 @@
 // offload and precision, in every clipping regime and with a NaN gradient, gives the
 // plain step's bits after every step; where the budget leaves room for only some Next
 // sets, the rest step plainly and the budget holds; NVMe space is the same after 100
-// steps with rollbacks.
+// steps with rollbacks. And the GPU optimizer's path (states in device memory, stepped by
+// Stream::adam_step) against CpuAdam, bit for bit.
 #include <gtest/gtest.h>
+
+#include <cstring>
 
 #include <vector>
 
@@ -109,4 +112,48 @@ TEST(SpeculativeOptimizer, NvmeSpaceIsTheSameAfterAHundredStepsWithRollbacks) {
   EXPECT_EQ(hundred.stats.store.tiers[nv].used, one.stats.store.tiers[nv].used);
   EXPECT_LE(hundred.stats.store.tiers[nv].peak, hundred.stats.store.tiers[nv].budget);
   EXPECT_EQ(hundred.stats.store.failed_moves, 0u);
+}
+
+// The GPU optimizer's path (ZeroEngine::update_on_device: each sub-group one
+// Stream::adam_step on the optimizer stream, states in device memory, initialisation and
+// restores through pinned copies) on the cpu backend, where the stream runs
+// adam_step_host: the same bits as CpuAdam stepping the device tier in place, after every
+// step, plain and speculative, in every stage, in fp32 (the MLP) and bf16 (the GPT), with
+// clipping on some steps and a NaN gradient on one. The cuda kernel runs the same math
+// (core/math/adam.hpp); on a GPU, Train.CudaGpuOptimizerMatchesCpuAdam checks it.
+TEST(GpuOptimizerPath, BitIdenticalToCpuAdamInEveryStage) {
+  TempDir dir("gpu-optimizer");
+  auto comm = self();
+  for (DType p : {DType::F32, DType::BF16})
+    for (int stage : {1, 2, 3})
+      for (bool speculative : {false, true}) {
+        const Runner run = p == DType::F32 ? Runner(run_mlp) : Runner(run_gpt);
+        const int steps = p == DType::F32 ? 12 : 8;
+        RunSpec base{.stage = stage, .optimizer = OffloadDevice::None, .clip = 0.0f, .sub_group = 1024,
+                     .precision = p, .speculative = speculative, .snapshots = true};
+        // Clip at the median norm of a plain run: some steps clip, some do not.
+        RunSpec probe = base;
+        probe.snapshots = false;
+        probe.speculative = false;
+        std::vector<double> n = run(*comm, probe, steps, dir.path).norms;
+        std::nth_element(n.begin(), n.begin() + n.size() / 2, n.end());
+        base.clip = static_cast<float>(n[n.size() / 2]);
+        base.poison_step = steps / 2;
+        RunSpec gpu = base;
+        gpu.optimizer_on_stream = true;
+        const RunResult want = run(*comm, base, steps, dir.path);
+        const RunResult got = run(*comm, gpu, steps, dir.path);
+        const std::string label = gpu.label();
+        ASSERT_EQ(got.states.size(), static_cast<size_t>(steps)) << label;
+        ASSERT_EQ(want.states.size(), got.states.size()) << label;
+        for (int s = 0; s < steps; ++s) {
+          ASSERT_EQ(got.stepped[s], want.stepped[s]) << label << ", step " << s;
+          ASSERT_EQ(got.states[s].size(), want.states[s].size()) << label;
+          ASSERT_EQ(std::memcmp(got.states[s].data(), want.states[s].data(), got.states[s].size() * sizeof(float)), 0)
+              << label << ": the states differ after step " << s;
+          ASSERT_EQ(got.losses[s], want.losses[s]) << label << ", step " << s;
+        }
+        EXPECT_FALSE(got.stepped[steps / 2]) << label << ": the NaN step was not skipped";
+        if (speculative) EXPECT_GT(got.stats.speculation_commits, 0u) << label;
+      }
 }

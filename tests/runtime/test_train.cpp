@@ -398,6 +398,68 @@ TEST(Train, CudaBf16LlamaAndSpeculationMatchTheCpuBackend) {
   EXPECT_GT(spec.stats.speculation_commits, 0u);
 }
 
+// The GPU optimizer (offload_optimizer none on cuda: the states in GPU memory, each
+// sub-group stepped by one kernel running core/math/adam.hpp) against CpuAdam over pinned
+// states, the same cuda model otherwise: the same losses (the kernel's bits are CpuAdam's,
+// StreamAdamStep in test_cpu_adam.cpp; the model's embedding atomics may reorder sums, so
+// 1e-4 relative), in stages 3 and 1, fp32 and bf16, plain and speculative with clipping,
+// and a save and resume continues the run.
+TEST(Train, CudaGpuOptimizerMatchesCpuAdam) {
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << "no cuda backend here: " << why;
+  Dir d("cuda-gpu-optimizer");
+  const std::string data = write_file(d.p / "corpus.txt", corpus(2000));
+  for (int stage : {3, 1})
+    for (bool bf16 : {false, true})
+      for (bool speculative : {false, true}) {
+        const std::string label = "stage " + std::to_string(stage) + (bf16 ? ", bf16" : ", fp32") +
+                                  (speculative ? ", speculative" : "");
+        SCOPED_TRACE(label);
+        Config cpu = config(d, data, small_shape(), 10);
+        cpu.strata.backend = Backend::Cuda;
+        cpu.zero.stage = stage;
+        cpu.zero.offload_param.device = OffloadDevice::None;
+        cpu.zero.offload_optimizer.device = OffloadDevice::Cpu;
+        cpu.bf16 = bf16;
+        cpu.gradient_clipping = 1.85f;
+        cpu.strata.speculative_optimizer = speculative;
+        Config gpu = cpu;
+        gpu.zero.offload_optimizer.device = OffloadDevice::None;
+        const TrainResult a = train(cpu, quiet());
+        const TrainResult b = train(gpu, quiet());
+        ASSERT_EQ(b.steps.size(), 10u);
+        double worst = 0;
+        for (int s = 0; s < 10; ++s) {
+          worst = std::max(worst, std::abs(b.steps[s].loss - a.steps[s].loss) / std::abs(a.steps[s].loss));
+          EXPECT_NEAR(b.steps[s].loss, a.steps[s].loss, 1e-4 * std::abs(a.steps[s].loss)) << "step " << s + 1;
+        }
+        std::printf("GPU optimizer vs CPU Adam on cuda, %s: worst relative loss difference %.2e (loss %.4f -> %.4f)\n",
+                    label.c_str(), worst, b.steps.front().loss, b.steps.back().loss);
+        EXPECT_LT(b.steps.back().loss, b.steps.front().loss);
+        if (speculative) EXPECT_GT(b.stats.speculation_commits, 0u);
+      }
+  // Save at 5 with the states on the GPU, resume to 10: the uninterrupted run's losses.
+  Config c = config(d, data, small_shape(), 10);
+  c.strata.backend = Backend::Cuda;
+  c.zero.offload_param.device = OffloadDevice::None;
+  c.zero.offload_optimizer.device = OffloadDevice::None;
+  c.bf16 = true;
+  const TrainResult whole = train(c, quiet());
+  Config c5 = c;
+  c5.strata.steps = 5;
+  c5.strata.checkpoint_every = 5;
+  c5.strata.checkpoint_dir = (d.p / "ckpt").string();
+  train(c5, quiet());
+  Config c10 = c5;
+  c10.strata.steps = 10;
+  TrainOptions resume = quiet();
+  resume.resume = true;
+  const TrainResult rest = train(c10, resume);
+  ASSERT_EQ(rest.steps.size(), 5u);
+  for (int s = 0; s < 5; ++s)
+    EXPECT_NEAR(rest.steps[s].loss, whole.steps[5 + s].loss, 1e-4 * std::abs(whole.steps[5 + s].loss)) << "step " << 6 + s;
+}
+
 // Where there is no GPU, `strata.backend: cuda` is a clear error naming the fix, before
 // any data or swap file is touched.
 TEST(Train, CudaWithoutAGpuIsAClearError) {

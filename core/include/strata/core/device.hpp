@@ -17,6 +17,7 @@
 
 #include "strata/core/dtype.hpp"
 #include "strata/core/event.hpp"
+#include "strata/core/math/adam.hpp"
 #include "strata/core/sim.hpp"
 
 namespace strata {
@@ -24,6 +25,32 @@ namespace strata {
 enum class Backend { Cpu, Cuda, Sim };
 const char* to_string(Backend b);
 Backend parse_backend(const std::string& name);  // throws ConfigError naming the choices
+
+// One Adam/AdamW step over n elements in this device's memory, for Stream::adam_step:
+// the fp32 master weights and moments are read from the *_in arrays and the new ones
+// written to the *_out arrays (each out array is its in array, or overlaps none of the
+// arrays); the gradient, `grad_t` (F32, BF16 or F16), is widened and multiplied by
+// grad_scale as it is read; when half_t is BF16 or F16, half_out receives the new weights
+// rounded to it (F32: no such copy). The math is math::adam_update, which CpuAdam runs
+// too: the bits agree with CpuAdam::step_into's on the same inputs.
+struct AdamStepArgs {
+  math::AdamStepScalars s{};
+  const float* p_in = nullptr;
+  const float* m_in = nullptr;
+  const float* v_in = nullptr;
+  const void* grad = nullptr;
+  DType grad_t = DType::F32;
+  float grad_scale = 1.0f;
+  float* p_out = nullptr;
+  float* m_out = nullptr;
+  float* v_out = nullptr;
+  void* half_out = nullptr;
+  DType half_t = DType::F32;
+  size_t n = 0;
+};
+
+// The host form (the cpu backend's stream runs it; tests compare it with CpuAdam).
+void adam_step_host(const AdamStepArgs& a);
 
 class Stream {
  public:
@@ -45,6 +72,9 @@ class Stream {
   // *out += sum of src[i]^2, accumulated in double; out is host memory, written when
   // the stream reaches this point. (sim: costs the read, leaves *out as it is.)
   virtual void sum_squares_as(const void* src, DType t, size_t n, double* out) = 0;
+  // The optimizer on the device (the engine's GPU optimizer): AdamStepArgs, in stream order.
+  // (sim: costs the bytes read and written.)
+  virtual void adam_step(const AdamStepArgs& a) = 0;
   // The fp32 forms.
   void fill(float* dst, float value, size_t n) { fill_as(dst, DType::F32, value, n); }
   void add(float* dst, const float* src, size_t n) { accumulate(dst, src, DType::F32, n); }

@@ -108,6 +108,9 @@ class CpuAdam {
                  AdamGrads grads, float* params_out, float* exp_avg_out, float* exp_avg_sq_out, size_t n,
                  void* half_out = nullptr, HalfKind kind = HalfKind::None);
 
+  // Step t's scalars as step_into computes them (in this -ffp-contract=off file, so any
+  // caller gets the same bits: the engine's GPU optimizer hands them to its kernel).
+  math::AdamStepScalars scalars(int64_t t) const;
   const AdamConfig& config() const { return config_; }
   void set_lr(double lr) { config_.lr = lr; }  // for learning-rate schedules
   CpuIsa isa() const { return isa_; }          // never Auto

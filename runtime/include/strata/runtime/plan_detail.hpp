@@ -14,7 +14,8 @@ namespace strata::plan {
 
 // The engine's layout of a GPT under a strategy (shard_layout.hpp): the same function the
 // engine calls, over the GPT's groups.
-ShardLayout gpt_shard_layout(const GptShape& shape, const Strategy& st, int world);
+// gpu: the cluster's GPUs step states kept on them (the GPU optimizer, offload_optimizer none).
+ShardLayout gpt_shard_layout(const GptShape& shape, const Strategy& st, int world, bool gpu = false);
 
 // Kernel seconds of one micro-step, per group.
 struct GroupTimes {

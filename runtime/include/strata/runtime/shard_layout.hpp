@@ -55,6 +55,11 @@ struct ShardStrategy {
   // during the backward pass writes while the current set stays intact until the step is
   // validated (zero_engine.hpp). The engine lowers it until the budgets hold.
   uint64_t speculative_sub_groups = 0;
+  // The optimizer steps states in device memory that the host cannot address (the GPU
+  // optimizer, optimizer_home Device on cuda): host code (initialisation, checkpoints,
+  // the speculative optimizer's restores) stages a sub-group's three fp32 states through
+  // pinned memory, which pinned_staging counts.
+  bool device_states_staged = false;
 };
 
 // The reduced gradient's type: the working type when each step reduces one micro-batch

@@ -80,6 +80,12 @@ struct EngineOptions {
   // its gradient is reduced, assuming no clipping and finite gradients; step() validates
   // and commits, or discards and steps again (or skips). Bit-identical to the plain step.
   bool speculative = false;
+  // With optimizer_home Device on a device whose memory the host cannot address (cuda),
+  // the optimizer runs there: Stream::adam_step on the engine's optimizer stream (the GPU
+  // optimizer). optimizer_on_stream takes that path on the cpu backend as well, where
+  // CpuAdam would otherwise step the device tier in place: tests check the GPU
+  // optimizer's logic on cpu with it (its bits are CpuAdam's).
+  bool optimizer_on_stream = false;
   uint64_t seed = 1234;
   unsigned optimizer_threads = 0;      // 0: all cores
   TieredStoreOptions store;
@@ -207,6 +213,7 @@ class ZeroEngine final : public WeightSource {
   // Steps the sub-groups in `items` (in order, fetching the next one's states while one is
   // updated): in place, or into their Next sets when speculative.
   void update(const std::vector<Update>& items, float grad_scale, bool speculative);
+  void update_on_device(const std::vector<Update>& items, float grad_scale, bool speculative);  // the GPU optimizer
   void speculate_group(int g);  // steps group g's speculative sub-groups into their Next sets
   float unclipped_grad_scale() const;
   // After a skipped step: the working parameters of speculated sub-groups back to their
@@ -228,7 +235,10 @@ class ZeroEngine final : public WeightSource {
   DType work_t_ = DType::F32, grad_t_ = DType::F32;  // the layout's working and reduced-gradient types
   uint64_t wb_ = 4, gb_ = 4;                          // their bytes
   std::unique_ptr<Stream> reduce_stream_;   // gradient accumulation and norms
-  Tier opt_compute_tier_ = Tier::Pinned;    // where the CPU optimizer reads its states
+  Tier opt_compute_tier_ = Tier::Pinned;    // where the optimizer reads its states
+  bool gpu_optimizer_ = false;              // the optimizer steps on opt_stream_ (device memory)
+  Tier opt_host_tier_ = Tier::Pinned;       // where host code reads and writes the states (init, checkpoints)
+  std::unique_ptr<Stream> opt_stream_;      // the GPU optimizer's stream
   std::vector<Group> groups_;
   int world_ = 1, rank_ = 0;
 
