@@ -170,7 +170,7 @@ int run_step(const StepArgs& a) {
       o.optimizer_home = Tier::Device;
       o.store.device_budget =
           std::max<uint64_t>(parse_size("--memory-budget", a.memory_budget), params * (speculative ? 34 : 22) + (2ull << 30));
-      o.store.pinned_budget = 512ull << 20;
+      o.store.pinned_budget = 2ull << 30;  // staging: a sub-group's states and the largest parameter shard
     } else if (cuda) {
       // The CPU optimizer: master weights, moments and gradient shards in pinned memory.
       o.optimizer_home = Tier::Pinned;
