@@ -175,7 +175,7 @@ int run_step(const StepArgs& a) {
       // The CPU optimizer: master weights, moments and gradient shards in pinned memory.
       o.optimizer_home = Tier::Pinned;
       o.store.device_budget = parse_size("--memory-budget", a.memory_budget);
-      o.store.pinned_budget = params * 16 + (1ull << 30);
+      o.store.pinned_budget = params * (speculative ? 28 : 16) + (1ull << 30);  // + the Next sets
     } else {
       o.store.device_budget = parse_size("--memory-budget", a.memory_budget);
       o.store.pinned_budget = 512ull << 20;  // staging for the CPU optimizer's sub-groups
