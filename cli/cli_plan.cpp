@@ -72,6 +72,7 @@ struct PlanArgs {
   std::string precision = "f32";
   bool no_checkpointing = false;
   bool speculative = false;
+  double optimizer_ratio = 1.0;
   bool search = false, simulate = false, json = false;
   int simulate_steps = 3;
 };
@@ -123,7 +124,7 @@ nlohmann::json plan_json(const plan::Plan& p) {
   j["strategy"] = {{"stage", s.stage}, {"offload_param", to_string(s.offload_param)},
                    {"offload_optimizer", to_string(s.offload_optimizer)}, {"micro_batch", s.micro_batch},
                    {"grad_accum", s.grad_accum}, {"checkpointing", s.checkpointing},
-                   {"speculative", s.speculative},
+                   {"speculative", s.speculative}, {"optimizer_ratio", s.optimizer_ratio},
                    {"prefetch_groups", s.prefetch_groups}, {"sub_group_elems", p.engine.sub_group_elems},
                    {"describe", s.describe()}};
   j["world"] = p.world;
@@ -263,6 +264,7 @@ int run_plan(const PlanArgs& a) {
   st.grad_accum = a.grad_accum;
   st.checkpointing = !a.no_checkpointing;
   st.speculative = a.speculative;
+  st.optimizer_ratio = a.optimizer_ratio;
   st.prefetch_groups = a.prefetch_groups;
   st.sub_group_elems = a.sub_group;
   st.precision = parse_precision(a.precision);
@@ -354,6 +356,11 @@ void add_plan(CLI::App& app) {
   p->add_flag("--speculative", args->speculative,
               "the speculative optimizer (strata.speculative_optimizer): sub-groups stepped during the last "
               "backward pass, a second set of optimizer states");
+  p->add_option("--optimizer-ratio", args->optimizer_ratio,
+                "offload_optimizer.ratio: the fraction of the optimizer states on --offload-optimizer (CPU Adam); the "
+                "rest stay on the GPUs and step there at the same time")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   p->add_option("--prefetch-groups", args->prefetch_groups, "gathered groups ahead of use")->capture_default_str();
   p->add_option("--sub-group", args->sub_group, "optimizer sub-group, elements (0: chosen)");
   p->add_option("--precision", args->precision, "working parameters and gradients: f32, bf16 or fp16")

@@ -350,8 +350,11 @@ const ConfigSection kOffloadOptimizer = {
          .help = "DeepSpeed: a faster optimizer initialisation with NVMe offload.", .use = KeyUse::NoEffect,
          .why = "Strata fills each rank's optimizer shard in place, from the seed, in one pass"},
         {.name = "ratio", .type = KeyType::Float, .lo = 0, .hi = 1,
-         .help = "DeepSpeed: the fraction of the optimizer state offloaded (partial offload).",
-         .use = KeyUse::NoEffect, .why = "Strata keeps all of the optimizer state in the home tier `device` names"},
+         .help = "DeepSpeed's partial offload (ZeRO-Offload++ Twin-Flow): the fraction of the optimizer states, "
+                 "counted from the model's first parameter group, that live on `device` and step with CPU Adam; the "
+                 "groups after it keep their states on the GPU and step there at the same time. Below 1 it needs "
+                 "the cuda backend and `device` \"cpu\" or \"nvme\".",
+         .field = STRATA_CONFIG_FIELD(OffloadConfig, ratio)},
     }),
 };
 
@@ -417,7 +420,12 @@ const ConfigSection kZero = {
 };
 
 void check_zero(const json& j, void* target) {
-  const int stage = config_of(target).zero.stage;
+  const ZeroConfig& z = config_of(target).zero;
+  if (z.offload_optimizer.ratio < 1.0f && z.offload_optimizer.device == OffloadDevice::None)
+    throw ConfigError("zero_optimization.offload_optimizer.ratio below 1 splits the optimizer between the GPU and "
+                      "offload_optimizer.device, which is \"none\" (all of it on the GPU already): set the device "
+                      "to \"cpu\" or \"nvme\", or remove ratio");
+  const int stage = z.stage;
   if (stage == 3) return;
   for (const ConfigKey& k : kZero.keys)
     if (std::string_view(k.name).starts_with("stage3_") && j.contains(k.name))

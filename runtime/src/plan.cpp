@@ -36,6 +36,7 @@ std::string Strategy::describe() const {
   os << (checkpointing ? ", checkpointing" : ", no checkpointing");
   if (precision != DType::F32) os << ", " << precision_name(precision);
   if (speculative) os << ", speculative";
+  if (optimizer_ratio < 1.0) os << ", optimizer ratio " << optimizer_ratio;
   return os.str();
 }
 
@@ -91,6 +92,7 @@ ShardLayout gpt_shard_layout(const GptShape& shape, const Strategy& st, int worl
   // Every sub-group: make_shard_layout caps it at the count.
   ss.speculative_sub_groups = st.speculative ? std::numeric_limits<uint64_t>::max() : 0;
   ss.device_states_staged = gpu && ss.optimizer_home == Tier::Device;  // the GPU optimizer
+  ss.optimizer_ratio = st.optimizer_ratio;
   return make_shard_layout(sizes, ss);
 }
 
@@ -156,7 +158,7 @@ class Planner {
     s3_ = st.stage == 3;
     param_home_ = s3_ ? home_tier(st.offload_param) : Tier::Device;
     opt_home_ = home_tier(st.offload_optimizer);
-    gpu_opt_ = !cl_.cpu_backend && opt_home_ == Tier::Device;
+    gpu_opt_ = !cl_.cpu_backend && (opt_home_ == Tier::Device || st.optimizer_ratio < 1.0);
     // Bytes per element from the layout: working parameters and gradients (w), the
     // reduced gradient the optimizer reads (g), fp32 optimizer states.
     wb_ = double(L_.elem_bytes(StateRole::GatherBuffer));
@@ -202,7 +204,8 @@ class Planner {
   Lane s1_d2h_, o_nvr_, o_nvw_, o_h2d_;
   double stage1_ = 0, per_param_ = 0, opt_compute_ = 0, opt_ = 0, refresh_ = 0, write_lane_ = 0;
   double opt_serial_ = 0;  // work the optimizer's thread waits for, per sub-group, summed
-  bool gpu_opt_ = false;   // offload_optimizer none on GPUs: the GPU optimizer steps in HBM
+  bool gpu_opt_ = false;   // offload_optimizer none or ratio < 1 on GPUs: the GPU optimizer steps in HBM
+  double opt_host_elems_ = 0, opt_device_elems_ = 0;  // shard elements CPU Adam and the GPU optimizer step
 };
 
 void Planner::cannot_run() {
@@ -288,6 +291,7 @@ void Planner::set_engine() {
   e.param_home = param_home_;
   e.optimizer_home = opt_home_;
   e.optimizer_on_stream = gpu_opt_;
+  e.optimizer_ratio = st_.optimizer_ratio;
   e.gradient_accumulation_steps = A_;
   e.prefetch_bucket_elems = std::max<uint64_t>(1, uint64_t(st_.prefetch_groups) * L_.max_numel);
   e.max_live_elems = uint64_t{1} << 62;
@@ -399,20 +403,26 @@ void Planner::boundary_lanes() {
   // in the same pass; in fp32, stage 3 copies the master weights into the parameter shard
   // (8 more).
   per_param_ = 24.0 + gb_ + (wb_ < 4 ? wb_ : s3_ ? 8.0 : 0.0);
-  // The GPU optimizer (offload_optimizer none on GPUs) streams the same bytes through HBM.
-  opt_compute_ = per_param_ * L_.shard_total / (gpu_opt_ ? c.device_bandwidth : c.host_bandwidth);
+  // The GPU optimizer (offload_optimizer none on GPUs, or the groups past ratio) streams
+  // the same bytes through HBM, at the same time as CPU Adam steps the others.
+  for (const GroupLayout& lg : L_.groups)
+    (gpu_opt_ && lg.optimizer_home == Tier::Device ? opt_device_elems_ : opt_host_elems_) += double(lg.shard);
+  opt_compute_ = std::max(per_param_ * opt_host_elems_ / c.host_bandwidth,
+                          per_param_ * opt_device_elems_ / c.device_bandwidth);
   double& opt_serial = opt_serial_;
   for (const GroupLayout& lg : L_.groups) {
+    const Tier home = lg.optimizer_home;
     for (const SubGroup& sg : lg.sub_groups) {
       const double b = 4.0 * sg.n;  // one fp32 state
-      if (opt_home_ == Tier::Nvme) {
+      if (home == Tier::Nvme) {
         o_nvr_.add(3 * b, c.nvme_read_bandwidth, 3 * c.nvme_latency);  // master, exp_avg, exp_avg_sq
         o_nvw_.add(3 * b, c.nvme_write_bandwidth, 3 * c.nvme_latency);  // the gradient is dead: not written
       }
-      if (!s3_) opt_serial += opt_home_ == Tier::Device ? 2 * b / c.device_bandwidth : c.pcie_latency + b / c.h2d_bandwidth;
+      if (!s3_ && home != Tier::Device) opt_serial += c.pcie_latency + b / c.h2d_bandwidth;
+      if (!s3_ && home == Tier::Device && !gpu_opt_) opt_serial += 2 * b / c.device_bandwidth;
     }
     if (s3_ && param_home_ == Tier::Nvme) o_nvw_.add(wb_ * lg.shard, c.nvme_write_bandwidth, c.nvme_latency);
-    if (s3_ && param_home_ == Tier::Device && opt_home_ != Tier::Device)
+    if (s3_ && param_home_ == Tier::Device && home != Tier::Device)
       o_h2d_.add(wb_ * lg.shard, c.h2d_bandwidth, c.pcie_latency);
   }
   if (grad_spill_ > 0) o_nvr_.add(grad_spill_, c.nvme_read_bandwidth, 0);
@@ -481,8 +491,11 @@ void Planner::link_loads() {
   link("pcie d2h", A_ * b_d2h_.bytes + s1_d2h_.bytes, c.d2h_bandwidth, A_ * b_d2h_.time + s1_d2h_.time, fb_window);
   link("collectives", A_ * (f_coll_.bytes + b_coll_.bytes) * ring_, cbw_,
        A_ * (f_coll_.time + b_coll_.time) + stage1_ + refresh_, fb_window);
-  link(gpu_opt_ ? "gpu optimizer" : "cpu optimizer", per_param_ * L_.shard_total,
-       gpu_opt_ ? c.device_bandwidth : c.host_bandwidth, opt_compute_, 0);
+  if (opt_host_elems_ > 0)
+    link("cpu optimizer", per_param_ * opt_host_elems_, c.host_bandwidth, per_param_ * opt_host_elems_ / c.host_bandwidth, 0);
+  if (opt_device_elems_ > 0)
+    link("gpu optimizer", per_param_ * opt_device_elems_, c.device_bandwidth,
+         per_param_ * opt_device_elems_ / c.device_bandwidth, 0);
 }
 
 void Planner::explain() {

@@ -89,10 +89,10 @@ std::vector<StateTensor> group_tensors(const GroupLayout& g, const ShardStrategy
   add(StateRole::GradFull, g.padded, Tier::Device, true);
   for (size_t i = 0; i < g.sub_groups.size(); ++i) {
     for (StateRole r : {StateRole::Master, StateRole::ExpAvg, StateRole::ExpAvgSq, StateRole::Grad})
-      add(r, g.sub_groups[i].n, st.optimizer_home, false, static_cast<int>(i));
+      add(r, g.sub_groups[i].n, g.optimizer_home, false, static_cast<int>(i));
     if (g.sub_groups[i].speculative)
       for (StateRole r : {StateRole::MasterNext, StateRole::ExpAvgNext, StateRole::ExpAvgSqNext})
-        add(r, g.sub_groups[i].n, st.optimizer_home, false, static_cast<int>(i));
+        add(r, g.sub_groups[i].n, g.optimizer_home, false, static_cast<int>(i));
   }
   return out;
 }
@@ -132,6 +132,12 @@ ShardLayout make_shard_layout(const std::vector<GroupSize>& groups, ShardStrateg
       throw ConfigError(std::string("shard layout: element type ") + to_string(t) + " is not f32, bf16 or fp16");
   if (st.grads != DType::F32 && st.grads != st.working)
     throw ConfigError("shard layout: reduced gradients are fp32 or the working type");
+  if (!(st.optimizer_ratio >= 0.0 && st.optimizer_ratio <= 1.0))
+    throw ConfigError("zero_optimization.offload_optimizer.ratio must lie in [0, 1], not " +
+                      std::to_string(st.optimizer_ratio));
+  if (st.optimizer_ratio < 1.0 && st.optimizer_home == Tier::Device)
+    throw ConfigError("zero_optimization.offload_optimizer.ratio below 1 splits the optimizer between the GPU and "
+                      "offload_optimizer.device, which is 'none': set the device to 'cpu' or 'nvme', or drop ratio");
 
   ShardLayout L;
   const uint64_t unit = uint64_t(st.world) * align;
@@ -149,6 +155,15 @@ ShardLayout make_shard_layout(const std::vector<GroupSize>& groups, ShardStrateg
     L.max_numel = std::max(L.max_numel, g.numel);
     L.shard_total += g.shard;
     L.padded_total += g.padded;
+  }
+  // The ratio's split, in shard elements from the first group: a group whose start lies at
+  // or past ratio x the total steps on the device.
+  uint64_t before = 0;
+  for (GroupLayout& g : L.groups) {
+    const bool on_device = st.optimizer_ratio < 1.0 && static_cast<double>(before) >=
+                                                           st.optimizer_ratio * static_cast<double>(L.shard_total);
+    g.optimizer_home = on_device ? Tier::Device : st.optimizer_home;
+    before += g.shard;
   }
   uint64_t sub = st.rules.sub_group_elems;
   if (sub == 0) sub = std::clamp<uint64_t>(L.max_shard / 4, uint64_t{1} << 20, uint64_t{100'000'000});

@@ -231,10 +231,15 @@ class StepLog {
     if (!lines_) return;
     const uint64_t params = gpt_param_count(shape);
     std::printf("strata train: %llu parameters (%d layers, d_model %d, %d heads, context %d, vocab %d), %d rank%s "
-                "on %s%s, ZeRO stage %d, params on %s, optimizer on %s\n",
+                "on %s%s, ZeRO stage %d, params on %s, optimizer on %s%s\n",
                 static_cast<unsigned long long>(params), shape.layers, shape.d_model, shape.heads, shape.seq_len,
                 shape.vocab, world, world == 1 ? "" : "s", device.description().c_str(),
-                world == 1 ? "" : " (rank 0)", eo.stage, to_string(eo.param_home), to_string(eo.optimizer_home));
+                world == 1 ? "" : " (rank 0)", eo.stage, to_string(eo.param_home), to_string(eo.optimizer_home),
+                eo.optimizer_ratio < 1.0
+                    ? (" for " + std::to_string(static_cast<int>(100 * eo.optimizer_ratio + 0.5)) +
+                       "% of the states, the GPU for the rest (offload_optimizer.ratio)")
+                          .c_str()
+                    : "");
     // Bytes per parameter from the shard layout: working parameters, reduced gradients,
     // fp32 master weights and Adam's two moments.
     const ShardLayout& L = engine.layout();

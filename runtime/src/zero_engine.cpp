@@ -94,6 +94,8 @@ struct ZeroEngine::Group {
   uint64_t padded = 0;   // elements, as the layout pads (shard_layout.hpp)
   uint64_t shard = 0;    // elements per rank
   bool persistent = false;
+  Tier opt_home = Tier::Device;  // its optimizer states' home (offload_optimizer.ratio may split groups)
+  bool opt_on_device = false;    // stepped by the GPU optimizer (update_on_device)
   // Types as the layout says (shard_layout.hpp): working (w) or reduced-gradient (g).
   TensorId full = 0;     // [padded] w: stage 3 a scratch gather buffer, else replicated params
   TensorId pshard = 0;   // stage 3: [shard] w working parameters, home offload_param
@@ -144,6 +146,7 @@ EngineOptions EngineOptions::from_config(const Config& c) {
   o.store.nvme.checksums = c.strata.checksums;
   o.trace_path = c.strata.trace;
   o.speculative = c.strata.speculative_optimizer;
+  o.optimizer_ratio = c.zero.offload_optimizer.ratio;
   return o;
 }
 
@@ -159,6 +162,7 @@ ShardStrategy EngineOptions::shard_strategy(int world) const {
   s.working = precision;
   s.grads = grads_dtype(precision, gradient_accumulation_steps);
   s.device_states_staged = optimizer_home == Tier::Device && optimizer_on_stream;
+  s.optimizer_ratio = optimizer_ratio;
   return s;
 }
 
@@ -175,8 +179,14 @@ ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communica
   opt_compute_tier_ = opts_.optimizer_home == Tier::Device ? Tier::Device : Tier::Pinned;
   // States in device memory the host cannot address: the GPU optimizer steps them there,
   // and host code (initialisation, checkpoints, restores) goes through pinned copies.
-  if (opt_compute_tier_ == Tier::Device && !device_.host_addressable()) opts_.optimizer_on_stream = true;
-  gpu_optimizer_ = opt_compute_tier_ == Tier::Device && opts_.optimizer_on_stream;
+  const bool split = opts_.optimizer_ratio < 1.0;
+  if (split && device_.host_addressable() && !opts_.optimizer_on_stream)
+    throw ConfigError(
+        "zero_optimization.offload_optimizer.ratio below 1 steps part of the optimizer on the GPU, and the " +
+        std::string(to_string(device_.backend())) +
+        " backend has none: drop ratio (1, the default, steps all of it with CPU Adam) or use strata.backend cuda");
+  if ((opt_compute_tier_ == Tier::Device || split) && !device_.host_addressable()) opts_.optimizer_on_stream = true;
+  gpu_optimizer_ = (opt_compute_tier_ == Tier::Device || split) && opts_.optimizer_on_stream;
   opt_host_tier_ = gpu_optimizer_ ? Tier::Pinned : opt_compute_tier_;
 
   // The layout (shard_layout.hpp) decides every size; the engine allocates from it.
@@ -201,6 +211,8 @@ ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communica
     gr.padded = gl.padded;
     gr.shard = gl.shard;
     gr.persistent = gl.persistent;
+    gr.opt_home = gl.optimizer_home;
+    gr.opt_on_device = gl.optimizer_home == Tier::Device && gpu_optimizer_;
     for (const SubGroup& sg : gl.sub_groups) gr.chunks.push_back({sg.offset, sg.n});
   }
 
@@ -376,7 +388,7 @@ void ZeroEngine::init_shards() {
       });
       for (TensorId id : {c.master, c.exp_avg, c.exp_avg_sq}) {
         store_->release(id, t, Access::Write);
-        if (t != opts_.optimizer_home) store_->drop(id, t).wait();
+        if (t != gr.opt_home) store_->drop(id, t).wait();
       }
     }
     if (opts_.stage == 3) {
@@ -600,7 +612,7 @@ void ZeroEngine::accumulate_chunks(Group& gr, const void* reduced, DType t, Even
     store_->release(c.grad, Tier::Device, Access::Write, done);
     // Send it towards the optimizer's tier now, behind the accumulation, so that the
     // device holds one group's gradient at a time.
-    if (opts_.optimizer_home != Tier::Device) store_->drop(c.grad, Tier::Device);
+    if (gr.opt_home != Tier::Device) store_->drop(c.grad, Tier::Device);
   }
 }
 
@@ -793,28 +805,31 @@ void ZeroEngine::speculate_group(int g) {
   step_count_ = saved;
 }
 
-// The GPU optimizer: the same update as below, each sub-group one Stream::adam_step on the
-// optimizer stream over its states in device memory (math::adam_update, so the bits are
-// CpuAdam's). A group's sub-groups are queued together and the engine waits for them
-// before releasing what they read and write.
-void ZeroEngine::update_on_device(const std::vector<Update>& items, float grad_scale, bool speculative) {
+// The GPU optimizer: the same update as the host's below, each sub-group one
+// Stream::adam_step on the optimizer stream over its states in device memory
+// (math::adam_update, so the bits are CpuAdam's). launch_on_device queues a group's
+// sub-groups together and returns what finish_on_device waits for before releasing what
+// they read and write; CPU Adam steps the other groups in between (offload_optimizer.ratio).
+std::vector<ZeroEngine::DeviceUpdate> ZeroEngine::launch_on_device(const std::vector<Update>& items, float grad_scale,
+                                                                    bool speculative) {
   const Tier t = Tier::Device;
   Stream& s = *opt_stream_;
   const math::AdamStepScalars sc = adam_->scalars(step_count_);
   const DType half_t = half_kind(work_t_) == HalfKind::None ? DType::F32 : work_t_;
+  std::vector<DeviceUpdate> pending;
   for (size_t i = 0; i < items.size();) {
     Group& gr = *items[i].gr;
     size_t end = i;
     while (end < items.size() && items[end].gr == &gr) ++end;
     const bool whole = end - i == gr.chunks.size();
-    const TensorId pid = opts_.stage == 3 ? gr.pshard : gr.full;
     Acquired params = opts_.stage != 3 ? store_->acquire(gr.full, t)
                       : whole          ? store_->acquire_for_overwrite(gr.pshard, t)
                                        : store_->acquire(gr.pshard, t);
     s.wait(params.ready);
-    const double t0 = device_.now();
+    DeviceUpdate u{&gr, {}, {}, speculative, device_.now()};
     for (size_t k = i; k < end; ++k) {
       Chunk& c = *items[k].c;
+      u.chunks.push_back(&c);
       Acquired m = store_->acquire(c.master, t);
       Acquired a = store_->acquire(c.exp_avg, t);
       Acquired v = store_->acquire(c.exp_avg_sq, t);
@@ -847,41 +862,69 @@ void ZeroEngine::update_on_device(const std::vector<Update>& items, float grad_s
       s.adam_step(args);
       if (half_t == DType::F32) s.copy_async(working, out[0].data, c.n * 4);
     }
-    Event done = s.record();
-    done.wait();
-    const double t1 = device_.now();
-    if (trace::Recorder* r = trace::active())
-      r->record("optimizer", std::string(speculative ? "adam on the device (speculative) " : "adam on the device ") +
-                                 gr.spec.name, t0, t1);
-    for (size_t k = i; k < end; ++k) {
-      Chunk& c = *items[k].c;
-      const Access states = speculative ? Access::Read : Access::Write;
-      for (TensorId id : {c.master, c.exp_avg, c.exp_avg_sq}) store_->release(id, t, states);
-      if (speculative) {
-        for (TensorId id : {c.next_master, c.next_exp_avg, c.next_exp_avg_sq}) store_->release(id, t, Access::Write);
-        store_->release(c.grad, t);  // kept until step() validates
-        c.speculated = true;
-      } else {
-        store_->release(c.grad, t);
-        store_->discard_contents(c.grad);
-      }
-    }
-    store_->release(pid, t, Access::Write);
-    if (opts_.stage == 3 && opts_.param_home != t) store_->drop(pid, t);  // towards its home
+    u.done = s.record();
+    pending.push_back(std::move(u));
+    // A parameter shard brought to the device from a host home is sent back before the
+    // next group's comes, so that the device holds one at a time.
+    if (opts_.stage == 3 && opts_.param_home != t) finish_on_device(pending);
     i = end;
   }
+  return pending;
+}
+
+void ZeroEngine::finish_on_device(std::vector<DeviceUpdate>& pending) {
+  const Tier t = Tier::Device;
+  for (DeviceUpdate& u : pending) {
+    u.done.wait();
+    if (trace::Recorder* r = trace::active())
+      r->record("optimizer",
+                std::string(u.speculative ? "adam on the device (speculative) " : "adam on the device ") +
+                    u.gr->spec.name,
+                u.t0, device_.now());
+    for (Chunk* c : u.chunks) {
+      const Access states = u.speculative ? Access::Read : Access::Write;
+      for (TensorId id : {c->master, c->exp_avg, c->exp_avg_sq}) store_->release(id, t, states);
+      if (u.speculative) {
+        for (TensorId id : {c->next_master, c->next_exp_avg, c->next_exp_avg_sq}) store_->release(id, t, Access::Write);
+        store_->release(c->grad, t);  // kept until step() validates
+        c->speculated = true;
+      } else {
+        store_->release(c->grad, t);
+        store_->discard_contents(c->grad);
+      }
+    }
+    const TensorId pid = opts_.stage == 3 ? u.gr->pshard : u.gr->full;
+    store_->release(pid, t, Access::Write);
+    if (opts_.stage == 3 && opts_.param_home != t) store_->drop(pid, t);  // towards its home
+  }
+  pending.clear();
 }
 
 void ZeroEngine::update(const std::vector<Update>& items, float grad_scale, bool speculative) {
-  if (gpu_optimizer_) {
-    update_on_device(items, grad_scale, speculative);
-    return;
+  // The groups the GPU optimizer steps are queued first; CPU Adam steps the others while
+  // the GPU works (offload_optimizer.ratio), and the GPU's are finished last.
+  std::vector<Update> on_device, on_host;
+  for (const Update& u : items) (u.gr->opt_on_device ? on_device : on_host).push_back(u);
+  std::vector<DeviceUpdate> pending;
+  if (!on_device.empty()) pending = launch_on_device(on_device, grad_scale, speculative);
+  try {
+    if (!on_host.empty()) update_on_host(on_host, grad_scale, speculative);
+  } catch (...) {
+    try {
+      finish_on_device(pending);
+    } catch (...) {
+    }
+    throw;
   }
+  finish_on_device(pending);
+}
+
+void ZeroEngine::update_on_host(const std::vector<Update>& items, float grad_scale, bool speculative) {
   const Tier t = opt_compute_tier_;
   // The next sub-group's states are fetched while this one is updated and the previous
   // one is written back.
   auto prefetch = [&](size_t i) {
-    if (i >= items.size() || t == opts_.optimizer_home) return;
+    if (i >= items.size() || t == items[i].gr->opt_home) return;
     for (TensorId id : {items[i].c->master, items[i].c->exp_avg, items[i].c->exp_avg_sq, items[i].c->grad})
       store_->fetch(id, t);
   };
@@ -972,18 +1015,18 @@ void ZeroEngine::update(const std::vector<Update>& items, float grad_scale, bool
       // kept until step() validates (it is stepped again if the speculation is undone).
       for (TensorId id : {c.master, c.exp_avg, c.exp_avg_sq}) {
         store_->release(id, t);
-        if (t != opts_.optimizer_home) store_->drop(id, t);
+        if (t != gr.opt_home) store_->drop(id, t);
       }
       for (TensorId id : {c.next_master, c.next_exp_avg, c.next_exp_avg_sq}) {
         store_->release(id, t, Access::Write);
-        if (t != opts_.optimizer_home) store_->drop(id, t);
+        if (t != gr.opt_home) store_->drop(id, t);
       }
       store_->release(c.grad, t);
       c.speculated = true;
     } else {
       for (TensorId id : {c.master, c.exp_avg, c.exp_avg_sq}) {
         store_->release(id, t, Access::Write);
-        if (t != opts_.optimizer_home) store_->drop(id, t);  // write back behind the next update
+        if (t != gr.opt_home) store_->drop(id, t);  // write back behind the next update
       }
       // The gradient is dead after the update: the next step's first micro-step
       // overwrites it, so no copy of it is written anywhere (with optimizer states on
@@ -1016,7 +1059,7 @@ void ZeroEngine::restore_params(const std::vector<Update>& items) {
       reduce_stream_->synchronize();
     }
     store_->release(c.master, t);
-    if (t != opts_.optimizer_home) store_->drop(c.master, t);
+    if (t != gr.opt_home) store_->drop(c.master, t);
     if (opts_.stage == 3) {
       store_->release(gr.pshard, t, Access::Write);
       if (opts_.param_home != t) store_->drop(gr.pshard, t);
@@ -1088,7 +1131,7 @@ void ZeroEngine::read_optimizer_shard(int g, float* master, float* exp_avg, floa
       a.ready.wait();
       device_.host_compute(8.0 * c.n, [&] { std::memcpy(outs[k] + c.offset, a.data, c.n * 4); });
       store_->release(ids[k], t);
-      if (t != opts_.optimizer_home) store_->drop(ids[k], t).wait();
+      if (t != gr.opt_home) store_->drop(ids[k], t).wait();
     }
   }
 }
@@ -1105,7 +1148,7 @@ void ZeroEngine::write_optimizer_shard(int g, const float* master, const float* 
       a.ready.wait();
       device_.host_compute(8.0 * c.n, [&] { std::memcpy(a.data, ins[k] + c.offset, c.n * 4); });
       store_->release(ids[k], t, Access::Write);
-      if (t != opts_.optimizer_home) store_->drop(ids[k], t).wait();
+      if (t != gr.opt_home) store_->drop(ids[k], t).wait();
     }
   }
   // The working parameters follow the master weights.

@@ -34,12 +34,14 @@ struct RunSpec {
   bool snapshots = false;    // RunResult::states after every step
   uint64_t pinned_budget = 2 << 20;
   bool optimizer_on_stream = false;  // EngineOptions::optimizer_on_stream: the GPU optimizer's path
+  double optimizer_ratio = 1.0;      // offload_optimizer.ratio
   std::string label() const {
     return std::string(precision_name(precision)) + ", stage " + std::to_string(stage) + ", params " + to_string(param) + ", optimizer " + to_string(optimizer) +
            ", accum " + std::to_string(accum) + (clip > 0 ? ", clip " + std::to_string(clip) : "") +
            (give_schedule ? "" : ", traced") + (speculative ? ", speculative" : "") +
            (poison_step >= 0 ? ", NaN at step " + std::to_string(poison_step) : "") +
-           (optimizer_on_stream ? ", optimizer on the stream" : "");
+           (optimizer_on_stream ? ", optimizer on the stream" : "") +
+           (optimizer_ratio < 1.0 ? ", ratio " + std::to_string(optimizer_ratio) : "");
   }
 };
 
@@ -124,6 +126,7 @@ inline EngineOptions test_engine_options(const RunSpec& spec, uint64_t group_num
   o.gradient_clipping = spec.clip;
   o.speculative = spec.speculative;
   o.optimizer_on_stream = spec.optimizer_on_stream;
+  o.optimizer_ratio = spec.optimizer_ratio;
   o.gradient_accumulation_steps = spec.accum;
   o.sub_group_elems = spec.sub_group;
   o.prefetch_bucket_elems = 3 * group_numel;

@@ -171,11 +171,12 @@ TEST_F(ConfigTest, ZeroInfinityConfigParsesToTheGivenValues) {
 
   EXPECT_EQ(c.raw, j);
   // DeepSpeed's tuning keys load, each with one warning that says why it does nothing
-  // here: 0 of fp16 (its keys act now), 6 of zero_optimization (overlap_comm false among them), 3 of
-  // offload_optimizer, 4 of offload_param (pin_memory false among them) and 4 of
+  // here: 0 of fp16 (its keys act now), 6 of zero_optimization (overlap_comm false among them), 2 of
+  // offload_optimizer (ratio acts: the GPU optimizer's split), 4 of offload_param (pin_memory false among them) and 4 of
   // activation_checkpointing. pin_memory true and the two checkpointing keys at false
   // are what Strata does, and say nothing.
-  EXPECT_EQ(c.warnings.size(), 17u) << ::testing::PrintToString(c.warnings);
+  EXPECT_EQ(c.warnings.size(), 16u) << ::testing::PrintToString(c.warnings);
+  EXPECT_EQ(c.zero.offload_optimizer.ratio, 0.5f);
   EXPECT_HAS(::testing::PrintToString(c.warnings), "zero_optimization.overlap_comm = false has no effect");
   EXPECT_HAS(::testing::PrintToString(c.warnings), "zero_optimization.offload_param.pin_memory = false has no effect");
   EXPECT_EQ(home_tier(c.zero.offload_param.device), Tier::Nvme);
@@ -322,6 +323,10 @@ TEST(Config, WrongTypesNameTheKeyTheValueAndWhatIsAccepted) {
   EXPECT_HAS(m, "zero_optimization.contiguous_gradients = 1");
   m = error_of(json::parse(R"({"zero_optimization": {"offload_optimizer": {"ratio": 2}}})"));
   EXPECT_HAS(m, "zero_optimization.offload_optimizer.ratio = 2");
+  // A split of the optimizer needs a host tier to split it with.
+  m = error_of(json::parse(R"({"zero_optimization": {"offload_optimizer": {"ratio": 0.5}}})"));
+  EXPECT_HAS(m, "offload_optimizer.ratio below 1");
+  EXPECT_HAS(m, "set the device to \"cpu\" or \"nvme\"");
 }
 
 TEST(Config, OutOfRangeValuesNameTheKeyAndTheRange) {
@@ -546,10 +551,10 @@ TEST(Config, EveryKeyThatDoesNotActSaysSoOnce) {
       EXPECT_HAS(m, "set " + r.key + " to " + json(k.only).dump() + " or remove it");
     }
   }
-  // fp16.auto_cast, 5 of zero_optimization, 3 of each offload section, 4 of
-  // activation_checkpointing; pin_memory twice and overlap_comm; the two activation keys
-  // of #13.
-  EXPECT_EQ(no_effect, 16);
+  // fp16.auto_cast, 5 of zero_optimization, 3 of offload_param and 2 of offload_optimizer
+  // (ratio acts), 4 of activation_checkpointing; pin_memory twice and overlap_comm; the two
+  // activation keys of #13.
+  EXPECT_EQ(no_effect, 15);
   EXPECT_EQ(fixed, 3);
   EXPECT_EQ(refused, 2);
 }

@@ -157,3 +157,73 @@ TEST(GpuOptimizerPath, BitIdenticalToCpuAdamInEveryStage) {
         if (speculative) EXPECT_GT(got.stats.speculation_commits, 0u) << label;
       }
 }
+
+// offload_optimizer.ratio (Twin-Flow): the groups past the ratio keep their states in
+// device memory and the GPU optimizer steps them (here: the cpu stream, concurrently with
+// CPU Adam on the main thread) while CPU Adam steps the rest from pinned memory or NVMe.
+// The bits are those of CPU Adam stepping everything, after every step, in every stage,
+// plain and speculative, with clipping on some steps and a NaN gradient; the layout puts
+// the split where the ratio says. Without a GPU optimizer (the cpu backend as it is), a
+// ratio below 1 is a clear error.
+TEST(GpuOptimizerPath, RatioSplitsTheStatesAndGivesCpuAdamsBits) {
+  TempDir dir("ratio");
+  auto comm = self();
+  for (DType p : {DType::F32, DType::BF16})
+    for (int stage : {1, 2, 3})
+      for (double ratio : {0.5, 0.0})
+        for (bool speculative : {false, true}) {
+          const Runner run = p == DType::F32 ? Runner(run_mlp) : Runner(run_gpt);
+          const int steps = p == DType::F32 ? 12 : 8;
+          // NVMe for the host share in fp32, pinned memory in bf16.
+          const OffloadDevice home = p == DType::F32 ? OffloadDevice::Nvme : OffloadDevice::Cpu;
+          RunSpec base{.stage = stage, .optimizer = home, .clip = 0.0f, .sub_group = 1024, .precision = p,
+                       .speculative = speculative, .snapshots = true, .pinned_budget = 4 << 20};
+          RunSpec probe = base;
+          probe.snapshots = false;
+          probe.speculative = false;
+          std::vector<double> n = run(*comm, probe, steps, dir.path).norms;
+          std::nth_element(n.begin(), n.begin() + n.size() / 2, n.end());
+          base.clip = static_cast<float>(n[n.size() / 2]);
+          base.poison_step = steps / 2;
+          RunSpec split = base;
+          split.optimizer_on_stream = true;
+          split.optimizer_ratio = ratio;
+          const RunResult want = run(*comm, base, steps, dir.path);
+          const RunResult got = run(*comm, split, steps, dir.path);
+          const std::string label = split.label();
+          ASSERT_EQ(got.states.size(), static_cast<size_t>(steps)) << label;
+          for (int s = 0; s < steps; ++s) {
+            ASSERT_EQ(got.stepped[s], want.stepped[s]) << label << ", step " << s;
+            ASSERT_EQ(std::memcmp(got.states[s].data(), want.states[s].data(), got.states[s].size() * sizeof(float)),
+                      0)
+                << label << ": the states differ after step " << s;
+            ASSERT_EQ(got.losses[s], want.losses[s]) << label << ", step " << s;
+          }
+        }
+  // Where the split falls: the groups from the first past half of the shard elements.
+  std::vector<GroupSize> sizes;
+  for (int g = 0; g < 6; ++g) sizes.push_back({"g" + std::to_string(g), 10'000});
+  ShardStrategy st;
+  st.optimizer_home = Tier::Pinned;
+  st.optimizer_ratio = 0.5;
+  const ShardLayout L = make_shard_layout(sizes, st);
+  for (int g = 0; g < 6; ++g)
+    EXPECT_EQ(L.groups[g].optimizer_home, g < 3 ? Tier::Pinned : Tier::Device) << "group " << g;
+  EXPECT_GT(L.need[int(Tier::Device)].optimizer, 0u);
+  EXPECT_GT(L.need[int(Tier::Pinned)].optimizer, 0u);
+  st.optimizer_ratio = 0.0;
+  for (const GroupLayout& g : make_shard_layout(sizes, st).groups) EXPECT_EQ(g.optimizer_home, Tier::Device);
+  st.optimizer_home = Tier::Device;
+  st.optimizer_ratio = 0.5;
+  EXPECT_THROW(make_shard_layout(sizes, st), ConfigError);
+  // The cpu backend has no GPU optimizer: a ratio below 1 says so.
+  RunSpec cpu{.stage = 3, .optimizer = OffloadDevice::Cpu};
+  cpu.optimizer_ratio = 0.5;
+  try {
+    run_mlp(*comm, cpu, 1, dir.path);
+    ADD_FAILURE() << "a ratio below 1 on the cpu backend was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("offload_optimizer.ratio below 1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("strata.backend cuda"), std::string::npos) << e.what();
+  }
+}

@@ -438,6 +438,24 @@ TEST(Train, CudaGpuOptimizerMatchesCpuAdam) {
         EXPECT_LT(b.steps.back().loss, b.steps.front().loss);
         if (speculative) EXPECT_GT(b.stats.speculation_commits, 0u);
       }
+  // offload_optimizer.ratio 0.5: the later half of the groups on the GPU, the rest with CPU
+  // Adam, at the same time (written with the GPU optimizer, not yet run on a GPU).
+  for (int stage : {3, 1}) {
+    SCOPED_TRACE("ratio 0.5, stage " + std::to_string(stage));
+    Config cpu = config(d, data, small_shape(), 10);
+    cpu.strata.backend = Backend::Cuda;
+    cpu.zero.stage = stage;
+    cpu.zero.offload_param.device = OffloadDevice::None;
+    cpu.zero.offload_optimizer.device = OffloadDevice::Cpu;
+    cpu.bf16 = true;
+    Config split = cpu;
+    split.zero.offload_optimizer.ratio = 0.5f;
+    const TrainResult a = train(cpu, quiet());
+    const TrainResult b = train(split, quiet());
+    ASSERT_EQ(b.steps.size(), 10u);
+    for (int s = 0; s < 10; ++s)
+      EXPECT_NEAR(b.steps[s].loss, a.steps[s].loss, 1e-4 * std::abs(a.steps[s].loss)) << "step " << s + 1;
+  }
   // Save at 5 with the states on the GPU, resume to 10: the uninterrupted run's losses.
   Config c = config(d, data, small_shape(), 10);
   c.strata.backend = Backend::Cuda;

@@ -43,6 +43,7 @@ struct OptimizerConfig {
 struct OffloadConfig {
   OffloadDevice device = OffloadDevice::None;
   std::vector<std::string> nvme_path;  // directories; DeepSpeed's string or a list
+  float ratio = 1.0f;  // offload_optimizer: the fraction of the states CPU Adam steps (the rest on the GPU)
 };
 
 struct ZeroConfig {

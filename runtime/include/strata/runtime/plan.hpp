@@ -125,6 +125,10 @@ struct Strategy {
   // micro-step's backward (a Next set of states for each: 12 more bytes per parameter in
   // the optimizer's tier), the groups the backward pass reaches last after it.
   bool speculative = false;
+  // offload_optimizer.ratio (ShardStrategy::optimizer_ratio): below 1, the groups past that
+  // fraction of the states keep them in HBM and the GPU optimizer steps them, while CPU
+  // Adam steps the rest at the same time.
+  double optimizer_ratio = 1.0;
   std::string describe() const;     // "stage 3, params nvme, optimizer nvme, mb 4, ckpt"
 };
 // Throws ConfigError naming the field and the valid values.

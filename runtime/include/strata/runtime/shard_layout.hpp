@@ -60,6 +60,13 @@ struct ShardStrategy {
   // the speculative optimizer's restores) stages a sub-group's three fp32 states through
   // pinned memory, which pinned_staging counts.
   bool device_states_staged = false;
+  // DeepSpeed's offload_optimizer.ratio (ZeRO-Offload++'s Twin-Flow): the fraction of the
+  // optimizer's states, counted in shard elements from the model's first group, whose home
+  // is optimizer_home (stepped by CPU Adam); the groups after it keep their states on the
+  // device and step there (the GPU optimizer), at the same time. Whole groups: a group's
+  // parameter shard is written by one of the two. 1: all in optimizer_home. Only with
+  // optimizer_home Pinned or Nvme.
+  double optimizer_ratio = 1.0;
 };
 
 // The reduced gradient's type: the working type when each step reduces one micro-batch
@@ -104,6 +111,7 @@ struct GroupLayout {
   uint64_t padded = 0;  // elements, a multiple of world x align_elems
   uint64_t shard = 0;   // elements per rank: padded / world
   bool persistent = false;
+  Tier optimizer_home = Tier::Device;  // its sub-groups' states (ShardStrategy::optimizer_ratio)
   std::vector<SubGroup> sub_groups;
   std::vector<StateTensor> tensors;  // registered in this order
 };

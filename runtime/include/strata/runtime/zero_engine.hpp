@@ -86,6 +86,11 @@ struct EngineOptions {
   // CpuAdam would otherwise step the device tier in place: tests check the GPU
   // optimizer's logic on cpu with it (its bits are CpuAdam's).
   bool optimizer_on_stream = false;
+  // offload_optimizer.ratio (ShardStrategy::optimizer_ratio): below 1, the groups past
+  // that fraction of the states keep them on the device and step there, on the optimizer
+  // stream, while CPU Adam steps the rest. Needs a device the host cannot address (cuda),
+  // or optimizer_on_stream.
+  double optimizer_ratio = 1.0;
   uint64_t seed = 1234;
   unsigned optimizer_threads = 0;      // 0: all cores
   TieredStoreOptions store;
@@ -213,7 +218,17 @@ class ZeroEngine final : public WeightSource {
   // Steps the sub-groups in `items` (in order, fetching the next one's states while one is
   // updated): in place, or into their Next sets when speculative.
   void update(const std::vector<Update>& items, float grad_scale, bool speculative);
-  void update_on_device(const std::vector<Update>& items, float grad_scale, bool speculative);  // the GPU optimizer
+  // The GPU optimizer's share: queued on opt_stream_, then waited for and released.
+  struct DeviceUpdate {
+    Group* gr;
+    std::vector<Chunk*> chunks;
+    Event done;
+    bool speculative;
+    double t0;
+  };
+  std::vector<DeviceUpdate> launch_on_device(const std::vector<Update>& items, float grad_scale, bool speculative);
+  void finish_on_device(std::vector<DeviceUpdate>& pending);
+  void update_on_host(const std::vector<Update>& items, float grad_scale, bool speculative);  // CPU Adam
   void speculate_group(int g);  // steps group g's speculative sub-groups into their Next sets
   float unclipped_grad_scale() const;
   // After a skipped step: the working parameters of speculated sub-groups back to their
