@@ -1,6 +1,7 @@
 // `strata plan`: bytes per tier, fit, link loads, step time and bottleneck for a model on a
 // cluster under a strategy; --search over strategies; --simulate with the real engine on
 // the sim backend (runtime/plan.hpp, docs/plan.md).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -277,9 +278,11 @@ int run_plan(const PlanArgs& a) {
     if (!a.json) {
       std::printf("search: %zu strategies for %.4g parameters on %s (%d ranks)\n\n", cands.size(),
                   double(cands.front().plan.params), c.name.c_str(), c.world());
-      std::printf("  %-66s %12s %8s  %s\n", "strategy", "step", "MFU", "verdict");
+      int width = 66;  // the longest strategy's description
+      for (const auto& k : cands) width = std::max(width, static_cast<int>(k.strategy.describe().size()));
+      std::printf("  %-*s %12s %8s  %s\n", width, "strategy", "step", "MFU", "verdict");
       for (const auto& k : cands)
-        std::printf("  %-66s %12s %7.1f%%  %s\n", k.strategy.describe().c_str(),
+        std::printf("  %-*s %12s %7.1f%%  %s\n", width, k.strategy.describe().c_str(),
                     k.plan.fits ? secs(k.plan.step_s).c_str() : "-", k.plan.fits ? 100 * k.plan.mfu : 0.0,
                     k.verdict.c_str());
     }

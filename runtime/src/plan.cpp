@@ -338,7 +338,7 @@ void Planner::micro_step_lanes() {
       if (param_home_ == Tier::Nvme) f_nvr_.add(sh4, c.nvme_read_bandwidth, c.nvme_latency);
       if (block) blocks_s4 += sh4;
     }
-    if (grads_move_ && st_.stage >= 2)
+    if (lg.optimizer_home != Tier::Device && st_.stage >= 2)  // its gradient goes to the host (ratio: some stay)
       for (const SubGroup& sg : lg.sub_groups) b_d2h_.add(gb_ * sg.n, c.d2h_bandwidth, c.pcie_latency);
   }
   if (params_move_) {
@@ -361,12 +361,14 @@ void Planner::micro_step_lanes() {
   }
   if (A_ > 1 && grads_move_ && st_.stage >= 2)
     for (const GroupLayout& lg : L_.groups)  // micro-steps after the first fetch the accumulated gradient back
-      for (const SubGroup& sg : lg.sub_groups)
+      for (const SubGroup& sg : lg.optimizer_home != Tier::Device ? lg.sub_groups : std::vector<SubGroup>{})
         b_h2d_.add(gb_ * sg.n * (A_ - 1) / A_, c.h2d_bandwidth, c.pcie_latency * (A_ - 1) / A_);
   // Gradients on their way to an NVMe home wait in pinned memory until the optimizer;
   // what does not fit is written back during backward and read again by the optimizer.
   if (opt_home_ == Tier::Nvme) {
-    const double S4 = gb_ * L_.shard_total;
+    double S4 = 0;
+    for (const GroupLayout& lg : L_.groups)
+      if (lg.optimizer_home == Tier::Nvme) S4 += gb_ * lg.shard;
     grad_spill_ = std::max(0.0, S4 - std::max(0.0, pin_room - (params_move_ ? blocks_s4 : 0.0)));
     if (grad_spill_ > 0) b_nvw_.add(grad_spill_, c.nvme_write_bandwidth, c.nvme_latency);
   }
@@ -391,8 +393,8 @@ void Planner::boundary_lanes() {
   // Stage 1: all-reduce of the full gradient at the step, then its shard to the optimizer.
   if (st_.stage == 1) {
     for (const GroupLayout& lg : L_.groups) stage1_ += coll(2 * gb_ * lg.padded);
-    if (grads_move_)
-      for (const GroupLayout& lg : L_.groups)
+    for (const GroupLayout& lg : L_.groups)
+      if (lg.optimizer_home != Tier::Device)
         for (const SubGroup& sg : lg.sub_groups) s1_d2h_.add(gb_ * sg.n, c.d2h_bandwidth, c.pcie_latency);
     stage1_ = std::max(stage1_, s1_d2h_.time) + (grads_move_ ? c.pcie_latency + sh0_ / c.d2h_bandwidth : 0.0);
   }

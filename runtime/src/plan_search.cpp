@@ -16,19 +16,23 @@ std::vector<Candidate> search(const GptShape& model, const ClusterSpec& cluster,
     for (OffloadDevice pd : space.param)
       for (OffloadDevice od : space.optimizer)
         for (int mb : space.micro_batches)
-          for (bool ckpt : space.checkpointing) {
-            if (stage < 3 && pd != OffloadDevice::None) continue;  // not a configuration
-            Strategy st = base;
-            st.stage = stage;
-            st.offload_param = pd;
-            st.offload_optimizer = od;
-            st.micro_batch = mb;
-            st.checkpointing = ckpt;
-            Candidate c;
-            c.strategy = st;
-            c.plan = make_plan(model, cluster, st);
-            out.push_back(std::move(c));
-          }
+          for (bool ckpt : space.checkpointing)
+            for (double ratio : space.optimizer_ratios) {
+              if (stage < 3 && pd != OffloadDevice::None) continue;  // not a configuration
+              // A split needs a GPU optimizer and a host share.
+              if (ratio < 1.0 && (od == OffloadDevice::None || cluster.cpu_backend)) continue;
+              Strategy st = base;
+              st.stage = stage;
+              st.offload_param = pd;
+              st.offload_optimizer = od;
+              st.micro_batch = mb;
+              st.checkpointing = ckpt;
+              st.optimizer_ratio = ratio;
+              Candidate c;
+              c.strategy = st;
+              c.plan = make_plan(model, cluster, st);
+              out.push_back(std::move(c));
+            }
   // Fitting ones first, fastest (tokens/s) first; then the others, nearest to fitting first.
   std::stable_sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
     if (a.plan.fits != b.plan.fits) return a.plan.fits;

@@ -62,6 +62,11 @@ Strategy speculative(Strategy s) {
   return s;
 }
 
+Strategy with_ratio(Strategy s, double ratio) {
+  s.optimizer_ratio = ratio;
+  return s;
+}
+
 struct Case {
   std::string label;
   GptShape shape;
@@ -110,6 +115,14 @@ TEST(Plan, AnalyticStepTimeAgreesWithTheSimulatedEngineWithin15Percent) {
        strategy(3, nvme, nvme, 1)},
       {"llama3-8b (8 layers), dgx-a100, stage 3, params cpu, optimizer cpu, mb 2", shrunk("llama3-8b", 8), a100x2,
        strategy(3, cpu, cpu, 2)},
+      // The GPU optimizer (optimizer none on GPUs), and offload_optimizer.ratio: half of
+      // the states with CPU Adam, the later half on the GPU at the same time.
+      {"gpt-13b (8 layers), gh200, stage 3, params none, optimizer none (GPU), mb 4", shrunk("gpt-13b", 8), gh200,
+       strategy(3, none, none, 4)},
+      {"gpt-13b (8 layers), gh200, stage 3, params none, optimizer cpu, ratio 0.5, mb 4", shrunk("gpt-13b", 8), gh200,
+       with_ratio(strategy(3, none, cpu, 4), 0.5)},
+      {"gpt-2.7b (8 layers), dgx-2, stage 1, optimizer cpu, ratio 0.5, mb 2", shrunk("gpt-2.7b", 8), dgx2,
+       with_ratio(strategy(1, none, cpu, 2), 0.5)},
       // The speculative optimizer: the CPU optimizer's time (its compute, and its NVMe
       // traffic where the states live there) behind the last backward pass.
       {"gpt-13b (8 layers), gh200, stage 3, optimizer cpu, mb 4, speculative", shrunk("gpt-13b", 8), gh200,
@@ -293,6 +306,16 @@ TEST(Plan, SearchChoosesTheFastestThatFitsAndExplainsTheRest) {
   }
   EXPECT_GT(slower, 0);
   EXPECT_GT(rejected_fit, 0) << "stage 1 without offload cannot hold 13B on a 32 GB V100";
+  // offload_optimizer.ratio is searched where the optimizer is offloaded, and only there.
+  int split = 0;
+  for (const Candidate& k : c)
+    if (k.strategy.optimizer_ratio < 1.0) {
+      ++split;
+      EXPECT_NE(k.strategy.offload_optimizer, OffloadDevice::None) << k.strategy.describe();
+    }
+  EXPECT_GT(split, 0);
+  std::printf("search: %zu candidates, %d with a ratio below 1; chosen: %s\n", c.size(), split,
+              c.front().strategy.describe().c_str());
 }
 
 TEST(Plan, BadInputNamesTheProblemAndTheFix) {

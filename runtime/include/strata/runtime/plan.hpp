@@ -207,6 +207,9 @@ struct SearchSpace {
   std::vector<OffloadDevice> optimizer{OffloadDevice::None, OffloadDevice::Cpu, OffloadDevice::Nvme};
   std::vector<int> micro_batches{1, 2, 4, 8, 16};
   std::vector<bool> checkpointing{true, false};
+  // offload_optimizer.ratio: tried where the optimizer is offloaded on GPUs (a ratio
+  // below 1 needs both); 1 everywhere else.
+  std::vector<double> optimizer_ratios{1.0, 0.75, 0.5, 0.25};
 };
 // Ranked by tokens/s (fitting ones first). Throws nothing for an empty result: every
 // candidate is there with its verdict.
