@@ -9,9 +9,10 @@
 // process that stays up for the run). Steps of all configurations alternate, so drift of
 // the machine hits them alike.
 // On the cuda backend (--backend cuda; run on an H100 and an H200, docs/training.md) the
-// reference keeps the parameters on the GPU and the optimizer in pinned memory (there is no
-// GPU optimizer), the model is GptCuda with NCCL over the one GPU, and PyTorch's step runs
-// beside it wholly on the GPU (fused AdamW), in fp32 and in the 16-bit precision asked for.
+// reference keeps the parameters on the GPU and the optimizer in pinned memory (CPU Adam;
+// --gpu-optimizer adds the states on the GPU, stepped there), the model is GptCuda with
+// NCCL over the one GPU, and PyTorch's step runs beside it wholly on the GPU (fused AdamW),
+// in fp32 and in the 16-bit precision asked for.
 #include <cstdio>
 #include <cerrno>
 #include <cstring>
@@ -113,6 +114,8 @@ int run_step(const StepArgs& a) {
   const bool cuda = backend == Backend::Cuda;
   const DType precision = parse_precision(a.precision);
   const bool sixteen = precision != DType::F32;
+  if (a.gpu_optimizer && !cuda)
+    throw ConfigError("bench step: --gpu-optimizer needs --backend cuda (the cpu backend's optimizer is CpuAdam)");
   auto device = make_device({backend, 0});
   auto comm = coll::make_host_communicator(coll::HostBackend::Self);
   std::unique_ptr<coll::Communicator> nccl;  // device buffers on cuda are GPU memory
@@ -184,8 +187,6 @@ int run_step(const StepArgs& a) {
   };
   const std::string memory_label = cuda ? "params on GPU, optimizer pinned" : "in memory";
   std::vector<Setup> setups;
-  if (a.gpu_optimizer && !cuda)
-    throw ConfigError("bench step: --gpu-optimizer needs --backend cuda (the cpu backend's optimizer is CpuAdam)");
   for (int offload = 0; offload < (a.nvme ? 2 : 1); ++offload)
     for (DType p : precisions) {
       for (int spec = 0; spec < (a.speculative ? 2 : 1); ++spec) {

@@ -9,9 +9,9 @@
 // feed a matmul are stored 16-bit, the residual stream, fc and every activation gradient
 // fp32, and each gradient of an activation is rounded just before the matmuls that read it.
 //
-// Compiled and linked in CI, never run there (no GPU). fp32 was checked on an H100
-// (docs/training.md); bf16 and fp16 have not run on a GPU (docs/mixed-precision.md), nor
-// has Llama (its blocks below mirror gpt.cpp's llama_block_forward / _backward).
+// Compiled and linked in CI, never run there (no GPU). fp32 was checked on an H100, and
+// fp32, bf16 and fp16, GPT-2 and Llama (its blocks below mirror gpt.cpp's
+// llama_block_forward / _backward) on an H200 (docs/training.md, docs/mixed-precision.md).
 #include "strata/model/gpt_cuda.hpp"
 
 #include <cublas_v2.h>

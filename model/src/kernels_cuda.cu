@@ -2,7 +2,7 @@
 // Simple grid-stride loops, one block per row where a row is reduced. Each kernel is
 // templated on the storage type of its typed operands (storage_cuda.cuh) and computes in
 // fp32. Compiled and linked in CI, never run there (no GPU); the fp32 instances were
-// checked on an H100 (see kernels_cuda.hpp).
+// checked on an H100, the fp32, bf16 and fp16 ones on an H200 (see kernels_cuda.hpp).
 #include "kernels_cuda.hpp"
 
 #include <cuda_runtime.h>

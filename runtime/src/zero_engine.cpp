@@ -375,14 +375,20 @@ void ZeroEngine::init_shards() {
   for (size_t g = 0; g < groups_.size(); ++g) {
     Group& gr = groups_[g];
     const uint64_t base = static_cast<uint64_t>(rank_) * gr.shard;  // global index of the shard
+    // The shard's initial values, computed once: the master weights and, rounded to the
+    // working type, the parameters. (Allocated where the work runs: sim runs none of it.)
+    std::vector<float> vals;
+    device_.host_compute(4.0 * gr.shard, [&] {
+      vals.resize(gr.shard);
+      fill_initial(vals.data(), gr.shard, gr.spec, opts_.seed, g, base, opts_.optimizer_threads);
+    });
     for (Chunk& c : gr.chunks) {
       Acquired m = store_->acquire_for_overwrite(c.master, t);
       Acquired a = store_->acquire_for_overwrite(c.exp_avg, t);
       Acquired v = store_->acquire_for_overwrite(c.exp_avg_sq, t);
       when_all({m.ready, a.ready, v.ready}).wait();
       device_.host_compute(12.0 * c.n, [&] {
-        auto* mp = static_cast<float*>(m.data);
-        fill_initial(mp, c.n, gr.spec, opts_.seed, g, base + c.offset, opts_.optimizer_threads);
+        std::memcpy(m.data, vals.data() + c.offset, c.n * 4);
         std::memset(a.data, 0, c.n * 4);
         std::memset(v.data, 0, c.n * 4);
       });
@@ -395,11 +401,7 @@ void ZeroEngine::init_shards() {
       Acquired p = store_->acquire_for_overwrite(gr.pshard, Tier::Pinned);
       p.ready.wait();
       // The working copy is the master weights rounded to the working type.
-      device_.host_compute((4.0 + wb_) * gr.shard, [&] {
-        std::vector<float> vals(gr.shard);
-        fill_initial(vals.data(), gr.shard, gr.spec, opts_.seed, g, base, opts_.optimizer_threads);
-        convert_from_f32(p.data, work_t_, vals.data(), gr.shard);
-      });
+      device_.host_compute((4.0 + wb_) * gr.shard, [&] { convert_from_f32(p.data, work_t_, vals.data(), gr.shard); });
       store_->release(gr.pshard, Tier::Pinned, Access::Write);
       if (opts_.param_home != Tier::Pinned) {
         if (opts_.param_home == Tier::Device) store_->fetch(gr.pshard, Tier::Device).wait();
@@ -410,11 +412,8 @@ void ZeroEngine::init_shards() {
       Acquired f = store_->acquire(gr.full, Tier::Device);
       f.ready.wait();
       std::vector<std::byte> slice(gr.shard * wb_);
-      device_.host_compute((4.0 + wb_) * gr.shard, [&] {
-        std::vector<float> vals(gr.shard);
-        fill_initial(vals.data(), gr.shard, gr.spec, opts_.seed, g, base, opts_.optimizer_threads);
-        convert_from_f32(slice.data(), work_t_, vals.data(), gr.shard);
-      });
+      device_.host_compute((4.0 + wb_) * gr.shard,
+                           [&] { convert_from_f32(slice.data(), work_t_, vals.data(), gr.shard); });
       void* mine = at(f.data, base, wb_);
       reduce_stream_->copy_async(mine, slice.data(), gr.shard * wb_);
       Event copied = reduce_stream_->record();
@@ -881,18 +880,7 @@ void ZeroEngine::finish_on_device(std::vector<DeviceUpdate>& pending) {
                 std::string(u.speculative ? "adam on the device (speculative) " : "adam on the device ") +
                     u.gr->spec.name,
                 u.t0, device_.now());
-    for (Chunk* c : u.chunks) {
-      const Access states = u.speculative ? Access::Read : Access::Write;
-      for (TensorId id : {c->master, c->exp_avg, c->exp_avg_sq}) store_->release(id, t, states);
-      if (u.speculative) {
-        for (TensorId id : {c->next_master, c->next_exp_avg, c->next_exp_avg_sq}) store_->release(id, t, Access::Write);
-        store_->release(c->grad, t);  // kept until step() validates
-        c->speculated = true;
-      } else {
-        store_->release(c->grad, t);
-        store_->discard_contents(c->grad);
-      }
-    }
+    for (Chunk* c : u.chunks) release_stepped(*u.gr, *c, t, u.speculative);
     const TensorId pid = opts_.stage == 3 ? u.gr->pshard : u.gr->full;
     store_->release(pid, t, Access::Write);
     if (opts_.stage == 3 && opts_.param_home != t) store_->drop(pid, t);  // towards its home
@@ -1010,32 +998,32 @@ void ZeroEngine::update_on_host(const std::vector<Update>& items, float grad_sca
       reduce_stream_->copy_async(full, kind == HalfKind::None ? static_cast<void*>(mo) : half_copy.data(), c.n * wb_);
       reduce_stream_->synchronize();  // the master copy may move once released
     }
-    if (speculative) {
-      // The committed set is only read: dropping its copy writes nothing. The gradient is
-      // kept until step() validates (it is stepped again if the speculation is undone).
-      for (TensorId id : {c.master, c.exp_avg, c.exp_avg_sq}) {
-        store_->release(id, t);
-        if (t != gr.opt_home) store_->drop(id, t);
-      }
-      for (TensorId id : {c.next_master, c.next_exp_avg, c.next_exp_avg_sq}) {
-        store_->release(id, t, Access::Write);
-        if (t != gr.opt_home) store_->drop(id, t);
-      }
-      store_->release(c.grad, t);
-      c.speculated = true;
-    } else {
-      for (TensorId id : {c.master, c.exp_avg, c.exp_avg_sq}) {
-        store_->release(id, t, Access::Write);
-        if (t != gr.opt_home) store_->drop(id, t);  // write back behind the next update
-      }
-      // The gradient is dead after the update: the next step's first micro-step
-      // overwrites it, so no copy of it is written anywhere (with optimizer states on
-      // NVMe this was a write of 4 (or 2) bytes per parameter per step that nobody read).
-      store_->release(c.grad, t);
-      store_->discard_contents(c.grad);
-    }
+    release_stepped(gr, c, t, speculative);
   }
   close_group();
+}
+
+void ZeroEngine::release_stepped(const Group& gr, Chunk& c, Tier t, bool speculative) {
+  // Away from home, each copy goes back behind the next update's work (write-back).
+  auto done = [&](TensorId id, Access access) {
+    store_->release(id, t, access);
+    if (t != gr.opt_home) store_->drop(id, t);
+  };
+  if (speculative) {
+    // The committed set is only read: dropping its copy writes nothing. The gradient is
+    // kept until step() validates (it is stepped again if the speculation is undone).
+    for (TensorId id : {c.master, c.exp_avg, c.exp_avg_sq}) done(id, Access::Read);
+    for (TensorId id : {c.next_master, c.next_exp_avg, c.next_exp_avg_sq}) done(id, Access::Write);
+    store_->release(c.grad, t);
+    c.speculated = true;
+  } else {
+    for (TensorId id : {c.master, c.exp_avg, c.exp_avg_sq}) done(id, Access::Write);
+    // The gradient is dead after the update: the next step's first micro-step overwrites
+    // it, so no copy of it is written anywhere (with optimizer states on NVMe this was a
+    // write of 4 (or 2) bytes per parameter per step that nobody read).
+    store_->release(c.grad, t);
+    store_->discard_contents(c.grad);
+  }
 }
 
 void ZeroEngine::restore_params(const std::vector<Update>& items) {

@@ -735,12 +735,34 @@ TEST(StreamAdamStep, EveryBackendGivesCpuAdamsBits) {
             EXPECT_EQ(std::memcmp(gp.data(), wp.data(), fb), 0) << label << ": weights";
             EXPECT_EQ(std::memcmp(gm.data(), wm.data(), fb), 0) << label << ": exp_avg";
             EXPECT_EQ(std::memcmp(gv.data(), wv.data(), fb), 0) << label << ": exp_avg_sq";
-            if (ht != DType::F32) EXPECT_EQ(std::memcmp(ghalf.data(), whalf.data(), n * 2), 0) << label << ": 16-bit copy";
-            if (!in_place) EXPECT_EQ(std::memcmp(p_after.data(), p.data(), fb), 0) << label << ": the input was written";
+            if (ht != DType::F32) {
+              EXPECT_EQ(std::memcmp(ghalf.data(), whalf.data(), n * 2), 0) << label << ": 16-bit copy";
+            }
+            if (!in_place) {
+              EXPECT_EQ(std::memcmp(p_after.data(), p.data(), fb), 0) << label << ": the input was written";
+            }
             EXPECT_NE(std::memcmp(gp.data(), p.data(), fb), 0) << label << ": nothing changed";
           }
     }
   }
+  // Types it does not step are refused, naming the type, before anything is written.
+  AdamStepArgs bad;
+  float x = 1.0f;
+  bad.p_in = bad.m_in = bad.v_in = &x;
+  bad.p_out = bad.m_out = bad.v_out = &x;
+  bad.grad = &x;
+  bad.n = 1;
+  bad.grad_t = DType::F64;
+  EXPECT_THROW(adam_step_host(bad), Error);
+  bad.grad_t = DType::F32;
+  bad.half_t = DType::F64;
+  try {
+    adam_step_host(bad);
+    ADD_FAILURE() << "a working copy of type f64 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is not bf16 or fp16"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(x, 1.0f);
 }
 
 }  // namespace strata

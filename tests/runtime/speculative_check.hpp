@@ -37,6 +37,32 @@ inline RunResult run_gpt(coll::Communicator& c, const RunSpec& s, int steps, con
   return train_gpt(c, c, s, steps, dir);
 }
 
+// The median gradient norm of a plain run of `spec`: clipping there triggers on some steps
+// and not on others.
+inline float median_norm(const Runner& train, coll::Communicator& comm, RunSpec spec, int steps,
+                         const std::string& nvme_dir) {
+  spec.clip = 0;
+  spec.snapshots = false;
+  spec.speculative = false;
+  std::vector<double> n = train(comm, spec, steps, nvme_dir).norms;
+  std::nth_element(n.begin(), n.begin() + n.size() / 2, n.end());
+  return static_cast<float>(n[n.size() / 2]);
+}
+
+// After every step of two runs with snapshots: the same steps taken or skipped, the same
+// state bits and the same losses.
+inline void expect_same_states(const RunResult& got, const RunResult& want, int steps, const std::string& label) {
+  ASSERT_EQ(want.states.size(), static_cast<size_t>(steps)) << label;
+  ASSERT_EQ(got.states.size(), want.states.size()) << label;
+  for (int s = 0; s < steps; ++s) {
+    ASSERT_EQ(got.stepped[s], want.stepped[s]) << label << ", step " << s;
+    ASSERT_EQ(got.states[s].size(), want.states[s].size()) << label;
+    ASSERT_EQ(std::memcmp(got.states[s].data(), want.states[s].data(), got.states[s].size() * sizeof(float)), 0)
+        << label << ": the states differ after step " << s;
+    ASSERT_EQ(got.losses[s], want.losses[s]) << label << ", step " << s;
+  }
+}
+
 // Runs `base` plainly and speculatively in the regime and expects identical bits after
 // every step, and the speculation counts the regime implies.
 inline void expect_speculation_exact(const Runner& train, coll::Communicator& comm, RunSpec base, Regime regime,
@@ -46,16 +72,7 @@ inline void expect_speculation_exact(const Runner& train, coll::Communicator& co
   switch (regime) {
     case Regime::NeverClips: base.clip = 1e6f; break;
     case Regime::AlwaysClips: base.clip = 1e-4f; break;
-    case Regime::SometimesClips: {
-      // The median norm of an unclipped run: some steps above it, some below.
-      RunSpec probe = base;
-      probe.clip = 0;
-      probe.snapshots = false;
-      std::vector<double> n = train(comm, probe, steps, nvme_dir).norms;
-      std::nth_element(n.begin(), n.begin() + n.size() / 2, n.end());
-      base.clip = static_cast<float>(n[n.size() / 2]);
-      break;
-    }
+    case Regime::SometimesClips: base.clip = median_norm(train, comm, base, steps, nvme_dir); break;
     case Regime::NonFinite:
       base.clip = 1.0f;
       base.poison_step = steps / 3;
@@ -67,15 +84,7 @@ inline void expect_speculation_exact(const Runner& train, coll::Communicator& co
   const std::string label = spec.label() + ", " + regime_name(regime) + ", world " + std::to_string(comm.size());
   const RunResult plain = train(comm, base, steps, nvme_dir);
   const RunResult got = train(comm, spec, steps, nvme_dir);
-  ASSERT_EQ(plain.states.size(), static_cast<size_t>(steps)) << label;
-  ASSERT_EQ(got.states.size(), plain.states.size()) << label;
-  for (int s = 0; s < steps; ++s) {
-    ASSERT_EQ(got.stepped[s], plain.stepped[s]) << label << ", step " << s;
-    ASSERT_EQ(got.states[s].size(), plain.states[s].size()) << label;
-    ASSERT_EQ(std::memcmp(got.states[s].data(), plain.states[s].data(), got.states[s].size() * sizeof(float)), 0)
-        << label << ": the states differ after step " << s;
-    ASSERT_EQ(got.losses[s], plain.losses[s]) << label << ", step " << s;
-  }
+  ASSERT_NO_FATAL_FAILURE(expect_same_states(got, plain, steps, label));
   const EngineStats& st = got.stats;
   const uint64_t total = st.speculation_commits + st.speculation_rollbacks;
   EXPECT_EQ(st.speculation_fallback_sub_groups, 0u) << label;

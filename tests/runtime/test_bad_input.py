@@ -130,6 +130,27 @@ with tempfile.TemporaryDirectory(prefix="strata-bad-input-") as work:
     check(secs < 10, f"plan --d-model 2147483647 answers in {secs:.1f} s")
     refused("plan --nodes 1000000000", ["plan", "--nodes", "1000000000"], "--nodes is 1000000000: give at most 1048576")
 
+    # offload_optimizer.ratio and the GPU optimizer: out of range, without a host share, and
+    # without a GPU, each a clear refusal before any work.
+    rc, out, _ = run(["plan", "--optimizer-ratio", "1.5"])
+    check(100 <= rc <= 127 and "--optimizer-ratio: Value 1.5 not in range" in out,
+          f"plan --optimizer-ratio 1.5: a usage error naming the range (rc {rc}): {out.strip()[-300:]}")
+    refused("plan --optimizer-ratio 0.5 --offload-optimizer none",
+            ["plan", "--optimizer-ratio", "0.5", "--offload-optimizer", "none"],
+            "offload_optimizer.ratio below 1 splits the optimizer between the GPU and offload_optimizer.device")
+    refused("train with ratio 0.5 and optimizer none",
+            ["train", "-c", fortunes, "--set", "zero_optimization.offload_optimizer.ratio=0.5"] + small,
+            "set the device to \"cpu\" or \"nvme\"", timeout=30)
+    refused("train with ratio 0.5 on the cpu backend",
+            ["train", "-c", fortunes, "--set", "zero_optimization.offload_param.device=none", "--set",
+             "zero_optimization.offload_optimizer.device=cpu", "--set", "zero_optimization.offload_optimizer.ratio=0.5",
+             "--set", f"strata.data.path={data}", "--set", f"strata.checkpoint_dir={os.path.join(work, 'ck-ratio')}"],
+            "the cpu backend has none: drop ratio", timeout=60)
+    check(not os.path.exists(os.path.join(work, "ck-ratio", "step-00000001")),
+          "train with ratio 0.5 on the cpu backend saved nothing")
+    refused("bench step --gpu-optimizer on the cpu backend", ["bench", "step", "--gpu-optimizer", "--dir", work],
+            "--gpu-optimizer needs --backend cuda", timeout=30)
+
 if failures:
     sys.exit(f"{len(failures)} check(s) failed")
 print("all bad-input checks passed")

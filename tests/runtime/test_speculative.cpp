@@ -6,8 +6,6 @@
 // Stream::adam_step) against CpuAdam, bit for bit.
 #include <gtest/gtest.h>
 
-#include <cstring>
-
 #include <vector>
 
 #include "speculative_check.hpp"
@@ -131,30 +129,18 @@ TEST(GpuOptimizerPath, BitIdenticalToCpuAdamInEveryStage) {
         const int steps = p == DType::F32 ? 12 : 8;
         RunSpec base{.stage = stage, .optimizer = OffloadDevice::None, .clip = 0.0f, .sub_group = 1024,
                      .precision = p, .speculative = speculative, .snapshots = true};
-        // Clip at the median norm of a plain run: some steps clip, some do not.
-        RunSpec probe = base;
-        probe.snapshots = false;
-        probe.speculative = false;
-        std::vector<double> n = run(*comm, probe, steps, dir.path).norms;
-        std::nth_element(n.begin(), n.begin() + n.size() / 2, n.end());
-        base.clip = static_cast<float>(n[n.size() / 2]);
+        base.clip = median_norm(run, *comm, base, steps, dir.path);  // some steps clip, some do not
         base.poison_step = steps / 2;
         RunSpec gpu = base;
         gpu.optimizer_on_stream = true;
         const RunResult want = run(*comm, base, steps, dir.path);
         const RunResult got = run(*comm, gpu, steps, dir.path);
         const std::string label = gpu.label();
-        ASSERT_EQ(got.states.size(), static_cast<size_t>(steps)) << label;
-        ASSERT_EQ(want.states.size(), got.states.size()) << label;
-        for (int s = 0; s < steps; ++s) {
-          ASSERT_EQ(got.stepped[s], want.stepped[s]) << label << ", step " << s;
-          ASSERT_EQ(got.states[s].size(), want.states[s].size()) << label;
-          ASSERT_EQ(std::memcmp(got.states[s].data(), want.states[s].data(), got.states[s].size() * sizeof(float)), 0)
-              << label << ": the states differ after step " << s;
-          ASSERT_EQ(got.losses[s], want.losses[s]) << label << ", step " << s;
-        }
+        ASSERT_NO_FATAL_FAILURE(expect_same_states(got, want, steps, label));
         EXPECT_FALSE(got.stepped[steps / 2]) << label << ": the NaN step was not skipped";
-        if (speculative) EXPECT_GT(got.stats.speculation_commits, 0u) << label;
+        if (speculative) {
+          EXPECT_GT(got.stats.speculation_commits, 0u) << label;
+        }
       }
 }
 
@@ -178,27 +164,14 @@ TEST(GpuOptimizerPath, RatioSplitsTheStatesAndGivesCpuAdamsBits) {
           const OffloadDevice home = p == DType::F32 ? OffloadDevice::Nvme : OffloadDevice::Cpu;
           RunSpec base{.stage = stage, .optimizer = home, .clip = 0.0f, .sub_group = 1024, .precision = p,
                        .speculative = speculative, .snapshots = true, .pinned_budget = 4 << 20};
-          RunSpec probe = base;
-          probe.snapshots = false;
-          probe.speculative = false;
-          std::vector<double> n = run(*comm, probe, steps, dir.path).norms;
-          std::nth_element(n.begin(), n.begin() + n.size() / 2, n.end());
-          base.clip = static_cast<float>(n[n.size() / 2]);
+          base.clip = median_norm(run, *comm, base, steps, dir.path);
           base.poison_step = steps / 2;
           RunSpec split = base;
           split.optimizer_on_stream = true;
           split.optimizer_ratio = ratio;
           const RunResult want = run(*comm, base, steps, dir.path);
           const RunResult got = run(*comm, split, steps, dir.path);
-          const std::string label = split.label();
-          ASSERT_EQ(got.states.size(), static_cast<size_t>(steps)) << label;
-          for (int s = 0; s < steps; ++s) {
-            ASSERT_EQ(got.stepped[s], want.stepped[s]) << label << ", step " << s;
-            ASSERT_EQ(std::memcmp(got.states[s].data(), want.states[s].data(), got.states[s].size() * sizeof(float)),
-                      0)
-                << label << ": the states differ after step " << s;
-            ASSERT_EQ(got.losses[s], want.losses[s]) << label << ", step " << s;
-          }
+          ASSERT_NO_FATAL_FAILURE(expect_same_states(got, want, steps, split.label()));
         }
   // Where the split falls: the groups from the first past half of the shard elements.
   std::vector<GroupSize> sizes;

@@ -103,6 +103,38 @@ TrainOptions quiet() {
   return o;
 }
 
+// Every step's loss of `got` within rel x |want's| at that step; the worst relative
+// difference, for the test to print.
+double expect_losses_near(const TrainResult& got, const TrainResult& want, double rel) {
+  EXPECT_EQ(got.steps.size(), want.steps.size());
+  double worst = 0;
+  for (size_t s = 0; s < std::min(got.steps.size(), want.steps.size()); ++s) {
+    const double a = want.steps[s].loss, b = got.steps[s].loss;
+    worst = std::max(worst, std::abs(b - a) / std::abs(a));
+    EXPECT_NEAR(b, a, rel * std::abs(a)) << "step " << s + 1;
+  }
+  return worst;
+}
+
+// Trains `c` to step 5 with a checkpoint in `ckpt`, resumes it to step 10, and expects the
+// uninterrupted run's losses of steps 6-10 (`whole`), to 1e-4 relative (on cuda the
+// embedding gradient's atomics may reorder sums between runs).
+void expect_resume_continues(Config c, const fs::path& ckpt, const TrainResult& whole) {
+  c.strata.steps = 5;
+  c.strata.checkpoint_every = 5;
+  c.strata.checkpoint_dir = ckpt.string();
+  train(c, quiet());
+  c.strata.steps = 10;
+  TrainOptions resume = quiet();
+  resume.resume = true;
+  const TrainResult rest = train(c, resume);
+  ASSERT_EQ(rest.first_step, 5);
+  ASSERT_EQ(rest.steps.size(), 5u);
+  for (int s = 0; s < 5; ++s)
+    EXPECT_NEAR(rest.steps[s].loss, whole.steps[5 + s].loss, 1e-4 * std::abs(whole.steps[5 + s].loss))
+        << "step " << 6 + s;
+}
+
 }  // namespace
 
 // In fp32, bf16 and fp16 (dynamic loss scaling, its scaler state in the checkpoint).
@@ -303,25 +335,10 @@ TEST(Train, CudaBackendMatchesTheCpuBackend) {
     const TrainResult b = train(gpu, quiet());
     ASSERT_EQ(a.steps.size(), 10u);
     ASSERT_EQ(b.steps.size(), 10u);
-    for (int s = 0; s < 10; ++s)
-      EXPECT_NEAR(b.steps[s].loss, a.steps[s].loss, 2e-3 * std::abs(a.steps[s].loss)) << "step " << s + 1;
+    expect_losses_near(b, a, 2e-3);
     EXPECT_LT(b.steps.back().loss, b.steps.front().loss);
     EXPECT_GT(b.peak_flops, 0.0);
-
-    Config c5 = gpu;
-    c5.strata.steps = 5;
-    c5.strata.checkpoint_every = 5;
-    c5.strata.checkpoint_dir = (d.p / ("ckpt" + std::to_string(stage))).string();
-    train(c5, quiet());
-    Config c10 = c5;
-    c10.strata.steps = 10;
-    TrainOptions resume = quiet();
-    resume.resume = true;
-    const TrainResult rest = train(c10, resume);
-    ASSERT_EQ(rest.first_step, 5);
-    ASSERT_EQ(rest.steps.size(), 5u);
-    for (int s = 0; s < 5; ++s)
-      EXPECT_NEAR(rest.steps[s].loss, b.steps[5 + s].loss, 1e-4 * std::abs(b.steps[5 + s].loss)) << "step " << 6 + s;
+    expect_resume_continues(gpu, d.p / ("ckpt" + std::to_string(stage)), b);
   }
 }
 
@@ -360,11 +377,7 @@ TEST(Train, CudaBf16LlamaAndSpeculationMatchTheCpuBackend) {
     const TrainResult b = train(gpu, quiet());
     ASSERT_EQ(a.steps.size(), 10u);
     ASSERT_EQ(b.steps.size(), 10u);
-    double worst = 0;
-    for (int s = 0; s < 10; ++s) {
-      worst = std::max(worst, std::abs(b.steps[s].loss - a.steps[s].loss) / std::abs(a.steps[s].loss));
-      EXPECT_NEAR(b.steps[s].loss, a.steps[s].loss, k.tol * std::abs(a.steps[s].loss)) << "step " << s + 1;
-    }
+    const double worst = expect_losses_near(b, a, k.tol);
     std::printf("%s: cuda vs cpu, worst relative loss difference over 10 steps %.2e (loss %.4f -> %.4f)\n", k.name,
                 worst, b.steps.front().loss, b.steps.back().loss);
     EXPECT_LT(b.steps.back().loss, b.steps.front().loss);
@@ -385,11 +398,7 @@ TEST(Train, CudaBf16LlamaAndSpeculationMatchTheCpuBackend) {
   const TrainResult plain = train(with(false), quiet());
   const TrainResult spec = train(with(true), quiet());
   ASSERT_EQ(spec.steps.size(), 20u);
-  double worst = 0;
-  for (int s = 0; s < 20; ++s) {
-    worst = std::max(worst, std::abs(spec.steps[s].loss - plain.steps[s].loss) / std::abs(plain.steps[s].loss));
-    EXPECT_NEAR(spec.steps[s].loss, plain.steps[s].loss, 1e-4 * std::abs(plain.steps[s].loss)) << "step " << s + 1;
-  }
+  const double worst = expect_losses_near(spec, plain, 1e-4);
   std::printf("speculative vs plain on cuda (bf16, clipping): worst relative difference %.2e; %llu commits, %llu "
               "rollbacks\n",
               worst, static_cast<unsigned long long>(spec.stats.speculation_commits),
@@ -428,15 +437,13 @@ TEST(Train, CudaGpuOptimizerMatchesCpuAdam) {
         const TrainResult a = train(cpu, quiet());
         const TrainResult b = train(gpu, quiet());
         ASSERT_EQ(b.steps.size(), 10u);
-        double worst = 0;
-        for (int s = 0; s < 10; ++s) {
-          worst = std::max(worst, std::abs(b.steps[s].loss - a.steps[s].loss) / std::abs(a.steps[s].loss));
-          EXPECT_NEAR(b.steps[s].loss, a.steps[s].loss, 1e-4 * std::abs(a.steps[s].loss)) << "step " << s + 1;
-        }
+        const double worst = expect_losses_near(b, a, 1e-4);
         std::printf("GPU optimizer vs CPU Adam on cuda, %s: worst relative loss difference %.2e (loss %.4f -> %.4f)\n",
                     label.c_str(), worst, b.steps.front().loss, b.steps.back().loss);
         EXPECT_LT(b.steps.back().loss, b.steps.front().loss);
-        if (speculative) EXPECT_GT(b.stats.speculation_commits, 0u);
+        if (speculative) {
+          EXPECT_GT(b.stats.speculation_commits, 0u);
+        }
       }
   // offload_optimizer.ratio 0.5: the later half of the groups on the GPU, the rest with CPU
   // Adam, at the same time (written with the GPU optimizer, not yet run on a GPU).
@@ -453,8 +460,7 @@ TEST(Train, CudaGpuOptimizerMatchesCpuAdam) {
     const TrainResult a = train(cpu, quiet());
     const TrainResult b = train(split, quiet());
     ASSERT_EQ(b.steps.size(), 10u);
-    for (int s = 0; s < 10; ++s)
-      EXPECT_NEAR(b.steps[s].loss, a.steps[s].loss, 1e-4 * std::abs(a.steps[s].loss)) << "step " << s + 1;
+    expect_losses_near(b, a, 1e-4);
   }
   // Save at 5 with the states on the GPU, resume to 10: the uninterrupted run's losses.
   Config c = config(d, data, small_shape(), 10);
@@ -462,20 +468,7 @@ TEST(Train, CudaGpuOptimizerMatchesCpuAdam) {
   c.zero.offload_param.device = OffloadDevice::None;
   c.zero.offload_optimizer.device = OffloadDevice::None;
   c.bf16 = true;
-  const TrainResult whole = train(c, quiet());
-  Config c5 = c;
-  c5.strata.steps = 5;
-  c5.strata.checkpoint_every = 5;
-  c5.strata.checkpoint_dir = (d.p / "ckpt").string();
-  train(c5, quiet());
-  Config c10 = c5;
-  c10.strata.steps = 10;
-  TrainOptions resume = quiet();
-  resume.resume = true;
-  const TrainResult rest = train(c10, resume);
-  ASSERT_EQ(rest.steps.size(), 5u);
-  for (int s = 0; s < 5; ++s)
-    EXPECT_NEAR(rest.steps[s].loss, whole.steps[5 + s].loss, 1e-4 * std::abs(whole.steps[5 + s].loss)) << "step " << 6 + s;
+  expect_resume_continues(c, d.p / "ckpt", train(c, quiet()));
 }
 
 // Where there is no GPU, `strata.backend: cuda` is a clear error naming the fix, before

@@ -229,6 +229,9 @@ class ZeroEngine final : public WeightSource {
   std::vector<DeviceUpdate> launch_on_device(const std::vector<Update>& items, float grad_scale, bool speculative);
   void finish_on_device(std::vector<DeviceUpdate>& pending);
   void update_on_host(const std::vector<Update>& items, float grad_scale, bool speculative);  // CPU Adam
+  // Unpins a stepped sub-group's states and gradient in tier t (dropped towards their home
+  // when t is not it); speculative: the Next set was written, the gradient is kept.
+  void release_stepped(const Group& gr, Chunk& c, Tier t, bool speculative);
   void speculate_group(int g);  // steps group g's speculative sub-groups into their Next sets
   float unclipped_grad_scale() const;
   // After a skipped step: the working parameters of speculated sub-groups back to their
