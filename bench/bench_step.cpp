@@ -63,6 +63,7 @@ struct StepArgs {
   bool nvme = true;               // the NVMe configuration too
   bool speculative = false;       // each engine configuration also with the speculative optimizer
   bool gpu_optimizer = false;     // cuda: also parameters and optimizer states on the GPU (the GPU optimizer)
+  double ratio = 0.5;             // with gpu_optimizer: also offload_optimizer.ratio this (CPU share), concurrently
   bool torch = true;              // the PyTorch reference (cpu backend, 16 bits)
   std::string python = "/usr/bin/python3";
   std::string torch_script = STRATA_TORCH_GPT_STEP_SCRIPT;
@@ -76,6 +77,7 @@ struct Setup {
   bool nvme = false;
   bool speculative = false;            // strata.speculative_optimizer
   bool gpu_optimizer = false;          // states on the GPU, stepped there (offload_optimizer none)
+  double ratio = 1.0;                  // offload_optimizer.ratio: below 1, that share on the CPU, the rest on the GPU
   bool torch = false;                  // the PyTorch reference: no engine, it times its own step
   std::unique_ptr<ZeroEngine> engine;
   GptModel* model = nullptr;
@@ -151,7 +153,7 @@ int run_step(const StepArgs& a) {
   auto peak_of = [&](DType p) { return peaks[p == DType::F32 ? 0 : 1]; };
 
   const uint64_t params = gpt_param_count(a.shape);
-  auto options = [&](bool offload, DType p, bool speculative, bool gpu_optimizer) {
+  auto options = [&](bool offload, DType p, bool speculative, bool gpu_optimizer, double ratio) {
     EngineOptions o;
     o.stage = 3;
     o.speculative = speculative;
@@ -167,13 +169,15 @@ int run_step(const StepArgs& a) {
       o.store.device_budget = parse_size("--device-budget", a.device_budget);
       o.store.pinned_budget = parse_size("--pinned-budget", a.pinned_budget);
       o.store.nvme.paths = {swap.string()};
-    } else if (gpu_optimizer) {
-      // Everything on the GPU: 16 bytes of states and 4 of gradient per parameter, three
+    } else if (gpu_optimizer || ratio < 1) {
+      // Everything on the GPU (or the 1 - ratio share of the states, the rest pinned): 16 bytes of states and 4 of gradient per parameter, three
       // more states per parameter for the speculative Next sets, and the working buffers.
-      o.optimizer_home = Tier::Device;
+      o.optimizer_home = gpu_optimizer ? Tier::Device : Tier::Pinned;
+      o.optimizer_ratio = gpu_optimizer ? 1.0 : ratio;
       o.store.device_budget =
           std::max<uint64_t>(parse_size("--memory-budget", a.memory_budget), params * (speculative ? 34 : 22) + (2ull << 30));
       o.store.pinned_budget = 2ull << 30;  // staging: a sub-group's states and the largest parameter shard
+      if (!gpu_optimizer) o.store.pinned_budget += static_cast<uint64_t>(params * ratio * (speculative ? 28 : 16));
     } else if (cuda) {
       // The CPU optimizer: master weights, moments and gradient shards in pinned memory.
       o.optimizer_home = Tier::Pinned;
@@ -204,6 +208,13 @@ int run_step(const StepArgs& a) {
         s.precision = p;
         s.gpu_optimizer = true;
         setups.push_back(std::move(s));
+        Setup r;
+        char b[96];
+        std::snprintf(b, sizeof b, "optimizer %.2g CPU / %.2g GPU", a.ratio, 1 - a.ratio);
+        r.label = b + (sixteen ? std::string(", ") + precision_name(p) : "");
+        r.precision = p;
+        r.ratio = a.ratio;
+        setups.push_back(std::move(r));
       }
     }
   if (torch) {
@@ -223,7 +234,7 @@ int run_step(const StepArgs& a) {
     if (s.torch) continue;
     progress.show("building " + s.label);
     s.engine = std::make_unique<ZeroEngine>(*device, dev_comm, *comm,
-                                            options(s.nvme, s.precision, s.speculative, s.gpu_optimizer), specs);
+                                            options(s.nvme, s.precision, s.speculative, s.gpu_optimizer, s.ratio), specs);
     s.engine->set_schedule(gpt_schedule(a.shape));
     s.model = models[s.precision == DType::F32 ? 0 : 1].get();
   }
@@ -291,10 +302,11 @@ int run_step(const StepArgs& a) {
   const double flops = gpt_flops_per_token(a.shape) * static_cast<double>(tokens);
   // The setup a row is compared with: same configuration in memory (offload cost), and
   // the same configuration in fp32 (what the precision buys).
-  auto find = [&](bool nvme, DType p, bool speculative = false, bool gpu_optimizer = false) -> const Setup* {
+  auto find = [&](bool nvme, DType p, bool speculative = false, bool gpu_optimizer = false,
+                  double ratio = 1.0) -> const Setup* {
     for (const Setup& s : setups)
       if (s.engine && s.nvme == nvme && s.precision == p && s.speculative == speculative &&
-          s.gpu_optimizer == gpu_optimizer)
+          s.gpu_optimizer == gpu_optimizer && s.ratio == ratio)
         return &s;
     return nullptr;
   };
@@ -309,7 +321,7 @@ int run_step(const StepArgs& a) {
                           {"tokens_per_s", static_cast<double>(tokens) / t.median},
                           {"mfu", flops / t.median / peak_of(s.precision)},
                           {"steps", to_json(t, s.seconds)}};
-    const Setup* f32 = s.engine ? find(s.nvme, DType::F32, s.speculative, s.gpu_optimizer) : find(false, DType::F32);
+    const Setup* f32 = s.engine ? find(s.nvme, DType::F32, s.speculative, s.gpu_optimizer, s.ratio) : find(false, DType::F32);
     if (sixteen) row["speedup_over_f32"] = summarize(f32->seconds).median / t.median;
     if (s.engine) {
       const Summary e = summarize(s.exposed), o = summarize(s.optimizer);
@@ -342,11 +354,12 @@ int run_step(const StepArgs& a) {
     std::string line = "GPU optimizer: the step with parameters and optimizer states on the GPU against the CPU Adam "
                        "over pinned states:";
     for (DType p : precisions) {
-      const Setup *g = find(false, p, false, true), *c = find(false, p);
-      char b[160];
-      std::snprintf(b, sizeof b, " %s %.3f s against %.3f s (optimizer %.3f s against %.3f s);", precision_name(p),
-                    summarize(g->seconds).median, summarize(c->seconds).median, summarize(g->optimizer).median,
-                    summarize(c->optimizer).median);
+      const Setup *g = find(false, p, false, true), *c = find(false, p), *r = find(false, p, false, false, a.ratio);
+      char b[256];
+      std::snprintf(b, sizeof b, " %s %.3f s against %.3f s, ratio %.2g %.3f s (optimizer %.3f / %.3f / %.3f s);",
+                    precision_name(p), summarize(g->seconds).median, summarize(c->seconds).median, a.ratio,
+                    summarize(r->seconds).median, summarize(g->optimizer).median, summarize(c->optimizer).median,
+                    summarize(r->optimizer).median);
       line += b;
     }
     line.back() = '.';
@@ -461,7 +474,13 @@ void add_step(CLI::App& bench, Runner& run) {
   s->add_flag("--speculative", a.speculative,
               "Each configuration also with the speculative optimizer (strata.speculative_optimizer)");
   s->add_flag("--gpu-optimizer", a.gpu_optimizer,
-              "cuda: also parameters and optimizer states on the GPU, stepped there (offload_optimizer none)");
+              "cuda: also parameters and optimizer states on the GPU, stepped there (offload_optimizer none), "
+              "and the states split by --optimizer-ratio between CPU Adam and the GPU optimizer");
+  s->add_option("--optimizer-ratio", a.ratio,
+                "With --gpu-optimizer: the share of optimizer states CPU Adam steps in the split configuration "
+                "(offload_optimizer.ratio; the rest on the GPU, concurrently)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   s->add_flag("!--no-torch", a.torch, "Without the PyTorch reference");
   s->add_option("--python", a.python, "Python with torch, for the PyTorch reference")->capture_default_str();
   s->add_option("--torch-script", a.torch_script, "The PyTorch reference script")->capture_default_str();

@@ -72,6 +72,7 @@ struct PlanArgs {
   uint64_t sub_group = 0;
   std::string precision = "f32";
   bool no_checkpointing = false;
+  bool cpu_checkpointing = false;
   bool speculative = false;
   double optimizer_ratio = 1.0;
   bool search = false, simulate = false, json = false;
@@ -125,6 +126,7 @@ nlohmann::json plan_json(const plan::Plan& p) {
   j["strategy"] = {{"stage", s.stage}, {"offload_param", to_string(s.offload_param)},
                    {"offload_optimizer", to_string(s.offload_optimizer)}, {"micro_batch", s.micro_batch},
                    {"grad_accum", s.grad_accum}, {"checkpointing", s.checkpointing},
+                   {"checkpoints", s.checkpointing ? to_string(s.checkpoints) : "none"},
                    {"speculative", s.speculative}, {"optimizer_ratio", s.optimizer_ratio},
                    {"prefetch_groups", s.prefetch_groups}, {"sub_group_elems", p.engine.sub_group_elems},
                    {"describe", s.describe()}};
@@ -264,6 +266,7 @@ int run_plan(const PlanArgs& a) {
   st.micro_batch = a.micro_batch;
   st.grad_accum = a.grad_accum;
   st.checkpointing = !a.no_checkpointing;
+  st.checkpoints = a.cpu_checkpointing ? OffloadDevice::Cpu : OffloadDevice::None;
   st.speculative = a.speculative;
   st.optimizer_ratio = a.optimizer_ratio;
   st.prefetch_groups = a.prefetch_groups;
@@ -356,6 +359,9 @@ void add_plan(CLI::App& app) {
   p->add_option("--micro-batch", args->micro_batch, "sequences per rank per micro-step")->capture_default_str();
   p->add_option("--grad-accum", args->grad_accum, "micro-steps per optimizer step")->capture_default_str();
   p->add_flag("--no-checkpointing", args->no_checkpointing, "keep every block's activations (no recompute)");
+  p->add_flag("--cpu-checkpointing", args->cpu_checkpointing,
+              "activation_checkpointing.cpu_checkpointing: the checkpoints in pinned memory between forward and "
+              "backward (on NVMe when pinned memory is short and params or optimizer are on nvme)");
   p->add_flag("--speculative", args->speculative,
               "the speculative optimizer (strata.speculative_optimizer): sub-groups stepped during the last "
               "backward pass, a second set of optimizer states");

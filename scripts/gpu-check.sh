@@ -8,6 +8,7 @@
 #   train      strata train on the fortunes corpus, fp32, bf16, bf16 speculative
 #   bench      strata bench step --backend cuda, fp32 and bf16, speculative, the GPU optimizer, PyTorch beside
 #   bench1b    the same in memory for a 1.1B GPT
+#   copy       strata bench copy --backend cuda: pinned <-> device through the copy stream, beside cudaMemcpy
 # Usage: bash scripts/gpu-check.sh PART... (default: tests)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -94,6 +95,10 @@ for part in "${parts[@]}"; do
       --python "$(command -v python3)" --json "$out/bench-1b.json"
     tail -n 30 "$out/bench1b.log"
     ;;
-  *) echo "gpu-check.sh: unknown part $part (tests, sanitize, train, bench, bench1b)" >&2; exit 2 ;;
+  copy)
+    run copy.log 120 "$B/strata" bench copy --backend cuda --sizes 1M,16M,256M --reps 5 --json "$out/bench-copy.json"
+    tail -n 20 "$out/copy.log"
+    ;;
+  *) echo "gpu-check.sh: unknown part $part (tests, sanitize, train, bench, bench1b, copy)" >&2; exit 2 ;;
   esac
 done

@@ -1,5 +1,7 @@
 #include "strata/memory/tier.hpp"
 
+#include <algorithm>
+
 #include <unistd.h>
 
 #include "strata/core/error.hpp"
@@ -36,7 +38,9 @@ void* TierPool::try_allocate(uint64_t bytes, const std::string& owner, Event* re
   auto off = ranges_.allocate(bytes);
   if (!off) return nullptr;
   owner_of_.emplace(*off, owner);
-  by_owner_[owner] += ranges_.size_of(*off);
+  const uint64_t n = by_owner_[owner] += ranges_.size_of(*off);
+  uint64_t& peak = peak_by_owner_[owner];
+  peak = std::max(peak, n);
   if (reuse_fence) *reuse_fence = fences_.covering(*off, ranges_.size_of(*off));
   return base_ + *off;
 }
@@ -68,7 +72,7 @@ uint64_t TierPool::largest_free() const {
 
 TierUsage TierPool::usage() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return TierUsage{ranges_.capacity(), ranges_.used(), ranges_.peak(), by_owner_};
+  return TierUsage{ranges_.capacity(), ranges_.used(), ranges_.peak(), by_owner_, peak_by_owner_};
 }
 
 bool TierPool::contains(const void* p) const {

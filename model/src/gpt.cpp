@@ -212,7 +212,8 @@ struct Gpt::Impl {
   bool half;                              // t is BF16 or F16
   long bt_max;
   long chunk_rows;
-  std::vector<std::vector<float>> resid;  // [L+1][BT, d]: block inputs, then the final residual
+  std::vector<float*> resid;              // [L+1][BT, d]: block inputs, then the final residual: resid_own's,
+  std::vector<std::vector<float>> resid_own;  // or the checkpoint store's (GptOptions::checkpoints_from_source)
   std::vector<BlockActs> acts;            // L (no checkpointing) or 1 (recompute scratch)
   TypedBuffer lnf;                        // [BT, d] t
   std::vector<float> meanf, rstdf;        // [BT], [BT]
@@ -252,6 +253,7 @@ struct Gpt::Impl {
     if (o.micro_batch < 1) throw ConfigError("micro_batch = " + std::to_string(o.micro_batch) + " must be at least 1");
     if (!is_working_dtype(t))
       throw ConfigError(std::string("GptOptions::precision ") + to_string(t) + " is not f32, bf16 or fp16");
+    detail::check_checkpoint_options(o);
     bt_max = static_cast<long>(o.micro_batch) * s.seq_len;
     const uint64_t chunk_bytes = half ? kLogitsChunkBytes16 : kLogitsChunkBytes;
     chunk_rows = std::clamp<long>(static_cast<long>(chunk_bytes / (4ull * s.vocab)), 1, bt_max);
@@ -277,8 +279,12 @@ struct Gpt::Impl {
 
   void carve(HostBuffers& a) {
     const int d = s.d_model;
-    resid.resize(s.layers + 1);
-    for (auto& r : resid) a.take(r, bt_max * d);
+    resid.assign(s.layers + 1, nullptr);
+    if (!o.checkpoints_from_source) {
+      resid_own.resize(s.layers + 1);
+      for (auto& r : resid_own) a.take(r, bt_max * d);
+      for (int i = 0; i <= s.layers; ++i) resid[i] = resid_own[i].data();
+    }
     acts.resize(o.checkpointing == ActivationCheckpointing::None ? s.layers : 1);
     for (BlockActs& b : acts) b.carve(a, bt_max, s, t);
     a.take(lnf, bt_max * d, t); a.take(meanf, llama ? 0 : bt_max); a.take(rstdf, bt_max);
@@ -357,14 +363,15 @@ struct Gpt::Impl {
   }
   void release(WeightSource& ws, int g) { ws.release_params(g); }
   void ready(WeightSource& ws, int g) { ws.grads_ready(g); }
+  void bind_resid(int i, float* p) { resid[i] = p; }
   void block_forward(int l, const void* w, bool keep_output, int B, int T) {
-    float* out = keep_output ? resid[l + 1].data() : nullptr;
-    if (llama) return llama_block_forward(w, resid[l].data(), acts_for(l), out, B, T);
-    block_forward(w, resid[l].data(), acts_for(l), out, B, T);
+    float* out = keep_output ? resid[l + 1] : nullptr;
+    if (llama) return llama_block_forward(w, resid[l], acts_for(l), out, B, T);
+    block_forward(w, resid[l], acts_for(l), out, B, T);
   }
   void block_backward(int l, const void* w, void* g, int B, int T) {
-    if (llama) return llama_block_backward(w, resid[l].data(), acts_for(l), g, B, T);
-    block_backward(w, resid[l].data(), acts_for(l), g, B, T);
+    if (llama) return llama_block_backward(w, resid[l], acts_for(l), g, B, T);
+    block_backward(w, resid[l], acts_for(l), g, B, T);
   }
 
   // y = layernorm(x) over rows [0, rows), of y's type (rounded once when 16-bit).
@@ -451,7 +458,7 @@ struct Gpt::Impl {
 
   void last_logits(const void* wf, const void* wte, int len, float* out) {
     const int d = s.d_model;
-    const float* x = resid[s.layers].data() + static_cast<long>(len - 1) * d;
+    const float* x = resid[s.layers] + static_cast<long>(len - 1) * d;
     const void* hw = head_of(wf, wte);
     float mean, rstd;
     float* row = half ? dsmall.data() : lnf.f32();
@@ -472,7 +479,7 @@ struct Gpt::Impl {
   void embed(const void* w, int B, int T) {
     const int32_t* tok = inputs;
     const int d = s.d_model;
-    float* x = resid[0].data();
+    float* x = resid[0];
     if (llama) {  // x = wte[token]: no positions (they are rotary, in attention)
       parallel_for(static_cast<long>(B) * T, 64, [&](long r) {
         convert_to_f32(x + r * d, at(w, static_cast<uint64_t>(tok[r]) * d), t, d);
@@ -703,7 +710,7 @@ struct Gpt::Impl {
   // and dwte_group is null.
   double head(const void* wf, const void* wte, long bt, void* dwte_group, void* dlnf, float loss_scale) {
     const int d = s.d_model, V = s.vocab;
-    const float* xf = resid[s.layers].data();
+    const float* xf = resid[s.layers];
     const float* lnf_w = vec(wf, llama ? llama_final[0] : final_vecs[0]);
     if (llama)
       rmsnorm(xf, lnf_w, lnf, rstdf.data(), bt, d);

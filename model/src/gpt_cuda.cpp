@@ -167,6 +167,7 @@ struct GptCuda::Impl {
       throw ConfigError(std::string("the cuda GPT computes in f32, bf16 or fp16, not ") + to_string(t));
     es = dtype_size(t);
     half = t != DType::F32;
+    detail::check_checkpoint_options(o);
     // The attention kernels put batch x head on the grid's y dimension, at most 65535.
     if (static_cast<long>(o.micro_batch) * s.heads > 65535)
       throw ConfigError("micro_batch x heads = " + std::to_string(static_cast<long>(o.micro_batch) * s.heads) +
@@ -230,8 +231,9 @@ struct GptCuda::Impl {
     const int d = s.d_model;
     bt_max = static_cast<long>(o.micro_batch) * s.seq_len;
     chunk_rows = std::clamp<long>(static_cast<long>(kLogitsChunkBytes / (4ull * s.vocab)), 1, bt_max);
-    resid.assign(s.layers + 1, nullptr);
-    for (auto& r : resid) r = a.take<float>(bt_max * d);
+    resid.assign(s.layers + 1, nullptr);  // the checkpoint store's buffers when checkpoints_from_source
+    if (!o.checkpoints_from_source)
+      for (auto& r : resid) r = a.take<float>(bt_max * d);
     acts.assign(o.checkpointing == ActivationCheckpointing::None ? s.layers : 1, BlockActsCuda{});
     for (auto& ac : acts) ac.carve(a, bt_max, s, t);
     lnf = a.take_as(t, bt_max * d); meanf = a.take<float>(llama ? 0 : bt_max); rstdf = a.take<float>(bt_max);
@@ -277,6 +279,7 @@ struct GptCuda::Impl {
     sync();
     ws.grads_ready(g);
   }
+  void bind_resid(int i, float* p) { resid[i] = p; }
 
   // Row-major C[M,N] = op(A) op(B) + beta C over operands of type t (fp32 accumulation);
   // C is fp32, or of type t (rounded once) where ct says so. fp32: sgemm.

@@ -15,6 +15,11 @@
 //   void last_logits(const void* wf, const void* wte, int len, float* host_out)
 //   void release(WeightSource&, int g)   // done reading group g's parameters (synchronises on cuda)
 //   void ready(WeightSource&, int g)     // group g's gradient is written (synchronises on cuda)
+//   void bind_resid(int i, float* p)     // checkpoint i (block i's input; i = L: the final
+//                                        // residual) is at p from now on: the store's buffer
+// With a checkpoint store (GptOptions::checkpoints_from_source) the driver binds each
+// checkpoint to the store's buffer before the model touches it and hands it back after
+// release() (which has synchronised the model's work on cuda).
 #pragma once
 
 #include <cstdint>
@@ -34,7 +39,6 @@ inline void check_tokens(const int32_t* t, long n, int vocab, const char* what) 
                   " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
 }
 
-// Embeddings and every block forward, each group acquired just before use and released after.
 // The model computes in o.precision and reads and writes buffers of that type: the
 // WeightSource must hand out the same.
 inline void check_precision(const WeightSource& ws, const GptOptions& o) {
@@ -43,15 +47,48 @@ inline void check_precision(const WeightSource& ws, const GptOptions& o) {
                 to_string(ws.dtype()) + "; build the model with GptOptions::precision = the source's dtype()");
 }
 
+inline void check_checkpoint_options(const GptOptions& o) {
+  if (o.checkpoints_from_source && o.checkpointing == ActivationCheckpointing::None)
+    throw ConfigError("GptOptions::checkpoints_from_source needs activation checkpointing (PerBlock): without it "
+                      "the model keeps every block's activations itself");
+}
+
+// The source's checkpoint store when the model takes its checkpoints from it, else null;
+// the model's options and the source must agree, and the store must fit the model.
+inline CheckpointStore* checkpoint_store(WeightSource& ws, const GptShape& s, const GptOptions& o) {
+  CheckpointStore* cp = ws.checkpoints();
+  if (!o.checkpoints_from_source) {
+    if (cp)
+      throw Error("the weight source holds the activation checkpoints but the model keeps its own; build the model "
+                  "with GptOptions::checkpoints_from_source (and activation checkpointing)");
+    return nullptr;
+  }
+  if (!cp)
+    throw Error("the model takes its activation checkpoints from its weight source "
+                "(GptOptions::checkpoints_from_source), and this source holds none");
+  const uint64_t need = static_cast<uint64_t>(o.micro_batch) * s.seq_len * s.d_model * sizeof(float);
+  if (cp->count() != s.layers + 1 || cp->bytes() < need)
+    throw Error("the weight source's checkpoint store holds " + std::to_string(cp->count()) + " checkpoints of " +
+                std::to_string(cp->bytes()) + " bytes; this model needs " + std::to_string(s.layers + 1) + " of " +
+                std::to_string(need) + " (layers + 1, micro_batch x seq_len x d_model fp32)");
+  return cp;
+}
+
+// Embeddings and every block forward, each group acquired just before use and released
+// after. With a checkpoint store, each block's input goes back to it once the block has
+// read it (kept for backward when keep; dead otherwise); the final residual stays bound.
 template <class M>
-void gpt_forward_blocks(M& m, WeightSource& ws, const GptShape& s, int B, int T) {
+void gpt_forward_blocks(M& m, WeightSource& ws, const GptShape& s, CheckpointStore* cp, bool keep, int B, int T) {
   const int ge = gpt_embeddings_group();
+  if (cp) m.bind_resid(0, static_cast<float*>(cp->begin_write(0)));
   m.embed(ws.acquire_params(ge), B, T);
   m.release(ws, ge);
   for (int l = 0; l < s.layers; ++l) {
     const int g = gpt_block_group(l);
+    if (cp) m.bind_resid(l + 1, static_cast<float*>(cp->begin_write(l + 1)));
     m.block_forward(l, ws.acquire_params(g), true, B, T);
     m.release(ws, g);
+    if (cp) cp->end_forward(l, keep);
   }
 }
 
@@ -59,13 +96,13 @@ void gpt_forward_blocks(M& m, WeightSource& ws, const GptShape& s, int B, int T)
 // forward. Returns the rows, micro_batch x seq_len.
 template <class M>
 long gpt_forward_batch(M& m, WeightSource& ws, const GptShape& s, const GptOptions& o, const int32_t* inputs,
-                       const int32_t* targets) {
+                       const int32_t* targets, CheckpointStore* cp, bool keep) {
   check_precision(ws, o);
   const long bt = static_cast<long>(o.micro_batch) * s.seq_len;
   check_tokens(inputs, bt, s.vocab, "input");
   check_tokens(targets, bt, s.vocab, "target");
   m.load_tokens(inputs, targets, bt);
-  gpt_forward_blocks(m, ws, s, o.micro_batch, s.seq_len);
+  gpt_forward_blocks(m, ws, s, cp, keep, o.micro_batch, s.seq_len);
   return bt;
 }
 
@@ -76,7 +113,8 @@ long gpt_forward_batch(M& m, WeightSource& ws, const GptShape& s, const GptOptio
 template <class M>
 double gpt_forward_backward(M& m, WeightSource& ws, const GptShape& s, const GptOptions& o, const int32_t* inputs,
                             const int32_t* targets, float loss_scale) {
-  const long bt = gpt_forward_batch(m, ws, s, o, inputs, targets);
+  CheckpointStore* cp = checkpoint_store(ws, s, o);
+  const long bt = gpt_forward_batch(m, ws, s, o, inputs, targets, cp, true);
   const int B = o.micro_batch, T = s.seq_len;
   const int ge = gpt_embeddings_group(), gf = gpt_final_group(s);
   const bool tied = s.tied();
@@ -87,13 +125,16 @@ double gpt_forward_backward(M& m, WeightSource& ws, const GptShape& s, const Gpt
   const double loss = m.head(wf, wte, bt, g0, gfin, loss_scale);
   if (tied) m.release(ws, ge);
   m.release(ws, gf);
+  if (cp) cp->end_forward(s.layers, false);
   m.ready(ws, gf);
   for (int l = s.layers - 1; l >= 0; --l) {
     const int g = gpt_block_group(l);
+    if (cp) m.bind_resid(l, static_cast<float*>(const_cast<void*>(cp->read(l))));
     const void* w = ws.acquire_params(g);
     if (o.checkpointing != ActivationCheckpointing::None) m.block_forward(l, w, false, B, T);  // recompute
     m.block_backward(l, w, ws.gradient_buffer(g), B, T);
     m.release(ws, g);
+    if (cp) cp->finish(l);
     m.ready(ws, g);
   }
   m.embed_backward(tied ? g0 : ws.gradient_buffer(ge), B, T);
@@ -104,13 +145,15 @@ double gpt_forward_backward(M& m, WeightSource& ws, const GptShape& s, const Gpt
 template <class M>
 double gpt_forward_loss(M& m, WeightSource& ws, const GptShape& s, const GptOptions& o, const int32_t* inputs,
                         const int32_t* targets) {
-  const long bt = gpt_forward_batch(m, ws, s, o, inputs, targets);
+  CheckpointStore* cp = checkpoint_store(ws, s, o);
+  const long bt = gpt_forward_batch(m, ws, s, o, inputs, targets, cp, false);
   const int ge = gpt_embeddings_group(), gf = gpt_final_group(s);
   const void* wf = ws.acquire_params(gf);
   const void* wte = s.tied() ? ws.acquire_params(ge) : nullptr;
   const double loss = m.head(wf, wte, bt, nullptr, nullptr, 1.0f);
   if (s.tied()) m.release(ws, ge);
   m.release(ws, gf);
+  if (cp) cp->end_forward(s.layers, false);
   return loss;
 }
 
@@ -122,14 +165,16 @@ void gpt_next_token_logits(M& m, WeightSource& ws, const GptShape& s, const GptO
                 std::to_string(s.seq_len));
   check_tokens(tokens, len, s.vocab, "input");
   check_precision(ws, o);
+  CheckpointStore* cp = checkpoint_store(ws, s, o);
   m.load_tokens(tokens, nullptr, len);
   const int ge = gpt_embeddings_group(), gf = gpt_final_group(s);
-  gpt_forward_blocks(m, ws, s, 1, len);
+  gpt_forward_blocks(m, ws, s, cp, false, 1, len);
   const void* wf = ws.acquire_params(gf);
   const void* wte = s.tied() ? ws.acquire_params(ge) : nullptr;
   m.last_logits(wf, wte, len, out);
   if (s.tied()) m.release(ws, ge);
   m.release(ws, gf);
+  if (cp) cp->end_forward(s.layers, false);
 }
 
 }  // namespace strata::detail

@@ -408,6 +408,7 @@ Event TieredStore::start_move(std::unique_lock<std::mutex>&, Record& r, Tier fro
   d.filling = m;
   ++stats_.moves;
   stats_.bytes_moved[idx(from)][idx(to)] += bytes;
+  stats_.bytes_moved_by_owner[r.spec.owner][idx(from)][idx(to)] += bytes;
   enqueue(m->ev, [this, m] { finish_move(m, m->ev.result()); });
   return m->ev;
 }

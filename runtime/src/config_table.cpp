@@ -68,6 +68,10 @@ void check_top(const json&, void* target) {
   const Config& c = config_of(target);
   check_nvme_dirs("zero_optimization.offload_param", c.zero.offload_param);
   check_nvme_dirs("zero_optimization.offload_optimizer", c.zero.offload_optimizer);
+  if (c.activation_checkpointing.cpu_checkpointing && !c.activation_checkpointing.enabled)
+    throw ConfigError("activation_checkpointing.cpu_checkpointing moves the checkpoints that activation checkpointing "
+                      "keeps, and activation_checkpointing.enabled is false: set enabled to true, or drop "
+                      "cpu_checkpointing");
   if (c.bf16 && c.fp16.enabled)
     throw ConfigError("bf16.enabled and fp16.enabled are both true: choose one 16-bit type (bf16 needs no loss "
                       "scaling; fp16 has more mantissa and a narrower range), or neither for fp32");
@@ -450,11 +454,14 @@ const ConfigSection kActivationCheckpointing = {
          .field = STRATA_CONFIG_FIELD(Config, activation_checkpointing.enabled)},
         {.name = "partition_activations", .type = KeyType::Boolean,
          .help = "Partition the saved activations across ranks.", .use = KeyUse::Refused, .only = false,
-         .why = "Strata keeps each block's saved activations whole on its rank; partitioning them is planned "
-                "(issue #13)"},
+         .why = "Strata keeps each block's checkpoint whole on its rank and does not split it across ranks; "
+                "cpu_checkpointing moves the checkpoints off the device instead"},
         {.name = "cpu_checkpointing", .type = KeyType::Boolean,
-         .help = "Keep the saved activations in pinned host memory.", .use = KeyUse::Refused, .only = false,
-         .why = "Strata keeps the saved activations in device memory; offloading them is planned (issue #13)"},
+         .help = "Move each block's checkpoint to pinned host memory once its forward is done (to NVMe when the "
+                 "pinned budget has no room for them beside the states and an NVMe path is configured), and bring "
+                 "it back one block ahead of its backward. The device then holds 3 checkpoints, not layers + 1. "
+                 "Needs `enabled`.",
+         .field = STRATA_CONFIG_FIELD(Config, activation_checkpointing.cpu_checkpointing)},
         {.name = "contiguous_memory_optimization", .type = KeyType::Boolean,
          .help = "DeepSpeed: copy partitioned activations into one buffer.", .use = KeyUse::NoEffect,
          .why = "it applies to partitioned activations, which Strata does not have yet"},

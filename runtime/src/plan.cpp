@@ -37,6 +37,7 @@ std::string Strategy::describe() const {
   if (precision != DType::F32) os << ", " << precision_name(precision);
   if (speculative) os << ", speculative";
   if (optimizer_ratio < 1.0) os << ", optimizer ratio " << optimizer_ratio;
+  if (checkpointing && checkpoints != OffloadDevice::None) os << ", checkpoints on " << to_string(checkpoints);
   return os.str();
 }
 
@@ -50,6 +51,9 @@ void validate(const Strategy& s) {
   if (s.seq_len < 0) throw ConfigError("--seq must be positive (or 0 for the model's), not " + std::to_string(s.seq_len));
   if (s.grad_accum < 1) throw ConfigError("--grad-accum must be at least 1, not " + std::to_string(s.grad_accum));
   if (s.prefetch_groups < 0) throw ConfigError("--prefetch-groups must be 0 or more");
+  if (!s.checkpointing && s.checkpoints != OffloadDevice::None)
+    throw ConfigError("--cpu-checkpointing moves the checkpoints of activation checkpointing, and "
+                      "--no-checkpointing turns it off: drop one of the two");
 }
 
 double activation_bytes(const GptShape& s, int micro_batch, bool checkpointing, DType precision) {
@@ -68,11 +72,17 @@ double activation_bytes(const GptShape& s, int micro_batch, bool checkpointing, 
   const double e = double(dtype_size(precision));
   const double block = s.llama() ? ((2 * d + 2 * f + 2.0 + s.heads) * 4 + (6 * d + f) * e) * T
                                  : ((6 * d + 2.0 * s.heads) * 4 + 10 * d * e) * T;
-  const double boundary = 3 * d * 4 * T;  // embedding output, final norm in and out
+  // Embedding output, final norm in and out; with checkpointing the first two are the
+  // engine's checkpoints 0 and L.
+  const double boundary = (checkpointing ? 1 : 3) * d * 4 * T;
   const double logits_chunk = std::min<double>(T, 1024) * s.vocab * 4 * 2;  // a chunk and its gradient
-  const double blocks = checkpointing ? s.layers * d * 4 * T + block : s.layers * block;
+  const double blocks = checkpointing ? block : s.layers * block;
   // Backward keeps one block's activation gradients alive on top (about 4 d per token).
   return blocks + boundary + logits_chunk + 4 * d * 4 * T;
+}
+
+double checkpoint_bytes(const GptShape& s, int micro_batch) {
+  return double(micro_batch) * s.seq_len * s.d_model * sizeof(float);
 }
 
 // ----------------------------------------------------------------------------------------
@@ -93,6 +103,9 @@ ShardLayout gpt_shard_layout(const GptShape& shape, const Strategy& st, int worl
   ss.speculative_sub_groups = st.speculative ? std::numeric_limits<uint64_t>::max() : 0;
   ss.device_states_staged = gpu && ss.optimizer_home == Tier::Device;  // the GPU optimizer
   ss.optimizer_ratio = st.optimizer_ratio;
+  if (st.checkpointing)
+    ss.checkpoints = {checkpoint_count(shape), static_cast<uint64_t>(checkpoint_bytes(shape, st.micro_batch)),
+                      home_tier(st.checkpoints)};
   return make_shard_layout(sizes, ss);
 }
 
@@ -198,7 +211,7 @@ class Planner {
   double emb_grad_ = 0, dev_budget_ = 0;
   double ring_ = 0, cbw_ = 1, clat_ = 0;         // the collective ring
   // Per micro-step lanes: forward, backward.
-  Lane f_coll_, f_h2d_, f_nvr_, b_coll_, b_h2d_, b_d2h_, b_nvr_, b_nvw_;
+  Lane f_coll_, f_h2d_, f_nvr_, f_d2h_, f_nvw_, b_coll_, b_h2d_, b_d2h_, b_nvr_, b_nvw_;
   double fwd_compute_ = 0, bwd_compute_ = 0, fwd_ = 0, bwd_ = 0, tail_ = 0, grad_spill_ = 0;
   // At the step boundary: stage 1's reduction, the optimizer, the refresh.
   Lane s1_d2h_, o_nvr_, o_nvw_, o_h2d_;
@@ -222,6 +235,7 @@ void Planner::count_bytes() {
     tb[t].params = double(L_.need[t].params);
     tb[t].grads = double(L_.need[t].grads);
     tb[t].optimizer = double(L_.need[t].optimizer);
+    tb[t].activations = double(L_.need[t].activations);  // the checkpoints' homes
     home_[t] = double(L_.need[t].homes());
   }
   TierBytes &dev = tb[0], &pin = tb[1], &nvme = tb[2];
@@ -233,7 +247,8 @@ void Planner::count_bytes() {
   // buffers are gone: counted as one more group's working set.)
   emb_grad_ = s_.tied() ? wb_ * L_.groups[0].padded : 0.0;
   dev.buffers = double(L_.device_working) + lookahead + emb_grad_ + cl_.device_reserve;
-  dev.activations = activation_bytes(s_, st_.micro_batch, st_.checkpointing, st_.precision);
+  p_.model_activations = activation_bytes(s_, st_.micro_batch, st_.checkpointing, st_.precision);
+  dev.activations += p_.model_activations;
   // Pinned staging: the optimizer's sub-groups passing through (as the engine reserves
   // it) and parameter shards on their way from NVMe.
   pin.buffers = double(L_.pinned_staging) + (param_home_ == Tier::Nvme ? (st_.prefetch_groups + 1) * ms4_ : 0.0);
@@ -261,6 +276,9 @@ void Planner::tier_problem(const TierPlan& t) {
     os << "; the buffers are whole gathered blocks in " << precision_name(st_.precision) << " (" << gib(mp4_) << " each: the group in use, its "
        << "gradient and " << st_.prefetch_groups << " prefetched; Strata gathers a block at once, it does not tile "
        << "operators): lower --prefetch-groups, or a narrower model (smaller --d-model, more --layers)";
+  else if (t.tier == Tier::Device && t.need.activations > p_.model_activations)
+    os << "; --cpu-checkpointing moves the " << gib(t.need.activations - p_.model_activations)
+       << " of activation checkpoints off the device" << (s3_ ? ", or offload more" : "");
   else if (t.tier == Tier::Device)
     os << (s3_ ? "; offload more, lower --micro-batch, turn on checkpointing, or add GPUs"
                : "; use --stage 3 with --offload-param, or add GPUs");
@@ -302,9 +320,11 @@ void Planner::set_engine() {
   e.precision = st_.precision;
   e.prefetch = st_.prefetch_groups > 0;
   e.speculative = st_.speculative;
+  e.checkpoints = L_.strategy.checkpoints;
+  e.cpu_checkpointing = L_.strategy.checkpoints.count > 0 && L_.strategy.checkpoints.home != Tier::Device;
   // What the engine may use on the device: the HBM less what the runtime cannot use and
-  // less the activations, which the engine does not hold (the model does).
-  dev_budget_ = cl_.hbm - cl_.device_reserve - p_.tiers[0].need.activations;
+  // less the activations the model holds itself (the checkpoints are the engine's).
+  dev_budget_ = cl_.hbm - cl_.device_reserve - p_.model_activations;
   e.store.device_budget = dev_budget_ > 0 ? static_cast<uint64_t>(dev_budget_) : 0;
   e.store.pinned_budget = static_cast<uint64_t>(cl_.pinned_per_rank());
 }
@@ -373,6 +393,20 @@ void Planner::micro_step_lanes() {
     if (grad_spill_ > 0) b_nvw_.add(grad_spill_, c.nvme_write_bandwidth, c.nvme_latency);
   }
 
+  // Checkpoints off the device: each block's input but the last goes home after its
+  // forward and comes back one block ahead of its backward (EngineCheckpoints).
+  if (const auto& cps = L_.strategy.checkpoints; cps.count > 0 && cps.home != Tier::Device) {
+    const double moved = double(cps.bytes), n = std::max(0, cps.count - 2);
+    for (int i = 0; i < n; ++i) {
+      f_d2h_.add(moved, c.d2h_bandwidth, c.pcie_latency);
+      b_h2d_.add(moved, c.h2d_bandwidth, c.pcie_latency);
+      if (cps.home == Tier::Nvme) {
+        f_nvw_.add(moved, c.nvme_write_bandwidth, c.nvme_latency);
+        b_nvr_.add(moved, c.nvme_read_bandwidth, c.nvme_latency);
+      }
+    }
+  }
+
   // What cannot overlap: the first group of every micro-step (nothing is fetched across
   // the step boundary) and the last reduction before the optimizer starts.
   double startup = s3_ ? coll(pd0_) : 0.0;
@@ -381,7 +415,7 @@ void Planner::micro_step_lanes() {
   tail_ = st_.stage >= 2 ? coll(pd0_) : 0.0;
   if (grads_move_ && st_.stage >= 2) tail_ += c.pcie_latency + sh0_ / c.d2h_bandwidth;
 
-  fwd_ = std::max({fwd_compute_, f_coll_.time, f_h2d_.time, f_nvr_.time}) + startup;
+  fwd_ = std::max({fwd_compute_, f_coll_.time, f_h2d_.time, f_nvr_.time, f_d2h_.time, f_nvw_.time}) + startup;
   // With pinned memory full (gradients spilling), a read into it waits for the eviction's
   // write-back: backward's NVMe reads and writes take turns instead of overlapping.
   const double b_nvme = grad_spill_ > 0 ? b_nvr_.time + b_nvw_.time : std::max(b_nvr_.time, b_nvw_.time);
@@ -464,11 +498,18 @@ void Planner::step_time() {
     p_.backward_s = (A_ - 1) * bwd_ + last_bwd + tail_;
     p_.optimizer_s = (1.0 - f) * opt_;  // what is left for step(): the last groups' share
   }
+  // Checkpoints on their way to NVMe in forward queue behind the optimizer's write-back
+  // still running into the step, and a block's forward waits for the one two before to
+  // have left (EngineCheckpoints): the first micro-step's forward is paced by that queue.
+  if (f_nvw_.time > 0) {
+    const double queued = std::max(0.0, o_nvw_.time - opt_) + f_nvw_.time;
+    p_.forward_s += std::max(0.0, queued - fwd_);
+  }
   p_.boundary_s = stage1_ + refresh_;
   p_.compute_s = A_ * (fwd_compute_ + bwd_compute_);
   p_.step_s = p_.forward_s + p_.backward_s + p_.optimizer_s + p_.boundary_s;
   // The NVMe writes of the optimizer run on into the next step's forward and backward.
-  write_lane_ = o_nvw_.time + A_ * b_nvw_.time;
+  write_lane_ = o_nvw_.time + A_ * (b_nvw_.time + f_nvw_.time);
   if (write_lane_ > p_.step_s) p_.step_s = write_lane_;
   p_.exposed_s = std::max(0.0, p_.step_s - p_.compute_s - opt_compute_);
   p_.tokens_per_step = double(w_) * A_ * st_.micro_batch * s_.seq_len;
@@ -487,10 +528,12 @@ void Planner::link_loads() {
   };
   link("nvme read", A_ * (f_nvr_.bytes + b_nvr_.bytes) + o_nvr_.bytes, c.nvme_read_bandwidth,
        A_ * (f_nvr_.time + b_nvr_.time) + o_nvr_.time, fb_window + opt_compute_);
-  link("nvme write", A_ * b_nvw_.bytes + o_nvw_.bytes, c.nvme_write_bandwidth, write_lane_, fb_window + opt_compute_);
+  link("nvme write", A_ * (b_nvw_.bytes + f_nvw_.bytes) + o_nvw_.bytes, c.nvme_write_bandwidth, write_lane_,
+       fb_window + opt_compute_);
   link("pcie h2d", A_ * (f_h2d_.bytes + b_h2d_.bytes) + o_h2d_.bytes, c.h2d_bandwidth,
        A_ * (f_h2d_.time + b_h2d_.time) + o_h2d_.time, fb_window);
-  link("pcie d2h", A_ * b_d2h_.bytes + s1_d2h_.bytes, c.d2h_bandwidth, A_ * b_d2h_.time + s1_d2h_.time, fb_window);
+  link("pcie d2h", A_ * (b_d2h_.bytes + f_d2h_.bytes) + s1_d2h_.bytes, c.d2h_bandwidth,
+       A_ * (b_d2h_.time + f_d2h_.time) + s1_d2h_.time, fb_window);
   link("collectives", A_ * (f_coll_.bytes + b_coll_.bytes) * ring_, cbw_,
        A_ * (f_coll_.time + b_coll_.time) + stage1_ + refresh_, fb_window);
   if (opt_host_elems_ > 0)
@@ -535,21 +578,33 @@ Plan make_plan(const GptShape& model_in, const ClusterSpec& cluster, const Strat
   if (st.seq_len > 0) s.seq_len = st.seq_len;
   validate(s);
 
-  Plan p;
-  p.shape = s;
-  p.strategy = st;
-  p.cluster = cluster;
-  p.world = cluster.world();
-  p.params = gpt_param_count(s);
-  Planner planner(p, st);
-  planner.cannot_run();
-  planner.count_bytes();
-  planner.set_engine();
-  planner.micro_step_lanes();
-  planner.boundary_lanes();
-  planner.step_time();
-  planner.link_loads();
-  planner.explain();
+  auto plan_with = [&](const Strategy& strat) {
+    Plan p;
+    p.shape = s;
+    p.strategy = strat;
+    p.cluster = cluster;
+    p.world = cluster.world();
+    p.params = gpt_param_count(s);
+    Planner planner(p, p.strategy);
+    planner.cannot_run();
+    planner.count_bytes();
+    planner.set_engine();
+    planner.micro_step_lanes();
+    planner.boundary_lanes();
+    planner.step_time();
+    planner.link_loads();
+    planner.explain();
+    return p;
+  };
+  Plan p = plan_with(st);
+  // cpu_checkpointing: pinned memory while it has room for the checkpoints, NVMe otherwise
+  // where the run has an NVMe tier (as the engine places them when its pinned budget is short).
+  if (st.checkpointing && st.checkpoints == OffloadDevice::Cpu && !p.tiers[1].fits() &&
+      (st.offload_optimizer == OffloadDevice::Nvme || (st.stage == 3 && st.offload_param == OffloadDevice::Nvme))) {
+    Strategy to_nvme = st;
+    to_nvme.checkpoints = OffloadDevice::Nvme;
+    p = plan_with(to_nvme);
+  }
   return p;
 }
 

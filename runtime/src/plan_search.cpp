@@ -17,8 +17,10 @@ std::vector<Candidate> search(const GptShape& model, const ClusterSpec& cluster,
       for (OffloadDevice od : space.optimizer)
         for (int mb : space.micro_batches)
           for (bool ckpt : space.checkpointing)
-            for (double ratio : space.optimizer_ratios) {
+            for (double ratio : space.optimizer_ratios)
+              for (OffloadDevice cps : space.checkpoints) {
               if (stage < 3 && pd != OffloadDevice::None) continue;  // not a configuration
+              if (!ckpt && cps != OffloadDevice::None) continue;     // no checkpoints to move
               // A split needs a GPU optimizer and a host share.
               if (ratio < 1.0 && (od == OffloadDevice::None || cluster.cpu_backend)) continue;
               Strategy st = base;
@@ -28,6 +30,7 @@ std::vector<Candidate> search(const GptShape& model, const ClusterSpec& cluster,
               st.micro_batch = mb;
               st.checkpointing = ckpt;
               st.optimizer_ratio = ratio;
+              st.checkpoints = cps;
               Candidate c;
               c.strategy = st;
               c.plan = make_plan(model, cluster, st);

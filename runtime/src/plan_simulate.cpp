@@ -22,15 +22,20 @@ class GptDriver {
   GptDriver(std::vector<GroupTimes> times, bool tied, double flops, Stream& compute)
       : times_(std::move(times)), tied_(tied), flops_(flops), compute_(compute) {}
 
-  // One micro-batch in gpt_schedule's order: 0, 1..L, L+1, 0 (tied head), L..1.
+  // One micro-batch in gpt_schedule's order: 0, 1..L, L+1, 0 (tied head), L..1; with the
+  // engine holding the activation checkpoints, in the order gpt_driver.hpp uses them
+  // (checkpoint i is block i's input, L the final residual; group i + 1 is block i).
   double forward_backward(WeightSource& ws) {
     const int n = static_cast<int>(times_.size());
     const int last = n - 1;
+    CheckpointStore* cp = ws.checkpoints();
     seconds_ = 0;
     for (int g = 0; g < n; ++g) {
+      if (cp && g < last) cp->begin_write(g);  // the embeddings' output, then each block's
       ws.acquire_params(g);
       kernel(times_[g].forward_s);
       if (g != last) ws.release_params(g);
+      if (cp && g > 0 && g < last) cp->end_forward(g - 1, true);
     }
     // Final norm (still held) and the head (tied: group 0; untied: in the final group):
     // forward, loss, backward.
@@ -42,12 +47,15 @@ class GptDriver {
     kernel(times_[tied_ ? 0 : last].head_s + times_[last].backward_s);
     if (tied_) ws.release_params(0);
     ws.release_params(last);
+    if (cp) cp->end_forward(last - 1, false);  // the final residual
     ws.grads_ready(last);
     for (int g = last - 1; g >= 1; --g) {
+      if (cp) cp->read(g - 1);
       ws.acquire_params(g);
       ws.gradient_buffer(g);
       kernel(times_[g].backward_s);
       ws.release_params(g);
+      if (cp) cp->finish(g - 1);
       ws.grads_ready(g);
     }
     if (!tied_) ws.gradient_buffer(0);
@@ -83,7 +91,8 @@ SimulateReport simulate_plan(const Plan& plan, int steps) {
                "gpt_schedule changed: the plan's driver follows 0, 1..L, L+1, 0 (tied head), L..1");
 
   EngineOptions eo = plan.engine;
-  const bool on_nvme = eo.optimizer_home == Tier::Nvme || (eo.stage == 3 && eo.param_home == Tier::Nvme);
+  const bool on_nvme = eo.optimizer_home == Tier::Nvme || (eo.stage == 3 && eo.param_home == Tier::Nvme) ||
+                       eo.checkpoints.home == Tier::Nvme;
   if (on_nvme) eo.store.nvme.paths = {"(simulated nvme)"};
   eo.optimizer_threads = 1;
   std::vector<GroupSpec> specs;
@@ -91,7 +100,7 @@ SimulateReport simulate_plan(const Plan& plan, int steps) {
 
   SimulateReport r;
   r.steps = steps;
-  r.device_budget_less_activations = plan.tiers[0].need.activations;
+  r.device_budget_less_activations = plan.model_activations;
   {
     auto device = make_sim_device(plan.cost);
     auto comm = coll::make_sim_communicator(0, plan.world, plan.cost);

@@ -24,6 +24,7 @@ const char* suffix(StateRole r) {
     case StateRole::MasterNext: return ".master.next";
     case StateRole::ExpAvgNext: return ".exp_avg.next";
     case StateRole::ExpAvgSqNext: return ".exp_avg_sq.next";
+    case StateRole::ActivationCheckpoint: return "";
   }
   return "";
 }
@@ -45,6 +46,7 @@ const char* owner(StateRole r) {
     case StateRole::GradAccumulated:
     case StateRole::GradReduced:
     case StateRole::Grad: return "gradients";
+    case StateRole::ActivationCheckpoint: return "activations";
   }
   return "";
 }
@@ -63,7 +65,8 @@ DType role_dtype(StateRole r, const ShardStrategy& st) {
     case StateRole::ExpAvgSq:
     case StateRole::MasterNext:
     case StateRole::ExpAvgNext:
-    case StateRole::ExpAvgSqNext: return DType::F32;
+    case StateRole::ExpAvgSqNext:
+    case StateRole::ActivationCheckpoint: return DType::F32;
   }
   return DType::F32;
 }
@@ -114,6 +117,7 @@ std::vector<TensorSpec> ShardLayout::tensor_specs() const {
   std::vector<TensorSpec> specs;
   for (const GroupLayout& g : groups)
     for (const StateTensor& t : g.tensors) specs.push_back(t.spec);
+  for (const StateTensor& t : checkpoints) specs.push_back(t.spec);
   return specs;
 }
 
@@ -135,6 +139,10 @@ ShardLayout make_shard_layout(const std::vector<GroupSize>& groups, ShardStrateg
   if (!(st.optimizer_ratio >= 0.0 && st.optimizer_ratio <= 1.0))
     throw ConfigError("zero_optimization.offload_optimizer.ratio must lie in [0, 1], not " +
                       std::to_string(st.optimizer_ratio));
+  const ShardStrategy::Checkpoints& cps = st.checkpoints;
+  if (cps.count < 0 || (cps.count > 0 && cps.bytes == 0))
+    throw ConfigError("shard layout: " + std::to_string(cps.count) + " activation checkpoints of " +
+                      std::to_string(cps.bytes) + " bytes");
   if (st.optimizer_ratio < 1.0 && st.optimizer_home == Tier::Device)
     throw ConfigError("zero_optimization.offload_optimizer.ratio below 1 splits the optimizer between the GPU and "
                       "offload_optimizer.device, which is 'none': set the device to 'cpu' or 'nvme', or drop ratio");
@@ -200,19 +208,29 @@ ShardLayout make_shard_layout(const std::vector<GroupSize>& groups, ShardStrateg
     if (g.persistent) L.need[int(Tier::Device)].persistent += g.padded * L.elem_bytes(StateRole::GatherBuffer);
   }
 
+  for (int i = 0; i < cps.count; ++i) {
+    L.checkpoints.push_back({StateRole::ActivationCheckpoint, -1,
+                             TensorSpec{"checkpoint." + std::to_string(i), cps.bytes, DType::F32, cps.home,
+                                        owner(StateRole::ActivationCheckpoint), false}});
+    L.need[int(cps.home)].activations += tier_allocation_bytes(cps.bytes);
+  }
+  const uint64_t live_checkpoints =
+      cps.home == Tier::Device ? 0 : std::min<uint64_t>(cps.count, kLiveCheckpoints) * tier_allocation_bytes(cps.bytes);
+
   // In working elements: the gathered parameters and the model's gradient (mp each), the
   // reduce-scatter output and, stage 3, the parameter shard passing through (ms each);
   // the reduced gradient's sub-groups passing through (mg).
   const uint64_t mp = L.max_padded * L.elem_bytes(StateRole::GatherBuffer);
   const uint64_t ms = L.max_shard * L.elem_bytes(StateRole::GradReduced);
   const uint64_t mg = L.max_shard * L.elem_bytes(StateRole::Grad);
-  L.device_working = st.stage == 3 ? 2 * mp + 2 * ms + mg : mp + ms + mg;
+  L.device_working = (st.stage == 3 ? 2 * mp + 2 * ms + mg : mp + ms + mg) + live_checkpoints;
   // Two sub-groups' states (master and moments fp32, the gradient) and a parameter shard.
   const uint64_t per_elem = 3 * L.elem_bytes(StateRole::Master) + L.elem_bytes(StateRole::Grad);
   const uint64_t next_set = st.speculative_sub_groups > 0 ? 3 * L.elem_bytes(StateRole::MasterNext) : 0;
   L.pinned_staging = st.optimizer_home != Tier::Device ? L.max_sub_group * (2 * per_elem + next_set) + ms
                      : st.device_states_staged     ? 3 * L.elem_bytes(StateRole::Master) * L.max_sub_group + ms
                                                    : ms;
+  if (cps.home == Tier::Nvme) L.pinned_staging += live_checkpoints;
   return L;
 }
 

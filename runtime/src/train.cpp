@@ -381,6 +381,14 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
   GptOptions mo{micro,
                 cfg.activation_checkpointing.enabled ? ActivationCheckpointing::PerBlock : ActivationCheckpointing::None,
                 cfg.precision()};
+  // With checkpointing the engine holds the checkpoints (block inputs and the final
+  // residual): its device budget counts them, and cpu_checkpointing moves them off the
+  // device between forward and backward.
+  if (cfg.activation_checkpointing.enabled) {
+    mo.checkpoints_from_source = true;
+    eo.checkpoints.count = shape.layers + 1;
+    eo.checkpoints.bytes = static_cast<uint64_t>(micro) * shape.seq_len * shape.d_model * sizeof(float);
+  }
   // The model first: its activations (device memory on cuda) are allocated beside the
   // engine's device budget, so a budget too large for the GPU fails in the engine's
   // allocation, which names strata.device_budget.

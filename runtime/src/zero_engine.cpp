@@ -1,5 +1,7 @@
 #include "strata/runtime/zero_engine.hpp"
 
+#include "engine_checkpoints.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -147,6 +149,7 @@ EngineOptions EngineOptions::from_config(const Config& c) {
   o.trace_path = c.strata.trace;
   o.speculative = c.strata.speculative_optimizer;
   o.optimizer_ratio = c.zero.offload_optimizer.ratio;
+  o.cpu_checkpointing = c.activation_checkpointing.cpu_checkpointing;
   return o;
 }
 
@@ -163,6 +166,7 @@ ShardStrategy EngineOptions::shard_strategy(int world) const {
   s.grads = grads_dtype(precision, gradient_accumulation_steps);
   s.device_states_staged = optimizer_home == Tier::Device && optimizer_on_stream;
   s.optimizer_ratio = optimizer_ratio;
+  s.checkpoints = checkpoints;
   return s;
 }
 
@@ -189,10 +193,29 @@ ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communica
   gpu_optimizer_ = (opt_compute_tier_ == Tier::Device || split) && opts_.optimizer_on_stream;
   opt_host_tier_ = gpu_optimizer_ ? Tier::Pinned : opt_compute_tier_;
 
+  if (opts_.cpu_checkpointing) {
+    if (opts_.checkpoints.count == 0)
+      throw ConfigError(
+          "activation_checkpointing.cpu_checkpointing moves the model's activation checkpoints off the device, and "
+          "this engine holds none: strata train holds them when activation_checkpointing.enabled is true; a trainer "
+          "embedding Strata through its C API keeps its own activations (drop cpu_checkpointing there)");
+    if (opts_.checkpoints.home == Tier::Device) opts_.checkpoints.home = Tier::Pinned;
+  }
+
   // The layout (shard_layout.hpp) decides every size; the engine allocates from it.
   std::vector<GroupSize> sizes;
   for (const GroupSpec& g : groups) sizes.push_back({g.name, g.numel});
   layout_ = make_shard_layout(sizes, opts_.shard_strategy(world_));
+  // cpu_checkpointing: pinned memory while it has room for the checkpoints beside the
+  // states and their staging, NVMe otherwise (where there is an NVMe tier).
+  if (opts_.checkpoints.count > 0 && opts_.checkpoints.home == Tier::Pinned && !opts_.store.nvme.paths.empty() &&
+      layout_.need[int(Tier::Pinned)].homes() + layout_.pinned_staging > opts_.store.pinned_budget) {
+    opts_.checkpoints.home = Tier::Nvme;
+    layout_ = make_shard_layout(sizes, opts_.shard_strategy(world_));
+    if (rank_ == 0)
+      log::info("activation_checkpointing.cpu_checkpointing: the pinned budget has no room for the " +
+                std::to_string(opts_.checkpoints.count) + " checkpoints beside the states; they go to NVMe");
+  }
   work_t_ = layout_.dtype(StateRole::GatherBuffer);
   grad_t_ = layout_.dtype(StateRole::Grad);
   wb_ = dtype_size(work_t_);
@@ -216,6 +239,18 @@ ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communica
     for (const SubGroup& sg : gl.sub_groups) gr.chunks.push_back({sg.offset, sg.n});
   }
 
+  // Stage 3 gathers a group whole (per-tensor gathers are not built): a cap on gathered
+  // elements below the largest group cannot be kept, so it is refused rather than broken.
+  if (opts_.stage == 3 && opts_.max_live_elems < layout_.max_numel) {
+    const auto largest = std::max_element(groups_.begin(), groups_.end(), [](const Group& a, const Group& b) {
+      return a.spec.numel < b.spec.numel;
+    });
+    throw ConfigError("zero_optimization.stage3_max_live_parameters = " + std::to_string(opts_.max_live_elems) +
+                      " is smaller than the largest parameter group, '" + largest->spec.name + "' (" +
+                      std::to_string(layout_.max_numel) +
+                      " elements), which stage 3 gathers whole: give at least " +
+                      std::to_string(layout_.max_numel));
+  }
   // Check the plan before anything is allocated: every home copy must fit its tier,
   // and the device must hold one group's working set on top.
   if (!opts_.store.nvme.paths.empty() && opts_.store.nvme.capacity == 0) {
@@ -230,13 +265,26 @@ ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communica
        << format_bytes(device_home) << " resident on the device";
     if (opts_.stage < 3) os << " (stages 1 and 2 keep all parameters there)";
     os << " plus " << format_bytes(working) << " for the largest group in use ('" << groups_[0].spec.name
-       << "'-sized groups of " << layout_.max_padded << " elements). Raise strata.device_budget to at least "
-       << format_bytes(device_home + working)
+       << "'-sized groups of " << layout_.max_padded << " elements)";
+    if (const uint64_t a = layout_.need[int(Tier::Device)].activations; a > 0)
+      os << "; the resident bytes include " << opts_.checkpoints.count << " activation checkpoints ("
+         << format_bytes(a) << ", activation_checkpointing.cpu_checkpointing moves them off the device)";
+    os << ". Raise strata.device_budget to at least " << format_bytes(device_home + working)
        << (opts_.stage < 3 ? ", or use zero_optimization.stage 3 with offload_param" : ", or offload more") << ".";
     throw OutOfBudget(os.str());
   }
   const uint64_t pinned_working = layout_.pinned_staging;
   const uint64_t pinned_home = layout_.need[int(Tier::Pinned)].homes();
+  if (const uint64_t a = layout_.need[int(Tier::Pinned)].activations;
+      a > 0 && pinned_home + pinned_working > opts_.store.pinned_budget)
+    throw OutOfBudget("the pinned budget of " + format_bytes(opts_.store.pinned_budget) + " is too small: " +
+                      format_bytes(pinned_home - a) + " of states and " + format_bytes(a) + " of activation checkpoints (" +
+                      std::to_string(opts_.checkpoints.count) +
+                      ", activation_checkpointing.cpu_checkpointing) live there, and the optimizer needs " +
+                      format_bytes(pinned_working) + " of staging. Raise strata.pinned_budget to at least " +
+                      format_bytes(pinned_home + pinned_working) +
+                      ", or give an NVMe path (offload_param or offload_optimizer on nvme) for the checkpoints to go "
+                      "to, or drop cpu_checkpointing.");
   if (pinned_home + pinned_working > opts_.store.pinned_budget)
     throw OutOfBudget("the pinned budget of " + format_bytes(opts_.store.pinned_budget) + " is too small: " +
                       format_bytes(pinned_home) + " of states live there and the optimizer needs " +
@@ -322,8 +370,16 @@ ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communica
         case StateRole::MasterNext: gr.chunks[t.sub_group].next_master = id; break;
         case StateRole::ExpAvgNext: gr.chunks[t.sub_group].next_exp_avg = id; break;
         case StateRole::ExpAvgSqNext: gr.chunks[t.sub_group].next_exp_avg_sq = id; break;
+        case StateRole::ActivationCheckpoint: STRATA_CHECK(false, "a checkpoint among a group's tensors"); break;
       }
     }
+  }
+  if (!layout_.checkpoints.empty()) {
+    std::vector<TensorId> ids;
+    for (const StateTensor& t : layout_.checkpoints) ids.push_back(store_->add(t.spec));
+    checkpoints_ = std::make_unique<EngineCheckpoints>(
+        *store_, device_, std::move(ids), opts_.checkpoints.bytes, opts_.checkpoints.home,
+        [this](double since, const std::string& what) { waited(since, what.c_str(), nullptr); });
   }
   // A trace path that cannot be written is refused now, not after the run.
   if (!opts_.trace_path.empty()) {
@@ -362,6 +418,8 @@ void ZeroEngine::waited(double since, const char* what, const Group* gr) {
   if (trace::Recorder* r = trace::active(); r && now > since)
     r->record("wait", gr ? std::string(what) + " " + gr->spec.name : std::string(what), since, now);
 }
+
+CheckpointStore* ZeroEngine::checkpoints() { return checkpoints_.get(); }
 
 int ZeroEngine::num_groups() const { return static_cast<int>(groups_.size()); }
 uint64_t ZeroEngine::group_numel(int g) const { return groups_.at(g).spec.numel; }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -33,15 +34,24 @@ struct RunSpec {
   int poison_rank = 0;
   bool snapshots = false;    // RunResult::states after every step
   uint64_t pinned_budget = 2 << 20;
+  uint64_t device_budget = 2 << 20;
   bool optimizer_on_stream = false;  // EngineOptions::optimizer_on_stream: the GPU optimizer's path
   double optimizer_ratio = 1.0;      // offload_optimizer.ratio
+  // The GPT's activation checkpoints (gpt_harness.hpp, with checkpointing): unset, the
+  // model keeps them; None, the engine holds them on the device; Cpu, cpu_checkpointing
+  // (pinned memory, or NVMe where the pinned budget is short); Nvme, cpu_checkpointing
+  // with the checkpoints' home on NVMe.
+  std::optional<OffloadDevice> checkpoints;
   std::string label() const {
     return std::string(precision_name(precision)) + ", stage " + std::to_string(stage) + ", params " + to_string(param) + ", optimizer " + to_string(optimizer) +
            ", accum " + std::to_string(accum) + (clip > 0 ? ", clip " + std::to_string(clip) : "") +
            (give_schedule ? "" : ", traced") + (speculative ? ", speculative" : "") +
            (poison_step >= 0 ? ", NaN at step " + std::to_string(poison_step) : "") +
            (optimizer_on_stream ? ", optimizer on the stream" : "") +
-           (optimizer_ratio < 1.0 ? ", ratio " + std::to_string(optimizer_ratio) : "");
+           (optimizer_ratio < 1.0 ? ", ratio " + std::to_string(optimizer_ratio) : "") +
+           (checkpoints ? std::string(", checkpoints ") +
+                              (*checkpoints == OffloadDevice::None ? "on the device" : to_string(*checkpoints))
+                        : "");
   }
 };
 
@@ -67,6 +77,7 @@ class PoisoningSource final : public WeightSource {
   const void* acquire_params(int g) override { return e_.acquire_params(g); }
   void release_params(int g) override { e_.release_params(g); }
   void* gradient_buffer(int g) override { return buf_[g] = e_.gradient_buffer(g); }
+  CheckpointStore* checkpoints() override { return e_.checkpoints(); }
   void grads_ready(int g) override {
     if (poison_ && g == 1) {
       std::vector<float> nan(e_.group_numel(g), std::nanf(""));
@@ -133,9 +144,10 @@ inline EngineOptions test_engine_options(const RunSpec& spec, uint64_t group_num
   o.max_reuse_distance_elems = 0;
   o.optimizer_threads = 1;
   o.seed = seed;
-  o.store.device_budget = 2 << 20;
+  o.store.device_budget = spec.device_budget;
   o.store.pinned_budget = spec.pinned_budget;
-  if (spec.param == OffloadDevice::Nvme || spec.optimizer == OffloadDevice::Nvme) {
+  if (spec.param == OffloadDevice::Nvme || spec.optimizer == OffloadDevice::Nvme ||
+      spec.checkpoints == OffloadDevice::Nvme) {
     o.store.nvme.paths = {nvme_dir};
     o.store.nvme.checksums = true;
   }

@@ -44,11 +44,19 @@ inline RunResult train_gpt(coll::Communicator& comm, coll::Communicator& host, c
   auto device = make_device({});
   EngineOptions o = test_engine_options(spec, 13'333, nvme_dir);  // look-ahead: three blocks
   o.optimizer.lr = 1e-2f;
+  const int world = comm.size(), rank = comm.rank(), local = kGptGlobalBatch / world;
+  GptOptions mo{local, checkpointing ? ActivationCheckpointing::PerBlock : ActivationCheckpointing::None,
+                spec.precision};
+  if (spec.checkpoints) {  // the engine holds them, as strata train has it
+    mo.checkpoints_from_source = true;
+    o.checkpoints.count = shape.layers + 1;
+    o.checkpoints.bytes = static_cast<uint64_t>(local) * shape.seq_len * shape.d_model * sizeof(float);
+    o.cpu_checkpointing = *spec.checkpoints != OffloadDevice::None;
+    if (*spec.checkpoints == OffloadDevice::Nvme) o.checkpoints.home = Tier::Nvme;
+  }
   ZeroEngine engine(*device, comm, host, o, gpt_group_specs(shape));
   if (spec.give_schedule) engine.set_schedule(gpt_schedule(shape));
-  const int world = comm.size(), rank = comm.rank(), local = kGptGlobalBatch / world;
-  Gpt model(shape, {local, checkpointing ? ActivationCheckpointing::PerBlock : ActivationCheckpointing::None,
-                    spec.precision});
+  Gpt model(shape, mo);
   std::vector<int32_t> x(static_cast<size_t>(local) * shape.seq_len), y(x.size());
   RunResult r;
   for (int step = 0; step < steps; ++step) {

@@ -148,6 +148,29 @@ with tempfile.TemporaryDirectory(prefix="strata-bad-input-") as work:
             "the cpu backend has none: drop ratio", timeout=60)
     check(not os.path.exists(os.path.join(work, "ck-ratio", "step-00000001")),
           "train with ratio 0.5 on the cpu backend saved nothing")
+    # Activation checkpoints and gather limits (issue #13): each refused before any step.
+    refused("train with cpu_checkpointing and checkpointing off",
+            ["train", "-c", fortunes, "--set", "activation_checkpointing.cpu_checkpointing=true"] + small,
+            "set enabled to true, or drop cpu_checkpointing", timeout=30)
+    refused("train with partition_activations",
+            ["train", "-c", fortunes, "--set", "activation_checkpointing.enabled=true", "--set",
+             "activation_checkpointing.partition_activations=true"] + small,
+            "activation_checkpointing.partition_activations = true is not supported", timeout=30)
+    # A tier too small is a runtime failure (exit 1), named before the first step.
+    rc, out, _ = run(["train", "-c", fortunes, "--set", "activation_checkpointing.enabled=true", "--set",
+                      f"strata.data.path={data}", "--set", f"strata.checkpoint_dir={os.path.join(work, 'ck-cp')}",
+                      "--set", f"zero_optimization.offload_param.nvme_path={work}", "--set",
+                      f"zero_optimization.offload_optimizer.nvme_path={work}"], timeout=60)
+    check(rc == 1 and "activation_checkpointing.cpu_checkpointing moves them off the device" in out and
+          not os.path.exists(os.path.join(work, "ck-cp", "step-00000001")),
+          f"train with the checkpoints beyond the device budget: exit 1 naming cpu_checkpointing (rc {rc}): "
+          f"{out.strip()[-300:]}")
+    refused("train with stage3_max_live_parameters below a block",
+            ["train", "-c", fortunes, "--set", "zero_optimization.stage3_max_live_parameters=1000", "--set",
+             f"strata.data.path={data}"] + small,
+            "zero_optimization.stage3_max_live_parameters = 1000 is smaller than the largest parameter group", timeout=30)
+    refused("plan --cpu-checkpointing --no-checkpointing", ["plan", "--cpu-checkpointing", "--no-checkpointing"],
+            "--no-checkpointing turns it off")
     refused("bench step --gpu-optimizer on the cpu backend", ["bench", "step", "--gpu-optimizer", "--dir", work],
             "--gpu-optimizer needs --backend cuda", timeout=30)
 

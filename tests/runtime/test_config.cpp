@@ -15,6 +15,7 @@
 #include "strata/core/config_keys.hpp"
 #include "strata/core/error.hpp"
 #include "strata/runtime/config.hpp"
+#include "strata/runtime/zero_engine.hpp"
 #include "config_errors.hpp"
 
 using namespace strata;
@@ -507,18 +508,25 @@ TEST(Config, ReduceBucketSizeWarnsThatEachGroupIsOneCollective) {
              "zero_optimization.reduce_bucket_size = 0 is invalid: expected a whole number >= 1");
 }
 
-TEST(Config, PartitionedAndOffloadedActivationsAreRefusedUntilTheyExist) {
-  for (std::string k : {"partition_activations", "cpu_checkpointing"}) {
-    const std::string key = "activation_checkpointing." + k;
-    std::string m = error_of(json{{"activation_checkpointing", {{"enabled", true}, {k, true}}}});
-    EXPECT_HAS(m, key + " = true is not supported yet");
-    EXPECT_HAS(m, "planned (issue #13)");
-    EXPECT_HAS(m, "set " + key + " to false or remove it");
-    // false is what Strata does: accepted without a word.
-    Config c = parse_config(json{{"activation_checkpointing", {{"enabled", true}, {k, false}}}});
-    EXPECT_TRUE(c.activation_checkpointing.enabled);
-    EXPECT_TRUE(c.warnings.empty()) << ::testing::PrintToString(c.warnings);
-  }
+// partition_activations is refused (Strata does not split checkpoints across ranks);
+// cpu_checkpointing acts, and only with checkpointing on.
+TEST(Config, PartitionedActivationsAreRefusedAndCpuCheckpointingNeedsCheckpointing) {
+  const std::string key = "activation_checkpointing.partition_activations";
+  std::string m = error_of(json{{"activation_checkpointing", {{"enabled", true}, {"partition_activations", true}}}});
+  EXPECT_HAS(m, key + " = true is not supported yet");
+  EXPECT_HAS(m, "does not split it across ranks; cpu_checkpointing moves the checkpoints off the device instead");
+  EXPECT_HAS(m, "set " + key + " to false or remove it");
+  // false is what Strata does: accepted without a word.
+  Config c = parse_config(json{{"activation_checkpointing", {{"enabled", true}, {"partition_activations", false}}}});
+  EXPECT_TRUE(c.warnings.empty()) << ::testing::PrintToString(c.warnings);
+
+  c = parse_config(json{{"activation_checkpointing", {{"enabled", true}, {"cpu_checkpointing", true}}}});
+  EXPECT_TRUE(c.activation_checkpointing.cpu_checkpointing);
+  EXPECT_TRUE(EngineOptions::from_config(c).cpu_checkpointing);
+  EXPECT_TRUE(c.warnings.empty()) << ::testing::PrintToString(c.warnings);
+  m = error_of(json{{"activation_checkpointing", {{"cpu_checkpointing", true}}}});
+  EXPECT_HAS(m, "activation_checkpointing.cpu_checkpointing moves the checkpoints that activation checkpointing keeps, "
+                "and activation_checkpointing.enabled is false: set enabled to true, or drop cpu_checkpointing");
 }
 
 // Every row that does not simply store its value, walked from the tables: a key
@@ -552,11 +560,11 @@ TEST(Config, EveryKeyThatDoesNotActSaysSoOnce) {
     }
   }
   // fp16.auto_cast, 5 of zero_optimization, 3 of offload_param and 2 of offload_optimizer
-  // (ratio acts), 4 of activation_checkpointing; pin_memory twice and overlap_comm; the two
-  // activation keys of #13.
+  // (ratio acts), 4 of activation_checkpointing; pin_memory twice and overlap_comm;
+  // partition_activations (cpu_checkpointing acts).
   EXPECT_EQ(no_effect, 15);
   EXPECT_EQ(fixed, 3);
-  EXPECT_EQ(refused, 2);
+  EXPECT_EQ(refused, 1);
 }
 
 // A key that is used stores its value (or is one the section's check reads), and its

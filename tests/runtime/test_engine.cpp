@@ -150,3 +150,62 @@ TEST(ZeroEngine, OptionsFromConfigRefuseWhatTheEngineLacks) {
   c = parse_config(nlohmann::json::parse(R"({"strata": {"speculative_optimizer": true}})"));
   EXPECT_TRUE(EngineOptions::from_config(c).speculative);
 }
+
+// Stage 3 gathers a group whole: stage3_max_live_parameters below the largest group
+// cannot be kept, and is refused at start-up naming the key and the smallest value.
+TEST(ZeroEngine, MaxLiveParametersBelowTheLargestGroupIsRefused) {
+  auto device = make_device({});
+  auto comm = coll::make_host_communicator(coll::HostBackend::Self);
+  EngineOptions o;
+  o.store.device_budget = 4 << 20;
+  o.store.pinned_budget = 1 << 20;
+  o.max_live_elems = 9'999;
+  try {
+    ZeroEngine e(*device, *comm, *comm, o, {{.name = "small", .numel = 10}, {.name = "big", .numel = 10'000}});
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("zero_optimization.stage3_max_live_parameters = 9999 is smaller than the largest parameter "
+                     "group, 'big' (10000 elements), which stage 3 gathers whole: give at least 10000"),
+              std::string::npos) << m;
+  }
+  o.max_live_elems = 10'000;
+  EXPECT_NO_THROW(ZeroEngine(*device, *comm, *comm, o, {{.name = "small", .numel = 10}, {.name = "big", .numel = 10'000}}));
+  o.stage = 2;  // stages 1 and 2 gather nothing
+  o.max_live_elems = 1;
+  EXPECT_NO_THROW(ZeroEngine(*device, *comm, *comm, o, {{.name = "small", .numel = 10}, {.name = "big", .numel = 10'000}}));
+}
+
+// cpu_checkpointing moves checkpoints the engine holds: an engine given none (the C API's,
+// whose trainer keeps its own activations) refuses it rather than ignore it. Checkpoints
+// that do not fit the pinned budget and have no NVMe to go to are refused with the sizes.
+TEST(ZeroEngine, CpuCheckpointingNeedsCheckpointsAndRoomForThem) {
+  auto device = make_device({});
+  auto comm = coll::make_host_communicator(coll::HostBackend::Self);
+  EngineOptions o;
+  o.store.device_budget = 4 << 20;
+  o.store.pinned_budget = 1 << 20;
+  o.cpu_checkpointing = true;
+  try {
+    ZeroEngine e(*device, *comm, *comm, o, {{.name = "g", .numel = 10}});
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("this engine holds none"), std::string::npos) << e.what();
+  }
+  o.checkpoints = {.count = 9, .bytes = 256 << 10};  // 2.25 MiB: more than the pinned budget
+  try {
+    ZeroEngine e(*device, *comm, *comm, o, {{.name = "g", .numel = 10}});
+    FAIL() << "expected OutOfBudget";
+  } catch (const OutOfBudget& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("2.25 MiB of activation checkpoints (9, activation_checkpointing.cpu_checkpointing)"),
+              std::string::npos) << m;
+    EXPECT_NE(m.find("give an NVMe path"), std::string::npos) << m;
+  }
+  o.store.pinned_budget = 4 << 20;  // room: they live in pinned memory, and the engine offers them
+  ZeroEngine e(*device, *comm, *comm, o, {{.name = "g", .numel = 10}});
+  ASSERT_NE(e.checkpoints(), nullptr);
+  EXPECT_EQ(e.checkpoints()->count(), 9);
+  EXPECT_EQ(e.store().usage(Tier::Pinned).by_owner.at("activations"), 9u * (256 << 10));
+  EXPECT_EQ(e.store().usage(Tier::Device).by_owner.count("activations"), 0u);
+}

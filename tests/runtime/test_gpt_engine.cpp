@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 
 #include "gpt_harness.hpp"
 
@@ -91,4 +92,59 @@ TEST(GptEngine, LlamaEveryStageAndOffloadMatchesStageOneWithoutOffload) {
           EXPECT_EQ(got.losses[s], ref.losses[s]) << "llama " << spec.label() << (ck ? " checkpointed" : "") << ", step " << s;
       }
   }
+}
+
+// Activation checkpoints held by the engine (strata train's way): on the device, in pinned
+// memory (activation_checkpointing.cpu_checkpointing) or on NVMe give the losses of the
+// model keeping its own, bit for bit, in fp32 and bf16, at every offload of stage 3. Off
+// the device, the device holds at most kLiveCheckpoints of them at once instead of all
+// (the tier's accounting of the "activations" owner), and every checkpoint but the last
+// block's input and the final residual goes to its home and back once per micro-step.
+TEST(GptEngine, CpuCheckpointingMovesTheCheckpointsOffTheDeviceWithTheSameLosses) {
+  auto self = coll::make_host_communicator(coll::HostBackend::Self);
+  TempDir dir("gpt-cpu-ckpt");
+  GptShape shape = small_gpt();
+  shape.layers = 8;  // 9 checkpoints, 3 of them live off the device
+  const int steps = 6, accum = 2;
+  const uint64_t cp = static_cast<uint64_t>(kGptGlobalBatch) * shape.seq_len * shape.d_model * sizeof(float);
+  const int D = int(Tier::Device), P = int(Tier::Pinned), N = int(Tier::Nvme);
+  for (DType p : {DType::F32, DType::BF16})
+    for (OffloadDevice off : {OffloadDevice::None, OffloadDevice::Cpu, OffloadDevice::Nvme}) {
+      RunSpec spec{.stage = 3, .param = off, .optimizer = off, .accum = accum, .precision = p};
+      spec.pinned_budget = spec.device_budget = 8 << 20;
+      const RunResult ref = train_gpt(*self, *self, spec, steps, dir.path.string(), true, shape);
+      EXPECT_LT(ref.losses.back(), ref.losses.front());
+      std::map<OffloadDevice, RunResult> got;
+      for (OffloadDevice home : {OffloadDevice::None, OffloadDevice::Cpu, OffloadDevice::Nvme}) {
+        RunSpec s = spec;
+        s.checkpoints = home;
+        got[home] = train_gpt(*self, *self, s, steps, dir.path.string(), true, shape);
+        for (int i = 0; i < steps; ++i) EXPECT_EQ(got[home].losses[i], ref.losses[i]) << s.label() << ", step " << i;
+      }
+      const StoreStats& kept = got[OffloadDevice::None].stats.store;
+      EXPECT_EQ(kept.tiers[D].peak_by_owner.at("activations"), (shape.layers + 1) * cp);
+      for (OffloadDevice home : {OffloadDevice::Cpu, OffloadDevice::Nvme}) {
+        const StoreStats& st = got[home].stats.store;
+        SCOPED_TRACE(std::string(precision_name(p)) + ", offload " + to_string(off) + ", checkpoints on " +
+                     to_string(home));
+        const uint64_t live = st.tiers[D].peak_by_owner.at("activations");
+        EXPECT_LE(live, kLiveCheckpoints * cp);
+        EXPECT_GE(live, 2 * cp);  // a block's input and output
+        // Out and back, layers - 1 per micro-step, counted by the store for the "activations"
+        // owner; the run keeping them on the device moves none.
+        const uint64_t moved = static_cast<uint64_t>(steps) * accum * (shape.layers - 1) * cp;
+        EXPECT_EQ(kept.bytes_moved_by_owner.count("activations"), 0u);
+        const auto& m = st.bytes_moved_by_owner.at("activations");
+        EXPECT_EQ(m[D][P], moved);
+        EXPECT_EQ(m[P][D], moved);
+        EXPECT_EQ(m[P][N], home == OffloadDevice::Nvme ? moved : 0);
+        // (A read may find the pinned copy of one still on its way to NVMe, and take it.)
+        EXPECT_LE(m[N][P], home == OffloadDevice::Nvme ? moved : 0);
+        if (p == DType::F32)
+          std::printf("offload %s, checkpoints on %s: device peak %llu against %llu (checkpoints %llu against %llu)\n",
+                      to_string(off), to_string(home), static_cast<unsigned long long>(st.tiers[D].peak),
+                      static_cast<unsigned long long>(kept.tiers[D].peak), static_cast<unsigned long long>(live),
+                      static_cast<unsigned long long>(kept.tiers[D].peak_by_owner.at("activations")));
+      }
+    }
 }

@@ -61,6 +61,34 @@ TEST(GptEngineMpi, EveryStageAndOffloadMatchesOneRankWithoutOffload) {
   every_stage_matches_one_rank(comm, DType::F32, kLossRtol);
 }
 
+// Activation checkpointing with the checkpoints in pinned memory or on NVMe
+// (cpu_checkpointing), stage 3 with offload cpu and nvme, fp32 and bf16: one rank's losses
+// without checkpointing or offload.
+TEST(GptEngineMpi, CpuCheckpointingMatchesOneRankWithoutIt) {
+  coll::Communicator& comm = world();
+  ASSERT_GT(comm.size(), 1) << "run this under mpirun with at least 2 ranks";
+  TempDir dir("gpt-mpi-cpuckpt-r" + std::to_string(comm.rank()));
+  auto self = coll::make_host_communicator(coll::HostBackend::Self);
+  const int steps = 20;
+  for (DType p : {DType::F32, DType::BF16}) {
+    const RunResult ref = train_gpt(*self, *self, {.stage = 1, .precision = p}, steps, "");
+    for (OffloadDevice off : {OffloadDevice::Cpu, OffloadDevice::Nvme})
+      for (OffloadDevice home : {OffloadDevice::Cpu, OffloadDevice::Nvme}) {
+        RunSpec spec{.stage = 3, .param = off, .optimizer = off, .precision = p};
+        spec.checkpoints = home;
+        const RunResult got = train_gpt(comm, comm, spec, steps, dir.path.string(), true);
+        double worst = 0;
+        for (int s = 0; s < steps; ++s)
+          worst = std::max(worst, std::abs(got.losses[s] - ref.losses[s]) / std::abs(ref.losses[s]));
+        EXPECT_LE(worst, p == DType::F32 ? kLossRtol : kLossRtol16) << spec.label() << " at world " << comm.size();
+        EXPECT_GT(got.stats.store.bytes_moved_by_owner.at("activations")[int(Tier::Device)][int(Tier::Pinned)], 0u);
+        if (comm.rank() == 0)
+          std::printf("world %d, %s: loss %.4f -> %.4f, max rel loss diff %.2e\n", comm.size(), spec.label().c_str(),
+                      got.losses.front(), got.losses.back(), worst);
+      }
+  }
+}
+
 TEST(GptEngineMpi, SixteenBitEveryStageAndOffloadMatchesOneRank) {
   coll::Communicator& comm = world();
   ASSERT_GT(comm.size(), 1) << "run this under mpirun with at least 2 ranks";

@@ -52,13 +52,18 @@ void expect_in_budget(const Plan& p, const SimulateReport& r, const std::string&
     EXPECT_LE(double(r.budget[t]), p.tiers[t].budget + (2 << 20)) << label << ", " << to_string(Tier(t));
   }
   EXPECT_LE(double(r.peak[2]), p.tiers[2].need.total()) << label << ": NVMe used beyond what the plan counted";
-  EXPECT_NEAR(double(r.budget[0]), p.cluster.hbm - p.cluster.device_reserve - p.tiers[0].need.activations,
+  EXPECT_NEAR(double(r.budget[0]), p.cluster.hbm - p.cluster.device_reserve - p.model_activations,
               4096.0 + 1e-6 * p.cluster.hbm)
-      << label << ": the engine's device budget is not the HBM less reserve and activations";
+      << label << ": the engine's device budget is not the HBM less reserve and the model's activations";
 }
 
 Strategy speculative(Strategy s) {
   s.speculative = true;
+  return s;
+}
+
+Strategy cpu_checkpointing(Strategy s) {
+  s.checkpoints = OffloadDevice::Cpu;
   return s;
 }
 
@@ -84,6 +89,8 @@ TEST(Plan, AnalyticStepTimeAgreesWithTheSimulatedEngineWithin15Percent) {
   a100x2.nodes = 2;
   ClusterSpec h100 = find_cluster_preset("dgx-h100");
   ClusterSpec gh200 = find_cluster_preset("gh200");
+  ClusterSpec small_ram_h100 = h100;  // pinned memory too small for the checkpoints beside the states
+  small_ram_h100.host_ram = 500e9;
   ClusterSpec slow_nvme = dgx2;  // NVMe-bound: a tenth of the bandwidth
   slow_nvme.nvme_read /= 10;
   slow_nvme.nvme_write /= 10;
@@ -133,11 +140,24 @@ TEST(Plan, AnalyticStepTimeAgreesWithTheSimulatedEngineWithin15Percent) {
        speculative(strategy(1, none, cpu, 2))},
       {"gpt-175b (6 layers), dgx-h100, stage 3, params cpu, optimizer nvme, mb 2, speculative", shrunk("gpt-175b", 6),
        h100, speculative(strategy(3, cpu, nvme, 2))},
+      // Activation checkpoints off the device (cpu_checkpointing): out over PCIe after each
+      // block's forward, back before its backward; through to NVMe where pinned is short.
+      {"gpt-13b (8 layers), 1 V100, stage 3, params+optimizer cpu, mb 8, cpu checkpointing", shrunk("gpt-13b", 8),
+       one_v100, cpu_checkpointing(strategy(3, cpu, cpu, 8))},
+      {"gpt-175b (6 layers), dgx-h100, stage 3, nvme/nvme, mb 4, prefetch 1, cpu checkpointing", shrunk("gpt-175b", 6),
+       h100, cpu_checkpointing(strategy(3, nvme, nvme, 4, true, 1, 1))},
+      {"gpt-175b (12 layers), dgx-h100 with 500 GB of RAM, stage 3, params nvme, optimizer cpu, mb 8, prefetch 1, "
+       "checkpoints to NVMe",
+       shrunk("gpt-175b", 12), small_ram_h100, cpu_checkpointing(strategy(3, nvme, cpu, 8, true, 1, 1))},
   };
   double worst = 0;
   for (const Case& c : cases) {
     Plan p = make_plan(c.shape, c.cluster, c.st);
     ASSERT_TRUE(p.fits) << c.label << ": " << (p.problems.empty() ? "" : p.problems.front());
+    if (c.st.checkpoints == OffloadDevice::Cpu) {
+      const bool to_nvme = c.label.find("to NVMe") != std::string::npos;
+      EXPECT_EQ(p.strategy.checkpoints, to_nvme ? OffloadDevice::Nvme : OffloadDevice::Cpu) << c.label;
+    }
     SimulateReport r = simulate_plan(p, 3);
     const double ratio = p.step_s / r.step_s_steady;
     worst = std::max(worst, std::abs(ratio - 1));
@@ -348,6 +368,15 @@ TEST(Plan, BadInputNamesTheProblemAndTheFix) {
   c = find_cluster_preset("dgx-2");
   c.matmul_efficiency = 1.5;
   EXPECT_THROW(make_plan(find_model_preset("gpt-1.3b").shape, c, Strategy{}), ConfigError);
+  Strategy no_ckpt;
+  no_ckpt.checkpointing = false;
+  no_ckpt.checkpoints = OffloadDevice::Cpu;
+  try {
+    validate(no_ckpt);
+    FAIL() << "no error for --cpu-checkpointing with --no-checkpointing";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--no-checkpointing turns it off"), std::string::npos) << e.what();
+  }
   EXPECT_THROW(make_plan(find_model_preset("gpt-1.3b").shape, find_cluster_preset("dgx-2"),
                          strategy(2, OffloadDevice::Nvme, OffloadDevice::Cpu, 1)),
                ConfigError)

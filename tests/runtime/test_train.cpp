@@ -29,6 +29,7 @@
 #include "strata/core/error.hpp"
 #include "strata/runtime/checkpoint.hpp"
 #include "strata/runtime/train.hpp"
+#include "strata/runtime/zero_engine.hpp"
 
 #include "config_errors.hpp"
 
@@ -271,6 +272,51 @@ TEST(Train, StatesHundredTimesTheDeviceBudgetAndFourTimesPinnedTrain) {
   EXPECT_GE(t[2].used, states * 3 / 4) << "most of the states must live on NVMe";
   std::printf("states %.1f MB, device budget %.2f MB (peak %.2f), pinned %.2f MB (peak %.2f); loss %.3f -> %.3f\n",
               states / 1e6, t[0].budget / 1e6, t[0].peak / 1e6, t[1].budget / 1e6, t[1].peak / 1e6, first, last);
+}
+
+// With activation checkpointing the engine holds the checkpoints, and its device budget
+// counts them. A budget one byte short of what they need on the device is a clear error
+// naming cpu_checkpointing; with it the same budget trains (3 of 9 checkpoints on the
+// device at a time, the rest in pinned memory, or on NVMe when pinned is short too), and
+// the losses are those of the run with room for them on the device, bit for bit.
+TEST(Train, CpuCheckpointingTrainsWhereTheCheckpointsDoNotFitTheDevice) {
+  Dir d("cpuckpt");
+  const std::string data = write_file(d.p / "corpus.txt", corpus(600));
+  nlohmann::json shape = {{"layers", 8}, {"d_model", 64}, {"heads", 2}, {"seq_len", 128}, {"vocab", 256}};
+  Config c = config(d, data, shape, 6);
+  c.activation_checkpointing.enabled = true;
+  c.gradient_clipping = 1.0f;
+  // The engine's own rule for the device: homes (the checkpoints among them) plus the
+  // working set of the largest group.
+  const uint64_t cp = 4ull * 128 * 64 * sizeof(float);
+  EngineOptions eo = EngineOptions::from_config(c);
+  eo.checkpoints = {.count = 9, .bytes = cp};
+  std::vector<GroupSize> sizes;
+  for (const GroupSpec& g : gpt_group_specs(c.strata.model)) sizes.push_back({g.name, g.numel});
+  const ShardLayout L = make_shard_layout(sizes, eo.shard_strategy(1));
+  const uint64_t need = L.need[int(Tier::Device)].homes() + L.device_working;
+  ASSERT_EQ(L.need[int(Tier::Device)].activations, 9 * cp);
+
+  c.strata.device_budget = need + (1 << 20);  // the start-up minimum plus room to prefetch
+  const TrainResult roomy = train(c, quiet());
+  EXPECT_EQ(roomy.stats.store.tiers[int(Tier::Device)].peak_by_owner.at("activations"), 9 * cp);
+  c.strata.device_budget = need - 1;
+  const std::string m = test::error_of<OutOfBudget>([&] { train(c, quiet()); });
+  EXPECT_NE(m.find("the resident bytes include 9 activation checkpoints"), std::string::npos) << m;
+  EXPECT_NE(m.find("activation_checkpointing.cpu_checkpointing moves them off the device"), std::string::npos) << m;
+  c.activation_checkpointing.cpu_checkpointing = true;
+  for (uint64_t pinned : {8ull << 20, 2560ull << 10}) {  // room for the checkpoints in pinned memory, then not
+    SCOPED_TRACE("pinned budget " + std::to_string(pinned));
+    c.strata.pinned_budget = pinned;
+    const TrainResult r = train(c, quiet());
+    ASSERT_EQ(r.steps.size(), roomy.steps.size());
+    for (size_t i = 0; i < r.steps.size(); ++i) EXPECT_EQ(r.steps[i].loss, roomy.steps[i].loss) << "step " << i;
+    const StoreStats& st = r.stats.store;
+    EXPECT_LE(st.tiers[int(Tier::Device)].peak_by_owner.at("activations"), 3 * cp);
+    EXPECT_LE(st.tiers[int(Tier::Device)].peak, st.tiers[int(Tier::Device)].budget);
+    const int home = pinned == (8ull << 20) ? int(Tier::Pinned) : int(Tier::Nvme);
+    EXPECT_EQ(st.tiers[home].by_owner.at("activations"), 9 * cp);
+  }
 }
 
 TEST(Train, BadDataIsAClearErrorBeforeAnythingIsAllocated) {

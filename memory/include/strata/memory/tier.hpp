@@ -31,6 +31,7 @@ struct TierUsage {
   uint64_t used = 0;    // bytes
   uint64_t peak = 0;    // bytes, high-water mark since creation
   std::map<std::string, uint64_t> by_owner;  // bytes per owner
+  std::map<std::string, uint64_t> peak_by_owner;  // each owner's high-water mark (memory tiers)
 };
 
 class TierPool {
@@ -64,6 +65,7 @@ class TierPool {
   FenceMap fences_;
   std::map<uint64_t, std::string> owner_of_;  // offset -> owner
   std::map<std::string, uint64_t> by_owner_;
+  std::map<std::string, uint64_t> peak_by_owner_;
 };
 
 // Device memory: one region of `budget` bytes from the device, sub-allocated.

@@ -40,6 +40,11 @@ struct GptOptions {
   // accumulate in fp32; layer norms, softmax, GELU, the loss and the residual stream are
   // fp32 whatever this is.
   DType precision = DType::F32;
+  // With checkpointing: the block inputs and the final residual (the checkpoints) are the
+  // weight source's (WeightSource::checkpoints(), checkpoint_store.hpp), which may keep
+  // them off the device between forward and backward; the model does not allocate them.
+  // The source must offer a store exactly when this is set.
+  bool checkpoints_from_source = false;
 };
 
 // A GPT on some backend, as a trainer drives it (make_gpt picks the implementation).

@@ -15,6 +15,7 @@
 
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
+#include "strata/model/checkpoint_store.hpp"
 
 namespace strata {
 
@@ -36,6 +37,10 @@ class WeightSource {
   // touched by the model after that.
   virtual void* gradient_buffer(int g) = 0;
   virtual void grads_ready(int g) = 0;
+
+  // Where the model's activation checkpoints live (checkpoint_store.hpp), when this source
+  // holds them; null when the model keeps its own.
+  virtual CheckpointStore* checkpoints() { return nullptr; }
 
   // The same, for callers that only handle fp32 (tests, tools): throws when dtype() is
   // not F32.

@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <deque>
 #include <list>
+#include <map>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -93,6 +94,8 @@ struct StoreStats {
   std::array<TierUsage, kTierCount> tiers;  // indexed by Tier
   uint64_t moves = 0;                       // moves started
   std::array<std::array<uint64_t, kTierCount>, kTierCount> bytes_moved{};  // [from][to], bytes
+  // The same per accounting owner (TensorSpec::owner): what each kind of tensor moved.
+  std::map<std::string, std::array<std::array<uint64_t, kTierCount>, kTierCount>> bytes_moved_by_owner;
   uint64_t evictions = 0;
   uint64_t writebacks = 0;                  // evictions that wrote the only copy home first
   uint64_t failed_moves = 0;

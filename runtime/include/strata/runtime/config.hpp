@@ -59,9 +59,10 @@ struct ZeroConfig {
   // collective as soon as its gradient is complete, always overlapped with compute.
 };
 
-// partition_activations and cpu_checkpointing are refused when true (planned, #13).
+// partition_activations is refused when true.
 struct ActivationCheckpointingConfig {
   bool enabled = false;              // strata extension: recompute each block in backward
+  bool cpu_checkpointing = false;    // the checkpoints off the device between forward and backward
 };
 
 using ModelShape = GptShape;  // model/gpt_layout.hpp

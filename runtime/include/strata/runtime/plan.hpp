@@ -129,6 +129,11 @@ struct Strategy {
   // fraction of the states keep them in HBM and the GPU optimizer steps them, while CPU
   // Adam steps the rest at the same time.
   double optimizer_ratio = 1.0;
+  // With checkpointing, where the engine keeps the activation checkpoints between forward
+  // and backward (ShardStrategy::checkpoints): None, on the device; Cpu, in pinned memory
+  // (activation_checkpointing.cpu_checkpointing), becoming Nvme when pinned memory has no
+  // room for them beside the states and the cluster has NVMe, as the engine decides; Nvme.
+  OffloadDevice checkpoints = OffloadDevice::None;
   std::string describe() const;     // "stage 3, params nvme, optimizer nvme, mb 4, ckpt"
 };
 // Throws ConfigError naming the field and the valid values.
@@ -182,6 +187,7 @@ struct Plan {
   std::string bottleneck;           // in words
   // How the engine is set for this plan (simulate_plan uses exactly these).
   EngineOptions engine;
+  double model_activations = 0;     // of the device's activations, what the model holds (not the engine)
   SimCostModel cost;
 };
 
@@ -189,10 +195,15 @@ struct Plan {
 // problems say why. Throws ConfigError for invalid input.
 Plan make_plan(const GptShape& model, const ClusterSpec& cluster, const Strategy& strategy);
 
-// Activation bytes per rank for one micro-step (the model computes in fp32): every block's
-// saved tensors, or with checkpointing each block's input plus one block recomputed, plus
-// the embedding output, the final norm and one chunk of logits.
+// Activation bytes per rank for one micro-step that the model holds itself: every block's
+// saved tensors, the embedding output and the final norm; or with checkpointing one block
+// recomputed and the final norm (the checkpoints, each block's input and the final
+// residual, are the engine's: checkpoint_bytes, counted in the layout's tiers); plus one
+// chunk of logits and a block's activation gradients.
 double activation_bytes(const GptShape& shape, int micro_batch, bool checkpointing, DType precision = DType::F32);
+// Bytes of one activation checkpoint (a block's input, fp32), and how many a micro-step keeps.
+double checkpoint_bytes(const GptShape& shape, int micro_batch);
+inline int checkpoint_count(const GptShape& shape) { return shape.layers + 1; }
 
 // --search: every strategy in the space, the fastest that fits first.
 struct Candidate {
@@ -210,6 +221,8 @@ struct SearchSpace {
   // offload_optimizer.ratio: tried where the optimizer is offloaded on GPUs (a ratio
   // below 1 needs both); 1 everywhere else.
   std::vector<double> optimizer_ratios{1.0, 0.75, 0.5, 0.25};
+  // With checkpointing: on the device, or off it (cpu_checkpointing: pinned, or NVMe).
+  std::vector<OffloadDevice> checkpoints{OffloadDevice::None, OffloadDevice::Cpu};
 };
 // Ranked by tokens/s (fitting ones first). Throws nothing for an empty result: every
 // candidate is there with its verdict.
@@ -227,7 +240,7 @@ struct SimulateReport {
   std::array<uint64_t, kTierCount> peak{};    // bytes, per tier
   std::array<uint64_t, kTierCount> budget{};  // bytes given to the engine
   std::array<std::array<uint64_t, kTierCount>, kTierCount> bytes_moved{};  // last step [from][to]
-  double device_budget_less_activations = 0;  // bytes the activations took off the device budget
+  double device_budget_less_activations = 0;  // bytes the model's own activations took off the device budget
   double wall_s = 0;                   // real seconds the simulation took
   double peak_rss_bytes = 0;           // the simulator's own peak host memory (getrusage)
   std::string device;

@@ -67,7 +67,23 @@ struct ShardStrategy {
   // parameter shard is written by one of the two. 1: all in optimizer_home. Only with
   // optimizer_home Pinned or Nvme.
   double optimizer_ratio = 1.0;
+  // Activation checkpoints the engine holds for the model (GptOptions::checkpoints_from_source,
+  // model/checkpoint_store.hpp): `count` buffers of `bytes` each (fp32 residuals, not
+  // sharded). home Device: they stay on the device from forward to backward. Pinned or
+  // Nvme (activation_checkpointing.cpu_checkpointing): each moves there once its block's
+  // forward is done and comes back ahead of that block's backward, so the device holds a
+  // few at a time (kLiveCheckpoints). count 0: the model keeps its own.
+  struct Checkpoints {
+    int count = 0;
+    uint64_t bytes = 0;
+    Tier home = Tier::Device;
+  } checkpoints;
 };
+
+// Checkpoints on the device at once when they live elsewhere: in forward a block's input
+// and output, and the one before still on its way out; in backward the one in use, the
+// one prefetched and the one just finished.
+inline constexpr int kLiveCheckpoints = 3;
 
 // The reduced gradient's type: the working type when each step reduces one micro-batch
 // (nothing is summed in it, so 16 bits lose nothing), fp32 when micro-steps are
@@ -91,6 +107,7 @@ enum class StateRole {
   MasterNext,      // speculative sub-groups: the next step's master weights, written
   ExpAvgNext,      //   during the backward pass while Master / ExpAvg / ExpAvgSq stay
   ExpAvgSqNext,    //   the committed state; the engine swaps the two sets at commit
+  ActivationCheckpoint,  // ShardStrategy::checkpoints: one per checkpoint, home checkpoints.home
 };
 
 struct StateTensor {
@@ -121,12 +138,14 @@ struct GroupLayout {
 struct TierNeed {
   uint64_t params = 0, grads = 0, optimizer = 0;
   uint64_t persistent = 0;  // stage 3: gathered groups kept on the device
-  uint64_t homes() const { return params + grads + optimizer + persistent; }
+  uint64_t activations = 0;  // the activation checkpoints' homes (ShardStrategy::checkpoints)
+  uint64_t homes() const { return params + grads + optimizer + persistent + activations; }
 };
 
 struct ShardLayout {
   ShardStrategy strategy;  // with sub_group_elems resolved
   std::vector<GroupLayout> groups;
+  std::vector<StateTensor> checkpoints;  // ShardStrategy::checkpoints, registered after the groups'
   uint64_t sub_group = 0;  // elements per optimizer sub-group
   uint64_t max_padded = 0, max_shard = 0, max_numel = 0, max_sub_group = 0;  // elements
   uint64_t shard_total = 0, padded_total = 0;                                // elements
@@ -134,11 +153,13 @@ struct ShardLayout {
   std::array<TierNeed, kTierCount> need{};  // indexed by Tier
   // The device's working set on top of its homes: the largest group in use (its gathered
   // parameters and gradient, the reduce-scatter output, and its parameter shard and
-  // gradient sub-groups passing through).
+  // gradient sub-groups passing through), and kLiveCheckpoints checkpoints when they
+  // live off the device.
   uint64_t device_working = 0;
   // Pinned staging the optimizer needs: its sub-groups' four states passing through,
   // twice (the one updated and the next one fetched), and a parameter shard; a
-  // speculative step also holds the updated sub-group's Next set.
+  // speculative step also holds the updated sub-group's Next set. Checkpoints on NVMe
+  // pass through it too (kLiveCheckpoints of them).
   uint64_t pinned_staging = 0;
   // NVMe swap space when sized from the layout: the homes plus an eighth for cache copies
   // plus 64 MiB, in whole 4 KiB units.

@@ -91,6 +91,14 @@ struct EngineOptions {
   // stream, while CPU Adam steps the rest. Needs a device the host cannot address (cuda),
   // or optimizer_on_stream.
   double optimizer_ratio = 1.0;
+  // Activation checkpoints the engine holds for the model (shard_layout.hpp,
+  // ShardStrategy::checkpoints; the model is built with GptOptions::checkpoints_from_source):
+  // count 0, the model keeps its own. checkpoints.home Device keeps them on the device;
+  // cpu_checkpointing (activation_checkpointing.cpu_checkpointing) makes it pinned memory,
+  // or NVMe when the pinned budget has no room for them beside the states and an NVMe
+  // path is configured.
+  ShardStrategy::Checkpoints checkpoints;
+  bool cpu_checkpointing = false;
   uint64_t seed = 1234;
   unsigned optimizer_threads = 0;      // 0: all cores
   TieredStoreOptions store;
@@ -129,6 +137,8 @@ struct EngineStats {
   StoreStats store;
 };
 
+class EngineCheckpoints;
+
 class ZeroEngine final : public WeightSource {
  public:
   // comm serves device buffers (NCCL on cuda, MPI or self on cpu); host_comm serves
@@ -146,6 +156,7 @@ class ZeroEngine final : public WeightSource {
   void release_params(int g) override;
   void* gradient_buffer(int g) override;
   void grads_ready(int g) override;
+  CheckpointStore* checkpoints() override;
 
   // The order in which the model will acquire groups in one micro-step (forward then
   // backward). Without it, the order of the first micro-step is recorded and used.
@@ -248,6 +259,7 @@ class ZeroEngine final : public WeightSource {
   EngineOptions opts_;
   ShardLayout layout_;
   std::unique_ptr<TieredStore> store_;
+  std::unique_ptr<EngineCheckpoints> checkpoints_;  // when opts_.checkpoints.count > 0
   std::unique_ptr<CpuAdam> adam_;
   LossScaler scaler_;
   DType work_t_ = DType::F32, grad_t_ = DType::F32;  // the layout's working and reduced-gradient types
