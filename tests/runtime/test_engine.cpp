@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "engine_harness.hpp"
+#include "config_errors.hpp"
 #include "strata/core/error.hpp"
 
 using namespace strata;
@@ -160,20 +161,17 @@ TEST(ZeroEngine, MaxLiveParametersBelowTheLargestGroupIsRefused) {
   o.store.device_budget = 4 << 20;
   o.store.pinned_budget = 1 << 20;
   o.max_live_elems = 9'999;
-  try {
-    ZeroEngine e(*device, *comm, *comm, o, {{.name = "small", .numel = 10}, {.name = "big", .numel = 10'000}});
-    FAIL() << "expected ConfigError";
-  } catch (const ConfigError& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find("zero_optimization.stage3_max_live_parameters = 9999 is smaller than the largest parameter "
-                     "group, 'big' (10000 elements), which stage 3 gathers whole: give at least 10000"),
-              std::string::npos) << m;
-  }
+  const std::vector<GroupSpec> groups = {{.name = "small", .numel = 10}, {.name = "big", .numel = 10'000}};
+  auto build = [&] { ZeroEngine e(*device, *comm, *comm, o, groups); };
+  const std::string m = test::error_of<ConfigError>(build);
+  EXPECT_NE(m.find("zero_optimization.stage3_max_live_parameters = 9999 is smaller than the largest parameter "
+                   "group, 'big' (10000 elements), which stage 3 gathers whole: give at least 10000"),
+            std::string::npos) << m;
   o.max_live_elems = 10'000;
-  EXPECT_NO_THROW(ZeroEngine(*device, *comm, *comm, o, {{.name = "small", .numel = 10}, {.name = "big", .numel = 10'000}}));
+  EXPECT_NO_THROW(build());
   o.stage = 2;  // stages 1 and 2 gather nothing
   o.max_live_elems = 1;
-  EXPECT_NO_THROW(ZeroEngine(*device, *comm, *comm, o, {{.name = "small", .numel = 10}, {.name = "big", .numel = 10'000}}));
+  EXPECT_NO_THROW(build());
 }
 
 // cpu_checkpointing moves checkpoints the engine holds: an engine given none (the C API's,
@@ -186,22 +184,14 @@ TEST(ZeroEngine, CpuCheckpointingNeedsCheckpointsAndRoomForThem) {
   o.store.device_budget = 4 << 20;
   o.store.pinned_budget = 1 << 20;
   o.cpu_checkpointing = true;
-  try {
-    ZeroEngine e(*device, *comm, *comm, o, {{.name = "g", .numel = 10}});
-    FAIL() << "expected ConfigError";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("this engine holds none"), std::string::npos) << e.what();
-  }
+  auto build = [&] { ZeroEngine e(*device, *comm, *comm, o, {{.name = "g", .numel = 10}}); };
+  std::string m = test::error_of<ConfigError>(build);
+  EXPECT_NE(m.find("this engine holds none"), std::string::npos) << m;
   o.checkpoints = {.count = 9, .bytes = 256 << 10};  // 2.25 MiB: more than the pinned budget
-  try {
-    ZeroEngine e(*device, *comm, *comm, o, {{.name = "g", .numel = 10}});
-    FAIL() << "expected OutOfBudget";
-  } catch (const OutOfBudget& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find("2.25 MiB of activation checkpoints (9, activation_checkpointing.cpu_checkpointing)"),
-              std::string::npos) << m;
-    EXPECT_NE(m.find("give an NVMe path"), std::string::npos) << m;
-  }
+  m = test::error_of<OutOfBudget>(build);
+  EXPECT_NE(m.find("2.25 MiB of activation checkpoints (9, activation_checkpointing.cpu_checkpointing)"),
+            std::string::npos) << m;
+  EXPECT_NE(m.find("give an NVMe path"), std::string::npos) << m;
   o.store.pinned_budget = 4 << 20;  // room: they live in pinned memory, and the engine offers them
   ZeroEngine e(*device, *comm, *comm, o, {{.name = "g", .numel = 10}});
   ASSERT_NE(e.checkpoints(), nullptr);
