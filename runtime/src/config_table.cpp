@@ -388,7 +388,9 @@ const ConfigSection kZero = {
          .help = "Prefetch lookahead, in parameter elements.",
          .field = STRATA_CONFIG_FIELD(Config, zero.stage3_prefetch_bucket_size)},
         {.name = "stage3_max_live_parameters", .type = KeyType::Whole, .min = 1,
-         .help = "Most parameter elements gathered on the device at once.",
+         .help = "Most parameter elements gathered on the device at once (it bounds the prefetch). Stage 3 gathers "
+                 "a parameter group (a block) whole, so a value below the largest group is refused at start-up, "
+                 "naming the smallest that works.",
          .field = STRATA_CONFIG_FIELD(Config, zero.stage3_max_live_parameters)},
         {.name = "stage3_max_reuse_distance", .type = KeyType::Whole, .min = 0,
          .help = "A gathered block is kept, not released, when its next use is nearer than this many elements.",

@@ -561,16 +561,22 @@ uint64_t ZeroEngine::reuse_distance(int g, size_t pos) const {
 void ZeroEngine::prefetch_after(size_t pos) {
   if (!opts_.prefetch || departed_) return;
   uint64_t window = 0;
+  uint64_t passing = 0;  // shards of persistent groups this call starts, on the device until gathered
   for (size_t q = pos + 1; q < schedule_.size(); ++q) {
     int h = schedule_[q];
     Group& hg = groups_[h];
     window += hg.spec.numel;
     if (window > opts_.prefetch_bucket_elems) break;
     if (hg.state != Group::Full::Released) continue;
+    // A persistent group's buffer is counted among the homes, but its first gather still
+    // passes its shard through the device: only with room for that (the working set holds
+    // one group's, the one gathered on demand).
     const uint64_t bytes = hg.persistent ? 0 : hg.padded * wb_;
+    const uint64_t shard = hg.persistent ? hg.shard * wb_ : 0;
     // Decided from sizes and the schedule alone, so every rank gathers in the same order.
-    if (live_full_bytes_ + bytes > prefetch_room_) break;
+    if (live_full_bytes_ + passing + bytes + shard > prefetch_room_) break;
     if ((live_full_bytes_ + bytes) / wb_ > opts_.max_live_elems) break;
+    passing += shard;
     start_gather(h, true);
   }
 }

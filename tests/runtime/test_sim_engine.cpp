@@ -251,6 +251,7 @@ TEST(SimEngine, ATrillionParameterModelRunsOnALaptop) {
   o.engine.param_home = Tier::Nvme;
   o.engine.optimizer_home = Tier::Nvme;
   o.engine.prefetch_bucket_elems = 2 * numel;
+  o.engine.max_live_elems = 3 * numel;  // the group in use and the look-ahead (the default, 1e9, is below a group)
   o.engine.sub_group_elems = numel / 1024;
   o.engine.store.device_budget = 80ull << 30;
   o.engine.store.pinned_budget = 64ull << 30;

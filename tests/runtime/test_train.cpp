@@ -274,6 +274,34 @@ TEST(Train, StatesHundredTimesTheDeviceBudgetAndFourTimesPinnedTrain) {
               states / 1e6, t[0].budget / 1e6, t[0].peak / 1e6, t[1].budget / 1e6, t[1].peak / 1e6, first, last);
 }
 
+// The device budget the engine asks for at start-up (its homes plus the working set of
+// one group) is enough to train: with small blocks that stay gathered
+// (stage3_param_persistence_threshold) and without, with checkpointing and without. (The
+// prefetch once started every persistent group's first gather at once, each passing its
+// shard through the device, and a run at that budget failed at its first step.)
+TEST(Train, TheStartUpMinimumDeviceBudgetTrains) {
+  Dir d("minimum");
+  const std::string data = write_file(d.p / "corpus.txt", corpus(600));
+  nlohmann::json shape = {{"layers", 8}, {"d_model", 64}, {"heads", 2}, {"seq_len", 128}, {"vocab", 256}};
+  std::vector<GroupSize> sizes;
+  for (const GroupSpec& g : gpt_group_specs(parse_config({{"strata", {{"model", shape}}}}).strata.model))
+    sizes.push_back({g.name, g.numel});
+  for (uint64_t persistence : {uint64_t{100'000}, uint64_t{0}})  // every block persistent (50K elements), none
+    for (bool ckpt : {false, true}) {
+      SCOPED_TRACE("persistence threshold " + std::to_string(persistence) + (ckpt ? ", checkpointing" : ""));
+      Config c = config(d, data, shape, 3);
+      c.zero.stage3_param_persistence_threshold = persistence;
+      c.activation_checkpointing.enabled = ckpt;
+      EngineOptions eo = EngineOptions::from_config(c);
+      if (ckpt) eo.checkpoints = {.count = 9, .bytes = 4ull * 128 * 64 * sizeof(float)};
+      const ShardLayout L = make_shard_layout(sizes, eo.shard_strategy(1));
+      c.strata.device_budget = L.need[int(Tier::Device)].homes() + L.device_working;
+      const TrainResult r = train(c, quiet());
+      ASSERT_EQ(r.steps.size(), 3u);
+      EXPECT_LE(r.stats.store.tiers[int(Tier::Device)].peak, r.stats.store.tiers[int(Tier::Device)].budget);
+    }
+}
+
 // With activation checkpointing the engine holds the checkpoints, and its device budget
 // counts them. A budget one byte short of what they need on the device is a clear error
 // naming cpu_checkpointing; with it the same budget trains (3 of 9 checkpoints on the
@@ -297,7 +325,7 @@ TEST(Train, CpuCheckpointingTrainsWhereTheCheckpointsDoNotFitTheDevice) {
   const uint64_t need = L.need[int(Tier::Device)].homes() + L.device_working;
   ASSERT_EQ(L.need[int(Tier::Device)].activations, 9 * cp);
 
-  c.strata.device_budget = need + (1 << 20);  // the start-up minimum plus room to prefetch
+  c.strata.device_budget = need;  // the start-up minimum
   const TrainResult roomy = train(c, quiet());
   EXPECT_EQ(roomy.stats.store.tiers[int(Tier::Device)].peak_by_owner.at("activations"), 9 * cp);
   c.strata.device_budget = need - 1;
