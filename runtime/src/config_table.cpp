@@ -456,8 +456,9 @@ const ConfigSection kActivationCheckpointing = {
          .field = STRATA_CONFIG_FIELD(Config, activation_checkpointing.enabled)},
         {.name = "partition_activations", .type = KeyType::Boolean,
          .help = "Partition the saved activations across ranks.", .use = KeyUse::Refused, .only = false,
-         .why = "Strata keeps each block's checkpoint whole on its rank and does not split it across ranks; "
-                "cpu_checkpointing moves the checkpoints off the device instead"},
+         .why = "DeepSpeed splits checkpoints that model-parallel ranks hold alike; Strata's ranks are data-parallel, "
+                "each rank's checkpoints are of its own batch, so there is no shared copy to split. "
+                "cpu_checkpointing moves them off the device instead"},
         {.name = "cpu_checkpointing", .type = KeyType::Boolean,
          .help = "Move each block's checkpoint to pinned host memory once its forward is done (to NVMe when the "
                  "pinned budget has no room for them beside the states and an NVMe path is configured), and bring "

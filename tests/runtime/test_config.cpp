@@ -514,7 +514,8 @@ TEST(Config, PartitionedActivationsAreRefusedAndCpuCheckpointingNeedsCheckpointi
   const std::string key = "activation_checkpointing.partition_activations";
   std::string m = error_of(json{{"activation_checkpointing", {{"enabled", true}, {"partition_activations", true}}}});
   EXPECT_HAS(m, key + " = true is not supported yet");
-  EXPECT_HAS(m, "does not split it across ranks; cpu_checkpointing moves the checkpoints off the device instead");
+  EXPECT_HAS(m, "Strata's ranks are data-parallel, each rank's checkpoints are of its own batch");
+  EXPECT_HAS(m, "cpu_checkpointing moves them off the device instead");
   EXPECT_HAS(m, "set " + key + " to false or remove it");
   // false is what Strata does: accepted without a word.
   Config c = parse_config(json{{"activation_checkpointing", {{"enabled", true}, {"partition_activations", false}}}});
