@@ -54,6 +54,7 @@ struct StepArgs {
   int reps = 3;
   int warmup = 1;
   bool checkpointing = false;
+  bool cpu_checkpointing = false;  // each engine configuration also with the checkpoints in pinned memory
   std::string dir = ".";
   std::string memory_budget = "6G";      // device budget of the in-memory run
   std::string device_budget = "1G";      // of the offloaded run
@@ -78,6 +79,7 @@ struct Setup {
   bool speculative = false;            // strata.speculative_optimizer
   bool gpu_optimizer = false;          // states on the GPU, stepped there (offload_optimizer none)
   double ratio = 1.0;                  // offload_optimizer.ratio: below 1, that share on the CPU, the rest on the GPU
+  bool cpu_checkpointing = false;      // activation_checkpointing.cpu_checkpointing
   bool torch = false;                  // the PyTorch reference: no engine, it times its own step
   std::unique_ptr<ZeroEngine> engine;
   GptModel* model = nullptr;
@@ -116,6 +118,8 @@ int run_step(const StepArgs& a) {
   const bool cuda = backend == Backend::Cuda;
   const DType precision = parse_precision(a.precision);
   const bool sixteen = precision != DType::F32;
+  if (a.cpu_checkpointing && !a.checkpointing)
+    throw ConfigError("bench step: --cpu-checkpointing moves the checkpoints of --checkpointing: give both");
   if (a.gpu_optimizer && !cuda)
     throw ConfigError("bench step: --gpu-optimizer needs --backend cuda (the cpu backend's optimizer is CpuAdam)");
   auto device = make_device({backend, 0});
@@ -153,8 +157,13 @@ int run_step(const StepArgs& a) {
   auto peak_of = [&](DType p) { return peaks[p == DType::F32 ? 0 : 1]; };
 
   const uint64_t params = gpt_param_count(a.shape);
-  auto options = [&](bool offload, DType p, bool speculative, bool gpu_optimizer, double ratio) {
+  auto options = [&](bool offload, DType p, bool speculative, bool gpu_optimizer, double ratio, bool cpu_ckpt) {
     EngineOptions o;
+    if (a.checkpointing) {  // the engine holds the checkpoints, as strata train has it
+      o.checkpoints = {a.shape.layers + 1,
+                       static_cast<uint64_t>(a.micro_batch) * a.shape.seq_len * a.shape.d_model * sizeof(float)};
+      o.cpu_checkpointing = cpu_ckpt;
+    }
     o.stage = 3;
     o.speculative = speculative;
     o.precision = p;
@@ -193,15 +202,18 @@ int run_step(const StepArgs& a) {
   std::vector<Setup> setups;
   for (int offload = 0; offload < (a.nvme ? 2 : 1); ++offload)
     for (DType p : precisions) {
-      for (int spec = 0; spec < (a.speculative ? 2 : 1); ++spec) {
-        Setup s;
-        s.label = (offload ? "params+optimizer on NVMe" : memory_label) +
-                  (sixteen ? std::string(", ") + precision_name(p) : "") + (spec ? ", speculative" : "");
-        s.precision = p;
-        s.nvme = offload == 1;
-        s.speculative = spec == 1;
-        setups.push_back(std::move(s));
-      }
+      for (int spec = 0; spec < (a.speculative ? 2 : 1); ++spec)
+        for (int cc = 0; cc < (a.cpu_checkpointing ? 2 : 1); ++cc) {
+          Setup s;
+          s.label = (offload ? "params+optimizer on NVMe" : memory_label) +
+                    (sixteen ? std::string(", ") + precision_name(p) : "") + (spec ? ", speculative" : "") +
+                    (cc ? ", checkpoints pinned" : "");
+          s.precision = p;
+          s.nvme = offload == 1;
+          s.speculative = spec == 1;
+          s.cpu_checkpointing = cc == 1;
+          setups.push_back(std::move(s));
+        }
       if (a.gpu_optimizer && !offload) {
         Setup s;
         s.label = std::string("params and optimizer on GPU") + (sixteen ? std::string(", ") + precision_name(p) : "");
@@ -229,12 +241,13 @@ int run_step(const StepArgs& a) {
   std::vector<std::unique_ptr<GptModel>> models;
   for (DType p : precisions)
     models.push_back(make_gpt(backend, a.shape,
-                              {a.micro_batch, a.checkpointing ? ActivationCheckpointing::PerBlock : ActivationCheckpointing::None, p}));
+                              {a.micro_batch, a.checkpointing ? ActivationCheckpointing::PerBlock : ActivationCheckpointing::None, p,
+                               a.checkpointing}));
   for (Setup& s : setups) {
     if (s.torch) continue;
     progress.show("building " + s.label);
     s.engine = std::make_unique<ZeroEngine>(*device, dev_comm, *comm,
-                                            options(s.nvme, s.precision, s.speculative, s.gpu_optimizer, s.ratio), specs);
+                                            options(s.nvme, s.precision, s.speculative, s.gpu_optimizer, s.ratio, s.cpu_checkpointing), specs);
     s.engine->set_schedule(gpt_schedule(a.shape));
     s.model = models[s.precision == DType::F32 ? 0 : 1].get();
   }
@@ -284,7 +297,8 @@ int run_step(const StepArgs& a) {
                 {"seq_len", a.shape.seq_len}, {"vocab", a.shape.vocab},     {"parameters", params},
                 {"micro_batch", a.micro_batch}, {"gradient_accumulation_steps", a.accum},
                 {"tokens_per_step", tokens},  {"reps", a.reps},             {"warmup", a.warmup},
-                {"activation_checkpointing", a.checkpointing}, {"dir", a.dir}, {"backend", a.backend},
+                {"activation_checkpointing", a.checkpointing}, {"cpu_checkpointing", a.cpu_checkpointing},
+                {"dir", a.dir}, {"backend", a.backend},
                 {"precision", precision_name(precision)}, {"nvme", a.nvme}, {"threads", threads},
                 {"speculative", a.speculative},
                 {"matmul_peak_gflops", peak_of(DType::F32) / 1e9}};
@@ -302,11 +316,11 @@ int run_step(const StepArgs& a) {
   const double flops = gpt_flops_per_token(a.shape) * static_cast<double>(tokens);
   // The setup a row is compared with: same configuration in memory (offload cost), and
   // the same configuration in fp32 (what the precision buys).
-  auto find = [&](bool nvme, DType p, bool speculative = false, bool gpu_optimizer = false,
-                  double ratio = 1.0) -> const Setup* {
+  auto find = [&](bool nvme, DType p, bool speculative = false, bool gpu_optimizer = false, double ratio = 1.0,
+                  bool cpu_ckpt = false) -> const Setup* {
     for (const Setup& s : setups)
       if (s.engine && s.nvme == nvme && s.precision == p && s.speculative == speculative &&
-          s.gpu_optimizer == gpu_optimizer && s.ratio == ratio)
+          s.gpu_optimizer == gpu_optimizer && s.ratio == ratio && s.cpu_checkpointing == cpu_ckpt)
         return &s;
     return nullptr;
   };
@@ -321,7 +335,7 @@ int run_step(const StepArgs& a) {
                           {"tokens_per_s", static_cast<double>(tokens) / t.median},
                           {"mfu", flops / t.median / peak_of(s.precision)},
                           {"steps", to_json(t, s.seconds)}};
-    const Setup* f32 = s.engine ? find(s.nvme, DType::F32, s.speculative, s.gpu_optimizer, s.ratio) : find(false, DType::F32);
+    const Setup* f32 = s.engine ? find(s.nvme, DType::F32, s.speculative, s.gpu_optimizer, s.ratio, s.cpu_checkpointing) : find(false, DType::F32);
     if (sixteen) row["speedup_over_f32"] = summarize(f32->seconds).median / t.median;
     if (s.engine) {
       const Summary e = summarize(s.exposed), o = summarize(s.optimizer);
@@ -350,6 +364,20 @@ int run_step(const StepArgs& a) {
   rep.notes.push_back(mfu_note + ".");
   rep.notes.push_back("exposed: time the model waited for parameters and gradient buffers, plus the optimizer's wait "
                       "for states from their tier; the rest of the step is compute (model and CPU Adam).");
+  if (a.cpu_checkpointing) {
+    std::string line = "checkpoints in pinned memory (cpu_checkpointing) against on the device, step time:";
+    for (int nvme = 0; nvme < (a.nvme ? 2 : 1); ++nvme)
+      for (DType p : precisions) {
+        const Setup *on = find(nvme, p), *off = find(nvme, p, false, false, 1.0, true);
+        char b[192];
+        std::snprintf(b, sizeof b, " %s%s %.3f s against %.3f s (%.3fx);", nvme ? "NVMe " : "in memory ",
+                      precision_name(p), summarize(off->seconds).median, summarize(on->seconds).median,
+                      summarize(off->seconds).median / summarize(on->seconds).median);
+        line += b;
+      }
+    line.back() = '.';
+    rep.notes.push_back(line);
+  }
   if (a.gpu_optimizer) {
     std::string line = "GPU optimizer: the step with parameters and optimizer states on the GPU against the CPU Adam "
                        "over pinned states:";
@@ -458,7 +486,11 @@ void add_step(CLI::App& bench, Runner& run) {
   s->add_option("--accum", a.accum, "Micro-steps per optimizer step")->check(cli_checks::at_least(1));
   s->add_option("--reps", a.reps, "Timed steps per configuration")->check(cli_checks::at_least(1));
   s->add_option("--warmup", a.warmup, "Untimed steps per configuration first")->check(cli_checks::at_least(0));
-  s->add_flag("--checkpointing", a.checkpointing, "Recompute each block's activations in backward");
+  s->add_flag("--checkpointing", a.checkpointing,
+              "Recompute each block's activations in backward (the engine holds the checkpoints, as strata train does)");
+  s->add_flag("--cpu-checkpointing", a.cpu_checkpointing,
+              "With --checkpointing: each configuration also with the checkpoints in pinned memory "
+              "(activation_checkpointing.cpu_checkpointing)");
   s->add_option("--dir", a.dir, "Directory on the NVMe drive for the swap files");
   s->add_option("--memory-budget", a.memory_budget, "Device budget of the in-memory configuration");
   s->add_option("--device-budget", a.device_budget, "Device budget of the offloaded configuration");
