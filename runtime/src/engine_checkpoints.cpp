@@ -37,6 +37,10 @@ void EngineCheckpoints::let_go(int i) {
   held_[i] = Held::None;
 }
 
+void EngineCheckpoints::reset() {
+  for (int i = 0; i < count(); ++i) let_go(i);
+}
+
 void* EngineCheckpoints::begin_write(int i) {
   check_index(i, "begin_write");
   let_go(i);

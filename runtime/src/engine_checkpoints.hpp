@@ -33,6 +33,9 @@ class EngineCheckpoints final : public CheckpointStore {
   const void* read(int i) override;
   void finish(int i) override;
   Tier home() const { return home_; }
+  // Lets go of every checkpoint still held (a micro-step the model left half-way through,
+  // by an exception): released, contents dead. ZeroEngine::begin_micro_step calls it.
+  void reset();
 
  private:
   enum class Held { None, Writing, Reading };

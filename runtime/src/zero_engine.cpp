@@ -503,6 +503,7 @@ void ZeroEngine::begin_micro_step() {
     throw Error("begin_micro_step: " + std::to_string(opts_.gradient_accumulation_steps) +
                 " micro-steps (gradient_accumulation_steps) already ran; call step() first");
   ++micro_;
+  if (checkpoints_) checkpoints_->reset();
   // Learn the order from the micro-step just finished, or re-learn it after a departure.
   if (!recording_.empty() && !schedule_given_ && (departed_ || schedule_.empty())) adopt_schedule(recording_);
   recording_.clear();
