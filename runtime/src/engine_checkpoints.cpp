@@ -44,9 +44,12 @@ void EngineCheckpoints::reset() {
 void* EngineCheckpoints::begin_write(int i) {
   check_index(i, "begin_write");
   let_go(i);
-  if (i >= 2) {
-    wait(leaving_[i - 2], i - 2, "move home of");
-    leaving_[i - 2] = Event();
+  // Block i - 1 is about to read checkpoint i - 1 and write this one; i - 2 may still be on
+  // its way home (its move started when block i - 2 ended, with no compute since), and
+  // i - 3 must have left: kLiveCheckpoints on the device.
+  if (i >= kLiveCheckpoints) {
+    wait(leaving_[i - kLiveCheckpoints], i - kLiveCheckpoints, "move home of");
+    leaving_[i - kLiveCheckpoints] = Event();
   }
   const Acquired a = store_.acquire_for_overwrite(ids_[i], Tier::Device);
   held_[i] = Held::Writing;

@@ -2,7 +2,7 @@
 // TieredStore tensor per checkpoint, home on the device, or in pinned memory or on NVMe
 // with activation_checkpointing.cpu_checkpointing (shard_layout.hpp, ShardStrategy::checkpoints).
 // Off the device, a checkpoint is written there in forward, moved home once its block has
-// read it (the write of checkpoint i waits until checkpoint i - 2 has left, so no more
+// read it (the write of checkpoint i waits until checkpoint i - 3 has left, so no more
 // than kLiveCheckpoints are on the device, nor on their way through pinned memory to
 // NVMe, whatever the queues), and fetched
 // back one block ahead of the backward that reads it; the last

@@ -99,7 +99,7 @@ TEST(GptEngine, LlamaEveryStageAndOffloadMatchesStageOneWithoutOffload) {
 // model keeping its own, bit for bit, in fp32 and bf16, at every offload of stage 3. Off
 // the device, the device holds at most kLiveCheckpoints of them at once instead of all
 // (the tier's accounting of the "activations" owner), and every checkpoint but the last
-// block's input and the final residual goes to its home and back once per micro-step.
+// block's input and the final residual goes to its home once per micro-step, and back.
 TEST(GptEngine, CpuCheckpointingMovesTheCheckpointsOffTheDeviceWithTheSameLosses) {
   auto self = coll::make_host_communicator(coll::HostBackend::Self);
   TempDir dir("gpt-cpu-ckpt");
@@ -136,7 +136,10 @@ TEST(GptEngine, CpuCheckpointingMovesTheCheckpointsOffTheDeviceWithTheSameLosses
         EXPECT_EQ(kept.bytes_moved_by_owner.count("activations"), 0u);
         const auto& m = st.bytes_moved_by_owner.at("activations");
         EXPECT_EQ(m[D][P], moved);
-        EXPECT_EQ(m[P][D], moved);
+        // Back: as many, less those a read found still on the device, their move home
+        // not yet done (the last two moved in each forward at most).
+        EXPECT_LE(m[P][D], moved);
+        EXPECT_GE(m[P][D] + static_cast<uint64_t>(steps) * accum * 2 * cp, moved);
         EXPECT_EQ(m[P][N], home == OffloadDevice::Nvme ? moved : 0);
         // (A read may find the pinned copy of one still on its way to NVMe, and take it.)
         EXPECT_LE(m[N][P], home == OffloadDevice::Nvme ? moved : 0);
