@@ -171,6 +171,11 @@ with tempfile.TemporaryDirectory(prefix="strata-bad-input-") as work:
             "zero_optimization.stage3_max_live_parameters = 1000 is smaller than the largest parameter group", timeout=30)
     refused("plan --cpu-checkpointing --no-checkpointing", ["plan", "--cpu-checkpointing", "--no-checkpointing"],
             "--no-checkpointing turns it off")
+    refused("bench step --cpu-checkpointing without --checkpointing", ["bench", "step", "--cpu-checkpointing", "--dir", work],
+            "--cpu-checkpointing moves the checkpoints of --checkpointing: give both", timeout=30)
+    rc, out, _ = run(["bench", "step", "--gpu-optimizer", "--optimizer-ratio", "1.5", "--dir", work])
+    check(100 <= rc <= 127 and "--optimizer-ratio: Value 1.5 not in range" in out,
+          f"bench step --optimizer-ratio 1.5: a usage error naming the range (rc {rc}): {out.strip()[-300:]}")
     refused("bench step --gpu-optimizer on the cpu backend", ["bench", "step", "--gpu-optimizer", "--dir", work],
             "--gpu-optimizer needs --backend cuda", timeout=30)
 

@@ -152,14 +152,20 @@ TEST(ZeroEngine, OptionsFromConfigRefuseWhatTheEngineLacks) {
   EXPECT_TRUE(EngineOptions::from_config(c).speculative);
 }
 
+// Options with a 4 MiB device and a 1 MiB pinned budget, for the start-up checks below.
+static EngineOptions small_budgets() {
+  EngineOptions o;
+  o.store.device_budget = 4 << 20;
+  o.store.pinned_budget = 1 << 20;
+  return o;
+}
+
 // Stage 3 gathers a group whole: stage3_max_live_parameters below the largest group
 // cannot be kept, and is refused at start-up naming the key and the smallest value.
 TEST(ZeroEngine, MaxLiveParametersBelowTheLargestGroupIsRefused) {
   auto device = make_device({});
   auto comm = coll::make_host_communicator(coll::HostBackend::Self);
-  EngineOptions o;
-  o.store.device_budget = 4 << 20;
-  o.store.pinned_budget = 1 << 20;
+  EngineOptions o = small_budgets();
   o.max_live_elems = 9'999;
   const std::vector<GroupSpec> groups = {{.name = "small", .numel = 10}, {.name = "big", .numel = 10'000}};
   auto build = [&] { ZeroEngine e(*device, *comm, *comm, o, groups); };
@@ -180,9 +186,7 @@ TEST(ZeroEngine, MaxLiveParametersBelowTheLargestGroupIsRefused) {
 TEST(ZeroEngine, CpuCheckpointingNeedsCheckpointsAndRoomForThem) {
   auto device = make_device({});
   auto comm = coll::make_host_communicator(coll::HostBackend::Self);
-  EngineOptions o;
-  o.store.device_budget = 4 << 20;
-  o.store.pinned_budget = 1 << 20;
+  EngineOptions o = small_budgets();
   o.cpu_checkpointing = true;
   auto build = [&] { ZeroEngine e(*device, *comm, *comm, o, {{.name = "g", .numel = 10}}); };
   std::string m = test::error_of<ConfigError>(build);
