@@ -5,7 +5,7 @@ set -euo pipefail
 pkgs=(
   build-essential cmake ninja-build pkg-config git
   liburing-dev libnuma-dev libhwloc-dev libmimalloc-dev
-  libopenblas-dev libdnnl-dev libopenmpi-dev openmpi-bin
+  libopenblas-dev libdnnl-dev ocl-icd-opencl-dev opencl-c-headers libopenmpi-dev openmpi-bin
   nlohmann-json3-dev libcli11-dev libxxhash-dev
   libgtest-dev libgmock-dev
   clang libclang-rt-14-dev

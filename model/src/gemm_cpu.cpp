@@ -270,7 +270,11 @@ void CpuGemm::run_sgemm(long M, long N, long K, const MatRef& a, const MatRef& b
               static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), 1.0f, static_cast<const float*>(af.data),
               static_cast<int>(af.ld), static_cast<const float*>(bf.data), static_cast<int>(bf.ld),
               out == GemmOutput::Accumulate ? 1.0f : 0.0f, cf, static_cast<int>(ldcf));
-  if (bias) rows_parallel(M, [&](long r0, long r1) { add_bias_rows(cf + r0 * ldcf, bias, r1 - r0, N); });
+  if (bias)
+    rows_parallel(M, [&](long r0, long r1) {
+      if (ldcf == N) return add_bias_rows(cf + r0 * ldcf, bias, r1 - r0, static_cast<int>(N));
+      for (long r = r0; r < r1; ++r) add_bias_rows(cf + r * ldcf, bias, 1, static_cast<int>(N));  // C is a column slice
+    });
   if (c_type != DType::F32) {
     auto* dst = static_cast<std::byte*>(c);
     const size_t es = dtype_size(c_type);

@@ -32,6 +32,8 @@
 namespace strata {
 
 using detail::GemmOutput;
+using detail::GradView;
+using detail::ParamView;
 using detail::MatRef;
 using detail::parallel_for;
 
@@ -356,6 +358,40 @@ struct Gpt::Impl {
       for (const VecRef& v : vs) convert_from_f32(at(g, v.offset), t, vec_grads.data() + v.slot, v.n);
   }
 
+  // The same for a block, through its views (group_view.hpp): parts are acquired as they
+  // are read and go once done (a vector read in place, fp32: after the operation that
+  // read it, done(w, v)); gradient parts go back once written (wrote(g, v); in 16 bits the
+  // vectors are written by round_vec_grads).
+  const float* vec(ParamView& w, const VecRef& v) {
+    if (!half) return static_cast<const float*>(w.at(v.offset));
+    convert_to_f32(vecs.data() + v.slot, w.at(v.offset), t, v.n);
+    w.done(v.offset, static_cast<uint64_t>(v.n));
+    return vecs.data() + v.slot;
+  }
+  void done(ParamView& w, const VecRef& v) {
+    if (!half) w.done(v.offset, static_cast<uint64_t>(v.n));
+  }
+  float* vec_grad(GradView& g, const VecRef& v) {
+    return half ? vec_grads.data() + v.slot : static_cast<float*>(g.at(v.offset));
+  }
+  void wrote(GradView& g, const VecRef& v) {
+    if (!half) g.wrote(v.offset, static_cast<uint64_t>(v.n));
+  }
+  void round_vec_grads(GradView& g, std::span<const VecRef> vs) {
+    if (!half) return;
+    for (const VecRef& v : vs) {
+      convert_from_f32(g.at(v.offset), t, vec_grads.data() + v.slot, v.n);
+      g.wrote(v.offset, static_cast<uint64_t>(v.n));
+    }
+  }
+  // Element `col` of a row of a matrix of type ty at p.
+  static const void* shifted(const void* p, DType ty, long col) {
+    return static_cast<const std::byte*>(p) + static_cast<size_t>(col) * dtype_size(ty);
+  }
+  static void* shifted(void* p, DType ty, long col) {
+    return static_cast<std::byte*>(p) + static_cast<size_t>(col) * dtype_size(ty);
+  }
+
   // The driver's operations (gpt_driver.hpp).
   void load_tokens(const int32_t* in, const int32_t* tgt, long) {
     inputs = in;
@@ -363,13 +399,15 @@ struct Gpt::Impl {
   }
   void release(WeightSource& ws, int g) { ws.release_params(g); }
   void ready(WeightSource& ws, int g) { ws.grads_ready(g); }
+  void release(ParamView& w) { w.release_all(); }
+  void ready(GradView& g) { g.finish(); }
   void bind_resid(int i, float* p) { resid[i] = p; }
-  void block_forward(int l, const void* w, bool keep_output, int B, int T) {
+  void block_forward(int l, ParamView& w, bool keep_output, int B, int T) {
     float* out = keep_output ? resid[l + 1] : nullptr;
     if (llama) return llama_block_forward(w, resid[l], acts_for(l), out, B, T);
     block_forward(w, resid[l], acts_for(l), out, B, T);
   }
-  void block_backward(int l, const void* w, void* g, int B, int T) {
+  void block_backward(int l, ParamView& w, GradView& g, int B, int T) {
     if (llama) return llama_block_backward(w, resid[l], acts_for(l), g, B, T);
     block_backward(w, resid[l], acts_for(l), g, B, T);
   }
@@ -384,9 +422,16 @@ struct Gpt::Impl {
     });
   }
 
-  // Y[M,N] = X[M,K] W[N,K]^T + b: X, W of type t, Y of type yt.
-  void linear(const void* X, const void* W, const float* bias, void* Y, DType yt, long M, int N, int K) {
-    gemm.run(M, N, K, {X, t, K}, {W, t, K, true}, bias, Y, yt, N, GemmOutput::Overwrite);
+  // Y[M,N] = X[M,K] W[N,K]^T + b: X, W of type t, Y of type yt. W is the [N, K] matrix at
+  // element `off` of a block: one matmul, or one per tile (a part holding rows [r0, r1) of
+  // W gives Y's columns [r0, r1)), each tile acquired just before and released just after.
+  void linear(const void* X, ParamView& w, uint64_t off, const float* bias, void* Y, DType yt, long M, int N, int K) {
+    for (const detail::RowSpan& r : w.rows(off, N, K)) {
+      const uint64_t o = off + static_cast<uint64_t>(r.r0) * static_cast<uint64_t>(K);
+      gemm.run(M, r.r1 - r.r0, K, {X, t, K}, {w.at(o), t, K, true}, bias ? bias + r.r0 : nullptr, shifted(Y, yt, r.r0),
+               yt, N, GemmOutput::Overwrite);
+      w.done(o, static_cast<uint64_t>(r.r1 - r.r0) * static_cast<uint64_t>(K));
+    }
   }
 
   // The gradient dY [M, N] of a linear's output as its backward's matmuls read it, and
@@ -437,9 +482,23 @@ struct Gpt::Impl {
 
   // Backward of linear from dY as matmul_grad gives it: dX = dY W (fp32; skipped when
   // null), dW = dY^T X (type t, overwritten).
-  void linear_backward(const void* dY, const void* X, const void* W, float* dX, void* dW, long M, int N, int K) {
-    if (dX) gemm.run(M, K, N, {dY, t, N}, {W, t, K}, nullptr, dX, DType::F32, K, GemmOutput::Overwrite);
-    gemm.run(N, K, M, {dY, t, N, true}, {X, t, K}, nullptr, dW, t, K, GemmOutput::Overwrite);
+  void linear_backward(const void* dY, const void* X, ParamView& w, uint64_t off, float* dX, GradView& g, long M, int N,
+                       int K) {
+    // Tile by tile: dX = sum over tiles of dY[:, r0:r1] W[r0:r1] (the first overwrites),
+    // and each tile's dW, handed back as soon as it is written.
+    bool first = true;
+    for (const detail::RowSpan& r : w.rows(off, N, K)) {
+      const uint64_t o = off + static_cast<uint64_t>(r.r0) * static_cast<uint64_t>(K);
+      const uint64_t n = static_cast<uint64_t>(r.r1 - r.r0) * static_cast<uint64_t>(K);
+      const void* dYt = shifted(dY, t, r.r0);
+      if (dX)
+        gemm.run(M, K, r.r1 - r.r0, {dYt, t, N}, {w.at(o), t, K}, nullptr, dX, DType::F32, K,
+                 first ? GemmOutput::Overwrite : GemmOutput::Accumulate);
+      w.done(o, n);
+      gemm.run(r.r1 - r.r0, K, M, {dYt, t, N, true}, {X, t, K}, nullptr, g.at(o), t, K, GemmOutput::Overwrite);
+      g.wrote(o, n);
+      first = false;
+    }
   }
 
   // wte as the head's matmuls read it: as stored, or converted to fp32 once per head when
@@ -522,18 +581,25 @@ struct Gpt::Impl {
   }
 
   // x [BT, d] -> a's activations; writes x + block(x) to out when out is not null.
-  void block_forward(const void* w, const float* x, BlockActs& a, float* out, int B, int T) {
+  void block_forward(ParamView& w, const float* x, BlockActs& a, float* out, int B, int T) {
     const int d = s.d_model;
     const long bt = static_cast<long>(B) * T;
     const auto& v = block_vecs;
     layernorm(x, vec(w, v[kLn1W]), vec(w, v[kLn1B]), a.ln1, a.mean1.data(), a.rstd1.data(), bt, d);
-    linear(a.ln1.data(), at(w, lay.qkv_w), vec(w, v[kQkvB]), a.qkv.data(), t, bt, 3 * d, d);
+    done(w, v[kLn1W]);
+    done(w, v[kLn1B]);
+    linear(a.ln1.data(), w, lay.qkv_w, vec(w, v[kQkvB]), a.qkv.data(), t, bt, 3 * d, d);
+    done(w, v[kQkvB]);
     attention_forward(a, B, T);
-    linear(a.att.data(), at(w, lay.attn_proj_w), vec(w, v[kProjB]), a.x2.data(), DType::F32, bt, d, d);
+    linear(a.att.data(), w, lay.attn_proj_w, vec(w, v[kProjB]), a.x2.data(), DType::F32, bt, d, d);
+    done(w, v[kProjB]);
     float* x2 = a.x2.data();
     add_rows(x2, x, bt, d);
     layernorm(x2, vec(w, v[kLn2W]), vec(w, v[kLn2B]), a.ln2, a.mean2.data(), a.rstd2.data(), bt, d);
-    linear(a.ln2.data(), at(w, lay.fc_w), vec(w, v[kFcB]), a.fc.data(), DType::F32, bt, 4 * d, d);
+    done(w, v[kLn2W]);
+    done(w, v[kLn2B]);
+    linear(a.ln2.data(), w, lay.fc_w, vec(w, v[kFcB]), a.fc.data(), DType::F32, bt, 4 * d, d);
+    done(w, v[kFcB]);
     const float* fc = a.fc.data();
     parallel_for((bt + 15) / 16, 1, [&](long c) {
       const long r0 = c * 16, r1 = std::min(bt, r0 + 16);
@@ -541,31 +607,42 @@ struct Gpt::Impl {
       detail::gelu_forward(fc + r0 * 4 * d, a.gel.f32() + r0 * 4 * d, (r1 - r0) * 4 * d);
     });
     if (!out) return;
-    linear(a.gel.data(), at(w, lay.mlp_proj_w), vec(w, v[kMlpProjB]), out, DType::F32, bt, d, 4 * d);
+    linear(a.gel.data(), w, lay.mlp_proj_w, vec(w, v[kMlpProjB]), out, DType::F32, bt, d, 4 * d);
+    done(w, v[kMlpProjB]);
     add_rows(out, x2, bt, d);
   }
 
   // dres: gradient of the block's output in, of its input out. g: the block's gradient.
-  void block_backward(const void* w, const float* x, BlockActs& a, void* g, int B, int T) {
+  void block_backward(ParamView& w, const float* x, BlockActs& a, GradView& g, int B, int T) {
     const int d = s.d_model;
     const long bt = static_cast<long>(B) * T;
     const auto& v = block_vecs;
     float* dr = dres.data();
     // MLP: out = x2 + gelu(fc(ln2(x2))) Wp^T + bp
     const void* dy_proj = matmul_grad(dr, vec_grad(g, v[kMlpProjB]), bt, d);
-    linear_backward(dy_proj, a.gel.data(), at(w, lay.mlp_proj_w), dbig.data(), at(g, lay.mlp_proj_w), bt, d, 4 * d);
+    wrote(g, v[kMlpProjB]);
+    linear_backward(dy_proj, a.gel.data(), w, lay.mlp_proj_w, dbig.data(), g, bt, d, 4 * d);
     const void* dy_fc = gelu_matmul_grad(dbig.data(), a.fc.data(), vec_grad(g, v[kFcB]), bt, 4 * d);
-    linear_backward(dy_fc, a.ln2.data(), at(w, lay.fc_w), dsmall.data(), at(g, lay.fc_w), bt, 4 * d, d);
+    wrote(g, v[kFcB]);
+    linear_backward(dy_fc, a.ln2.data(), w, lay.fc_w, dsmall.data(), g, bt, 4 * d, d);
     layernorm_backward(dsmall.data(), a.x2.data(), vec(w, v[kLn2W]), a.mean2.data(), a.rstd2.data(), dr,
                        vec_grad(g, v[kLn2W]), vec_grad(g, v[kLn2B]), bt, d);
+    done(w, v[kLn2W]);
+    wrote(g, v[kLn2W]);
+    wrote(g, v[kLn2B]);
     // Attention: x2 = x + attn(ln1(x)) Wo^T + bo
     const void* dy_att = matmul_grad(dr, vec_grad(g, v[kProjB]), bt, d);
-    linear_backward(dy_att, a.att.data(), at(w, lay.attn_proj_w), dsmall.data(), at(g, lay.attn_proj_w), bt, d, d);
+    wrote(g, v[kProjB]);
+    linear_backward(dy_att, a.att.data(), w, lay.attn_proj_w, dsmall.data(), g, bt, d, d);
     attention_backward(a, B, T);
     const void* dy_qkv = matmul_grad(dqkv.data(), vec_grad(g, v[kQkvB]), bt, 3 * d);
-    linear_backward(dy_qkv, a.ln1.data(), at(w, lay.qkv_w), dsmall.data(), at(g, lay.qkv_w), bt, 3 * d, d);
+    wrote(g, v[kQkvB]);
+    linear_backward(dy_qkv, a.ln1.data(), w, lay.qkv_w, dsmall.data(), g, bt, 3 * d, d);
     layernorm_backward(dsmall.data(), x, vec(w, v[kLn1W]), a.mean1.data(), a.rstd1.data(), dr, vec_grad(g, v[kLn1W]),
                        vec_grad(g, v[kLn1B]), bt, d);
+    done(w, v[kLn1W]);
+    wrote(g, v[kLn1W]);
+    wrote(g, v[kLn1B]);
     round_vec_grads(g, v);
   }
 
@@ -651,33 +728,34 @@ struct Gpt::Impl {
   // x [BT, d] -> a's activations; writes x + block(x) to out when out is not null.
   //   h = x + o_proj(attention(rope(q), rope(k), v of input_layernorm(x)))
   //   out = h + down_proj(silu(gate_proj(n)) * up_proj(n)),  n = post_attention_layernorm(h)
-  void llama_block_forward(const void* w, const float* x, BlockActs& a, float* out, int B, int T) {
+  void llama_block_forward(ParamView& w, const float* x, BlockActs& a, float* out, int B, int T) {
     const int d = s.d_model, ff = s.ffn_dim(), pw = d + 2 * s.kv_dim();
     const long bt = static_cast<long>(B) * T;
     rmsnorm(x, vec(w, llama_vecs[0]), a.ln1, a.rstd1.data(), bt, d);
-    linear(a.ln1.data(), at(w, llay.qkv_w), nullptr, dqkv.data(), DType::F32, bt, pw, d);
+    done(w, llama_vecs[0]);
+    linear(a.ln1.data(), w, llay.qkv_w, nullptr, dqkv.data(), DType::F32, bt, pw, d);
     rope_expand(dqkv.data(), a.qkv, T, bt);
     attention_forward(a, B, T);
     float* x2 = a.x2.data();
-    linear(a.att.data(), at(w, llay.o_w), nullptr, x2, DType::F32, bt, d, d);
+    linear(a.att.data(), w, llay.o_w, nullptr, x2, DType::F32, bt, d, d);
     add_rows(x2, x, bt, d);
     rmsnorm(x2, vec(w, llama_vecs[1]), a.ln2, a.rstd2.data(), bt, d);
-    linear(a.ln2.data(), at(w, llay.gate_up_w), nullptr, a.fc.data(), DType::F32, bt, 2 * ff, d);
+    done(w, llama_vecs[1]);
+    linear(a.ln2.data(), w, llay.gate_up_w, nullptr, a.fc.data(), DType::F32, bt, 2 * ff, d);
     const float* gu = a.fc.data();
     rows_into(a.gel, bt, ff, [&](long r, float* o) { detail::swiglu_forward(gu + r * 2 * ff, o, 1, ff); });
     if (!out) return;
-    linear(a.gel.data(), at(w, llay.down_w), nullptr, out, DType::F32, bt, d, ff);
+    linear(a.gel.data(), w, llay.down_w, nullptr, out, DType::F32, bt, d, ff);
     add_rows(out, x2, bt, d);
   }
 
   // dres: gradient of the block's output in, of its input out. g: the block's gradient.
-  void llama_block_backward(const void* w, const float* x, BlockActs& a, void* g, int B, int T) {
+  void llama_block_backward(ParamView& w, const float* x, BlockActs& a, GradView& g, int B, int T) {
     const int d = s.d_model, ff = s.ffn_dim(), pw = d + 2 * s.kv_dim();
     const long bt = static_cast<long>(B) * T;
     float* dr = dres.data();
     // MLP
-    linear_backward(grad_operand(dr, bt, d), a.gel.data(), at(w, llay.down_w), dmid.data(), at(g, llay.down_w), bt, d,
-                    ff);
+    linear_backward(grad_operand(dr, bt, d), a.gel.data(), w, llay.down_w, dmid.data(), g, bt, d, ff);
     // SwiGLU's backward, the gradient of [gate, up] written as the matmuls read it: fp32
     // in dbig, or rounded once into dy.
     auto swiglu_grad = [&](long r, float* o) {
@@ -690,16 +768,19 @@ struct Gpt::Impl {
         for (long r = r0; r < r1; ++r) swiglu_grad(r, dbig.data() + r * 2 * ff);
       });
     const void* dy_gu = half ? dy.data() : static_cast<const void*>(dbig.data());
-    linear_backward(dy_gu, a.ln2.data(), at(w, llay.gate_up_w), dsmall.data(), at(g, llay.gate_up_w), bt, 2 * ff, d);
+    linear_backward(dy_gu, a.ln2.data(), w, llay.gate_up_w, dsmall.data(), g, bt, 2 * ff, d);
     rmsnorm_backward(dsmall.data(), a.x2.data(), vec(w, llama_vecs[1]), a.rstd2.data(), dr,
                      vec_grad(g, llama_vecs[1]), bt, d);
+    done(w, llama_vecs[1]);
+    wrote(g, llama_vecs[1]);
     // Attention
-    linear_backward(grad_operand(dr, bt, d), a.att.data(), at(w, llay.o_w), dsmall.data(), at(g, llay.o_w), bt, d, d);
+    linear_backward(grad_operand(dr, bt, d), a.att.data(), w, llay.o_w, dsmall.data(), g, bt, d, d);
     attention_backward(a, B, T);
     rope_reduce(dqkv.data(), dbig.data(), T, bt);
-    linear_backward(grad_operand(dbig.data(), bt, pw), a.ln1.data(), at(w, llay.qkv_w), dsmall.data(),
-                    at(g, llay.qkv_w), bt, pw, d);
+    linear_backward(grad_operand(dbig.data(), bt, pw), a.ln1.data(), w, llay.qkv_w, dsmall.data(), g, bt, pw, d);
     rmsnorm_backward(dsmall.data(), x, vec(w, llama_vecs[0]), a.rstd1.data(), dr, vec_grad(g, llama_vecs[0]), bt, d);
+    done(w, llama_vecs[0]);
+    wrote(g, llama_vecs[0]);
     round_vec_grads(g, llama_vecs);
   }
 

@@ -299,14 +299,27 @@ struct GptCuda::Impl {
     STRATA_CHECK_CUDA(cudaMemcpyAsync(inputs, in, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
     if (tgt) STRATA_CHECK_CUDA(cudaMemcpyAsync(targets, tgt, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
   }
-  void block_forward(int l, const void* w, bool keep_output, int B, int T) {
+  // Blocks are read and written whole here (group_view.hpp refuses a source with parts:
+  // per-tensor gathers and tiles are the cpu model's for now).
+  void block_forward(int l, detail::ParamView& pv, bool keep_output, int B, int T) {
+    const void* w = pv.whole("the cuda model");
     float* out = keep_output ? resid[l + 1] : nullptr;
     if (llama) return llama_block_forward(w, resid[l], acts_for(l), out, B, T);
     block_forward(w, resid[l], acts_for(l), out, B, T);
   }
-  void block_backward(int l, const void* w, void* g, int B, int T) {
+  void block_backward(int l, detail::ParamView& pv, detail::GradView& gv, int B, int T) {
+    const void* w = pv.whole("the cuda model");
+    void* g = gv.whole("the cuda model");
     if (llama) return llama_block_backward(w, resid[l], acts_for(l), g, B, T);
     block_backward(w, resid[l], acts_for(l), g, B, T);
+  }
+  void release(detail::ParamView& pv) {
+    STRATA_CHECK_CUDA(cudaStreamSynchronize(stream));
+    pv.release_all();
+  }
+  void ready(detail::GradView& gv) {
+    STRATA_CHECK_CUDA(cudaStreamSynchronize(stream));
+    gv.finish();
   }
   // The final norm over rows of the final residual: LayerNorm, or Llama's RMSNorm.
   void final_norm(const float* x, const void* wf, long rows) {

@@ -6,15 +6,19 @@
 //   void load_tokens(const int32_t* inputs, const int32_t* targets, long n)  // host arrays; targets may be null
 // (parameter and gradient buffers are the WeightSource's, of its dtype(), untyped here)
 //   void embed(const void* w, int B, int T)                  // residual[0] from the loaded inputs
-//   void block_forward(int l, const void* w, bool keep_output, int B, int T)
+//   void block_forward(int l, ParamView& w, bool keep_output, int B, int T)
 //   double head(const void* wf, const void* wte, long bt, void* dwte, void* dlnf, float loss_scale)
 //                                             // loss; backward (of loss x loss_scale) when dlnf;
 //                                             // wte and dwte null for an untied head (in wf)
-//   void block_backward(int l, const void* w, void* grad, int B, int T)
+//   void block_backward(int l, ParamView& w, GradView& grad, int B, int T)
 //   void embed_backward(void* g0, int B, int T)
 //   void last_logits(const void* wf, const void* wte, int len, float* host_out)
 //   void release(WeightSource&, int g)   // done reading group g's parameters (synchronises on cuda)
 //   void ready(WeightSource&, int g)     // group g's gradient is written (synchronises on cuda)
+//   void release(ParamView&)             // a block's: every part still held (synchronises on cuda)
+//   void ready(GradView&)                // a block's: every part not yet handed back (synchronises on cuda)
+// A block's parameters and gradient go through group_view.hpp's views, so that a source
+// that gathers it in parts (per tensor, tiles) hands each part out and back on its own.
 //   void bind_resid(int i, float* p)     // checkpoint i (block i's input; i = L: the final
 //                                        // residual) is at p from now on: the store's buffer
 // With a checkpoint store (GptOptions::checkpoints_from_source) the driver binds each
@@ -29,6 +33,7 @@
 #include "strata/model/gpt.hpp"
 #include "strata/model/gpt_layout.hpp"
 #include "strata/model/weight_source.hpp"
+#include "group_view.hpp"
 
 namespace strata::detail {
 
@@ -45,6 +50,14 @@ inline void check_precision(const WeightSource& ws, const GptOptions& o) {
   if (ws.dtype() != o.precision)
     throw Error(std::string("the model was built for ") + to_string(o.precision) + " weights but its weight source holds " +
                 to_string(ws.dtype()) + "; build the model with GptOptions::precision = the source's dtype()");
+}
+
+// The embeddings and the final group are read through one pointer: whole (one part).
+inline void check_whole_ends(const WeightSource& ws, const GptShape& s) {
+  for (int g : {gpt_embeddings_group(), gpt_final_group(s)})
+    if (ws.num_parts(g) != 1)
+      throw Error("the weight source gathers group " + std::to_string(g) + " in " + std::to_string(ws.num_parts(g)) +
+                  " parts; the model reads the embeddings and the final group whole (only blocks may have parts)");
 }
 
 inline void check_checkpoint_options(const GptOptions& o) {
@@ -86,8 +99,9 @@ void gpt_forward_blocks(M& m, WeightSource& ws, const GptShape& s, CheckpointSto
   for (int l = 0; l < s.layers; ++l) {
     const int g = gpt_block_group(l);
     if (cp) m.bind_resid(l + 1, static_cast<float*>(cp->begin_write(l + 1)));
-    m.block_forward(l, ws.acquire_params(g), true, B, T);
-    m.release(ws, g);
+    ParamView w(ws, g);
+    m.block_forward(l, w, true, B, T);
+    m.release(w);
     if (cp) cp->end_forward(l, keep);
   }
 }
@@ -101,6 +115,7 @@ long gpt_forward_batch(M& m, WeightSource& ws, const GptShape& s, const GptOptio
   const long bt = static_cast<long>(o.micro_batch) * s.seq_len;
   check_tokens(inputs, bt, s.vocab, "input");
   check_tokens(targets, bt, s.vocab, "target");
+  check_whole_ends(ws, s);
   m.load_tokens(inputs, targets, bt);
   gpt_forward_blocks(m, ws, s, cp, keep, o.micro_batch, s.seq_len);
   return bt;
@@ -130,12 +145,16 @@ double gpt_forward_backward(M& m, WeightSource& ws, const GptShape& s, const Gpt
   for (int l = s.layers - 1; l >= 0; --l) {
     const int g = gpt_block_group(l);
     if (cp) m.bind_resid(l, static_cast<float*>(const_cast<void*>(cp->read(l))));
-    const void* w = ws.acquire_params(g);
-    if (o.checkpointing != ActivationCheckpointing::None) m.block_forward(l, w, false, B, T);  // recompute
-    m.block_backward(l, w, ws.gradient_buffer(g), B, T);
-    m.release(ws, g);
+    ParamView w(ws, g);
+    if (o.checkpointing != ActivationCheckpointing::None) {
+      m.block_forward(l, w, false, B, T);  // recompute
+      w.restart();
+    }
+    GradView grad(ws, g);
+    m.block_backward(l, w, grad, B, T);
+    m.release(w);
     if (cp) cp->finish(l);
-    m.ready(ws, g);
+    m.ready(grad);
   }
   m.embed_backward(tied ? g0 : ws.gradient_buffer(ge), B, T);
   m.ready(ws, ge);
@@ -166,6 +185,7 @@ void gpt_next_token_logits(M& m, WeightSource& ws, const GptShape& s, const GptO
   check_tokens(tokens, len, s.vocab, "input");
   check_precision(ws, o);
   CheckpointStore* cp = checkpoint_store(ws, s, o);
+  check_whole_ends(ws, s);
   m.load_tokens(tokens, nullptr, len);
   const int ge = gpt_embeddings_group(), gf = gpt_final_group(s);
   gpt_forward_blocks(m, ws, s, cp, false, 1, len);

@@ -1,7 +1,9 @@
 #include "strata/model/gpt_layout.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <numeric>
 
 #include "strata/core/error.hpp"
 
@@ -252,6 +254,75 @@ std::vector<int> gpt_schedule(const GptShape& s) {
   if (s.tied()) order.push_back(gpt_embeddings_group());
   for (int l = s.layers - 1; l >= 0; --l) order.push_back(gpt_block_group(l));
   return order;
+}
+
+std::vector<std::vector<uint64_t>> gpt_parts(const GptShape& s, uint64_t bucket_elems, int tile_factor) {
+  if (bucket_elems == 0)
+    throw ConfigError("zero_optimization.stage3_prefetch_bucket_size = 0: it bounds each gather (and the look-ahead), "
+                      "so 0 leaves nothing to gather; give at least 1 (one tensor or tile per gather; DeepSpeed's "
+                      "default is 50000000)");
+  if (tile_factor < 1)
+    throw ConfigError("strata.tile_factor = " + std::to_string(tile_factor) +
+                      " must be at least 1 (1: linears untiled)");
+  const std::vector<GptGroup> groups = gpt_groups(s);
+  if (tile_factor > 1) {
+    uint64_t common = 0;  // gcd of every linear's rows
+    std::string bad;
+    for (const GptGroup& g : groups) {
+      if (g.name.rfind("block.", 0) != 0) continue;
+      for (const GptTensor& t : g.tensors) {
+        if (t.shape.size() != 2) continue;
+        const uint64_t rows = static_cast<uint64_t>(t.shape[0]);
+        common = std::gcd(common, rows);
+        if (bad.empty() && rows % static_cast<uint64_t>(tile_factor) != 0)
+          bad = t.name + " has " + std::to_string(rows) + " output rows";
+      }
+      break;  // every block has the same layout
+    }
+    if (!bad.empty()) {
+      std::string ok;
+      int listed = 0;
+      for (uint64_t k = 1; k <= common && listed < 8; ++k)
+        if (common % k == 0) ok += (listed++ ? ", " : "") + std::to_string(k);
+      throw ConfigError("strata.tile_factor = " + std::to_string(tile_factor) + " does not divide every linear: " + bad +
+                        ", and each tile is a whole number of output rows; give one of " + ok +
+                        (listed == 8 ? ", ..." : "") + " (divisors of " + std::to_string(common) +
+                        "; the smallest workable value is 1, no tiling)");
+    }
+  }
+  std::vector<std::vector<uint64_t>> parts;
+  for (const GptGroup& g : groups) {
+    std::vector<uint64_t> begins{0};
+    const bool block = g.name.rfind("block.", 0) == 0;
+    if (!block || (g.numel <= bucket_elems && tile_factor == 1)) {
+      parts.push_back(std::move(begins));
+      continue;
+    }
+    std::vector<const GptTensor*> ts;
+    for (const GptTensor& t : g.tensors) ts.push_back(&t);
+    std::sort(ts.begin(), ts.end(), [](const GptTensor* a, const GptTensor* b) { return a->offset < b->offset; });
+    uint64_t open = 0;  // elements in the part being filled
+    auto cut = [&](uint64_t at) {
+      if (at > begins.back()) begins.push_back(at);
+      open = 0;
+    };
+    for (const GptTensor* t : ts) {
+      const uint64_t n = t->numel();
+      if (tile_factor > 1 && t->shape.size() == 2) {
+        cut(t->offset);
+        const uint64_t tile = n / static_cast<uint64_t>(tile_factor);
+        for (int k = 1; k < tile_factor; ++k) cut(t->offset + tile * static_cast<uint64_t>(k));
+        cut(t->offset + n);
+        continue;
+      }
+      if (open > 0 && open + n > bucket_elems) cut(t->offset);
+      open += n;
+      if (open >= bucket_elems) cut(t->offset + n);
+    }
+    if (begins.back() == g.numel) begins.pop_back();
+    parts.push_back(std::move(begins));
+  }
+  return parts;
 }
 
 double gpt_flops_per_token(const GptShape& s) {

@@ -26,6 +26,7 @@
 #include "strata/core/log.hpp"
 #include "strata/core/safe_io.hpp"
 #include "checkpoint_format.hpp"
+#include "strata/runtime/train.hpp"
 
 namespace strata {
 
@@ -223,21 +224,74 @@ void read_range(const CheckpointInfo& info, size_t g, uint64_t begin, uint64_t c
   }
 }
 
+// Groups saved in parts (gpt_parts, "block.3@1536") belong to the group they cut: the
+// model's groups, each with its parts' indices and first elements. A name without '@' is a
+// whole group. Parts must follow each other from element 0.
+struct ModelGroup {
+  std::string name;
+  uint64_t numel = 0;
+  std::vector<size_t> parts;      // indices into the list the groups came from
+  std::vector<uint64_t> offsets;  // each part's first element in the model group
+};
+
+template <class NameOf, class NumelOf>
+std::vector<ModelGroup> merge_parts(size_t n, NameOf name_of, NumelOf numel_of, const std::string& where) {
+  std::vector<ModelGroup> out;
+  for (size_t k = 0; k < n; ++k) {
+    const PartName pn = parse_part_name(name_of(k));
+    if (pn.offset == 0 || out.empty() || out.back().name != pn.group) out.push_back({pn.group, 0, {}, {}});
+    ModelGroup& m = out.back();
+    if (pn.offset != m.numel)
+      throw CorruptionError(where + ": group '" + name_of(k) + "' starts at element " + std::to_string(pn.offset) +
+                            " of '" + pn.group + "', whose parts before it end at " + std::to_string(m.numel));
+    m.parts.push_back(k);
+    m.offsets.push_back(m.numel);
+    m.numel += numel_of(k);
+  }
+  return out;
+}
+
+std::vector<ModelGroup> model_groups(const CheckpointInfo& info) {
+  return merge_parts(
+      info.groups.size(), [&](size_t k) { return info.groups[k].name; }, [&](size_t k) { return info.groups[k].numel; },
+      "checkpoint '" + info.dir + "'");
+}
+
+std::vector<ModelGroup> model_groups(const ZeroEngine& engine) {
+  return merge_parts(
+      static_cast<size_t>(engine.num_groups()), [&](size_t k) { return engine.group_name(static_cast<int>(k)); },
+      [&](size_t k) { return engine.group_numel(static_cast<int>(k)); }, "the engine's groups");
+}
+
+// Elements [begin, begin + count) of the model's group m (within its numel), of the states
+// in `outs`, from whichever saved groups (parts) hold them.
+void read_model_range(const CheckpointInfo& info, const ModelGroup& m, uint64_t begin, uint64_t count,
+                      float* const outs[kStates]) {
+  const uint64_t end = begin + count;
+  STRATA_CHECK(end <= m.numel, "read_model_range beyond its group");
+  for (size_t i = 0; i < m.parts.size(); ++i) {
+    const uint64_t lo_p = m.offsets[i], hi_p = lo_p + info.groups[m.parts[i]].numel;
+    const uint64_t lo = std::max(begin, lo_p), hi = std::min(end, hi_p);
+    if (lo >= hi) continue;
+    float* sub[kStates];
+    for (int k = 0; k < kStates; ++k) sub[k] = outs[k] ? outs[k] + (lo - begin) : nullptr;
+    read_range(info, m.parts[i], lo - lo_p, hi - lo, sub);
+  }
+}
+
 void check_groups(ZeroEngine& engine, const CheckpointInfo& info) {
   const std::string fix =
       "; resume with the model configuration (strata.model) the checkpoint was saved with, or start a new run with "
       "another strata.checkpoint_dir";
-  if (static_cast<size_t>(engine.num_groups()) != info.groups.size())
-    throw ConfigError("checkpoint is of another model shape: the model here has " +
-                      std::to_string(engine.num_groups()) + " parameter groups, the checkpoint '" + info.dir +
-                      "' has " + std::to_string(info.groups.size()) + fix);
-  for (int g = 0; g < engine.num_groups(); ++g) {
-    const CheckpointGroup& c = info.groups[static_cast<size_t>(g)];
-    if (engine.group_numel(g) != c.numel)
-      throw ConfigError("checkpoint is of another model shape: group '" + c.name + "' has " +
-                        std::to_string(engine.group_numel(g)) + " elements here, " + std::to_string(c.numel) +
+  const std::vector<ModelGroup> here = model_groups(engine), saved = model_groups(info);
+  if (here.size() != saved.size())
+    throw ConfigError("checkpoint is of another model shape: the model here has " + std::to_string(here.size()) +
+                      " parameter groups, the checkpoint '" + info.dir + "' has " + std::to_string(saved.size()) + fix);
+  for (size_t g = 0; g < here.size(); ++g)
+    if (here[g].numel != saved[g].numel)
+      throw ConfigError("checkpoint is of another model shape: group '" + saved[g].name + "' has " +
+                        std::to_string(here[g].numel) + " elements here, " + std::to_string(saved[g].numel) +
                         " in the checkpoint '" + info.dir + "'" + fix);
-  }
 }
 
 void write_rank_file(ZeroEngine& engine, const fs::path& path, CheckpointFile& out) {
@@ -756,18 +810,24 @@ CheckpointInfo load_shards(ZeroEngine& engine, coll::Communicator& host, const s
   }
   if (auto f = agree(host, ep)) f->raise(rank);
 
-  for (int g = 0; g < engine.num_groups(); ++g) {
-    const uint64_t n = engine.shard_numel(g);
-    std::vector<float> m(n), a(n, 0.0f), v(n, 0.0f);
-    try {
-      float* outs[kStates] = {m.data(), weights_only ? nullptr : a.data(), weights_only ? nullptr : v.data()};
-      read_range(info, static_cast<size_t>(g), static_cast<uint64_t>(rank) * n, n, outs);  // these bytes only
-    } catch (...) {
-      ep = std::current_exception();
+  // Each engine group (a whole group, or a part of one) reads its elements of the model's
+  // group from whichever saved groups hold them: the same cut, or another.
+  const std::vector<ModelGroup> here = model_groups(engine), saved = model_groups(info);
+  for (size_t mg = 0; mg < here.size(); ++mg)
+    for (size_t i = 0; i < here[mg].parts.size(); ++i) {
+      const int g = static_cast<int>(here[mg].parts[i]);
+      const uint64_t n = engine.shard_numel(g), numel = engine.group_numel(g);
+      std::vector<float> m(n, 0.0f), a(n, 0.0f), v(n, 0.0f);
+      try {
+        float* outs[kStates] = {m.data(), weights_only ? nullptr : a.data(), weights_only ? nullptr : v.data()};
+        const uint64_t lo = std::min(numel, static_cast<uint64_t>(rank) * n), hi = std::min(numel, lo + n);  // padding: 0
+        if (hi > lo) read_model_range(info, saved[mg], here[mg].offsets[i] + lo, hi - lo, outs);  // these bytes only
+      } catch (...) {
+        ep = std::current_exception();
+      }
+      if (auto f = agree(host, ep)) f->raise(rank);
+      engine.write_optimizer_shard(g, m.data(), a.data(), v.data(), weights_only ? 0 : info.optimizer_steps);
     }
-    if (auto f = agree(host, ep)) f->raise(rank);
-    engine.write_optimizer_shard(g, m.data(), a.data(), v.data(), weights_only ? 0 : info.optimizer_steps);
-  }
   return info;
 }
 
@@ -911,11 +971,19 @@ std::string InitialCheckpointWriter::finish(const nlohmann::json& config, const 
 }
 
 std::vector<float> read_checkpoint_group(const CheckpointInfo& info, int g) {
-  if (g < 0 || static_cast<size_t>(g) >= info.groups.size())
-    throw Error("read_checkpoint_group: group " + std::to_string(g) + " of " + std::to_string(info.groups.size()));
-  std::vector<float> out(info.groups[static_cast<size_t>(g)].numel);
+  const std::vector<ModelGroup> groups = model_groups(info);
+  if (g < 0 || static_cast<size_t>(g) >= groups.size())
+    throw Error("read_checkpoint_group: group " + std::to_string(g) + " of " + std::to_string(groups.size()));
+  const ModelGroup& m = groups[static_cast<size_t>(g)];
+  std::vector<float> out(m.numel);
   float* outs[kStates] = {out.data(), nullptr, nullptr};
-  read_range(info, static_cast<size_t>(g), 0, out.size(), outs);
+  read_model_range(info, m, 0, out.size(), outs);
+  return out;
+}
+
+std::vector<CheckpointGroup> checkpoint_model_groups(const CheckpointInfo& info) {
+  std::vector<CheckpointGroup> out;
+  for (const ModelGroup& m : model_groups(info)) out.push_back({m.name, m.numel, 0, 0});
   return out;
 }
 

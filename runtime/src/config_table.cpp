@@ -384,16 +384,20 @@ const ConfigSection kZero = {
         {.name = "offload_optimizer", .type = KeyType::Section, .fallback = "device `\"none\"`",
          .help = "Home tier of the fp32 master weights, Adam moments and gradient shards (table below). Any stage.",
          .section = &kOffloadOptimizer, .enter = offload_optimizer_of},
-        {.name = "stage3_prefetch_bucket_size", .type = KeyType::Whole, .min = 0,
-         .help = "Prefetch lookahead, in parameter elements.",
+        {.name = "stage3_prefetch_bucket_size", .type = KeyType::Whole, .min = 1,
+         .help = "Parameter elements per gather and of look-ahead: a block larger than this is gathered in parts of "
+                 "at most this many elements (its tensors coalesced in layout order; a larger tensor alone), each "
+                 "gathered, released and reduce-scattered on its own; the prefetch looks this many elements ahead. "
+                 "At least 1: one tensor (or tile) per gather.",
          .field = STRATA_CONFIG_FIELD(Config, zero.stage3_prefetch_bucket_size)},
         {.name = "stage3_max_live_parameters", .type = KeyType::Whole, .min = 1,
          .help = "Most parameter elements gathered on the device at once (it bounds the prefetch). Stage 3 gathers "
-                 "a parameter group (a block) whole, so a value below the largest group is refused at start-up, "
-                 "naming the smallest that works.",
+                 "each group (a block, or a part of one: stage3_prefetch_bucket_size, strata.tile_factor) whole, "
+                 "so a value below the largest is refused at start-up, naming the smallest that works.",
          .field = STRATA_CONFIG_FIELD(Config, zero.stage3_max_live_parameters)},
         {.name = "stage3_max_reuse_distance", .type = KeyType::Whole, .min = 0,
-         .help = "A gathered block is kept, not released, when its next use is nearer than this many elements.",
+         .help = "A gathered block (or part) is kept, not released, when its next use is nearer than this many "
+                 "elements.",
          .field = STRATA_CONFIG_FIELD(Config, zero.stage3_max_reuse_distance)},
         {.name = "stage3_param_persistence_threshold", .type = KeyType::Whole, .min = 0,
          .help = "Parameters smaller than this many elements stay resident on every rank.",
@@ -586,6 +590,13 @@ const ConfigSection kStrata = {
                  "stepped again when it must be, so the result is bit-identical to the plain step. Keeps a "
                  "second set of master weights and moments in the optimizer's tier, where the budget allows.",
          .field = STRATA_CONFIG_FIELD(Config, strata.speculative_optimizer)},
+        {.name = "tile_factor", .type = KeyType::Whole, .min = 1, .max = kMaxInt,
+         .help = "Memory-centric tiling (DeepSpeed's TiledLinear, out_splits): every linear weight of a block is "
+                 "gathered and computed in this many tiles of whole output rows, forward and backward, each "
+                 "gathered, used and released in turn, its gradient reduce-scattered as soon as it is written. Must "
+                 "divide every linear's rows (an error lists the divisors). The cpu backend; the cuda model refuses "
+                 "it.",
+         .field = STRATA_CONFIG_FIELD(Config, strata.tile_factor)},
         {.name = "seed", .type = KeyType::Whole, .min = 0, .help = "Random seed.",
          .field = STRATA_CONFIG_FIELD(Config, strata.seed)},
         {.name = "trace", .type = KeyType::Text, .help = "Chrome trace output path; empty turns tracing off.",

@@ -85,13 +85,14 @@ GptShape checkpoint_gpt_shape(const CheckpointInfo& info) {
   const std::string what =
       "checkpoint '" + info.dir + "' is not of the model its configuration describes (" + describe(shape) + "): ";
   const std::string fix = "; export reads GPT checkpoints written by strata train";
-  if (groups.size() != info.groups.size())
-    throw ConfigError(what + "it has " + std::to_string(info.groups.size()) + " parameter groups, the GPT " +
+  const std::vector<CheckpointGroup> saved = checkpoint_model_groups(info);
+  if (groups.size() != saved.size())
+    throw ConfigError(what + "it has " + std::to_string(saved.size()) + " parameter groups, the GPT " +
                       std::to_string(groups.size()) + fix);
   for (size_t g = 0; g < groups.size(); ++g)
-    if (groups[g].numel != info.groups[g].numel)  // names are informative (save may not know them)
-      throw ConfigError(what + "its group " + std::to_string(g) + " is '" + info.groups[g].name + "' of " +
-                        std::to_string(info.groups[g].numel) + " elements, the GPT's is '" + groups[g].name + "' of " +
+    if (groups[g].numel != saved[g].numel)  // names are informative (save may not know them)
+      throw ConfigError(what + "its group " + std::to_string(g) + " is '" + saved[g].name + "' of " +
+                        std::to_string(saved[g].numel) + " elements, the GPT's is '" + groups[g].name + "' of " +
                         std::to_string(groups[g].numel) + fix);
   return shape;
 }

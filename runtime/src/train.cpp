@@ -22,6 +22,7 @@
 #include "strata/runtime/checkpoint.hpp"
 #include "strata/runtime/export.hpp"
 #include "strata/runtime/lr_schedule.hpp"
+#include "strata/runtime/parted_source.hpp"
 #include "strata/runtime/rank.hpp"
 
 namespace strata {
@@ -194,7 +195,7 @@ bool should_checkpoint(const StrataSection& s, int64_t step, bool last_step, int
 
 // The mean loss over up to `batches` held-out batches of every rank; -1 when the data
 // holds none. x and y are the step's token buffers.
-double heldout_loss(GptModel& model, ZeroEngine& engine, const TokenDataset& data, coll::Communicator& comm,
+double heldout_loss(GptModel& model, WeightSource& engine, const TokenDataset& data, coll::Communicator& comm,
                     int batches, int micro, std::vector<int32_t>& x, std::vector<int32_t>& y) {
   double sum = 0;
   int n = 0;
@@ -355,6 +356,20 @@ class StepLog {
 TrainResult train(const Config& cfg, const TrainOptions& topts) {
   check_inputs(cfg, topts);
   const GptShape shape = cfg.strata.model;
+  // Blocks larger than stage3_prefetch_bucket_size, or tiled, are gathered in parts: one
+  // engine group per part (gpt_parts), which the model reads through `source`.
+  std::vector<std::vector<uint64_t>> parts =
+      gpt_parts(shape, cfg.zero.stage3_prefetch_bucket_size, cfg.strata.tile_factor);
+  const std::vector<GroupSpec> specs = gpt_group_specs(shape, parts);
+  const bool parted = specs.size() != parts.size();  // checked before the device is opened
+  if (parted && cfg.strata.backend == Backend::Cuda)
+    throw ConfigError("the cuda model reads whole blocks, and this configuration gathers them in parts "
+                      "(zero_optimization.stage3_prefetch_bucket_size = " +
+                      std::to_string(cfg.zero.stage3_prefetch_bucket_size) + " is below a block's " +
+                      std::to_string(gpt_groups(shape)[1].numel) + " elements, or strata.tile_factor = " +
+                      std::to_string(cfg.strata.tile_factor) +
+                      "); per-tensor gathers and tiles run on the cpu backend: raise the bucket to a block and set "
+                      "tile_factor 1, or use strata.backend cpu");
   // MPI (or self), the device (cuda: the GPU of this rank's local rank) and NCCL on cuda.
   RankContext ctx = open_rank(cfg);
   coll::Communicator* comm = ctx.host_comm.get();
@@ -393,11 +408,13 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
   // engine's device budget, so a budget too large for the GPU fails in the engine's
   // allocation, which names strata.device_budget.
   std::unique_ptr<GptModel> model = make_gpt(cfg.strata.backend, shape, mo);
-  const std::vector<GroupSpec> specs = gpt_group_specs(shape);
   std::vector<std::string> group_names;
   for (const auto& g : specs) group_names.push_back(g.name);
   auto engine = std::make_unique<ZeroEngine>(*ctx.device, ctx.device_comm(), *comm, eo, specs);
-  engine->set_schedule(gpt_schedule(shape));
+  // Whole blocks: the schedule is known. Parts: the engine learns their order in the
+  // first step (zero_engine.hpp's recorded trace).
+  if (!parted) engine->set_schedule(gpt_schedule(shape));
+  PartedSource source(*engine, std::move(parts));
   const LrSchedule lr_schedule{cfg.scheduler};  // a function of optimizer steps: resumes with them
 
   TrainResult res;
@@ -432,7 +449,7 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
       data.batch(pos, rank, world, micro, x.data(), y.data());
       pos = data.advance(pos, world * micro);
       engine->begin_micro_step();
-      loss += model->forward_backward(*engine, x.data(), y.data(), static_cast<float>(engine->loss_scale()));
+      loss += model->forward_backward(source, x.data(), y.data(), static_cast<float>(engine->loss_scale()));
     }
     comm->all_reduce(std::span<double>(&loss, 1)).wait();
     rec.loss = loss / static_cast<double>(world * accum);
@@ -462,7 +479,7 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
   }
 
   if (topts.eval_batches > 0 && !res.stop_signal) {
-    res.eval_loss = heldout_loss(*model, *engine, data, *comm, topts.eval_batches, micro, x, y);
+    res.eval_loss = heldout_loss(*model, source, data, *comm, topts.eval_batches, micro, x, y);
     step_log.heldout(res.eval_loss);
   }
   res.stats = engine->stats();

@@ -43,7 +43,9 @@ float init_value(const GroupSpec& s, uint64_t seed, uint64_t group, uint64_t ind
   switch (s.init) {
     case InitKind::Zeros: return 0.0f;
     case InitKind::Ones: return 1.0f;
-    case InitKind::Normal: return s.init_std * normal_at(seed, group, index);
+    case InitKind::Normal:
+      if (s.init_group >= 0) return s.init_std * normal_at(seed, static_cast<uint64_t>(s.init_group), s.init_offset + index);
+      return s.init_std * normal_at(seed, group, index);
   }
   return 0.0f;
 }
@@ -239,8 +241,9 @@ ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communica
     for (const SubGroup& sg : gl.sub_groups) gr.chunks.push_back({sg.offset, sg.n});
   }
 
-  // Stage 3 gathers a group whole (per-tensor gathers are not built): a cap on gathered
-  // elements below the largest group cannot be kept, so it is refused rather than broken.
+  // Stage 3 gathers a group whole (a block in parts is a group per part, gpt_parts): a cap
+  // on gathered elements below the largest group cannot be kept, so it is refused rather
+  // than broken.
   if (opts_.stage == 3 && opts_.max_live_elems < layout_.max_numel) {
     const auto largest = std::max_element(groups_.begin(), groups_.end(), [](const Group& a, const Group& b) {
       return a.spec.numel < b.spec.numel;
@@ -249,7 +252,8 @@ ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communica
                       " is smaller than the largest parameter group, '" + largest->spec.name + "' (" +
                       std::to_string(layout_.max_numel) +
                       " elements), which stage 3 gathers whole: give at least " +
-                      std::to_string(layout_.max_numel));
+                      std::to_string(layout_.max_numel) +
+                      " (a block's share falls with a smaller stage3_prefetch_bucket_size and strata.tile_factor)");
   }
   // Check the plan before anything is allocated: every home copy must fit its tier,
   // and the device must hold one group's working set on top.
@@ -424,6 +428,7 @@ CheckpointStore* ZeroEngine::checkpoints() { return checkpoints_.get(); }
 int ZeroEngine::num_groups() const { return static_cast<int>(groups_.size()); }
 uint64_t ZeroEngine::group_numel(int g) const { return groups_.at(g).spec.numel; }
 uint64_t ZeroEngine::shard_numel(int g) const { return groups_.at(g).shard; }
+const std::string& ZeroEngine::group_name(int g) const { return groups_.at(g).spec.name; }
 
 // ---------------------------------------------------------------------------------------
 // Initialisation: each rank fills its own shards only.

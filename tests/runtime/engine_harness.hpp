@@ -42,6 +42,10 @@ struct RunSpec {
   // (pinned memory, or NVMe where the pinned budget is short); Nvme, cpu_checkpointing
   // with the checkpoints' home on NVMe.
   std::optional<OffloadDevice> checkpoints;
+  // The GPT's blocks gathered in parts (gpt_parts): of at most this many elements (0:
+  // whole blocks), linears in tile_factor tiles.
+  uint64_t part_bucket = 0;
+  int tile_factor = 1;
   std::string label() const {
     return std::string(precision_name(precision)) + ", stage " + std::to_string(stage) + ", params " + to_string(param) + ", optimizer " + to_string(optimizer) +
            ", accum " + std::to_string(accum) + (clip > 0 ? ", clip " + std::to_string(clip) : "") +
@@ -51,7 +55,9 @@ struct RunSpec {
            (optimizer_ratio < 1.0 ? ", ratio " + std::to_string(optimizer_ratio) : "") +
            (checkpoints ? std::string(", checkpoints ") +
                               (*checkpoints == OffloadDevice::None ? "on the device" : to_string(*checkpoints))
-                        : "");
+                        : "") +
+           (part_bucket ? ", parts of " + std::to_string(part_bucket) : "") +
+           (tile_factor > 1 ? ", tile factor " + std::to_string(tile_factor) : "");
   }
 };
 

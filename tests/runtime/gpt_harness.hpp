@@ -9,6 +9,7 @@
 
 #include "engine_harness.hpp"
 #include "strata/model/gpt.hpp"
+#include "strata/runtime/parted_source.hpp"
 #include "strata/runtime/train.hpp"
 
 namespace strata::testing_engine {
@@ -42,7 +43,8 @@ inline RunResult train_gpt(coll::Communicator& comm, coll::Communicator& host, c
                            const std::string& nvme_dir, bool checkpointing = false,
                            const GptShape& shape = small_gpt()) {
   auto device = make_device({});
-  EngineOptions o = test_engine_options(spec, 13'333, nvme_dir);  // look-ahead: three blocks
+  // Look-ahead: three blocks; with parts, the bucket bounds both (one key in strata train).
+  EngineOptions o = test_engine_options(spec, spec.part_bucket ? spec.part_bucket : 13'333, nvme_dir);
   o.optimizer.lr = 1e-2f;
   const int world = comm.size(), rank = comm.rank(), local = kGptGlobalBatch / world;
   GptOptions mo{local, checkpointing ? ActivationCheckpointing::PerBlock : ActivationCheckpointing::None,
@@ -54,8 +56,12 @@ inline RunResult train_gpt(coll::Communicator& comm, coll::Communicator& host, c
     o.cpu_checkpointing = *spec.checkpoints != OffloadDevice::None;
     if (*spec.checkpoints == OffloadDevice::Nvme) o.checkpoints.home = Tier::Nvme;
   }
-  ZeroEngine engine(*device, comm, host, o, gpt_group_specs(shape));
-  if (spec.give_schedule) engine.set_schedule(gpt_schedule(shape));
+  // Blocks in parts when asked (as strata train cuts them; the engine learns their order).
+  const std::vector<std::vector<uint64_t>> parts =
+      gpt_parts(shape, spec.part_bucket ? spec.part_bucket : UINT64_MAX, spec.tile_factor);
+  ZeroEngine engine(*device, comm, host, o, gpt_group_specs(shape, parts));
+  const bool parted = engine.num_groups() != static_cast<int>(parts.size());
+  if (spec.give_schedule && !parted) engine.set_schedule(gpt_schedule(shape));
   Gpt model(shape, mo);
   std::vector<int32_t> x(static_cast<size_t>(local) * shape.seq_len), y(x.size());
   RunResult r;
@@ -65,7 +71,8 @@ inline RunResult train_gpt(coll::Communicator& comm, coll::Communicator& host, c
       for (int i = 0; i < local; ++i)
         gpt_row(step, m, rank * local + i, shape, &x[i * shape.seq_len], &y[i * shape.seq_len]);
       engine.begin_micro_step();
-      PoisoningSource source(engine, step == spec.poison_step && rank == spec.poison_rank && m == spec.accum - 1);
+      PoisoningSource poisoning(engine, step == spec.poison_step && rank == spec.poison_rank && m == spec.accum - 1);
+      PartedSource source(poisoning, parts);
       loss += model.forward_backward(source, x.data(), y.data(), static_cast<float>(engine.loss_scale()));
     }
     host.all_reduce(std::span<double>(&loss, 1)).wait();
@@ -74,7 +81,15 @@ inline RunResult train_gpt(coll::Communicator& comm, coll::Communicator& host, c
     r.norms.push_back(engine.stats().last_grad_norm);
     if (spec.snapshots) r.states.push_back(snapshot(engine));
   }
-  for (int g = 0; g < engine.num_groups(); ++g) r.weights.push_back(engine.gather_full_params(g));
+  // The model's groups' weights, parts put back together.
+  for (int g = 0, e = 0; g < static_cast<int>(parts.size()); ++g) {
+    std::vector<float> w;
+    for (size_t p = 0; p < parts[static_cast<size_t>(g)].size(); ++p, ++e) {
+      const std::vector<float> part = engine.gather_full_params(e);
+      w.insert(w.end(), part.begin(), part.end());
+    }
+    r.weights.push_back(std::move(w));
+  }
   r.stats = engine.stats();
   return r;
 }

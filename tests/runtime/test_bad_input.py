@@ -152,6 +152,15 @@ with tempfile.TemporaryDirectory(prefix="strata-bad-input-") as work:
     refused("train with cpu_checkpointing and checkpointing off",
             ["train", "-c", fortunes, "--set", "activation_checkpointing.cpu_checkpointing=true"] + small,
             "set enabled to true, or drop cpu_checkpointing", timeout=30)
+    refused("train with a tile factor that does not divide the linears",
+            ["train", "-c", fortunes, "--set", "strata.tile_factor=3"] + small,
+            "strata.tile_factor = 3 does not divide every linear", timeout=30)
+    refused("train with a prefetch bucket of 0",
+            ["train", "-c", fortunes, "--set", "zero_optimization.stage3_prefetch_bucket_size=0"] + small,
+            "stage3_prefetch_bucket_size", timeout=30)
+    refused("train with tiles on the cuda backend",
+            ["train", "-c", fortunes, "--set", "strata.tile_factor=2", "--set", "strata.backend=cuda"] + small,
+            "tile", timeout=30)
     refused("train with partition_activations",
             ["train", "-c", fortunes, "--set", "activation_checkpointing.enabled=true", "--set",
              "activation_checkpointing.partition_activations=true"] + small,

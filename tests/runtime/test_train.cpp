@@ -347,6 +347,95 @@ TEST(Train, CpuCheckpointingTrainsWhereTheCheckpointsDoNotFitTheDevice) {
   }
 }
 
+// Memory-centric tiling: a block larger than the whole device budget trains when its
+// linears are tiled (strata.tile_factor) and its tensors gathered one part at a time
+// (stage3_prefetch_bucket_size below a block), with the losses of the untiled run on a
+// budget that holds the block, within rounding (tiles sum a linear's input gradient in
+// four pieces). Untiled, the same budget is refused at start-up. A checkpoint saved by the
+// tiled run resumes untiled (the parts map back onto the blocks).
+TEST(Train, TilingTrainsABlockLargerThanTheDeviceBudget) {
+  Dir d("tiling");
+  const std::string data = write_file(d.p / "corpus.txt", corpus(600));
+  nlohmann::json shape = {{"layers", 2}, {"d_model", 256}, {"heads", 4}, {"seq_len", 32}, {"vocab", 256}};
+  Config c = config(d, data, shape, 8);
+  c.zero.stage3_param_persistence_threshold = 0;
+  const uint64_t block_bytes = 4 * gpt_groups(c.strata.model)[1].numel;  // 789,760 fp32 elements
+  c.strata.device_budget = 32 << 20;  // a block's working set: 15 MiB
+  c.strata.pinned_budget = 32 << 20;  // the optimizer's staging of whole-block sub-groups
+  const TrainResult untiled = train(c, quiet());
+  Config t = c;
+  t.strata.tile_factor = 4;
+  t.zero.stage3_prefetch_bucket_size = 65'536;  // a tile of the MLP (256 x 1024 / 4)
+  std::vector<GroupSize> sizes;
+  for (const GroupSpec& g : gpt_group_specs(t.strata.model, gpt_parts(t.strata.model, 65'536, 4)))
+    sizes.push_back({g.name, g.numel});
+  const ShardLayout L = make_shard_layout(sizes, EngineOptions::from_config(t).shard_strategy(1));
+  t.strata.device_budget = L.need[int(Tier::Device)].homes() + L.device_working;  // the start-up minimum
+  ASSERT_LT(t.strata.device_budget, block_bytes);
+  const TrainResult tiled = train(t, quiet());
+  ASSERT_EQ(tiled.steps.size(), untiled.steps.size());
+  for (size_t i = 0; i < tiled.steps.size(); ++i)
+    EXPECT_NEAR(tiled.steps[i].loss, untiled.steps[i].loss, 1e-5 * untiled.steps[i].loss) << "step " << i;
+  EXPECT_LT(tiled.steps.back().loss, tiled.steps.front().loss);
+  const StoreStats& st = tiled.stats.store;
+  EXPECT_LE(st.tiers[int(Tier::Device)].peak, t.strata.device_budget);
+  EXPECT_LT(st.tiers[int(Tier::Device)].peak_by_owner.at("gathered"), block_bytes / 4);
+  std::printf("device budget %llu bytes for blocks of %llu: gathered peak %llu, device peak %llu\n",
+              static_cast<unsigned long long>(t.strata.device_budget), static_cast<unsigned long long>(block_bytes),
+              static_cast<unsigned long long>(st.tiers[int(Tier::Device)].peak_by_owner.at("gathered")),
+              static_cast<unsigned long long>(st.tiers[int(Tier::Device)].peak));
+
+  Config whole = c;  // untiled on the tiled run's budget
+  whole.strata.device_budget = t.strata.device_budget;
+  const std::string m = test::error_of<OutOfBudget>([&] { train(whole, quiet()); });
+  EXPECT_NE(m.find("device"), std::string::npos) << m;
+
+  // Saved tiled at step 4, resumed untiled: steps 5-8 as the tiled run had them.
+  Config save = t;
+  save.strata.steps = 4;
+  save.strata.checkpoint_every = 4;
+  save.strata.checkpoint_dir = (d.p / "ckpt").string();
+  train(save, quiet());
+  Config resume = c;
+  resume.strata.checkpoint_dir = save.strata.checkpoint_dir;
+  TrainOptions o = quiet();
+  o.resume = true;
+  const TrainResult rest = train(resume, o);
+  ASSERT_EQ(rest.steps.size(), 4u);
+  for (size_t i = 0; i < 4; ++i)
+    EXPECT_NEAR(rest.steps[i].loss, tiled.steps[4 + i].loss, 1e-5 * tiled.steps[4 + i].loss) << "step " << 5 + i;
+}
+
+// Bad parts: a tile factor that does not divide every linear's rows, a bucket of 0, and
+// stage3_max_live_parameters below the largest part are refused at start-up, naming the
+// key and what works.
+TEST(Train, BadTileFactorBucketAndLiveParametersAreRefusedAtStartUp) {
+  Dir d("badtiles");
+  const std::string data = write_file(d.p / "corpus.txt", corpus(100));
+  Config c = config(d, data, small_shape(), 1);  // d_model 32: linears of 96, 32 and 128 rows
+  c.strata.tile_factor = 3;
+  std::string m = test::error_of<ConfigError>([&] { train(c, quiet()); });
+  EXPECT_NE(m.find("strata.tile_factor = 3 does not divide every linear"), std::string::npos) << m;
+  EXPECT_NE(m.find("give one of 1, 2, 4, 8, 16, 32"), std::string::npos) << m;
+  EXPECT_NE(m.find("the smallest workable value is 1"), std::string::npos) << m;
+  m = test::error_of<ConfigError>([&] {
+    parse_config({{"zero_optimization", {{"stage3_prefetch_bucket_size", 0}}}});
+  });
+  EXPECT_NE(m.find("stage3_prefetch_bucket_size"), std::string::npos) << m;
+  c.strata.tile_factor = 4;  // blocks in parts of at most a quarter of the MLP's 128 x 32
+  c.zero.stage3_prefetch_bucket_size = 1;
+  uint64_t largest = 0;  // the embeddings, gathered whole
+  for (const GroupSpec& g : gpt_group_specs(c.strata.model, gpt_parts(c.strata.model, 1, 4)))
+    largest = std::max(largest, g.numel);
+  ASSERT_EQ(largest, (256u + 32u) * 32u);
+  c.zero.stage3_max_live_parameters = largest - 1;
+  m = test::error_of<ConfigError>([&] { train(c, quiet()); });
+  EXPECT_NE(m.find("stage3_max_live_parameters = " + std::to_string(largest - 1)), std::string::npos) << m;
+  EXPECT_NE(m.find("give at least " + std::to_string(largest)), std::string::npos) << m;
+  c.zero.stage3_max_live_parameters = largest;
+  EXPECT_EQ(train(c, quiet()).steps.size(), 1u);
+}
+
 TEST(Train, BadDataIsAClearErrorBeforeAnythingIsAllocated) {
   Dir d("baddata");
   try {

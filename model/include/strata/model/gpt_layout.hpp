@@ -133,6 +133,19 @@ inline int gpt_final_group(const GptShape& s) { return s.layers + 1; }
 // head is in L+1: 0, 1..L, L+1, L..1.
 std::vector<int> gpt_schedule(const GptShape& s);
 
+// How the engine gathers each group: in parts, contiguous element ranges that it gathers,
+// releases and reduce-scatters one at a time (WeightSource::num_parts), so the device
+// holds a few of a block's tensors rather than the whole block. The embeddings and the
+// final group are one part each. A block is one part while it holds at most
+// bucket_elems elements and tile_factor is 1; otherwise its tensors, in layout order,
+// are coalesced into parts of at most bucket_elems (a larger tensor is a part of its
+// own), and with tile_factor > 1 every linear weight is cut into tile_factor tiles of
+// whole output rows (DeepSpeed's TiledLinear out_splits), each a part. Returns, per
+// group, the first element of each part (0 first; a part ends where the next begins).
+// Throws ConfigError naming the key for bucket_elems 0, a tile factor below 1, or one
+// that does not divide every linear's rows (the message lists the workable ones).
+std::vector<std::vector<uint64_t>> gpt_parts(const GptShape& s, uint64_t bucket_elems, int tile_factor);
+
 // Model FLOPs of one token's forward + backward (3x forward), without recompute:
 // 6 x (parameters used in matmuls, the head included) + causal attention
 // 6 x layers x seq_len x d_model (QK^T and AV over the lower triangle, forward 2x,

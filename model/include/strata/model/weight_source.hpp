@@ -38,6 +38,22 @@ class WeightSource {
   virtual void* gradient_buffer(int g) = 0;
   virtual void grads_ready(int g) = 0;
 
+  // Parts (per-tensor gathers and tiles; gpt_layout.hpp's gpt_parts): a source may split
+  // a group into parts, contiguous element ranges it gathers, releases and reduce-scatters
+  // one at a time, so the device holds a few of a block's tensors rather than the whole
+  // block. Part p starts at element part_begin(g, p) (part 0 at 0) and ends where the next
+  // begins (the last at group_numel(g)); each holds whole tensors, or whole rows of one
+  // linear weight (a tile). A model that reads parts asks for each one when it first reads
+  // it and releases it after its last read (part_gradient / part_grads_ready likewise:
+  // the buffer holds the part's elements only, each overwritten once). With one part, the
+  // part calls are the whole-group calls; a source with several refuses acquire_params.
+  virtual int num_parts(int g) const { return g >= 0 ? 1 : 0; }
+  virtual uint64_t part_begin(int /*g*/, int /*p*/) const { return 0; }
+  virtual const void* acquire_part(int g, int /*p*/) { return acquire_params(g); }
+  virtual void release_part(int g, int /*p*/) { release_params(g); }
+  virtual void* part_gradient(int g, int /*p*/) { return gradient_buffer(g); }
+  virtual void part_grads_ready(int g, int /*p*/) { grads_ready(g); }
+
   // Where the model's activation checkpoints live (checkpoint_store.hpp), when this source
   // holds them; null when the model keeps its own.
   virtual CheckpointStore* checkpoints() { return nullptr; }

@@ -204,9 +204,16 @@ class InitialCheckpointWriter {
   int rank_ = 0, world_ = 1;
 };
 
-// Reads the full fp32 master weights of group g (unpadded, numel elements) from a
-// checkpoint's files, without an engine (export, sample). Verifies the checksums of
+// Reads the full fp32 master weights of the model's group g (unpadded, numel elements;
+// checkpoint_model_groups below counts the groups) from a checkpoint's files, without an engine (export, sample). Verifies the checksums of
 // the segments it reads (CorruptionError).
 std::vector<float> read_checkpoint_group(const CheckpointInfo& info, int g);
+
+// A checkpoint's groups as the model has them: groups saved in parts ("block.3@1536",
+// gpt_parts: per-tensor gathers and tiles) merged into the group they cut (name and numel;
+// padded and shard 0). read_checkpoint_group and the loads count groups this way, so a
+// checkpoint resumes, fine-tunes and exports whatever the bucket size and tile factor of
+// the run that saved it and of the one that reads it.
+std::vector<CheckpointGroup> checkpoint_model_groups(const CheckpointInfo& info);
 
 }  // namespace strata

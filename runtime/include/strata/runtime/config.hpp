@@ -79,6 +79,7 @@ struct StrataSection {
   uint64_t nvme_budget = 0;              // bytes; 0: sized from the plan
   bool checksums = false;                // xxHash per NVMe extent
   bool speculative_optimizer = false;    // step sub-groups during backward, validate at step()
+  int tile_factor = 1;                   // each block linear in this many tiles (gpt_parts); 1: untiled
   uint64_t seed = 1234;
   std::string trace;                     // Chrome trace output path ("" = off)
   ModelShape model;

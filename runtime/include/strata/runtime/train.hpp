@@ -17,6 +17,17 @@ namespace strata {
 // The engine's parameter groups for a GPT: names and sizes from gpt_layout, GPT-2's
 // initialisation (normal(0, init_std) weights, zero biases, unit layer-norm gains).
 std::vector<GroupSpec> gpt_group_specs(const GptShape& shape, float init_std = 0.02f);
+// The same cut in parts (gpt_parts; one engine group per part, named "<group>@<first
+// element>" when a group has several), each initialised as its elements of the whole.
+std::vector<GroupSpec> gpt_group_specs(const GptShape& shape, const std::vector<std::vector<uint64_t>>& parts,
+                                       float init_std = 0.02f);
+// A group name "block.3@1536" is part of "block.3" from element 1536; a name without '@'
+// is a whole group (offset 0).
+struct PartName {
+  std::string group;
+  uint64_t offset = 0;
+};
+PartName parse_part_name(const std::string& name);
 
 struct TrainOptions {
   bool resume = false;            // continue from the latest complete checkpoint

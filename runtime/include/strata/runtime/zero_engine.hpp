@@ -55,6 +55,11 @@ struct GroupSpec {
     float value = 0.0f;
   };
   std::vector<Constant> constants;
+  // A part of a larger group (gpt_parts): Normal values are those of elements
+  // [init_offset, init_offset + numel) of group init_group, so that the initial model is
+  // the same however its groups are cut. -1: the engine's index of this group.
+  int init_group = -1;
+  uint64_t init_offset = 0;
 };
 
 struct EngineOptions {
@@ -200,6 +205,7 @@ class ZeroEngine final : public WeightSource {
   // This rank's optimizer state for checkpoints: [master, exp_avg, exp_avg_sq] of its
   // shard of group g, each shard_numel(g) floats.
   uint64_t shard_numel(int g) const;
+  const std::string& group_name(int g) const;  // GroupSpec::name
   void read_optimizer_shard(int g, float* master, float* exp_avg, float* exp_avg_sq);
   void write_optimizer_shard(int g, const float* master, const float* exp_avg, const float* exp_avg_sq,
                              int64_t step_count);
