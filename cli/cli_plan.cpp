@@ -73,6 +73,8 @@ struct PlanArgs {
   std::string precision = "f32";
   bool no_checkpointing = false;
   bool cpu_checkpointing = false;
+  int tile_factor = 1;
+  uint64_t bucket_elems = 0;
   bool speculative = false;
   double optimizer_ratio = 1.0;
   bool search = false, simulate = false, json = false;
@@ -129,7 +131,7 @@ nlohmann::json plan_json(const plan::Plan& p) {
                    {"checkpoints", s.checkpointing ? to_string(s.checkpoints) : "none"},
                    {"speculative", s.speculative}, {"optimizer_ratio", s.optimizer_ratio},
                    {"prefetch_groups", s.prefetch_groups}, {"sub_group_elems", p.engine.sub_group_elems},
-                   {"describe", s.describe()}};
+                   {"tile_factor", s.tile_factor}, {"bucket_elems", s.part_elems}, {"describe", s.describe()}};
   j["world"] = p.world;
   for (const auto& t : p.tiers) j["tiers"].push_back(tier_json(t));
   j["fits"] = p.fits;
@@ -267,6 +269,8 @@ int run_plan(const PlanArgs& a) {
   st.grad_accum = a.grad_accum;
   st.checkpointing = !a.no_checkpointing;
   st.checkpoints = a.cpu_checkpointing ? OffloadDevice::Cpu : OffloadDevice::None;
+  st.tile_factor = a.tile_factor;
+  st.part_elems = a.bucket_elems;
   st.speculative = a.speculative;
   st.optimizer_ratio = a.optimizer_ratio;
   st.prefetch_groups = a.prefetch_groups;
@@ -362,6 +366,14 @@ void add_plan(CLI::App& app) {
   p->add_flag("--cpu-checkpointing", args->cpu_checkpointing,
               "activation_checkpointing.cpu_checkpointing: the checkpoints in pinned memory between forward and "
               "backward (on NVMe when pinned memory is short and params or optimizer are on nvme)");
+  p->add_option("--tile-factor", args->tile_factor,
+                "strata.tile_factor: every block linear gathered and computed in this many tiles of output rows "
+                "(stage 3)")
+      ->capture_default_str();
+  p->add_option("--bucket-elems", args->bucket_elems,
+                "zero_optimization.stage3_prefetch_bucket_size as a gather bound: blocks larger than this many "
+                "elements are gathered in parts of at most that many (0: whole blocks)")
+      ->capture_default_str();
   p->add_flag("--speculative", args->speculative,
               "the speculative optimizer (strata.speculative_optimizer): sub-groups stepped during the last "
               "backward pass, a second set of optimizer states");

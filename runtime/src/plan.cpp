@@ -38,6 +38,8 @@ std::string Strategy::describe() const {
   if (speculative) os << ", speculative";
   if (optimizer_ratio < 1.0) os << ", optimizer ratio " << optimizer_ratio;
   if (checkpointing && checkpoints != OffloadDevice::None) os << ", checkpoints on " << to_string(checkpoints);
+  if (part_elems > 0) os << ", gathers of at most " << part_elems << " elements";
+  if (tile_factor > 1) os << ", tile factor " << tile_factor;
   return os.str();
 }
 
@@ -51,6 +53,10 @@ void validate(const Strategy& s) {
   if (s.seq_len < 0) throw ConfigError("--seq must be positive (or 0 for the model's), not " + std::to_string(s.seq_len));
   if (s.grad_accum < 1) throw ConfigError("--grad-accum must be at least 1, not " + std::to_string(s.grad_accum));
   if (s.prefetch_groups < 0) throw ConfigError("--prefetch-groups must be 0 or more");
+  if (s.tile_factor < 1) throw ConfigError("--tile-factor must be at least 1 (1: untiled), not " + std::to_string(s.tile_factor));
+  if (s.parted() && s.stage != 3)
+    throw ConfigError("--tile-factor and --bucket-elems cut stage 3's gathers; stages 1 and 2 gather nothing: give "
+                      "--stage 3, or drop them");
   if (!s.checkpointing && s.checkpoints != OffloadDevice::None)
     throw ConfigError("--cpu-checkpointing moves the checkpoints of activation checkpointing, and "
                       "--no-checkpointing turns it off: drop one of the two");
@@ -87,9 +93,21 @@ double checkpoint_bytes(const GptShape& s, int micro_batch) {
 
 // ----------------------------------------------------------------------------------------
 
+std::vector<std::vector<uint64_t>> plan_parts(const GptShape& shape, const Strategy& st) {
+  return gpt_parts(shape, st.part_elems > 0 ? st.part_elems : UINT64_MAX, st.tile_factor);
+}
+
 ShardLayout gpt_shard_layout(const GptShape& shape, const Strategy& st, int world, bool gpu) {
   std::vector<GroupSize> sizes;
-  for (const GptGroup& g : gpt_groups(shape)) sizes.push_back({g.name, g.numel});
+  const std::vector<GptGroup> groups = gpt_groups(shape);
+  const std::vector<std::vector<uint64_t>> parts = plan_parts(shape, st);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const std::vector<uint64_t>& b = parts[g];
+    for (size_t p = 0; p < b.size(); ++p) {
+      const uint64_t end = p + 1 < b.size() ? b[p + 1] : groups[g].numel;
+      sizes.push_back({b.size() == 1 ? groups[g].name : groups[g].name + "@" + std::to_string(b[p]), end - b[p]});
+    }
+  }
   ShardStrategy ss;
   ss.world = world;
   ss.stage = st.stage;
@@ -168,6 +186,12 @@ class Planner {
     w_ = p.world;
     A_ = st.grad_accum;
     G_ = static_cast<int>(L_.groups.size());
+    // The layout's groups are the model's, or parts of them (gpt_parts): which is whose.
+    const std::vector<std::vector<uint64_t>> parts = plan_parts(p.shape, st);
+    for (size_t g = 0; g < parts.size(); ++g)
+      for (size_t k = 0; k < parts[g].size(); ++k) model_of_.push_back(static_cast<int>(g));
+    M_ = static_cast<int>(parts.size());
+    STRATA_CHECK(static_cast<int>(model_of_.size()) == G_, "the planner's parts and layout disagree");
     s3_ = st.stage == 3;
     param_home_ = s3_ ? home_tier(st.offload_param) : Tier::Device;
     opt_home_ = home_tier(st.offload_optimizer);
@@ -202,7 +226,8 @@ class Planner {
   const ClusterSpec& cl_;
   const GptShape& s_;
   const ShardLayout L_;
-  int w_ = 1, A_ = 1, G_ = 0;
+  int w_ = 1, A_ = 1, G_ = 0, M_ = 0;  // layout groups (parts), model groups
+  std::vector<int> model_of_;          // per layout group: its model group
   bool s3_ = false, params_move_ = false, grads_move_ = false;
   Tier param_home_ = Tier::Device, opt_home_ = Tier::Device;
   double wb_ = 4, gb_ = 4;                        // bytes per working element, per reduced-gradient element
@@ -272,10 +297,19 @@ void Planner::tier_problem(const TierPlan& t) {
      << " per rank (params " << gib(t.need.params) << ", gradients " << gib(t.need.grads) << ", optimizer "
      << gib(t.need.optimizer) << ", activations " << gib(t.need.activations) << ", buffers " << gib(t.need.buffers)
      << "), has " << gib(t.budget);
-  if (t.tier == Tier::Device && s3_ && t.need.buffers > t.need.activations)
+  if (t.tier == Tier::Device && s3_ && t.need.buffers > t.need.activations && !st_.parted())
     os << "; the buffers are whole gathered blocks in " << precision_name(st_.precision) << " (" << gib(mp4_) << " each: the group in use, its "
-       << "gradient and " << st_.prefetch_groups << " prefetched; Strata gathers a block at once, it does not tile "
-       << "operators): lower --prefetch-groups, or a narrower model (smaller --d-model, more --layers)";
+       << "gradient and " << st_.prefetch_groups << " prefetched): --tile-factor and --bucket-elems gather a "
+       << "block in parts, or lower --prefetch-groups";
+  else if (t.tier == Tier::Device && s3_ && t.need.buffers > t.need.activations && pd0_ >= mp4_)
+    os << "; the buffers are gathered parts in " << precision_name(st_.precision) << ", the largest the embedding "
+       << "table (" << gib(mp4_) << ": gathered whole, its gradient and " << st_.prefetch_groups
+       << " prefetched; tiles split block linears only, not the embeddings): lower --prefetch-groups, or a smaller "
+       << "vocabulary or d_model";
+  else if (t.tier == Tier::Device && s3_ && t.need.buffers > t.need.activations)
+    os << "; the buffers are gathered parts in " << precision_name(st_.precision) << " (the largest " << gib(mp4_)
+       << ": the one in use, its gradient and " << st_.prefetch_groups << " prefetched): a larger --tile-factor "
+       << "or smaller --bucket-elems, or lower --prefetch-groups";
   else if (t.tier == Tier::Device && t.need.activations > p_.model_activations)
     os << "; --cpu-checkpointing moves the " << gib(t.need.activations - p_.model_activations)
        << " of activation checkpoints off the device" << (s3_ ? ", or offload more" : "");
@@ -336,21 +370,26 @@ void Planner::micro_step_lanes() {
   const double dev_room = std::max(0.0, dev_budget_ - home_[0] - double(L_.device_working) -
                                             st_.prefetch_groups * mp4_ - emb_grad_);
   const double pin_room = std::max(0.0, p_.tiers[1].budget - home_[1] - p_.tiers[1].need.buffers);
-  for (int g = 0; g < G_; ++g) {
-    fwd_compute_ += gt[g].forward_s;
-    bwd_compute_ += gt[g].backward_s + gt[g].head_s;
+  for (const GroupTimes& t : gt) {
+    fwd_compute_ += t.forward_s;
+    bwd_compute_ += t.backward_s + t.head_s;
   }
   // Forward: groups 0..G-1 gathered in order; the head re-gathers group 0 (counted in
   // backward, where its compute is); backward gathers the blocks again and
   // reduce-scatters every gradient.
   double blocks_s4 = 0;
-  for (int g = 0; g < G_; ++g) {
-    const GroupLayout& lg = L_.groups[g];
+  int block_parts = 0;
+  for (int k = 0; k < G_; ++k) {
+    const GroupLayout& lg = L_.groups[k];
+    const int g = model_of_[k];
     const double sh4 = wb_ * lg.shard, pd4 = wb_ * lg.padded;
-    const bool block = g > 0 && g < G_ - 1;
+    const bool block = g > 0 && g < M_ - 1;
+    block_parts += block;
     if (s3_) {
       f_coll_.add_timed(pd4, coll(pd4));                          // all_gather
       if ((g == 0 && s_.tied()) || block) b_coll_.add_timed(pd4, coll(pd4));  // again: tied head, backward
+      // Parts: the recompute releases each after use and the backward gathers it again.
+      if (block && st_.parted() && st_.checkpointing) b_coll_.add_timed(pd4, coll(pd4));
     }
     if (st_.stage >= 2) b_coll_.add_timed(pd4, coll(pd4));        // reduce_scatter
     if (params_move_) {
@@ -365,7 +404,7 @@ void Planner::micro_step_lanes() {
     // Backward fetches again what the caches could not keep (Belady keeps the blocks
     // needed first), and the head's second use of group 0.
     const double dev_miss = std::max(0.0, blocks_s4 + (s_.tied() ? sh0_ : 0.0) - dev_room);
-    const double per = blocks_s4 / std::max(1, G_ - 2);
+    const double per = blocks_s4 / std::max(1, block_parts);
     const int transfers = static_cast<int>(std::ceil(dev_miss / std::max(per, 1.0)));
     if (dev_miss > 0) b_h2d_.add_timed(dev_miss, dev_miss / c.h2d_bandwidth + transfers * c.pcie_latency);
     if (dev_miss <= 0 && A_ > 1) {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "strata/core/error.hpp"
 #include "strata/runtime/plan.hpp"
 
 namespace strata::plan {
@@ -31,10 +32,22 @@ std::vector<Candidate> search(const GptShape& model, const ClusterSpec& cluster,
               st.checkpointing = ckpt;
               st.optimizer_ratio = ratio;
               st.checkpoints = cps;
-              Candidate c;
-              c.strategy = st;
-              c.plan = make_plan(model, cluster, st);
-              out.push_back(std::move(c));
+              // Tile factors (stage 3) where whole blocks do not fit: tiles add a gather per
+              // tile and cannot win where the block fits.
+              bool whole_fits = false;
+              for (int tf : space.tile_factors) {
+                if (tf > 1 && (stage != 3 || whole_fits)) continue;
+                st.tile_factor = tf;
+                Candidate c;
+                c.strategy = st;
+                try {
+                  c.plan = make_plan(model, cluster, st);
+                } catch (const ConfigError&) {
+                  continue;  // a tile factor that does not divide this model's linears
+                }
+                if (tf == 1) whole_fits = c.plan.fits;
+                out.push_back(std::move(c));
+              }
             }
   // Fitting ones first, fastest (tokens/s) first; then the others, nearest to fitting first.
   std::stable_sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {

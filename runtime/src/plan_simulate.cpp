@@ -11,6 +11,7 @@
 #include "strata/core/error.hpp"
 #include "strata/runtime/plan.hpp"
 #include "strata/runtime/plan_detail.hpp"
+#include "strata/runtime/parted_source.hpp"
 #include "strata/runtime/zero_engine.hpp"
 
 namespace strata::plan {
@@ -19,8 +20,14 @@ namespace {
 
 class GptDriver {
  public:
-  GptDriver(std::vector<GroupTimes> times, bool tied, double flops, Stream& compute)
-      : times_(std::move(times)), tied_(tied), flops_(flops), compute_(compute) {}
+  // parted: blocks are read in parts (WeightSource::num_parts), each part's share of the
+  // block's kernel time in proportion to its elements, as the cpu model reads them: parts
+  // in order forward, and with checkpointing the recompute releases each part after use
+  // and the backward gathers it again (parts in reverse order, each gradient handed back
+  // when written).
+  GptDriver(std::vector<GroupTimes> times, bool tied, double flops, Stream& compute, bool parted, bool recompute)
+      : times_(std::move(times)), tied_(tied), flops_(flops), compute_(compute), parted_(parted),
+        recompute_(recompute) {}
 
   // One micro-batch in gpt_schedule's order: 0, 1..L, L+1, 0 (tied head), L..1; with the
   // engine holding the activation checkpoints, in the order gpt_driver.hpp uses them
@@ -32,9 +39,13 @@ class GptDriver {
     seconds_ = 0;
     for (int g = 0; g < n; ++g) {
       if (cp && g < last) cp->begin_write(g);  // the embeddings' output, then each block's
-      ws.acquire_params(g);
-      kernel(times_[g].forward_s);
-      if (g != last) ws.release_params(g);
+      if (parted_ && g > 0 && g < last) {
+        forward_parts(ws, g);
+      } else {
+        ws.acquire_params(g);
+        kernel(times_[g].forward_s);
+        if (g != last) ws.release_params(g);
+      }
       if (cp && g > 0 && g < last) cp->end_forward(g - 1, true);
     }
     // Final norm (still held) and the head (tied: group 0; untied: in the final group):
@@ -51,6 +62,11 @@ class GptDriver {
     ws.grads_ready(last);
     for (int g = last - 1; g >= 1; --g) {
       if (cp) cp->read(g - 1);
+      if (parted_) {
+        backward_parts(ws, g);
+        if (cp) cp->finish(g - 1);
+        continue;
+      }
       ws.acquire_params(g);
       ws.gradient_buffer(g);
       kernel(times_[g].backward_s);
@@ -65,6 +81,29 @@ class GptDriver {
   }
 
  private:
+  double share(WeightSource& ws, int g, int p) const {
+    const uint64_t b = ws.part_begin(g, p), e = p + 1 < ws.num_parts(g) ? ws.part_begin(g, p + 1) : ws.group_numel(g);
+    return double(e - b) / double(ws.group_numel(g));
+  }
+  void forward_parts(WeightSource& ws, int g) {
+    for (int p = 0; p < ws.num_parts(g); ++p) {
+      ws.acquire_part(g, p);
+      kernel(times_[g].forward_s * share(ws, g, p));
+      ws.release_part(g, p);
+    }
+  }
+  // The block's backward time holds its recompute (one forward) when checkpointing.
+  void backward_parts(WeightSource& ws, int g) {
+    const double fwd = recompute_ ? times_[g].forward_s : 0.0;
+    if (recompute_) forward_parts(ws, g);
+    for (int p = ws.num_parts(g) - 1; p >= 0; --p) {
+      ws.acquire_part(g, p);
+      ws.part_gradient(g, p);
+      kernel((times_[g].backward_s - fwd) * share(ws, g, p));
+      ws.release_part(g, p);
+      ws.part_grads_ready(g, p);
+    }
+  }
   void kernel(double s) {
     if (s <= 0) return;
     compute_.compute(s * flops_, [] {});
@@ -75,6 +114,7 @@ class GptDriver {
   bool tied_;
   double flops_;
   Stream& compute_;
+  bool parted_ = false, recompute_ = false;
   double seconds_ = 0;
 };
 
@@ -95,8 +135,15 @@ SimulateReport simulate_plan(const Plan& plan, int steps) {
                        eo.checkpoints.home == Tier::Nvme;
   if (on_nvme) eo.store.nvme.paths = {"(simulated nvme)"};
   eo.optimizer_threads = 1;
+  std::vector<std::vector<uint64_t>> parts = plan_parts(plan.shape, plan.strategy);
   std::vector<GroupSpec> specs;
-  for (const GptGroup& g : groups) specs.push_back({g.name, g.numel, InitKind::Normal, 0.02f, {}});
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (size_t p = 0; p < parts[g].size(); ++p) {
+      const uint64_t b = parts[g][p], e = p + 1 < parts[g].size() ? parts[g][p + 1] : groups[g].numel;
+      specs.push_back({parts[g].size() == 1 ? groups[g].name : groups[g].name + "@" + std::to_string(b), e - b,
+                       InitKind::Normal, 0.02f, {}});
+    }
+  const bool parted = specs.size() != groups.size();
 
   SimulateReport r;
   r.steps = steps;
@@ -105,9 +152,10 @@ SimulateReport simulate_plan(const Plan& plan, int steps) {
     auto device = make_sim_device(plan.cost);
     auto comm = coll::make_sim_communicator(0, plan.world, plan.cost);
     auto compute = device->create_stream("compute");
-    GptDriver net(times, plan.shape.tied(), plan.cost.device_flops, *compute);
+    GptDriver net(times, plan.shape.tied(), plan.cost.device_flops, *compute, parted, plan.strategy.checkpointing);
     ZeroEngine engine(*device, *comm, *comm, eo, specs);
-    engine.set_schedule(order);
+    if (!parted) engine.set_schedule(order);  // parts: the engine learns their order in the first step
+    PartedSource source(engine, std::move(parts));
     r.device = device->description();
     double t_prev = device->now();
     EngineStats prev = engine.stats();
@@ -115,7 +163,7 @@ SimulateReport simulate_plan(const Plan& plan, int steps) {
       double kernels = 0;
       for (int m = 0; m < eo.gradient_accumulation_steps; ++m) {
         engine.begin_micro_step();
-        kernels += net.forward_backward(engine);
+        kernels += net.forward_backward(source);
       }
       engine.step();
       const double t = device->now();

@@ -161,6 +161,13 @@ with tempfile.TemporaryDirectory(prefix="strata-bad-input-") as work:
     refused("train with tiles on the cuda backend",
             ["train", "-c", fortunes, "--set", "strata.tile_factor=2", "--set", "strata.backend=cuda"] + small,
             "tile", timeout=30)
+    refused("plan with a tile factor that does not divide the linears",
+            ["plan", "--model", "gpt-1t", "--cluster", "dgx-2", "--tile-factor", "3"],
+            "strata.tile_factor = 3 does not divide every linear", timeout=30)
+    refused("plan with tiles at stage 2", ["plan", "--stage", "2", "--tile-factor", "2"],
+            "--tile-factor and --bucket-elems cut stage 3's gathers", timeout=30)
+    refused("plan with a tile factor of 0", ["plan", "--tile-factor", "0"], "--tile-factor must be at least 1",
+            timeout=30)
     refused("train with partition_activations",
             ["train", "-c", fortunes, "--set", "activation_checkpointing.enabled=true", "--set",
              "activation_checkpointing.partition_activations=true"] + small,

@@ -67,6 +67,12 @@ Strategy cpu_checkpointing(Strategy s) {
   return s;
 }
 
+Strategy tiled(Strategy s, int tile_factor, DType precision = DType::F16) {
+  s.tile_factor = tile_factor;
+  s.precision = precision;
+  return s;
+}
+
 Strategy with_ratio(Strategy s, double ratio) {
   s.optimizer_ratio = ratio;
   return s;
@@ -149,6 +155,19 @@ TEST(Plan, AnalyticStepTimeAgreesWithTheSimulatedEngineWithin15Percent) {
       {"gpt-175b (12 layers), dgx-h100 with 500 GB of RAM, stage 3, params nvme, optimizer cpu, mb 8, prefetch 1, "
        "checkpoints to NVMe",
        shrunk("gpt-175b", 12), small_ram_h100, cpu_checkpointing(strategy(3, nvme, cpu, 8, true, 1, 1))},
+      // Tiles and per-tensor gathers (issue #13): ZeRO-Infinity's 1T recipe at its real
+      // width (d_model 25600) on one DGX-2, a few of its 128 layers; each part gathered,
+      // released and reduce-scattered on its own, twice per backward with the recompute.
+      {"gpt-1t (4 layers), dgx-2, stage 3, nvme/nvme, fp16, mb 1, tile factor 4, cpu checkpointing",
+       shrunk("gpt-1t", 4), dgx2, cpu_checkpointing(tiled(strategy(3, nvme, nvme, 1), 4))},
+      {"gpt-1t (3 layers), dgx-2, stage 3, nvme/nvme, fp16, mb 2, tile factor 16, prefetch 1, cpu checkpointing",
+       shrunk("gpt-1t", 3), dgx2, cpu_checkpointing(tiled(strategy(3, nvme, nvme, 2, true, 1, 1), 16))},
+      {"gpt-13b (8 layers), 1 V100, stage 3, params+optimizer cpu, bf16, mb 4, gathers of 2^24 elements",
+       shrunk("gpt-13b", 8), one_v100, [&] {
+         Strategy s = tiled(strategy(3, cpu, cpu, 4), 1, DType::BF16);
+         s.part_elems = 1 << 24;
+         return s;
+       }()},
   };
   double worst = 0;
   for (const Case& c : cases) {
@@ -188,6 +207,51 @@ TEST(Plan, AnalyticStepTimeAgreesWithTheSimulatedEngineWithin15Percent) {
     }
   }
   std::cout << "[ figures  ] worst disagreement " << 100 * worst << "%\n";
+}
+
+// ZeRO-Infinity's 1T recipe on one DGX-2 (issue #13): the published shape (128 x 25600,
+// context 2048) fits in fp16 with tiled linears and the checkpoints in pinned memory, and
+// not without the tiles (whole gathered blocks) or without moving the checkpoints. --search
+// tries tile factors where whole blocks do not fit, and picks a tiled strategy.
+TEST(Plan, TheOneTrillionRecipeFitsOneDgx2WithTiles) {
+  const ClusterSpec dgx2 = find_cluster_preset("dgx-2");
+  const GptShape t1 = find_model_preset("gpt-1t").shape;
+  Strategy st = cpu_checkpointing(tiled(strategy(3, OffloadDevice::Nvme, OffloadDevice::Nvme, 1), 4));
+  const Plan p = make_plan(t1, dgx2, st);
+  EXPECT_TRUE(p.fits) << (p.problems.empty() ? "" : p.problems.front());
+  std::cout << "[ figures  ] gpt-1t, dgx-2, fp16, tile factor 4, checkpoints pinned: device "
+            << p.tiers[0].need.total() / (1u << 30) << " GiB of " << p.tiers[0].budget / (1u << 30) << ", step " << p.step_s
+            << " s, MFU " << p.mfu << "; " << p.bottleneck << "\n";
+  Strategy whole = st;
+  whole.tile_factor = 1;
+  const Plan w = make_plan(t1, dgx2, whole);
+  ASSERT_FALSE(w.fits);
+  EXPECT_NE(w.problems.front().find("--tile-factor"), std::string::npos) << w.problems.front();
+  Strategy kept = st;
+  kept.checkpoints = OffloadDevice::None;
+  EXPECT_FALSE(make_plan(t1, dgx2, kept).fits);
+  // A tile factor that does not divide the linears: refused, naming it.
+  Strategy three = st;
+  three.tile_factor = 3;
+  try {
+    make_plan(t1, dgx2, three);
+    ADD_FAILURE() << "tile factor 3 accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("tile_factor = 3 does not divide"), std::string::npos) << e.what();
+  }
+  SearchSpace space;
+  space.stages = {3};
+  space.param = {OffloadDevice::Nvme};
+  space.optimizer = {OffloadDevice::Nvme};
+  space.micro_batches = {1, 2};
+  space.optimizer_ratios = {1.0};
+  Strategy base;
+  base.precision = DType::F16;
+  const std::vector<Candidate> found = search(t1, dgx2, base, space);
+  ASSERT_FALSE(found.empty());
+  ASSERT_TRUE(found.front().plan.fits);
+  EXPECT_GT(found.front().strategy.tile_factor, 1);
+  EXPECT_EQ(found.front().strategy.checkpoints, OffloadDevice::Cpu);
 }
 
 TEST(Plan, TierBytesFollowTheEngineLayout) {

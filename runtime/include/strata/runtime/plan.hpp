@@ -134,6 +134,15 @@ struct Strategy {
   // (activation_checkpointing.cpu_checkpointing), becoming Nvme when pinned memory has no
   // room for them beside the states and the cluster has NVMe, as the engine decides; Nvme.
   OffloadDevice checkpoints = OffloadDevice::None;
+  // Per-tensor gathers and tiles (gpt_parts, stage 3): blocks gathered in parts of at most
+  // part_elems elements (zero_optimization.stage3_prefetch_bucket_size; 0: whole blocks),
+  // every block linear in tile_factor tiles (strata.tile_factor). Each part is an engine
+  // group: gathered, released and reduce-scattered on its own (with checkpointing, twice
+  // per backward: the recompute releases each part after use and the backward gathers it
+  // again, as the cpu model does).
+  uint64_t part_elems = 0;
+  int tile_factor = 1;
+  bool parted() const { return part_elems > 0 || tile_factor > 1; }
   std::string describe() const;     // "stage 3, params nvme, optimizer nvme, mb 4, ckpt"
 };
 // Throws ConfigError naming the field and the valid values.
@@ -223,6 +232,9 @@ struct SearchSpace {
   std::vector<double> optimizer_ratios{1.0, 0.75, 0.5, 0.25};
   // With checkpointing: on the device, or off it (cpu_checkpointing: pinned, or NVMe).
   std::vector<OffloadDevice> checkpoints{OffloadDevice::None, OffloadDevice::Cpu};
+  // Stage 3: tile factors tried (1: whole blocks); those that do not divide the model's
+  // linears are skipped. With tiles, parts are the tiles (part_elems from the base).
+  std::vector<int> tile_factors{1, 4, 16};
 };
 // Ranked by tokens/s (fitting ones first). Throws nothing for an empty result: every
 // candidate is there with its verdict.

@@ -16,6 +16,9 @@ namespace strata::plan {
 // engine calls, over the GPT's groups.
 // gpu: the cluster's GPUs step states kept on them (the GPU optimizer, offload_optimizer none).
 ShardLayout gpt_shard_layout(const GptShape& shape, const Strategy& st, int world, bool gpu = false);
+// The parts the engine would gather (gpt_parts with the strategy's bucket and tile factor);
+// gpt_shard_layout's groups are these parts, in order.
+std::vector<std::vector<uint64_t>> plan_parts(const GptShape& shape, const Strategy& st);
 
 // Kernel seconds of one micro-step, per group.
 struct GroupTimes {
