@@ -37,6 +37,17 @@ class PartTable {
     STRATA_CHECK(off < numel_, "element " + std::to_string(off) + " is outside its group");
     return static_cast<int>(std::upper_bound(begin_.begin(), begin_.end(), off) - begin_.begin()) - 1;
   }
+  // fn(part, elements) for each part that elements [off, off + n) touch, in order.
+  template <class Fn>
+  void each(uint64_t off, uint64_t n, Fn&& fn) const {
+    while (n > 0) {
+      const int p = find(off);
+      const uint64_t k = std::min(n, end(p) - off);
+      fn(p, k);
+      off += k;
+      n -= k;
+    }
+  }
 
  private:
   uint64_t numel_;
@@ -81,16 +92,12 @@ class ParamView {
   // The model has read elements [off, off + n) for the last time in this pass: a part
   // every element of which is done is released (with several parts).
   void done(uint64_t off, uint64_t n) {
-    while (n > 0) {
-      const int p = t_.find(off);
-      const uint64_t k = std::min(n, t_.end(p) - off);
+    t_.each(off, n, [&](int p, uint64_t k) {
       uint64_t& u = used_[static_cast<size_t>(p)];
       u += k;
       // One part is the whole group: released after the block, as always (release_all).
       if (t_.count() > 1 && u >= t_.size(p) && held_[static_cast<size_t>(p)]) release(p);
-      off += k;
-      n -= k;
-    }
+    });
   }
   // A new pass over the same block (backward after the recompute): counts start again;
   // parts still held stay held.
@@ -158,16 +165,12 @@ class GradView {
   // Elements [off, off + n) are written: a part complete is handed back, unless held (one
   // part, or hold(): the caller hands every part back at finish, after synchronising).
   void wrote(uint64_t off, uint64_t n) {
-    while (n > 0) {
-      const int p = t_.find(off);
-      const uint64_t k = std::min(n, t_.end(p) - off);
+    t_.each(off, n, [&](int p, uint64_t k) {
       uint64_t& w = written_[static_cast<size_t>(p)];
       w += k;
       STRATA_CHECK(w <= t_.size(p), "a gradient element was written twice in one backward");
       if (w == t_.size(p) && !hold_) ready(p);
-      off += k;
-      n -= k;
-    }
+    });
   }
   void hold() { hold_ = true; }
   // Every part must be complete: hands back those not yet handed back.

@@ -11,6 +11,7 @@
 #include "strata/core/convert.hpp"
 #include "strata/core/error.hpp"
 #include "strata/runtime/plan_detail.hpp"
+#include "strata/runtime/train.hpp"
 
 namespace strata::plan {
 
@@ -98,16 +99,8 @@ std::vector<std::vector<uint64_t>> plan_parts(const GptShape& shape, const Strat
 }
 
 ShardLayout gpt_shard_layout(const GptShape& shape, const Strategy& st, int world, bool gpu) {
-  std::vector<GroupSize> sizes;
-  const std::vector<GptGroup> groups = gpt_groups(shape);
-  const std::vector<std::vector<uint64_t>> parts = plan_parts(shape, st);
-  for (size_t g = 0; g < groups.size(); ++g) {
-    const std::vector<uint64_t>& b = parts[g];
-    for (size_t p = 0; p < b.size(); ++p) {
-      const uint64_t end = p + 1 < b.size() ? b[p + 1] : groups[g].numel;
-      sizes.push_back({b.size() == 1 ? groups[g].name : groups[g].name + "@" + std::to_string(b[p]), end - b[p]});
-    }
-  }
+  std::vector<GroupSize> sizes;  // the engine's groups, as strata train cuts them
+  for (const GroupSpec& g : gpt_group_specs(shape, plan_parts(shape, st))) sizes.push_back({g.name, g.numel});
   ShardStrategy ss;
   ss.world = world;
   ss.stage = st.stage;

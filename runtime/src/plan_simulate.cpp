@@ -12,6 +12,7 @@
 #include "strata/runtime/plan.hpp"
 #include "strata/runtime/plan_detail.hpp"
 #include "strata/runtime/parted_source.hpp"
+#include "strata/runtime/train.hpp"
 #include "strata/runtime/zero_engine.hpp"
 
 namespace strata::plan {
@@ -136,13 +137,7 @@ SimulateReport simulate_plan(const Plan& plan, int steps) {
   if (on_nvme) eo.store.nvme.paths = {"(simulated nvme)"};
   eo.optimizer_threads = 1;
   std::vector<std::vector<uint64_t>> parts = plan_parts(plan.shape, plan.strategy);
-  std::vector<GroupSpec> specs;
-  for (size_t g = 0; g < groups.size(); ++g)
-    for (size_t p = 0; p < parts[g].size(); ++p) {
-      const uint64_t b = parts[g][p], e = p + 1 < parts[g].size() ? parts[g][p + 1] : groups[g].numel;
-      specs.push_back({parts[g].size() == 1 ? groups[g].name : groups[g].name + "@" + std::to_string(b), e - b,
-                       InitKind::Normal, 0.02f, {}});
-    }
+  const std::vector<GroupSpec> specs = gpt_group_specs(plan.shape, parts);  // as strata train cuts them
   const bool parted = specs.size() != groups.size();
 
   SimulateReport r;

@@ -155,6 +155,8 @@ with tempfile.TemporaryDirectory(prefix="strata-bad-input-") as work:
     refused("train with a tile factor that does not divide the linears",
             ["train", "-c", fortunes, "--set", "strata.tile_factor=3"] + small,
             "strata.tile_factor = 3 does not divide every linear", timeout=30)
+    refused("train with a tile factor of 0", ["train", "-c", fortunes, "--set", "strata.tile_factor=0"] + small,
+            "tile_factor", timeout=30)
     refused("train with a prefetch bucket of 0",
             ["train", "-c", fortunes, "--set", "zero_optimization.stage3_prefetch_bucket_size=0"] + small,
             "stage3_prefetch_bucket_size", timeout=30)
