@@ -22,17 +22,29 @@ void RangeAllocator::erase_free(uint64_t off, uint64_t len) {
   free_by_size_.erase({len, off});
 }
 
-std::optional<uint64_t> RangeAllocator::allocate(uint64_t bytes) {
+std::optional<uint64_t> RangeAllocator::allocate(uint64_t bytes, Placement where) {
   uint64_t len = round(bytes == 0 ? 1 : bytes);
-  auto it = free_by_size_.lower_bound({len, 0});
-  if (it == free_by_size_.end()) return std::nullopt;
-  auto [flen, foff] = *it;
-  erase_free(foff, flen);
-  if (flen > len) insert_free(foff + len, flen - len);
-  live_.emplace(foff, len);
+  uint64_t off = 0;
+  if (where == Placement::Low) {
+    auto it = free_by_size_.lower_bound({len, 0});
+    if (it == free_by_size_.end()) return std::nullopt;
+    auto [flen, foff] = *it;
+    erase_free(foff, flen);
+    if (flen > len) insert_free(foff + len, flen - len);
+    off = foff;
+  } else {
+    auto it = free_by_offset_.rbegin();
+    while (it != free_by_offset_.rend() && it->second < len) ++it;
+    if (it == free_by_offset_.rend()) return std::nullopt;
+    const uint64_t foff = it->first, flen = it->second;
+    erase_free(foff, flen);
+    if (flen > len) insert_free(foff, flen - len);
+    off = foff + flen - len;
+  }
+  live_.emplace(off, len);
   used_ += len;
   if (used_ > peak_) peak_ = used_;
-  return foff;
+  return off;
 }
 
 void RangeAllocator::free(uint64_t offset) {

@@ -33,9 +33,10 @@ TierPool::~TierPool() {
   if (release_) release_();
 }
 
-void* TierPool::try_allocate(uint64_t bytes, const std::string& owner, Event* reuse_fence) {
+void* TierPool::try_allocate(uint64_t bytes, const std::string& owner, Event* reuse_fence,
+                             RangeAllocator::Placement where) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto off = ranges_.allocate(bytes);
+  auto off = ranges_.allocate(bytes, where);
   if (!off) return nullptr;
   owner_of_.emplace(*off, owner);
   const uint64_t n = by_owner_[owner] += ranges_.size_of(*off);

@@ -416,6 +416,17 @@ Event TieredStore::start_move(std::unique_lock<std::mutex>&, Record& r, Tier fro
 // ---------------------------------------------------------------------------------------
 // Allocation and eviction
 
+// Scratch buffers (gathered parameters, the model's gradients, reduce-scatter outputs:
+// they come and go every step) are carved from the high end of a tier's pool, homes and
+// cached copies best-fit from the low end. Homes are taken first, so caches pile up above
+// them and the scratch buffers below the top: what either side gives back joins the one
+// free range between them, and evicting caches widens it rather than opening holes
+// between buffers still in use. A working set that fits the budget in total then finds
+// it in one piece (Plan.TheEnginesStartUpMinimumIsEnoughAtRunTime).
+RangeAllocator::Placement TieredStore::placement(const Record& r) {
+  return r.spec.scratch ? RangeAllocator::Placement::High : RangeAllocator::Placement::Low;
+}
+
 void TieredStore::allocate_slot(std::unique_lock<std::mutex>& lock, Record& r, Tier t) {
   const uint64_t bytes = r.spec.bytes;
   for (;;) {
@@ -429,7 +440,7 @@ void TieredStore::allocate_slot(std::unique_lock<std::mutex>& lock, Record& r, T
         s.reuse = nvme_fences_.covering(e.offset, e.bytes);
         return;
       }
-    } else if (void* p = pool(t)->try_allocate(bytes, r.spec.owner, &s.reuse)) {
+    } else if (void* p = pool(t)->try_allocate(bytes, r.spec.owner, &s.reuse, placement(r))) {
       s.ptr = p;
       return;
     }

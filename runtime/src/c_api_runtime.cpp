@@ -253,8 +253,9 @@ void Runtime::start() {
   std::vector<GroupSpec> specs;
   for (const Group& gr : groups_) specs.push_back(gr.spec);
   coll::Communicator& dev_comm = device_comm_ ? *device_comm_ : *host_comm_;
-  auto engine = std::make_unique<ZeroEngine>(*device_, dev_comm, *host_comm_, EngineOptions::from_config(config_),
-                                             std::move(specs));
+  EngineOptions eo = EngineOptions::from_config(config_);
+  eo.first_gradient_held = false;  // the caller's groups, not strata.model's: no gradient is held for it
+  auto engine = std::make_unique<ZeroEngine>(*device_, dev_comm, *host_comm_, eo, std::move(specs));
   engine_ = std::move(engine);
   try {
     load_initial_data();

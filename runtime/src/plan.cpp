@@ -41,6 +41,7 @@ std::string Strategy::describe() const {
   if (checkpointing && checkpoints != OffloadDevice::None) os << ", checkpoints on " << to_string(checkpoints);
   if (part_elems > 0) os << ", gathers of at most " << part_elems << " elements";
   if (tile_factor > 1) os << ", tile factor " << tile_factor;
+  if (stage == 3 && prefetch_groups != Strategy{}.prefetch_groups) os << ", look-ahead " << prefetch_groups;
   return os.str();
 }
 
@@ -114,6 +115,7 @@ ShardLayout gpt_shard_layout(const GptShape& shape, const Strategy& st, int worl
   ss.speculative_sub_groups = st.speculative ? std::numeric_limits<uint64_t>::max() : 0;
   ss.device_states_staged = gpu && ss.optimizer_home == Tier::Device;  // the GPU optimizer
   ss.optimizer_ratio = st.optimizer_ratio;
+  ss.first_gradient_held = shape.tied();
   if (st.checkpointing)
     ss.checkpoints = {checkpoint_count(shape), static_cast<uint64_t>(checkpoint_bytes(shape, st.micro_batch)),
                       home_tier(st.checkpoints)};
@@ -226,7 +228,7 @@ class Planner {
   double wb_ = 4, gb_ = 4;                        // bytes per working element, per reduced-gradient element
   double mp4_ = 0, ms4_ = 0, sh0_ = 0, pd0_ = 0;  // bytes: largest padded group and shard, group 0's
   double home_[kTierCount] = {0, 0, 0};          // bytes of home copies per tier
-  double emb_grad_ = 0, dev_budget_ = 0;
+  double dev_budget_ = 0;
   double ring_ = 0, cbw_ = 1, clat_ = 0;         // the collective ring
   // Per micro-step lanes: forward, backward.
   Lane f_coll_, f_h2d_, f_nvr_, f_d2h_, f_nvw_, b_coll_, b_h2d_, b_d2h_, b_nvr_, b_nvw_;
@@ -257,14 +259,11 @@ void Planner::count_bytes() {
     home_[t] = double(L_.need[t].homes());
   }
   TierBytes &dev = tb[0], &pin = tb[1], &nvme = tb[2];
-  // Device buffers: the engine's working set for the group in use, the look-ahead of
-  // gathered groups, the embeddings' gradient held through backward (the tied head's
-  // gradient arrives first, the lookup's last), and what the runtime cannot use.
+  // Device buffers: the engine's working set for the groups in use (with a tied head,
+  // the embeddings' gradient held through backward: ShardStrategy::first_gradient_held),
+  // the look-ahead of gathered groups, and what the runtime cannot use.
   const double lookahead = s3_ ? st_.prefetch_groups * mp4_ : 0.0;
-  // (Untied, group 0's gradient buffer is asked for at the end, when the final group's
-  // buffers are gone: counted as one more group's working set.)
-  emb_grad_ = s_.tied() ? wb_ * L_.groups[0].padded : 0.0;
-  dev.buffers = double(L_.device_working) + lookahead + emb_grad_ + cl_.device_reserve;
+  dev.buffers = double(L_.device_working) + lookahead + cl_.device_reserve;
   p_.model_activations = activation_bytes(s_, st_.micro_batch, st_.checkpointing, st_.precision);
   dev.activations += p_.model_activations;
   // Pinned staging: the optimizer's sub-groups passing through (as the engine reserves
@@ -349,6 +348,7 @@ void Planner::set_engine() {
   e.speculative = st_.speculative;
   e.checkpoints = L_.strategy.checkpoints;
   e.cpu_checkpointing = L_.strategy.checkpoints.count > 0 && L_.strategy.checkpoints.home != Tier::Device;
+  e.first_gradient_held = L_.strategy.first_gradient_held;
   // What the engine may use on the device: the HBM less what the runtime cannot use and
   // less the activations the model holds itself (the checkpoints are the engine's).
   dev_budget_ = cl_.hbm - cl_.device_reserve - p_.model_activations;
@@ -360,8 +360,8 @@ void Planner::micro_step_lanes() {
   const SimCostModel& c = p_.cost;
   const std::vector<GroupTimes> gt = group_times(s_, cl_, st_);
   // Free room for caches: what the engine's budgets leave after homes and working sets.
-  const double dev_room = std::max(0.0, dev_budget_ - home_[0] - double(L_.device_working) -
-                                            st_.prefetch_groups * mp4_ - emb_grad_);
+  const double dev_room =
+      std::max(0.0, dev_budget_ - home_[0] - double(L_.device_working) - st_.prefetch_groups * mp4_);
   const double pin_room = std::max(0.0, p_.tiers[1].budget - home_[1] - p_.tiers[1].need.buffers);
   for (const GroupTimes& t : gt) {
     fwd_compute_ += t.forward_s;

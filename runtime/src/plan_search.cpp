@@ -38,15 +38,25 @@ std::vector<Candidate> search(const GptShape& model, const ClusterSpec& cluster,
               for (int tf : space.tile_factors) {
                 if (tf > 1 && (stage != 3 || whole_fits)) continue;
                 st.tile_factor = tf;
-                Candidate c;
-                c.strategy = st;
-                try {
-                  c.plan = make_plan(model, cluster, st);
-                } catch (const ConfigError&) {
-                  continue;  // a tile factor that does not divide this model's linears
+                // The base's look-ahead, then shallower ones while nothing fits.
+                std::vector<int> depths{base.prefetch_groups};
+                if (stage == 3)
+                  for (int d : space.shallower_prefetch)
+                    if (d >= 0 && d < depths.back()) depths.push_back(d);
+                for (int depth : depths) {
+                  st.prefetch_groups = depth;
+                  Candidate c;
+                  c.strategy = st;
+                  try {
+                    c.plan = make_plan(model, cluster, st);
+                  } catch (const ConfigError&) {
+                    break;  // a tile factor that does not divide this model's linears
+                  }
+                  const bool fits = c.plan.fits;
+                  if (tf == 1) whole_fits = whole_fits || fits;
+                  out.push_back(std::move(c));
+                  if (fits) break;
                 }
-                if (tf == 1) whole_fits = c.plan.fits;
-                out.push_back(std::move(c));
               }
             }
   // Fitting ones first, fastest (tokens/s) first; then the others, nearest to fitting first.

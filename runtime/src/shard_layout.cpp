@@ -193,6 +193,12 @@ ShardLayout make_shard_layout(const std::vector<GroupSize>& groups, ShardStrateg
     for (SubGroup& sg : g.sub_groups) sg.speculative = index++ >= L.sub_group_count - st.speculative_sub_groups;
   for (GroupLayout& g : L.groups) {
     g.tensors = group_tensors(g, st);
+    // A gradient held from the head's backward to the end of backward lives on the device
+    // for good (its bytes are there through every block's backward anyway): beside the
+    // homes, not between the buffers that come and go.
+    if (st.first_gradient_held && &g == &L.groups.front() && L.groups.size() >= 2)
+      for (StateTensor& t : g.tensors)
+        if (t.role == StateRole::GradFull) t.spec.scratch = false;
     for (const StateTensor& t : g.tensors) {
       if (t.spec.scratch) continue;
       TierNeed& need = L.need[int(t.spec.home)];
@@ -200,6 +206,7 @@ ShardLayout make_shard_layout(const std::vector<GroupSize>& groups, ShardStrateg
       switch (t.role) {
         case StateRole::ParamShard:
         case StateRole::ReplicatedParams: need.params += b; break;
+        case StateRole::GradFull:
         case StateRole::GradAccumulated:
         case StateRole::Grad: need.grads += b; break;
         default: need.optimizer += b; break;
@@ -220,10 +227,23 @@ ShardLayout make_shard_layout(const std::vector<GroupSize>& groups, ShardStrateg
   // In working elements: the gathered parameters and the model's gradient (mp each), the
   // reduce-scatter output and, stage 3, the parameter shard passing through (ms each);
   // the reduced gradient's sub-groups passing through (mg).
-  const uint64_t mp = L.max_padded * L.elem_bytes(StateRole::GatherBuffer);
+  // A group in use holds its gathered parameters (stage 3) and its gradient: `copies`
+  // padded buffers. With the first group's gradient held (a tied head; a device home,
+  // above), the first group in use needs only its gathered parameters, and the head holds
+  // them beside the last group's two buffers.
+  const uint64_t wb = L.elem_bytes(StateRole::GatherBuffer);
+  const uint64_t mp = L.max_padded * wb;
   const uint64_t ms = L.max_shard * L.elem_bytes(StateRole::GradReduced);
   const uint64_t mg = L.max_shard * L.elem_bytes(StateRole::Grad);
-  L.device_working = (st.stage == 3 ? 2 * mp + 2 * ms + mg : mp + ms + mg) + live_checkpoints;
+  const uint64_t copies = st.stage == 3 ? 2 : 1;
+  uint64_t groups_in_use = copies * mp;
+  if (st.first_gradient_held && L.groups.size() >= 2) {
+    const uint64_t first = st.stage == 3 ? L.groups.front().padded * wb : 0, last = L.groups.back().padded * wb;
+    uint64_t rest = 0;
+    for (size_t g = 1; g < L.groups.size(); ++g) rest = std::max(rest, L.groups[g].padded * wb);
+    groups_in_use = std::max(copies * rest, first + copies * last);
+  }
+  L.device_working = groups_in_use + (st.stage == 3 ? 2 * ms : ms) + mg + live_checkpoints;
   // Two sub-groups' states (master and moments fp32, the gradient) and a parameter shard.
   const uint64_t per_elem = 3 * L.elem_bytes(StateRole::Master) + L.elem_bytes(StateRole::Grad);
   const uint64_t next_set = st.speculative_sub_groups > 0 ? 3 * L.elem_bytes(StateRole::MasterNext) : 0;

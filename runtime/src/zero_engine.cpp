@@ -104,6 +104,7 @@ struct ZeroEngine::Group {
   TensorId full = 0;     // [padded] w: stage 3 a scratch gather buffer, else replicated params
   TensorId pshard = 0;   // stage 3: [shard] w working parameters, home offload_param
   TensorId gfull = 0;    // [padded] w scratch: the model's gradient of one micro-batch
+  bool gfull_scratch = true;  // false: held across backward, a device home (first_gradient_held)
   TensorId gacc = 0;     // stage 1: [padded] g accumulated gradient, home device
   TensorId rs_out = 0;   // stages 2, 3: [shard] w scratch, reduce-scatter output
   std::vector<Chunk> chunks;
@@ -152,6 +153,7 @@ EngineOptions EngineOptions::from_config(const Config& c) {
   o.speculative = c.strata.speculative_optimizer;
   o.optimizer_ratio = c.zero.offload_optimizer.ratio;
   o.cpu_checkpointing = c.activation_checkpointing.cpu_checkpointing;
+  o.first_gradient_held = c.strata.model.tied();
   return o;
 }
 
@@ -169,6 +171,7 @@ ShardStrategy EngineOptions::shard_strategy(int world) const {
   s.device_states_staged = optimizer_home == Tier::Device && optimizer_on_stream;
   s.optimizer_ratio = optimizer_ratio;
   s.checkpoints = checkpoints;
+  s.first_gradient_held = first_gradient_held;
   return s;
 }
 
@@ -268,8 +271,14 @@ ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communica
     os << "the device budget of " << format_bytes(opts_.store.device_budget) << " is too small: the model needs "
        << format_bytes(device_home) << " resident on the device";
     if (opts_.stage < 3) os << " (stages 1 and 2 keep all parameters there)";
-    os << " plus " << format_bytes(working) << " for the largest group in use ('" << groups_[0].spec.name
-       << "'-sized groups of " << layout_.max_padded << " elements)";
+    if (layout_.strategy.first_gradient_held && groups_.size() >= 2)
+      os << " (with the gradient of '" << groups_[0].spec.name
+         << "', held there from the tied head's backward to the end of backward)";
+    const auto largest = std::max_element(groups_.begin(), groups_.end(), [](const Group& a, const Group& b) {
+      return a.spec.numel < b.spec.numel;
+    });
+    os << " plus " << format_bytes(working) << " for the groups in use (the largest, '" << largest->spec.name << "', "
+       << layout_.max_padded << " elements padded)";
     if (const uint64_t a = layout_.need[int(Tier::Device)].activations; a > 0)
       os << "; the resident bytes include " << opts_.checkpoints.count << " activation checkpoints ("
          << format_bytes(a) << ", activation_checkpointing.cpu_checkpointing moves them off the device)";
@@ -364,7 +373,10 @@ ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communica
         case StateRole::GatherBuffer:
         case StateRole::ReplicatedParams: gr.full = id; break;
         case StateRole::ParamShard: gr.pshard = id; break;
-        case StateRole::GradFull: gr.gfull = id; break;
+        case StateRole::GradFull:
+          gr.gfull = id;
+          gr.gfull_scratch = t.spec.scratch;  // not: a device home (ShardStrategy::first_gradient_held)
+          break;
         case StateRole::GradAccumulated: gr.gacc = id; break;
         case StateRole::GradReduced: gr.rs_out = id; break;
         case StateRole::Master: gr.chunks[t.sub_group].master = id; break;
@@ -710,7 +722,7 @@ void ZeroEngine::grads_ready(int g) {
       reduce_stream_->accumulate(static_cast<float*>(acc.data), gr.grad_ptr, work_t_, gr.padded);
     Event done = reduce_stream_->record();
     store_->release(gr.gacc, Tier::Device, Access::Write, done);
-    store_->discard_after(gr.gfull, done);
+    if (gr.gfull_scratch) store_->discard_after(gr.gfull, done);
     gr.grad_consumed = done;
     // Speculating: the step's all-reduce now rather than at step(), so the sub-groups
     // can be stepped during the rest of the backward pass.
@@ -724,7 +736,7 @@ void ZeroEngine::grads_ready(int g) {
     store_->release(gr.rs_out, Tier::Device, Access::Write, reduced);
     accumulate_chunks(gr, out.data, work_t_, reduced, micro_ == 0, last);
     gr.reduced_consumed = reduce_stream_->record();
-    store_->discard_after(gr.gfull, reduced);
+    if (gr.gfull_scratch) store_->discard_after(gr.gfull, reduced);
     store_->discard_after(gr.rs_out, gr.reduced_consumed);
     gr.grad_consumed = reduced;
   }

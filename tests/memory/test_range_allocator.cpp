@@ -31,6 +31,31 @@ TEST(RangeAllocator, CoalescesFreedNeighbours) {
   EXPECT_EQ(*big, offs[5]);
 }
 
+// High carves from the end of the highest free range that fits, Low best-fit from the
+// start of the smallest: the two ends fill towards each other and what is freed between
+// them stays one range.
+TEST(RangeAllocator, HighPlacementTakesTheTopOfTheHighestRangeThatFits) {
+  RangeAllocator r(16 * 4096, 4096);
+  const uint64_t low = *r.allocate(4096);
+  EXPECT_EQ(low, 0u);
+  const uint64_t top = *r.allocate(2 * 4096, RangeAllocator::Placement::High);
+  EXPECT_EQ(top, 14 * 4096u);
+  const uint64_t next = *r.allocate(4096, RangeAllocator::Placement::High);
+  EXPECT_EQ(next, 13 * 4096u);
+  const uint64_t mid = *r.allocate(4 * 4096);  // low end: [1, 5)
+  EXPECT_EQ(mid, 4096u);
+  r.free(next);  // [5, 14) free: 9 pages, one range
+  EXPECT_EQ(r.largest_free(), 9 * 4096u);
+  // A hole higher up that is too small is passed over for a lower range that fits.
+  const uint64_t a = *r.allocate(4096, RangeAllocator::Placement::High);  // [13, 14)
+  EXPECT_EQ(a, 13 * 4096u);
+  r.free(top);  // free: [5, 13) and [14, 16)
+  const uint64_t b = *r.allocate(3 * 4096, RangeAllocator::Placement::High);
+  EXPECT_EQ(b, 10 * 4096u);
+  EXPECT_FALSE(r.allocate(6 * 4096, RangeAllocator::Placement::High));  // 5 + 2 pages free, apart
+  EXPECT_EQ(r.used(), (1 + 4 + 1 + 3) * 4096u);
+}
+
 TEST(RangeAllocator, RandomNeverOverlapsOrExceeds) {
   const uint64_t cap = 1 << 22;
   RangeAllocator r(cap, 512);
@@ -39,7 +64,8 @@ TEST(RangeAllocator, RandomNeverOverlapsOrExceeds) {
   for (int it = 0; it < 20000; ++it) {
     if (live.empty() || rng() % 3) {
       uint64_t n = 1 + rng() % 65536;
-      if (auto o = r.allocate(n)) {
+      const auto where = rng() % 2 ? RangeAllocator::Placement::High : RangeAllocator::Placement::Low;
+      if (auto o = r.allocate(n, where)) {
         EXPECT_LE(*o + r.round(n), cap);
         for (auto& [lo, ln] : live) ASSERT_TRUE(*o + r.round(n) <= lo || lo + ln <= *o);
         live.emplace_back(*o, r.round(n));

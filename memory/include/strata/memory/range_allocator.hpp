@@ -16,9 +16,15 @@ class RangeAllocator {
  public:
   RangeAllocator(uint64_t capacity, uint64_t alignment);
 
+  // Where a range is carved. Low: the smallest free range that fits, from its start
+  // (best fit). High: the highest free range that fits, from its end. Data that stays
+  // (homes, caches) low and transient buffers high keep the two apart, so that what the
+  // transient ones leave when they go is one range, not holes between cached tensors.
+  enum class Placement { Low, High };
+
   // Returns the offset of a range of at least `bytes` (rounded up to the alignment),
   // or nullopt when no free range is large enough.
-  std::optional<uint64_t> allocate(uint64_t bytes);
+  std::optional<uint64_t> allocate(uint64_t bytes, Placement where = Placement::Low);
   void free(uint64_t offset);  // offset must come from allocate()
 
   uint64_t capacity() const { return capacity_; }

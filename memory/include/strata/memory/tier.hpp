@@ -18,6 +18,7 @@
 #include "strata/core/device.hpp"
 #include "strata/memory/fence_map.hpp"
 #include "strata/memory/range_allocator.hpp"
+#include "strata/memory/range_allocator.hpp"
 
 namespace strata {
 
@@ -45,7 +46,9 @@ class TierPool {
   // nullptr when no free range is large enough (the caller may evict and retry).
   // reuse_fence, when given, receives the fence of the memory handed out (fence_map.hpp):
   // write it only after that event.
-  void* try_allocate(uint64_t bytes, const std::string& owner, Event* reuse_fence = nullptr);
+  // where: RangeAllocator::Placement (transient buffers High, data that stays Low).
+  void* try_allocate(uint64_t bytes, const std::string& owner, Event* reuse_fence = nullptr,
+                     RangeAllocator::Placement where = RangeAllocator::Placement::Low);
   // fence: the last work using [p, p+size) issued so far; the range is reused after it.
   void free(void* p, Event fence = {});
 

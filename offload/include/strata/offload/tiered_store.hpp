@@ -178,6 +178,7 @@ class TieredStore {
   Event fetch_locked(std::unique_lock<std::mutex>& lock, Record& r, Tier to);
   Event start_move(std::unique_lock<std::mutex>& lock, Record& r, Tier from, Tier to);
   void allocate_slot(std::unique_lock<std::mutex>& lock, Record& r, Tier t);
+  static RangeAllocator::Placement placement(const Record& r);
   bool evict_one(std::unique_lock<std::mutex>& lock, Tier t, const Record& for_whom);
   [[noreturn]] void throw_no_room(const Record& r, Tier t) const;
   // fence: work on the copy's memory beyond what the slot knows of (discard_after).

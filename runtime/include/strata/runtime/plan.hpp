@@ -235,6 +235,9 @@ struct SearchSpace {
   // Stage 3: tile factors tried (1: whole blocks); those that do not divide the model's
   // linears are skipped. With tiles, parts are the tiles (part_elems from the base).
   std::vector<int> tile_factors{1, 4, 16};
+  // Stage 3: shallower look-aheads (prefetch_groups) tried, deepest first, each only
+  // where the base's and the deeper ones do not fit (a look-ahead costs room, not speed).
+  std::vector<int> shallower_prefetch{1, 0};
 };
 // Ranked by tokens/s (fitting ones first). Throws nothing for an empty result: every
 // candidate is there with its verdict.

@@ -78,6 +78,11 @@ struct ShardStrategy {
     uint64_t bytes = 0;
     Tier home = Tier::Device;
   } checkpoints;
+  // The first group's gradient is written first in backward, with the last group in use,
+  // and held until the backward pass ends (a GPT's tied head: the head's share arrives
+  // first, the embedding lookup's last). The device working set then counts it beside
+  // every other group's backward, and the head's moment holding both groups.
+  bool first_gradient_held = false;
 };
 
 // Checkpoints on the device at once when they live elsewhere: in forward a block's input

@@ -104,6 +104,10 @@ struct EngineOptions {
   // path is configured.
   ShardStrategy::Checkpoints checkpoints;
   bool cpu_checkpointing = false;
+  // The first group's gradient is held from the head's backward to the end of backward (a
+  // GPT with a tied head; ShardStrategy::first_gradient_held): the device's working set,
+  // and so the start-up minimum, count it. from_config sets it from strata.model.
+  bool first_gradient_held = false;
   uint64_t seed = 1234;
   unsigned optimizer_threads = 0;      // 0: all cores
   TieredStoreOptions store;
