@@ -74,6 +74,7 @@ struct PlanArgs {
   bool no_checkpointing = false;
   bool cpu_checkpointing = false;
   int tile_factor = 1;
+  uint64_t tile_size = 0;
   uint64_t bucket_elems = 0;
   bool speculative = false;
   double optimizer_ratio = 1.0;
@@ -131,7 +132,7 @@ nlohmann::json plan_json(const plan::Plan& p) {
                    {"checkpoints", s.checkpointing ? to_string(s.checkpoints) : "none"},
                    {"speculative", s.speculative}, {"optimizer_ratio", s.optimizer_ratio},
                    {"prefetch_groups", s.prefetch_groups}, {"sub_group_elems", p.engine.sub_group_elems},
-                   {"tile_factor", s.tile_factor}, {"bucket_elems", s.part_elems}, {"describe", s.describe()}};
+                   {"tile_factor", s.tile_factor}, {"tile_size", s.tile_size}, {"bucket_elems", s.part_elems}, {"describe", s.describe()}};
   j["world"] = p.world;
   for (const auto& t : p.tiers) j["tiers"].push_back(tier_json(t));
   j["fits"] = p.fits;
@@ -270,6 +271,7 @@ int run_plan(const PlanArgs& a) {
   st.checkpointing = !a.no_checkpointing;
   st.checkpoints = a.cpu_checkpointing ? OffloadDevice::Cpu : OffloadDevice::None;
   st.tile_factor = a.tile_factor;
+  st.tile_size = a.tile_size;
   st.part_elems = a.bucket_elems;
   st.speculative = a.speculative;
   st.optimizer_ratio = a.optimizer_ratio;
@@ -369,6 +371,10 @@ void add_plan(CLI::App& app) {
   p->add_option("--tile-factor", args->tile_factor,
                 "strata.tile_factor: every block linear gathered and computed in this many tiles of output rows "
                 "(stage 3)")
+      ->capture_default_str();
+  p->add_option("--tile-size", args->tile_size,
+                "strata.tile_size: block linears larger than this many elements gathered and computed in the fewest "
+                "tiles of output rows of at most that many (0: off; stage 3)")
       ->capture_default_str();
   p->add_option("--bucket-elems", args->bucket_elems,
                 "zero_optimization.stage3_prefetch_bucket_size as a gather bound: blocks larger than this many "

@@ -256,7 +256,8 @@ std::vector<int> gpt_schedule(const GptShape& s) {
   return order;
 }
 
-std::vector<std::vector<uint64_t>> gpt_parts(const GptShape& s, uint64_t bucket_elems, int tile_factor) {
+std::vector<std::vector<uint64_t>> gpt_parts(const GptShape& s, uint64_t bucket_elems, int tile_factor,
+                                              uint64_t tile_size) {
   if (bucket_elems == 0)
     throw ConfigError("zero_optimization.stage3_prefetch_bucket_size = 0: it bounds each gather (and the look-ahead), "
                       "so 0 leaves nothing to gather; give at least 1 (one tensor or tile per gather; DeepSpeed's "
@@ -290,11 +291,32 @@ std::vector<std::vector<uint64_t>> gpt_parts(const GptShape& s, uint64_t bucket_
                         "; the smallest workable value is 1, no tiling)");
     }
   }
+  // Tiles of each linear: tile_factor, or the fewest above it (dividing its rows) whose
+  // tiles hold at most tile_size elements.
+  auto tiles_of = [&](const GptTensor& t) -> uint64_t {
+    if (t.shape.size() != 2) return 1;
+    const uint64_t rows = static_cast<uint64_t>(t.shape[0]), cols = static_cast<uint64_t>(t.shape[1]);
+    uint64_t d = static_cast<uint64_t>(tile_factor);
+    if (tile_size == 0) return d;
+    for (; d <= rows; ++d)
+      if (rows % d == 0 && rows / d * cols <= tile_size) return d;
+    uint64_t widest = 0;  // one row per tile is the least: the longest row of any linear
+    for (const GptGroup& g : groups)
+      if (g.name.rfind("block.", 0) == 0)
+        for (const GptTensor& u : g.tensors)
+          if (u.shape.size() == 2) widest = std::max(widest, static_cast<uint64_t>(u.shape[1]));
+    throw ConfigError("strata.tile_size = " + std::to_string(tile_size) + " is smaller than one output row of " +
+                      t.name + " (" + std::to_string(cols) + " elements), and a tile holds whole rows; give at least " +
+                      std::to_string(widest) + " (one row of the widest linear), or 0 for no size limit");
+  };
   std::vector<std::vector<uint64_t>> parts;
   for (const GptGroup& g : groups) {
     std::vector<uint64_t> begins{0};
     const bool block = g.name.rfind("block.", 0) == 0;
-    if (!block || (g.numel <= bucket_elems && tile_factor == 1)) {
+    bool tiled = false;
+    if (block)
+      for (const GptTensor& t : g.tensors) tiled = tiled || tiles_of(t) > 1;
+    if (!block || (g.numel <= bucket_elems && !tiled)) {
       parts.push_back(std::move(begins));
       continue;
     }
@@ -308,10 +330,10 @@ std::vector<std::vector<uint64_t>> gpt_parts(const GptShape& s, uint64_t bucket_
     };
     for (const GptTensor* t : ts) {
       const uint64_t n = t->numel();
-      if (tile_factor > 1 && t->shape.size() == 2) {
+      if (const uint64_t tiles = tiles_of(*t); tiles > 1) {
         cut(t->offset);
-        const uint64_t tile = n / static_cast<uint64_t>(tile_factor);
-        for (int k = 1; k < tile_factor; ++k) cut(t->offset + tile * static_cast<uint64_t>(k));
+        const uint64_t tile = n / tiles;
+        for (uint64_t k = 1; k < tiles; ++k) cut(t->offset + tile * k);
         cut(t->offset + n);
         continue;
       }

@@ -41,6 +41,7 @@ std::string Strategy::describe() const {
   if (checkpointing && checkpoints != OffloadDevice::None) os << ", checkpoints on " << to_string(checkpoints);
   if (part_elems > 0) os << ", gathers of at most " << part_elems << " elements";
   if (tile_factor > 1) os << ", tile factor " << tile_factor;
+  if (tile_size > 0) os << ", tiles of at most " << tile_size << " elements";
   if (stage == 3 && prefetch_groups != Strategy{}.prefetch_groups) os << ", look-ahead " << prefetch_groups;
   return os.str();
 }
@@ -57,7 +58,7 @@ void validate(const Strategy& s) {
   if (s.prefetch_groups < 0) throw ConfigError("--prefetch-groups must be 0 or more");
   if (s.tile_factor < 1) throw ConfigError("--tile-factor must be at least 1 (1: untiled), not " + std::to_string(s.tile_factor));
   if (s.parted() && s.stage != 3)
-    throw ConfigError("--tile-factor and --bucket-elems cut stage 3's gathers; stages 1 and 2 gather nothing: give "
+    throw ConfigError("--tile-factor, --tile-size and --bucket-elems cut stage 3's gathers; stages 1 and 2 gather nothing: give "
                       "--stage 3, or drop them");
   if (!s.checkpointing && s.checkpoints != OffloadDevice::None)
     throw ConfigError("--cpu-checkpointing moves the checkpoints of activation checkpointing, and "
@@ -96,7 +97,7 @@ double checkpoint_bytes(const GptShape& s, int micro_batch) {
 // ----------------------------------------------------------------------------------------
 
 std::vector<std::vector<uint64_t>> plan_parts(const GptShape& shape, const Strategy& st) {
-  return gpt_parts(shape, st.part_elems > 0 ? st.part_elems : UINT64_MAX, st.tile_factor);
+  return gpt_parts(shape, st.part_elems > 0 ? st.part_elems : UINT64_MAX, st.tile_factor, st.tile_size);
 }
 
 ShardLayout gpt_shard_layout(const GptShape& shape, const Strategy& st, int world, bool gpu) {
@@ -263,6 +264,7 @@ void Planner::count_bytes() {
   // the embeddings' gradient held through backward: ShardStrategy::first_gradient_held),
   // the look-ahead of gathered groups, and what the runtime cannot use.
   const double lookahead = s3_ ? st_.prefetch_groups * mp4_ : 0.0;
+  p_.lookahead_bytes = lookahead;
   dev.buffers = double(L_.device_working) + lookahead + cl_.device_reserve;
   p_.model_activations = activation_bytes(s_, st_.micro_batch, st_.checkpointing, st_.precision);
   dev.activations += p_.model_activations;

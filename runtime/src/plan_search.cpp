@@ -53,9 +53,13 @@ std::vector<Candidate> search(const GptShape& model, const ClusterSpec& cluster,
                     break;  // a tile factor that does not divide this model's linears
                   }
                   const bool fits = c.plan.fits;
+                  // A shallower look-ahead can fit only where the device alone is short,
+                  // by no more than the look-ahead's bytes.
+                  bool closer = !fits && c.plan.tiers[0].short_by() <= c.plan.lookahead_bytes;
+                  for (size_t t = 1; t < c.plan.tiers.size(); ++t) closer = closer && c.plan.tiers[t].fits();
                   if (tf == 1) whole_fits = whole_fits || fits;
                   out.push_back(std::move(c));
-                  if (fits) break;
+                  if (!closer) break;
                 }
               }
             }

@@ -359,7 +359,7 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
   // Blocks larger than stage3_prefetch_bucket_size, or tiled, are gathered in parts: one
   // engine group per part (gpt_parts), which the model reads through `source`.
   std::vector<std::vector<uint64_t>> parts =
-      gpt_parts(shape, cfg.zero.stage3_prefetch_bucket_size, cfg.strata.tile_factor);
+      gpt_parts(shape, cfg.zero.stage3_prefetch_bucket_size, cfg.strata.tile_factor, cfg.strata.tile_size);
   const std::vector<GroupSpec> specs = gpt_group_specs(shape, parts);
   const bool parted = specs.size() != parts.size();  // checked before the device is opened
   if (parted && cfg.strata.backend == Backend::Cuda)
@@ -367,9 +367,10 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
                       "(zero_optimization.stage3_prefetch_bucket_size = " +
                       std::to_string(cfg.zero.stage3_prefetch_bucket_size) + " is below a block's " +
                       std::to_string(gpt_groups(shape)[1].numel) + " elements, or strata.tile_factor = " +
-                      std::to_string(cfg.strata.tile_factor) +
-                      "); per-tensor gathers and tiles run on the cpu backend: raise the bucket to a block and set "
-                      "tile_factor 1, or use strata.backend cpu");
+                      std::to_string(cfg.strata.tile_factor) + " or strata.tile_size = " +
+                      std::to_string(cfg.strata.tile_size) +
+                      " tiles its linears); per-tensor gathers and tiles run on the cpu backend: raise the bucket to a "
+                      "block, set tile_factor 1 and tile_size 0, or use strata.backend cpu");
   // MPI (or self), the device (cuda: the GPU of this rank's local rank) and NCCL on cuda.
   RankContext ctx = open_rank(cfg);
   coll::Communicator* comm = ctx.host_comm.get();

@@ -46,6 +46,9 @@ struct RunSpec {
   // whole blocks), linears in tile_factor tiles.
   uint64_t part_bucket = 0;
   int tile_factor = 1;
+  // The GPT's device budget: the engine's start-up minimum (its device homes and working
+  // set, from the layout it builds) and one largest group more, not device_budget.
+  bool minimum_device_budget = false;
   std::string label() const {
     return std::string(precision_name(precision)) + ", stage " + std::to_string(stage) + ", params " + to_string(param) + ", optimizer " + to_string(optimizer) +
            ", accum " + std::to_string(accum) + (clip > 0 ? ", clip " + std::to_string(clip) : "") +
@@ -57,7 +60,8 @@ struct RunSpec {
                               (*checkpoints == OffloadDevice::None ? "on the device" : to_string(*checkpoints))
                         : "") +
            (part_bucket ? ", parts of " + std::to_string(part_bucket) : "") +
-           (tile_factor > 1 ? ", tile factor " + std::to_string(tile_factor) : "");
+           (tile_factor > 1 ? ", tile factor " + std::to_string(tile_factor) : "") +
+           (minimum_device_budget ? ", the minimum device budget and a group" : "");
   }
 };
 

@@ -59,7 +59,18 @@ inline RunResult train_gpt(coll::Communicator& comm, coll::Communicator& host, c
   // Blocks in parts when asked (as strata train cuts them; the engine learns their order).
   const std::vector<std::vector<uint64_t>> parts =
       gpt_parts(shape, spec.part_bucket ? spec.part_bucket : UINT64_MAX, spec.tile_factor);
-  ZeroEngine engine(*device, comm, host, o, gpt_group_specs(shape, parts));
+  const std::vector<GroupSpec> specs = gpt_group_specs(shape, parts);
+  o.first_gradient_held = shape.tied();  // the tied head's, as strata train has it
+  if (spec.minimum_device_budget) {
+    std::vector<GroupSize> sizes;
+    for (const GroupSpec& g : specs) sizes.push_back({g.name, g.numel});
+    const ShardLayout L = make_shard_layout(sizes, o.shard_strategy(comm.size()));
+    // Plus one largest group in the working type: the pool's placement is not perfect
+    // packing (docs/architecture.md, Tiers).
+    o.store.device_budget = L.need[int(Tier::Device)].homes() + L.device_working +
+                            L.max_padded * L.elem_bytes(StateRole::GatherBuffer);
+  }
+  ZeroEngine engine(*device, comm, host, o, specs);
   const bool parted = engine.num_groups() != static_cast<int>(parts.size());
   if (spec.give_schedule && !parted) engine.set_schedule(gpt_schedule(shape));
   Gpt model(shape, mo);

@@ -167,7 +167,13 @@ with tempfile.TemporaryDirectory(prefix="strata-bad-input-") as work:
             ["plan", "--model", "gpt-1t", "--cluster", "dgx-2", "--tile-factor", "3"],
             "strata.tile_factor = 3 does not divide every linear", timeout=30)
     refused("plan with tiles at stage 2", ["plan", "--stage", "2", "--tile-factor", "2"],
-            "--tile-factor and --bucket-elems cut stage 3's gathers", timeout=30)
+            "--tile-factor, --tile-size and --bucket-elems cut stage 3's gathers", timeout=30)
+    refused("train with a tile size below one row of a linear",
+            ["train", "-c", fortunes, "--set", "strata.tile_size=10"] + small,
+            "strata.tile_size = 10 is smaller than one output row", timeout=30)
+    refused("plan with a tile size below one row of a linear",
+            ["plan", "--model", "gpt-1t", "--cluster", "dgx-2", "--tile-size", "1000"],
+            "strata.tile_size = 1000 is smaller than one output row", timeout=30)
     refused("plan with a tile factor of 0", ["plan", "--tile-factor", "0"], "--tile-factor must be at least 1",
             timeout=30)
     refused("train with partition_activations",

@@ -377,4 +377,28 @@ TEST(CheckpointManifest, EveryFieldIsCheckedForTypeRangeAndOverflow) {
   EXPECT_NE(damaged([](auto& j) { j["files"][1]["xxh3"][0] = "+000000000000001"; }).find("malformed checksum"),
             std::string::npos);
   EXPECT_NE(damaged([](auto& j) { j["files"][1]["xxh3"][0] = 7; }).find("wrong type"), std::string::npos);
+
+  // A group saved in parts (strata.tile_factor, stage3_prefetch_bucket_size: 'block.0',
+  // 'block.0@4', ...) is read as the model's group; parts that do not follow each other
+  // are refused, naming the part and where the ones before it end.
+  auto parts = [&](const std::string& second) {
+    nlohmann::json j = fixed(good);
+    j["groups"] = {{{"name", "block.0"}, {"numel", 4}, {"padded", 4}, {"shard", 2}},
+                   {{"name", second}, {"numel", 4}, {"padded", 4}, {"shard", 2}}};
+    for (auto& f : j["files"]) {
+      f["bytes"] = 48;  // (2 + 2) shard elements x 12 bytes, a checksum per group and state
+      f["xxh3"] = std::vector<std::string>(6, std::string(16, '0'));
+    }
+    return parse_checkpoint_manifest("/x/step-2", seal_checkpoint_manifest(j));
+  };
+  const std::vector<CheckpointGroup> merged = checkpoint_model_groups(parts("block.0@4"));
+  ASSERT_EQ(merged.size(), 1u);
+  EXPECT_EQ(merged[0].name, "block.0");
+  EXPECT_EQ(merged[0].numel, 8u);
+  const CheckpointInfo gap = parts("block.0@6");
+  const std::string m = test::error_of<CorruptionError>([&] { checkpoint_model_groups(gap); });
+  EXPECT_NE(m.find("group 'block.0@6' starts at element 6 of 'block.0', whose parts before it end at 4"),
+            std::string::npos)
+      << m;
+  EXPECT_THROW(read_checkpoint_group(gap, 0), CorruptionError);
 }

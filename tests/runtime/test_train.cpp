@@ -406,6 +406,70 @@ TEST(Train, TilingTrainsABlockLargerThanTheDeviceBudget) {
     EXPECT_NEAR(rest.steps[i].loss, tiled.steps[4 + i].loss, 1e-5 * tiled.steps[4 + i].loss) << "step " << 5 + i;
 }
 
+// strata.tile_size: only the linears larger than it are tiled, each into the fewest tiles
+// of whole output rows that hold at most that many elements (at least tile_factor); the
+// losses are the untiled run's within rounding, and a size below one row is refused.
+TEST(Train, TileSizeTilesTheLinearsLargerThanIt) {
+  Dir d("tile-size");
+  const std::string data = write_file(d.p / "corpus.txt", corpus(300));
+  nlohmann::json shape = {{"layers", 2}, {"d_model", 64}, {"heads", 2}, {"seq_len", 32}, {"vocab", 256}};
+  Config c = config(d, data, shape, 6);
+  c.zero.stage3_prefetch_bucket_size = 4096;  // gathers (and look-ahead) of one tensor, or one tile
+  c.zero.stage3_max_reuse_distance = 0;       // released when the model lets go, not kept for reuse
+  const GptShape& s = c.strata.model;
+  // Tiles of each linear of block 0, counted from the part boundaries inside it.
+  auto tiles = [&](int tile_factor, uint64_t tile_size) {
+    const std::vector<uint64_t> begins = gpt_parts(s, UINT64_MAX, tile_factor, tile_size)[1];
+    std::map<std::string, int> n;
+    const std::vector<GptGroup> groups = gpt_groups(s);
+    for (const GptTensor& t : groups[1].tensors) {
+      if (t.shape.size() != 2) continue;
+      int inside = 1;
+      for (uint64_t b : begins) inside += b > t.offset && b < t.offset + t.numel();
+      n[t.name.substr(t.name.find('.', 2) + 1)] = inside;
+    }
+    return n;
+  };
+  // qkv [192, 64], the attention's projection [64, 64], the MLP's [256, 64] and [64, 256].
+  std::map<std::string, int> n = tiles(1, 4096);
+  EXPECT_EQ(n["attn.c_attn.weight"], 3) << "192 rows: 64 rows of 64 per tile";
+  EXPECT_EQ(n["attn.c_proj.weight"], 1) << "4096 elements: not larger than the size";
+  EXPECT_EQ(n["mlp.c_fc.weight"], 4);
+  EXPECT_EQ(n["mlp.c_proj.weight"], 4);
+  n = tiles(2, 4096);  // with a tile factor as well: at least 2 each
+  EXPECT_EQ(n["attn.c_attn.weight"], 3);
+  EXPECT_EQ(n["attn.c_proj.weight"], 2);
+  EXPECT_EQ(n["mlp.c_fc.weight"], 4);
+  n = tiles(1, 0);
+  EXPECT_EQ(n["mlp.c_fc.weight"], 1) << "0: no size limit";
+
+  const TrainResult untiled = train(c, quiet());
+  Config t = c;
+  t.strata.tile_size = 4096;
+  const TrainResult tiled = train(t, quiet());
+  ASSERT_EQ(tiled.steps.size(), untiled.steps.size());
+  for (size_t i = 0; i < tiled.steps.size(); ++i)
+    EXPECT_NEAR(tiled.steps[i].loss, untiled.steps[i].loss, 1e-5 * untiled.steps[i].loss) << "step " << i;
+  EXPECT_LT(tiled.steps.back().loss, tiled.steps.front().loss);
+  // The run was tiled: each block gathered in more, smaller parts (8 more: qkv's 3 tiles,
+  // the MLP's 4 and 4, against one gather of each matrix), every pass.
+  const auto blocks = [&](const std::vector<std::vector<uint64_t>>& parts) {
+    uint64_t n = 0;
+    for (size_t g = 1; g + 1 < parts.size(); ++g) n += parts[g].size();
+    return n;
+  };
+  const uint64_t more = blocks(gpt_parts(s, 4096, 1, 4096)) - blocks(gpt_parts(s, 4096, 1, 0));
+  EXPECT_EQ(more, 2u * 8u);
+  EXPECT_GT(tiled.stats.gathers, untiled.stats.gathers);
+  EXPECT_EQ((tiled.stats.gathers - untiled.stats.gathers) % more, 0u)
+      << tiled.stats.gathers << " against " << untiled.stats.gathers;
+
+  t.strata.tile_size = 200;  // below one row of the MLP's projection (256)
+  const std::string m = test::error_of<ConfigError>([&] { train(t, quiet()); });
+  EXPECT_NE(m.find("strata.tile_size = 200 is smaller than one output row"), std::string::npos) << m;
+  EXPECT_NE(m.find("give at least 256"), std::string::npos) << m;
+}
+
 // Bad parts: a tile factor that does not divide every linear's rows, a bucket of 0, and
 // stage3_max_live_parameters below the largest part are refused at start-up, naming the
 // key and what works.

@@ -140,11 +140,16 @@ std::vector<int> gpt_schedule(const GptShape& s);
 // bucket_elems elements and tile_factor is 1; otherwise its tensors, in layout order,
 // are coalesced into parts of at most bucket_elems (a larger tensor is a part of its
 // own), and with tile_factor > 1 every linear weight is cut into tile_factor tiles of
-// whole output rows (DeepSpeed's TiledLinear out_splits), each a part. Returns, per
+// whole output rows (DeepSpeed's TiledLinear out_splits), each a part. tile_size > 0
+// (strata.tile_size) tiles by size instead, or as well: a linear with more than tile_size
+// elements is cut into the fewest tiles (at least tile_factor, a divisor of its rows) of
+// at most tile_size elements each; smaller linears keep tile_factor. Returns, per
 // group, the first element of each part (0 first; a part ends where the next begins).
-// Throws ConfigError naming the key for bucket_elems 0, a tile factor below 1, or one
-// that does not divide every linear's rows (the message lists the workable ones).
-std::vector<std::vector<uint64_t>> gpt_parts(const GptShape& s, uint64_t bucket_elems, int tile_factor);
+// Throws ConfigError naming the key for bucket_elems 0, a tile factor below 1, one
+// that does not divide every linear's rows (the message lists the workable ones), or a
+// tile_size below one row of a linear (the message gives the smallest workable value).
+std::vector<std::vector<uint64_t>> gpt_parts(const GptShape& s, uint64_t bucket_elems, int tile_factor,
+                                             uint64_t tile_size = 0);
 
 // Model FLOPs of one token's forward + backward (3x forward), without recompute:
 // 6 x (parameters used in matmuls, the head included) + causal attention

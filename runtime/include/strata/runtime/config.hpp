@@ -80,6 +80,7 @@ struct StrataSection {
   bool checksums = false;                // xxHash per NVMe extent
   bool speculative_optimizer = false;    // step sub-groups during backward, validate at step()
   int tile_factor = 1;                   // each block linear in this many tiles (gpt_parts); 1: untiled
+  uint64_t tile_size = 0;                // elements: larger block linears tiled to at most this (gpt_parts); 0: off
   uint64_t seed = 1234;
   std::string trace;                     // Chrome trace output path ("" = off)
   ModelShape model;

@@ -136,13 +136,15 @@ struct Strategy {
   OffloadDevice checkpoints = OffloadDevice::None;
   // Per-tensor gathers and tiles (gpt_parts, stage 3): blocks gathered in parts of at most
   // part_elems elements (zero_optimization.stage3_prefetch_bucket_size; 0: whole blocks),
-  // every block linear in tile_factor tiles (strata.tile_factor). Each part is an engine
+  // every block linear in tile_factor tiles (strata.tile_factor), and those larger than
+  // tile_size elements in tiles of at most that (strata.tile_size). Each part is an engine
   // group: gathered, released and reduce-scattered on its own (with checkpointing, twice
   // per backward: the recompute releases each part after use and the backward gathers it
   // again, as the cpu model does).
   uint64_t part_elems = 0;
   int tile_factor = 1;
-  bool parted() const { return part_elems > 0 || tile_factor > 1; }
+  uint64_t tile_size = 0;
+  bool parted() const { return part_elems > 0 || tile_factor > 1 || tile_size > 0; }
   std::string describe() const;     // "stage 3, params nvme, optimizer nvme, mb 4, ckpt"
 };
 // Throws ConfigError naming the field and the valid values.
@@ -197,6 +199,7 @@ struct Plan {
   // How the engine is set for this plan (simulate_plan uses exactly these).
   EngineOptions engine;
   double model_activations = 0;     // of the device's activations, what the model holds (not the engine)
+  double lookahead_bytes = 0;       // of the device's buffers, the look-ahead's (prefetch_groups gathered groups)
   SimCostModel cost;
 };
 
