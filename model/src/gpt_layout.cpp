@@ -1,6 +1,7 @@
 #include "strata/model/gpt_layout.hpp"
 
 #include <algorithm>
+#include <map>
 #include <cmath>
 #include <cstdio>
 #include <numeric>
@@ -292,8 +293,10 @@ std::vector<std::vector<uint64_t>> gpt_parts(const GptShape& s, uint64_t bucket_
     }
   }
   // Tiles of each linear: tile_factor, or the fewest above it (dividing its rows) whose
-  // tiles hold at most tile_size elements.
-  auto tiles_of = [&](const GptTensor& t) -> uint64_t {
+  // tiles hold at most tile_size elements. Every block has the same layout: counted once
+  // per tensor offset, not once per block and pass.
+  std::map<uint64_t, uint64_t> tiles_at;
+  auto count_tiles = [&](const GptTensor& t) -> uint64_t {
     if (t.shape.size() != 2) return 1;
     const uint64_t rows = static_cast<uint64_t>(t.shape[0]), cols = static_cast<uint64_t>(t.shape[1]);
     uint64_t d = static_cast<uint64_t>(tile_factor);
@@ -308,6 +311,11 @@ std::vector<std::vector<uint64_t>> gpt_parts(const GptShape& s, uint64_t bucket_
     throw ConfigError("strata.tile_size = " + std::to_string(tile_size) + " is smaller than one output row of " +
                       t.name + " (" + std::to_string(cols) + " elements), and a tile holds whole rows; give at least " +
                       std::to_string(widest) + " (one row of the widest linear), or 0 for no size limit");
+  };
+  auto tiles_of = [&](const GptTensor& t) -> uint64_t {
+    auto [it, fresh] = tiles_at.try_emplace(t.offset, 0);
+    if (fresh) it->second = count_tiles(t);
+    return it->second;
   };
   std::vector<std::vector<uint64_t>> parts;
   for (const GptGroup& g : groups) {

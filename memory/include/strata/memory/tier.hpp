@@ -18,7 +18,6 @@
 #include "strata/core/device.hpp"
 #include "strata/memory/fence_map.hpp"
 #include "strata/memory/range_allocator.hpp"
-#include "strata/memory/range_allocator.hpp"
 
 namespace strata {
 
