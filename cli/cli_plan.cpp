@@ -29,6 +29,15 @@ constexpr double GiB = 1024.0 * 1024 * 1024;
 // "25GB", "1.5TB", "32GiB", "12e9", "125T", "-3": a number with an optional decimal (K, M,
 // G, T, P) or binary (Ki, Mi, Gi, Ti) multiplier and an optional unit ("B", "B/s",
 // "FLOPS", "FLOP/s"). Negative values pass, so that validate() can name them.
+// Element counts are unsigned: CLI11 would wrap "-5" around to 2^64 - 5.
+const CLI::Validator kElements(
+    [](std::string& v) {
+      return v.find_first_not_of(" \t") != std::string::npos && v[v.find_first_not_of(" \t")] == '-'
+                 ? std::string("must be a whole number of elements, 0 or more, not ") + v
+                 : std::string();
+    },
+    "ELEMENTS>=0");
+
 double parse_quantity(const std::string& flag, const std::string& text) {
   size_t pos = 0;
   double v = 0;
@@ -375,10 +384,12 @@ void add_plan(CLI::App& app) {
   p->add_option("--tile-size", args->tile_size,
                 "strata.tile_size: block linears larger than this many elements gathered and computed in the fewest "
                 "tiles of output rows of at most that many (0: off; stage 3)")
+      ->check(kElements)
       ->capture_default_str();
   p->add_option("--bucket-elems", args->bucket_elems,
                 "zero_optimization.stage3_prefetch_bucket_size as a gather bound: blocks larger than this many "
                 "elements are gathered in parts of at most that many (0: whole blocks)")
+      ->check(kElements)
       ->capture_default_str();
   p->add_flag("--speculative", args->speculative,
               "the speculative optimizer (strata.speculative_optimizer): sub-groups stepped during the last "
@@ -389,7 +400,8 @@ void add_plan(CLI::App& app) {
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
   p->add_option("--prefetch-groups", args->prefetch_groups, "gathered groups ahead of use")->capture_default_str();
-  p->add_option("--sub-group", args->sub_group, "optimizer sub-group, elements (0: chosen)");
+  p->add_option("--sub-group", args->sub_group, "optimizer sub-group, elements (0: chosen)")
+      ->check(kElements);
   p->add_option("--precision", args->precision, "working parameters and gradients: f32, bf16 or fp16")
       ->capture_default_str();
   p->add_flag("--search", args->search, "find the fastest strategy that fits, and say why the others lost");

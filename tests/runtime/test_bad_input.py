@@ -171,6 +171,10 @@ with tempfile.TemporaryDirectory(prefix="strata-bad-input-") as work:
     refused("train with a tile size below one row of a linear",
             ["train", "-c", fortunes, "--set", "strata.tile_size=10"] + small,
             "strata.tile_size = 10 is smaller than one output row", timeout=30)
+    for flag in ("--tile-size", "--bucket-elems", "--sub-group"):  # unsigned: -5 must not wrap around
+        rc, out, _ = run(["plan", flag, "-5"])
+        check(100 <= rc <= 127 and f"{flag}: must be a whole number of elements, 0 or more, not -5" in out,
+              f"plan {flag} -5: a usage error (rc {rc}): {out.strip()[-300:]}")
     refused("plan with a tile size below one row of a linear",
             ["plan", "--model", "gpt-1t", "--cluster", "dgx-2", "--tile-size", "1000"],
             "strata.tile_size = 1000 is smaller than one output row", timeout=30)
