@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -299,19 +300,21 @@ struct GptCuda::Impl {
     STRATA_CHECK_CUDA(cudaMemcpyAsync(inputs, in, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
     if (tgt) STRATA_CHECK_CUDA(cudaMemcpyAsync(targets, tgt, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
   }
-  // Blocks are read and written whole here (group_view.hpp refuses a source with parts:
-  // per-tensor gathers and tiles are the cpu model's for now).
+  // A block's parameters and gradient come through its views (group_view.hpp): whole, or
+  // in parts (per-tensor gathers, tiles). Before a part goes back to the source the view
+  // waits for the kernels queued on it (a stream synchronisation per part, as whole blocks
+  // have one per block): the source may free or reuse its memory at once.
   void block_forward(int l, detail::ParamView& pv, bool keep_output, int B, int T) {
-    const void* w = pv.whole("the cuda model");
+    pv.set_fence([this] { sync(); });
     float* out = keep_output ? resid[l + 1] : nullptr;
-    if (llama) return llama_block_forward(w, resid[l], acts_for(l), out, B, T);
-    block_forward(w, resid[l], acts_for(l), out, B, T);
+    if (llama) return llama_block_forward(pv, resid[l], acts_for(l), out, B, T);
+    block_forward(pv, resid[l], acts_for(l), out, B, T);
   }
   void block_backward(int l, detail::ParamView& pv, detail::GradView& gv, int B, int T) {
-    const void* w = pv.whole("the cuda model");
-    void* g = gv.whole("the cuda model");
-    if (llama) return llama_block_backward(w, resid[l], acts_for(l), g, B, T);
-    block_backward(w, resid[l], acts_for(l), g, B, T);
+    pv.set_fence([this] { sync(); });
+    gv.set_fence([this] { sync(); });
+    if (llama) return llama_block_backward(pv, resid[l], acts_for(l), gv, B, T);
+    block_backward(pv, resid[l], acts_for(l), gv, B, T);
   }
   void release(detail::ParamView& pv) {
     STRATA_CHECK_CUDA(cudaStreamSynchronize(stream));
@@ -348,32 +351,63 @@ struct GptCuda::Impl {
     sync();
   }
 
-  // Y[M,N] = X[M,K] W[N,K]^T + b, fp32 Y.
-  void linear(const void* X, const void* W, const void* bias, float* Y, long M, int N, int K) {
-    matmul(false, true, M, N, K, X, K, W, K, 0.0f, Y, DType::F32, N);
-    cu::add_bias_rows(Y, bias, t, M, N, stream);
+  // Y[M,N] = X[M,K] W[N,K]^T (fp32 Y) for the [N, K] matrix W at element `off` of a block:
+  // one matmul, or one per tile (a part holding rows [r0, r1) of W gives Y's columns
+  // [r0, r1)), each tile released once its matmul is queued (after the view's fence).
+  void matmul_rows(const void* X, detail::ParamView& w, uint64_t off, float* Y, long M, int N, int K) {
+    for (const detail::RowSpan& r : w.rows(off, N, K)) {
+      const uint64_t o = off + static_cast<uint64_t>(r.r0) * static_cast<uint64_t>(K);
+      matmul(false, true, M, r.r1 - r.r0, K, X, K, w.at(o), K, 0.0f, Y + r.r0, DType::F32, N);
+      w.done(o, static_cast<uint64_t>(r.r1 - r.r0) * static_cast<uint64_t>(K));
+    }
+  }
+  // Y = X W^T + b (fp32 Y); the bias [N] at element `bias` of the block. The bias is read
+  // first, as the cpu model reads it, so both ask the source for parts in the same order.
+  void linear(const void* X, detail::ParamView& w, uint64_t off, uint64_t bias, float* Y, long M, int N, int K) {
+    const void* b = w.at(bias);
+    matmul_rows(X, w, off, Y, M, N, K);
+    cu::add_bias_rows(Y, b, t, M, N, stream);
+    w.done(bias, static_cast<uint64_t>(N));
   }
   // The same stored as type t: round(X W^T + b), the fp32 product held in `scratch`.
-  void linear_rounded(const void* X, const void* W, const void* bias, void* Y, float* scratch, long M, int N, int K) {
-    if (!half) return linear(X, W, bias, static_cast<float*>(Y), M, N, K);
-    matmul(false, true, M, N, K, X, K, W, K, 0.0f, scratch, DType::F32, N);
-    cu::add_bias_rows_to(scratch, bias, t, Y, M, N, stream);
+  void linear_rounded(const void* X, detail::ParamView& w, uint64_t off, uint64_t bias, void* Y, float* scratch,
+                      long M, int N, int K) {
+    if (!half) return linear(X, w, off, bias, static_cast<float*>(Y), M, N, K);
+    const void* b = w.at(bias);
+    matmul_rows(X, w, off, scratch, M, N, K);
+    cu::add_bias_rows_to(scratch, b, t, Y, M, N, stream);
+    w.done(bias, static_cast<uint64_t>(N));
   }
 
-  // dY (fp32) in; in 16 bits it is rounded before the matmuls. dX = dY W (fp32,
-  // overwritten; skipped when null), dW = dY^T X (type t, rounded once), db = colsum(dY)
-  // (summed in fp32 over the fp32 dY, rounded once).
-  // (db null: a linear without bias, Llama's.)
-  void linear_backward(const float* dY, const void* X, const void* W, float* dX, void* dW, void* db, long M, int N,
-                       int K) {
-    const void* g = dY;
+  static constexpr uint64_t kNoBias = UINT64_MAX;  // a linear without bias (Llama's)
+  // dY (fp32) in. First db = colsum(dY) (summed in fp32 over the fp32 dY, rounded once) at
+  // element `bias` of the block unless kNoBias, as the cpu model takes it first; then, in 16
+  // bits, dY is rounded for the matmuls. For the [N, K] matrix W at element `off`, tile by
+  // tile: dX = sum over tiles of dY[:, r0:r1] W[r0:r1] (fp32, the first overwrites; skipped
+  // when null), and each tile's dW = dY[:, r0:r1]^T X (type t, rounded once), handed back
+  // as soon as it is written.
+  void linear_backward(const float* dY, const void* X, detail::ParamView& w, uint64_t off, uint64_t bias, float* dX,
+                       detail::GradView& g, long M, int N, int K) {
+    if (bias != kNoBias) {
+      cu::column_sums(dY, g.at(bias), t, M, N, stream);
+      g.wrote(bias, static_cast<uint64_t>(N));
+    }
+    const void* gy = dY;
     if (half) {
       cu::round_to(dY, dh, t, M * N, stream);
-      g = dh;
+      gy = dh;
     }
-    if (dX) matmul(false, false, M, K, N, g, N, W, K, 0.0f, dX, DType::F32, K);
-    matmul(true, false, N, K, M, g, N, X, K, 0.0f, dW, t, K);
-    if (db) cu::column_sums(dY, db, t, M, N, stream);
+    bool first = true;
+    for (const detail::RowSpan& r : w.rows(off, N, K)) {
+      const uint64_t o = off + static_cast<uint64_t>(r.r0) * static_cast<uint64_t>(K);
+      const uint64_t n = static_cast<uint64_t>(r.r1 - r.r0) * static_cast<uint64_t>(K);
+      const void* gyt = at(gy, static_cast<uint64_t>(r.r0));  // columns [r0, r1) of dY, row pitch N
+      if (dX) matmul(false, false, M, K, r.r1 - r.r0, gyt, N, w.at(o), K, first ? 0.0f : 1.0f, dX, DType::F32, K);
+      w.done(o, n);
+      matmul(true, false, r.r1 - r.r0, K, M, gyt, N, X, K, 0.0f, g.at(o), t, K);
+      g.wrote(o, n);
+      first = false;
+    }
   }
 
   void embed(const void* w, int B, int T) {
@@ -382,35 +416,45 @@ struct GptCuda::Impl {
                       static_cast<long>(B) * T, T, d, stream);
   }
 
-  void block_forward(const void* w, const float* x, BlockActsCuda& a, float* out, int B, int T) {
+  // A norm's gain (and bias) read by a kernel just queued: done with them.
+  static void done_vecs(detail::ParamView& w, std::initializer_list<uint64_t> offs, int n) {
+    for (uint64_t o : offs) w.done(o, static_cast<uint64_t>(n));
+  }
+  static void wrote_vecs(detail::GradView& g, std::initializer_list<uint64_t> offs, int n) {
+    for (uint64_t o : offs) g.wrote(o, static_cast<uint64_t>(n));
+  }
+
+  void block_forward(detail::ParamView& w, const float* x, BlockActsCuda& a, float* out, int B, int T) {
     const int d = s.d_model;
     const long bt = static_cast<long>(B) * T;
-    cu::layernorm_forward(x, at(w, lay.ln1_w), at(w, lay.ln1_b), t, a.ln1, a.mean1, a.rstd1, bt, d, stream);
+    cu::layernorm_forward(x, w.at(lay.ln1_w), w.at(lay.ln1_b), t, a.ln1, a.mean1, a.rstd1, bt, d, stream);
+    done_vecs(w, {lay.ln1_w, lay.ln1_b}, d);
     // dqkv is free in forward (and in a recompute, before its block's backward).
-    linear_rounded(a.ln1, at(w, lay.qkv_w), at(w, lay.qkv_b), a.qkv, dqkv, bt, 3 * d, d);
+    linear_rounded(a.ln1, w, lay.qkv_w, lay.qkv_b, a.qkv, dqkv, bt, 3 * d, d);
     cu::attention_forward(a.qkv, a.att, t, a.lse, B, T, d, s.heads, stream);
-    linear(a.att, at(w, lay.attn_proj_w), at(w, lay.attn_proj_b), a.x2, bt, d, d);
+    linear(a.att, w, lay.attn_proj_w, lay.attn_proj_b, a.x2, bt, d, d);
     cu::add_into(a.x2, x, bt * d, stream);
-    cu::layernorm_forward(a.x2, at(w, lay.ln2_w), at(w, lay.ln2_b), t, a.ln2, a.mean2, a.rstd2, bt, d, stream);
-    linear(a.ln2, at(w, lay.fc_w), at(w, lay.fc_b), a.fc, bt, 4 * d, d);
+    cu::layernorm_forward(a.x2, w.at(lay.ln2_w), w.at(lay.ln2_b), t, a.ln2, a.mean2, a.rstd2, bt, d, stream);
+    done_vecs(w, {lay.ln2_w, lay.ln2_b}, d);
+    linear(a.ln2, w, lay.fc_w, lay.fc_b, a.fc, bt, 4 * d, d);
     cu::gelu_forward(a.fc, a.gel, t, bt * 4 * d, stream);
     if (!out) return;
-    linear(a.gel, at(w, lay.mlp_proj_w), at(w, lay.mlp_proj_b), out, bt, d, 4 * d);
+    linear(a.gel, w, lay.mlp_proj_w, lay.mlp_proj_b, out, bt, d, 4 * d);
     cu::add_into(out, a.x2, bt * d, stream);
   }
 
   // dres: gradient of the block's output in, of its input out. g: the block's gradient.
-  void block_backward(const void* w, const float* x, BlockActsCuda& a, void* g, int B, int T) {
+  void block_backward(detail::ParamView& w, const float* x, BlockActsCuda& a, detail::GradView& g, int B, int T) {
     const int d = s.d_model;
     const long bt = static_cast<long>(B) * T;
-    linear_backward(dres, a.gel, at(w, lay.mlp_proj_w), dbig, at(g, lay.mlp_proj_w), at(g, lay.mlp_proj_b), bt, d,
-                    4 * d);
+    linear_backward(dres, a.gel, w, lay.mlp_proj_w, lay.mlp_proj_b, dbig, g, bt, d, 4 * d);
     cu::gelu_backward(dbig, a.fc, bt * 4 * d, stream);
-    linear_backward(dbig, a.ln2, at(w, lay.fc_w), dsmall, at(g, lay.fc_w), at(g, lay.fc_b), bt, 4 * d, d);
-    cu::layernorm_backward(dsmall, a.x2, at(w, lay.ln2_w), t, a.mean2, a.rstd2, dres, at(g, lay.ln2_w),
-                           at(g, lay.ln2_b), bt, d, stream);
-    linear_backward(dres, a.att, at(w, lay.attn_proj_w), dsmall, at(g, lay.attn_proj_w), at(g, lay.attn_proj_b), bt,
-                    d, d);
+    linear_backward(dbig, a.ln2, w, lay.fc_w, lay.fc_b, dsmall, g, bt, 4 * d, d);
+    cu::layernorm_backward(dsmall, a.x2, w.at(lay.ln2_w), t, a.mean2, a.rstd2, dres, g.at(lay.ln2_w),
+                           g.at(lay.ln2_b), bt, d, stream);
+    done_vecs(w, {lay.ln2_w}, d);
+    wrote_vecs(g, {lay.ln2_w, lay.ln2_b}, d);
+    linear_backward(dres, a.att, w, lay.attn_proj_w, lay.attn_proj_b, dsmall, g, bt, d, d);
     // The attention output's gradient feeds attention's products with V and P: rounded
     // as every matmul's dY is (in fp32 the kernels read dsmall itself).
     const void* dout = dsmall;
@@ -419,40 +463,47 @@ struct GptCuda::Impl {
       dout = dh;
     }
     cu::attention_backward(a.qkv, a.att, t, a.lse, dout, dqkv, dot, B, T, d, s.heads, stream);
-    linear_backward(dqkv, a.ln1, at(w, lay.qkv_w), dsmall, at(g, lay.qkv_w), at(g, lay.qkv_b), bt, 3 * d, d);
-    cu::layernorm_backward(dsmall, x, at(w, lay.ln1_w), t, a.mean1, a.rstd1, dres, at(g, lay.ln1_w), at(g, lay.ln1_b),
+    linear_backward(dqkv, a.ln1, w, lay.qkv_w, lay.qkv_b, dsmall, g, bt, 3 * d, d);
+    cu::layernorm_backward(dsmall, x, w.at(lay.ln1_w), t, a.mean1, a.rstd1, dres, g.at(lay.ln1_w), g.at(lay.ln1_b),
                            bt, d, stream);
+    done_vecs(w, {lay.ln1_w}, d);
+    wrote_vecs(g, {lay.ln1_w, lay.ln1_b}, d);
   }
 
   // gpt.cpp's llama_block_forward: x [BT, d] -> a's activations; out = x + block(x) when
   // out is not null. dqkv holds the q, k, v projection (fp32) before rotation.
-  void llama_block_forward(const void* w, const float* x, BlockActsCuda& a, float* out, int B, int T) {
+  void llama_block_forward(detail::ParamView& w, const float* x, BlockActsCuda& a, float* out, int B, int T) {
     const int d = s.d_model, ff = s.ffn_dim(), pw = d + 2 * s.kv_dim();
     const long bt = static_cast<long>(B) * T;
     const float eps = static_cast<float>(s.norm_eps);
-    cu::rmsnorm_forward(x, at(w, llay.attn_norm), t, a.ln1, a.rstd1, bt, d, eps, stream);
-    matmul(false, true, bt, pw, d, a.ln1, d, at(w, llay.qkv_w), d, 0.0f, dqkv, DType::F32, pw);
+    cu::rmsnorm_forward(x, w.at(llay.attn_norm), t, a.ln1, a.rstd1, bt, d, eps, stream);
+    done_vecs(w, {llay.attn_norm}, d);
+    matmul_rows(a.ln1, w, llay.qkv_w, dqkv, bt, pw, d);
     cu::rope_expand(dqkv, rope_cos, rope_sin, a.qkv, t, bt, T, d, s.heads, s.kv(), stream);
     cu::attention_forward(a.qkv, a.att, t, a.lse, B, T, d, s.heads, stream);
-    matmul(false, true, bt, d, d, a.att, d, at(w, llay.o_w), d, 0.0f, a.x2, DType::F32, d);
+    matmul_rows(a.att, w, llay.o_w, a.x2, bt, d, d);
     cu::add_into(a.x2, x, bt * d, stream);
-    cu::rmsnorm_forward(a.x2, at(w, llay.mlp_norm), t, a.ln2, a.rstd2, bt, d, eps, stream);
-    matmul(false, true, bt, 2 * ff, d, a.ln2, d, at(w, llay.gate_up_w), d, 0.0f, a.fc, DType::F32, 2 * ff);
+    cu::rmsnorm_forward(a.x2, w.at(llay.mlp_norm), t, a.ln2, a.rstd2, bt, d, eps, stream);
+    done_vecs(w, {llay.mlp_norm}, d);
+    matmul_rows(a.ln2, w, llay.gate_up_w, a.fc, bt, 2 * ff, d);
     cu::swiglu_forward(a.fc, a.gel, t, bt, ff, stream);
     if (!out) return;
-    matmul(false, true, bt, d, ff, a.gel, ff, at(w, llay.down_w), ff, 0.0f, out, DType::F32, d);
+    matmul_rows(a.gel, w, llay.down_w, out, bt, d, ff);
     cu::add_into(out, a.x2, bt * d, stream);
   }
 
   // gpt.cpp's llama_block_backward: dres in (the output's gradient), out (the input's).
-  void llama_block_backward(const void* w, const float* x, BlockActsCuda& a, void* g, int B, int T) {
+  void llama_block_backward(detail::ParamView& w, const float* x, BlockActsCuda& a, detail::GradView& g, int B,
+                            int T) {
     const int d = s.d_model, ff = s.ffn_dim(), pw = d + 2 * s.kv_dim();
     const long bt = static_cast<long>(B) * T;
-    linear_backward(dres, a.gel, at(w, llay.down_w), dmid, at(g, llay.down_w), nullptr, bt, d, ff);
+    linear_backward(dres, a.gel, w, llay.down_w, kNoBias, dmid, g, bt, d, ff);
     cu::swiglu_backward(dmid, a.fc, dbig, bt, ff, stream);
-    linear_backward(dbig, a.ln2, at(w, llay.gate_up_w), dsmall, at(g, llay.gate_up_w), nullptr, bt, 2 * ff, d);
-    cu::rmsnorm_backward(dsmall, a.x2, at(w, llay.mlp_norm), t, a.rstd2, dres, at(g, llay.mlp_norm), bt, d, stream);
-    linear_backward(dres, a.att, at(w, llay.o_w), dsmall, at(g, llay.o_w), nullptr, bt, d, d);
+    linear_backward(dbig, a.ln2, w, llay.gate_up_w, kNoBias, dsmall, g, bt, 2 * ff, d);
+    cu::rmsnorm_backward(dsmall, a.x2, w.at(llay.mlp_norm), t, a.rstd2, dres, g.at(llay.mlp_norm), bt, d, stream);
+    done_vecs(w, {llay.mlp_norm}, d);
+    wrote_vecs(g, {llay.mlp_norm}, d);
+    linear_backward(dres, a.att, w, llay.o_w, kNoBias, dsmall, g, bt, d, d);
     const void* dout = dsmall;
     if (half) {
       cu::round_to(dsmall, dh, t, bt * d, stream);
@@ -460,8 +511,10 @@ struct GptCuda::Impl {
     }
     cu::attention_backward(a.qkv, a.att, t, a.lse, dout, dqkv, dot, B, T, d, s.heads, stream);
     cu::rope_reduce(dqkv, rope_cos, rope_sin, dbig, bt, T, d, s.heads, s.kv(), stream);
-    linear_backward(dbig, a.ln1, at(w, llay.qkv_w), dsmall, at(g, llay.qkv_w), nullptr, bt, pw, d);
-    cu::rmsnorm_backward(dsmall, x, at(w, llay.attn_norm), t, a.rstd1, dres, at(g, llay.attn_norm), bt, d, stream);
+    linear_backward(dbig, a.ln1, w, llay.qkv_w, kNoBias, dsmall, g, bt, pw, d);
+    cu::rmsnorm_backward(dsmall, x, w.at(llay.attn_norm), t, a.rstd1, dres, g.at(llay.attn_norm), bt, d, stream);
+    done_vecs(w, {llay.attn_norm}, d);
+    wrote_vecs(g, {llay.attn_norm}, d);
   }
 
   // Final layer norm, tied head and mean cross-entropy over rows [0, bt) (targets already

@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "strata/core/dtype.hpp"
@@ -79,16 +81,9 @@ class ParamView {
     if (!h) h = ws_->acquire_part(g_, p);
     return static_cast<const std::byte*>(h) + (off - t_.begin(p)) * es_;
   }
-  // The whole group, for code that reads it through one pointer: only with one part.
-  const void* whole(const char* who) {
-    if (t_.count() != 1)
-      throw ConfigError(std::string(who) + " reads whole blocks, and this weight source gathers block " +
-                        std::to_string(g_) + " in " + std::to_string(t_.count()) +
-                        " parts (zero_optimization.stage3_prefetch_bucket_size below a block, or strata.tile_factor "
-                        "above 1); per-tensor gathers and tiles run on the cpu backend: use it, or a bucket of a "
-                        "whole block and tile_factor 1");
-    return at(0);
-  }
+  // Called before a part is handed back: the cuda model waits there for the kernels it has
+  // queued that read the part (on cpu the work is done when the call returns: none).
+  void set_fence(std::function<void()> f) { fence_ = std::move(f); }
   // The model has read elements [off, off + n) for the last time in this pass: a part
   // every element of which is done is released (with several parts).
   void done(uint64_t off, uint64_t n) {
@@ -126,6 +121,7 @@ class ParamView {
 
  private:
   void release(int p) {
+    if (fence_) fence_();
     ws_->release_part(g_, p);
     held_[static_cast<size_t>(p)] = nullptr;
     used_[static_cast<size_t>(p)] = 0;
@@ -136,6 +132,7 @@ class ParamView {
   PartTable t_;
   std::vector<const void*> held_;
   std::vector<uint64_t> used_;
+  std::function<void()> fence_;
 };
 
 class GradView {
@@ -156,14 +153,11 @@ class GradView {
     if (!h) h = ws_->part_gradient(g_, p);
     return static_cast<std::byte*>(h) + (off - t_.begin(p)) * es_;
   }
-  void* whole(const char* who) {
-    if (t_.count() != 1)
-      throw ConfigError(std::string(who) + " writes whole blocks' gradients, and this weight source splits block " +
-                        std::to_string(g_) + " in parts; per-tensor gathers and tiles run on the cpu backend");
-    return at(0);
-  }
-  // Elements [off, off + n) are written: a part complete is handed back, unless held (one
-  // part, or hold(): the caller hands every part back at finish, after synchronising).
+  // Called before a part is handed back: the cuda model waits there for the kernels that
+  // write it.
+  void set_fence(std::function<void()> f) { fence_ = std::move(f); }
+  // Elements [off, off + n) are written: a part complete is handed back, unless it is the
+  // whole group (handed back at finish, after the block).
   void wrote(uint64_t off, uint64_t n) {
     t_.each(off, n, [&](int p, uint64_t k) {
       uint64_t& w = written_[static_cast<size_t>(p)];
@@ -172,12 +166,11 @@ class GradView {
       if (w == t_.size(p) && !hold_) ready(p);
     });
   }
-  void hold() { hold_ = true; }
   // Every part must be complete: hands back those not yet handed back.
   void finish() {
     for (int p = 0; p < t_.count(); ++p) {
       const size_t i = static_cast<size_t>(p);
-      STRATA_CHECK(written_[i] == t_.size(p) || (hold_ && written_[i] == 0 && held_[i]),
+      STRATA_CHECK(written_[i] == t_.size(p),
                    "block " + std::to_string(g_) + "'s gradient part " + std::to_string(p) + " is incomplete");
       if (held_[i]) ready(p);
     }
@@ -187,6 +180,7 @@ class GradView {
  private:
   void ready(int p) {
     STRATA_CHECK(held_[static_cast<size_t>(p)], "a gradient part handed back that was never asked for");
+    if (fence_) fence_();
     ws_->part_grads_ready(g_, p);
     held_[static_cast<size_t>(p)] = nullptr;
   }
@@ -197,6 +191,7 @@ class GradView {
   std::vector<void*> held_;
   std::vector<uint64_t> written_;
   bool hold_ = false;
+  std::function<void()> fence_;
 };
 
 }  // namespace strata::detail

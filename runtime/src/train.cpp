@@ -361,16 +361,7 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
   std::vector<std::vector<uint64_t>> parts =
       gpt_parts(shape, cfg.zero.stage3_prefetch_bucket_size, cfg.strata.tile_factor, cfg.strata.tile_size);
   const std::vector<GroupSpec> specs = gpt_group_specs(shape, parts);
-  const bool parted = specs.size() != parts.size();  // checked before the device is opened
-  if (parted && cfg.strata.backend == Backend::Cuda)
-    throw ConfigError("the cuda model reads whole blocks, and this configuration gathers them in parts "
-                      "(zero_optimization.stage3_prefetch_bucket_size = " +
-                      std::to_string(cfg.zero.stage3_prefetch_bucket_size) + " is below a block's " +
-                      std::to_string(gpt_groups(shape)[1].numel) + " elements, or strata.tile_factor = " +
-                      std::to_string(cfg.strata.tile_factor) + " or strata.tile_size = " +
-                      std::to_string(cfg.strata.tile_size) +
-                      " tiles its linears); per-tensor gathers and tiles run on the cpu backend: raise the bucket to a "
-                      "block, set tile_factor 1 and tile_size 0, or use strata.backend cpu");
+  const bool parted = specs.size() != parts.size();
   // MPI (or self), the device (cuda: the GPU of this rank's local rank) and NCCL on cuda.
   RankContext ctx = open_rank(cfg);
   coll::Communicator* comm = ctx.host_comm.get();

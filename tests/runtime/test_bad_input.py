@@ -160,9 +160,6 @@ with tempfile.TemporaryDirectory(prefix="strata-bad-input-") as work:
     refused("train with a prefetch bucket of 0",
             ["train", "-c", fortunes, "--set", "zero_optimization.stage3_prefetch_bucket_size=0"] + small,
             "stage3_prefetch_bucket_size", timeout=30)
-    refused("train with tiles on the cuda backend",
-            ["train", "-c", fortunes, "--set", "strata.tile_factor=2", "--set", "strata.backend=cuda"] + small,
-            "tile", timeout=30)
     refused("plan with a tile factor that does not divide the linears",
             ["plan", "--model", "gpt-1t", "--cluster", "dgx-2", "--tile-factor", "3"],
             "strata.tile_factor = 3 does not divide every linear", timeout=30)

@@ -698,6 +698,59 @@ TEST(Train, CudaGpuOptimizerMatchesCpuAdam) {
   expect_resume_continues(c, d.p / "ckpt", train(c, quiet()));
 }
 
+// Per-tensor gathers and tiled linears on cuda: the cuda model reads a block through its
+// views (group_view.hpp), a matmul per tile, and waits for its kernels before each part
+// goes back to the engine. Against the cpu backend with the same parts and settings (tiles
+// of 2, a gather per tensor or tile, activation checkpoints in pinned memory): GPT-2 and
+// Llama, fp32 and bf16, the tolerances of the whole-block tests above; the loss falls; and
+// the run gathers more often than the cuda run with whole blocks, every part. Needs a GPU:
+// written on 2026-11-25 without one, not yet run on a GPU (docs/training.md).
+TEST(Train, CudaPerTensorGathersAndTilesMatchTheCpuBackend) {
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << "no cuda backend here: " << why;
+  Dir d("cuda-parts");
+  const std::string data = write_file(d.p / "corpus.txt", corpus(2000));
+  nlohmann::json llama = small_shape();
+  llama["arch"] = "llama";
+  llama["kv_heads"] = 1;
+  struct Case {
+    const char* name;
+    nlohmann::json shape;
+    bool bf16;
+    double tol;
+  };
+  for (const Case& k : {Case{"gpt2 fp32", small_shape(), false, 2e-3}, Case{"gpt2 bf16", small_shape(), true, 5e-4},
+                        Case{"llama fp32", llama, false, 2e-3}, Case{"llama bf16", llama, true, 5e-4}}) {
+    SCOPED_TRACE(k.name);
+    Config whole = config(d, data, k.shape, 10);
+    whole.strata.backend = Backend::Cuda;
+    whole.bf16 = k.bf16;
+    whole.activation_checkpointing.enabled = true;
+    whole.activation_checkpointing.cpu_checkpointing = true;
+    Config gpu = whole;
+    gpu.strata.tile_factor = 2;
+    gpu.zero.stage3_prefetch_bucket_size = 1024;  // one tensor or tile per gather (d_model 32)
+    gpu.zero.stage3_max_reuse_distance = 0;       // released when the model lets go
+    Config cpu = gpu;
+    cpu.strata.backend = Backend::Cpu;
+    const TrainResult a = train(cpu, quiet());
+    const TrainResult b = train(gpu, quiet());
+    const TrainResult w = train(whole, quiet());
+    ASSERT_EQ(b.steps.size(), 10u);
+    const double worst = expect_losses_near(b, a, k.tol);
+    std::printf("%s: cuda with parts vs cpu with parts, worst relative loss difference over 10 steps %.2e (loss "
+                "%.4f -> %.4f); gathers %llu against %llu with whole blocks\n",
+                k.name, worst, b.steps.front().loss, b.steps.back().loss,
+                static_cast<unsigned long long>(b.stats.gathers), static_cast<unsigned long long>(w.stats.gathers));
+    EXPECT_LT(b.steps.back().loss, b.steps.front().loss);
+    EXPECT_EQ(b.stats.gathers, a.stats.gathers) << "the same parts, gathered as often as on cpu";
+    EXPECT_GT(b.stats.gathers, w.stats.gathers);
+    expect_losses_near(b, w, k.tol);
+    const TierUsage& dev = b.stats.store.tiers[int(Tier::Device)];
+    EXPECT_LE(dev.peak, dev.budget);
+  }
+}
+
 // Where there is no GPU, `strata.backend: cuda` is a clear error naming the fix, before
 // any data or swap file is touched.
 TEST(Train, CudaWithoutAGpuIsAClearError) {
