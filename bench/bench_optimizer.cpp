@@ -157,7 +157,9 @@ void triad_range_streaming(double* a, const double* b, const double* c, double s
 
 // DeepSpeed's weights and gradients: bf16 when CpuAdam runs its 16-bit path (16-bit
 // gradients or a 16-bit copy), else fp32. DeepSpeedCPUAdam has no fp32-master-with-copy
-// mode; its 16-bit mode keeps bf16 weights and fp32 moments (22 bytes per parameter).
+// mode; its 16-bit mode keeps bf16 weights and fp32 moments (22 bytes per parameter). The
+// same work as CpuAdam's 16-bit path is timed beside it the way ZeRO-Offload does it: an
+// upcast, the fp32 step and a copy down (torch_adam.py's OffloadStep).
 std::string deepspeed_dtype(const OptimizerOptions& o) { return o.grad != "f32" || o.half != "none" ? "bf16" : "fp32"; }
 
 // bench/ref/torch_adam.py in a child process (reference_process.hpp).
@@ -169,6 +171,7 @@ class TorchAdam {
 
   const nlohmann::json& info() const { return proc_.info(); }
   bool has_deepspeed() const { return info().contains("deepspeed"); }
+  bool has_deepspeed_offload() const { return info().contains("deepspeed_offload"); }
 
   // Per-step seconds of `steps` steps of one variant ("default" or "foreach").
   std::vector<double> time(const std::string& variant, unsigned steps) {
@@ -185,6 +188,8 @@ class TorchAdam {
     if (o.deepspeed) {
       args.push_back("--deepspeed");
       args.push_back(deepspeed_dtype(o));
+      // The same work as CpuAdam's 16-bit path, the ZeRO-Offload way (torch_adam.py).
+      args.insert(args.end(), {"--offload-grad", o.grad, "--offload-copy", o.half});
     }
     return args;
   }
@@ -253,6 +258,7 @@ struct RoundSeconds {
   double strata = 0, triad = 0, triad_streaming = 0;
   double torch_default = 0, torch_foreach = 0;  // with the PyTorch reference only
   double deepspeed = 0;                         // with DeepSpeed's op only
+  double deepspeed_offload = 0;                 // and CpuAdam's 16-bit path
 };
 
 // Everything that is timed, set up before any timing: CpuAdam with its state, the
@@ -306,6 +312,7 @@ class Contenders {
     r.strata = seconds_since(start);
     if (torch_) {
       if (torch_->has_deepspeed()) r.deepspeed = torch_->time("deepspeed", 1)[0];
+      if (torch_->has_deepspeed_offload()) r.deepspeed_offload = torch_->time("deepspeed_offload", 1)[0];
       r.torch_default = torch_->time("default", 1)[0];
       r.torch_foreach = torch_->time("foreach", 1)[0];
       // libgomp's workers spin for a while after each parallel region; let them go idle
@@ -350,6 +357,12 @@ class Contenders {
 // DeepSpeedCPUAdam's bytes per parameter: fp32 like Strata's 28; bf16 weights and
 // gradients with fp32 moments read 2 + 2 + 4 + 4 and write 2 + 4 + 4.
 constexpr double kDeepSpeedBf16BytesPerParam = 22;
+// ZeRO-Offload's pipeline for CpuAdam's 16-bit path: its fp32 step (28) plus, for a 16-bit
+// gradient, the upcast (read 2, write 4) and, for a 16-bit copy, the copy down (read 4,
+// write 2).
+double deepspeed_offload_bytes_per_param(DType grad, HalfKind half) {
+  return kAdamBytesPerParam + (grad != DType::F32 ? 6.0 : 0.0) + (half != HalfKind::None ? 6.0 : 0.0);
+}
 
 // One series per contender: strata, the two triads, then PyTorch's two Adams, then
 // DeepSpeed's when its op loaded.
@@ -372,6 +385,11 @@ std::vector<Series> make_series(const Contenders& c, AdamVariant variant) {
       series.push_back({std::string("DeepSpeedCPUAdam (") + (bf16 ? "bf16 weights, grads" : "fp32") + ")",
                         n * (bf16 ? kDeepSpeedBf16BytesPerParam : kAdamBytesPerParam), n, {}});
     }
+    if (c.torch()->has_deepspeed_offload())
+      series.push_back({std::string("DeepSpeed ZeRO-Offload (") + (c.grad() != DType::F32 ? "16-bit grads" : "") +
+                            (c.grad() != DType::F32 && c.half() != HalfKind::None ? ", " : "") +
+                            (c.half() != HalfKind::None ? "copy" : "") + ")",
+                        n * deepspeed_offload_bytes_per_param(c.grad(), c.half()), n, {}});
   }
   return series;
 }
@@ -385,6 +403,7 @@ void record(std::vector<Series>& series, const RoundSeconds& r) {
     series[4].seconds.push_back(r.torch_foreach);
   }
   if (series.size() > 5) series[5].seconds.push_back(r.deepspeed);
+  if (series.size() > 6) series[6].seconds.push_back(r.deepspeed_offload);
 }
 
 // What the human report says about DeepSpeed: how its result compared with torch.optim,
@@ -427,6 +446,11 @@ void print_optimizer_table(std::FILE* out, const std::vector<Series>& series, co
                  series[3].median() / series[0].median(), series[4].median() / series[0].median());
   if (series.size() > 5)
     std::fprintf(out, "strata / DeepSpeedCPUAdam: %.2fx (params/s)\n", series[0].params_per_s() / series[5].params_per_s());
+  if (series.size() > 6)
+    std::fprintf(out,
+                 "strata / DeepSpeed ZeRO-Offload step (the same work: fp32 masters and moments, 16-bit gradient in "
+                 "and copy out): %.2fx (params/s)\n",
+                 series[0].params_per_s() / series[6].params_per_s());
   if (!ds_note.empty()) std::fprintf(out, "%s\n", ds_note.c_str());
 }
 
@@ -444,6 +468,8 @@ Report optimizer_report(const OptimizerOptions& o, const Contenders& c, unsigned
     ratios["strata_over_torch_foreach"] = series[4].median() / series[0].median();
   }
   if (series.size() > 5) ratios["strata_over_deepspeed_params_per_s"] = series[0].params_per_s() / series[5].params_per_s();
+  if (series.size() > 6)
+    ratios["strata_over_deepspeed_offload_params_per_s"] = series[0].params_per_s() / series[6].params_per_s();
   Report report;
   report.benchmark = "optimizer";
   report.command = command;

@@ -16,7 +16,12 @@ DeepSpeedCPUAdam (its OpenMP C++ op, built by bench/ref/deepspeed_op.py) on its 
 parameter of --params elements, fp32 (fp32 weights and gradients) or bf16 (bf16 weights and
 gradients, fp32 moments), with the same hyperparameters and thread count. Before timing,
 DeepSpeed's result is checked against torch.optim on a small parameter (5 steps) and the
-largest difference reported. When the op cannot be had, the ready line carries
+largest difference reported. With --offload-grad or --offload-copy 16-bit as well,
+"deepspeed_offload": the same work as CpuAdam's 16-bit path done the way DeepSpeed's
+ZeRO-Offload does it, since DeepSpeedCPUAdam has no fp32-master step that reads 16-bit
+gradients or writes a 16-bit copy: the 16-bit gradient upcast into the fp32 master's
+gradient (stage3.py's partition copy), DeepSpeedCPUAdam's fp32 step, and the fp32 weights
+copied down into the 16-bit parameters, three passes timed together. When the op cannot be had, the ready line carries
 "deepspeed_missing": one line naming what is missing and how to get it, and the rest runs.
 
 The first line out is {"ready": true, "torch": version, ...}; any failure is
@@ -64,6 +69,36 @@ def check_deepspeed(torch, ds, adamw, dtype, lr, weight_decay):
             "params_moved_fraction": (want != p0).float().mean().item()}
 
 
+_TYPES = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+class OffloadStep:
+    """DeepSpeed ZeRO-Offload's optimizer step over fp32 masters with 16-bit gradients in
+    and/or a 16-bit parameter copy out: upcast the gradient into the master's fp32
+    gradient, DeepSpeedCPUAdam.step() in fp32, copy the weights down (each only where the
+    type is 16-bit). step() runs the three, as the other contenders' step()."""
+
+    def __init__(self, torch, ds, args):
+        n = args.params
+        self.master = torch.nn.Parameter(torch.randn(n) * 0.5)
+        self.master.grad = torch.zeros(n)
+        g = torch.randn(n) * 1e-2
+        self.grad16 = g.to(getattr(torch, _TYPES[args.offload_grad])) if args.offload_grad != "f32" else None
+        if self.grad16 is None:
+            self.master.grad.copy_(g)
+        self.copy16 = (torch.empty(n, dtype=getattr(torch, _TYPES[args.offload_copy]))
+                       if args.offload_copy != "none" else None)
+        self.opt = ds.DeepSpeedCPUAdam([self.master], lr=args.lr, weight_decay=args.weight_decay,
+                                       adamw_mode=args.adamw)
+
+    def step(self):
+        if self.grad16 is not None:
+            self.master.grad.copy_(self.grad16)
+        self.opt.step()
+        if self.copy16 is not None:
+            self.copy16.copy_(self.master.detach())
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--params", type=int, required=True, help="elements in the parameter")
@@ -73,6 +108,10 @@ def main():
     ap.add_argument("--adamw", action="store_true", help="torch.optim.AdamW instead of Adam")
     ap.add_argument("--deepspeed", choices=("none", "fp32", "bf16"), default="none",
                     help="also time DeepSpeedCPUAdam with fp32 or bf16 weights and gradients")
+    ap.add_argument("--offload-grad", choices=("f32", "bf16", "fp16"), default="f32",
+                    help="with --deepspeed: the gradient type of the ZeRO-Offload pipeline (upcast before the step)")
+    ap.add_argument("--offload-copy", choices=("none", "bf16", "fp16"), default="none",
+                    help="with --deepspeed: the 16-bit parameter copy the ZeRO-Offload pipeline writes after the step")
     args = ap.parse_args()
     global _protocol
     _protocol = os.fdopen(os.dup(1), "w")
@@ -112,6 +151,9 @@ def main():
             ds_param.grad = (torch.randn(args.params) * 1e-2).to(dtype)
             optimizers["deepspeed"] = ds.DeepSpeedCPUAdam([ds_param], lr=args.lr, weight_decay=args.weight_decay,
                                                           adamw_mode=args.adamw)
+            if args.offload_grad != "f32" or args.offload_copy != "none":
+                optimizers["deepspeed_offload"] = OffloadStep(torch, ds, args)
+                info["deepspeed_offload"] = {"grad": args.offload_grad, "copy": args.offload_copy}
     for opt in optimizers.values():
         opt.step()  # creates the moments (first touch) outside the timing
     reply(info)

@@ -87,6 +87,22 @@ Config config(const Dir& d, const std::string& data, nlohmann::json shape, int s
 
 nlohmann::json small_shape() { return {{"layers", 2}, {"d_model", 32}, {"heads", 2}, {"seq_len", 32}, {"vocab", 256}}; }
 
+// small_shape as a Llama with grouped-query attention (one key/value head).
+nlohmann::json small_llama() {
+  nlohmann::json j = small_shape();
+  j["arch"] = "llama";
+  j["kv_heads"] = 1;
+  return j;
+}
+
+// A cuda-against-cpu case: the model, its precision and the relative loss tolerance.
+struct Case {
+  const char* name;
+  nlohmann::json shape;
+  bool bf16;
+  double tol;
+};
+
 std::map<std::string, std::string> snapshot(const fs::path& root) {
   std::map<std::string, std::string> files;
   for (const auto& e : fs::recursive_directory_iterator(root))
@@ -584,15 +600,7 @@ TEST(Train, CudaBf16LlamaAndSpeculationMatchTheCpuBackend) {
   if (!cuda_available(&why)) GTEST_SKIP() << "no cuda backend here: " << why;
   Dir d("cuda-more");
   const std::string data = write_file(d.p / "corpus.txt", corpus(2000));
-  nlohmann::json llama = small_shape();
-  llama["arch"] = "llama";
-  llama["kv_heads"] = 1;
-  struct Case {
-    const char* name;
-    nlohmann::json shape;
-    bool bf16;
-    double tol;
-  };
+  const nlohmann::json llama = small_llama();
   for (const Case& k : {Case{"gpt2 bf16", small_shape(), true, 5e-4}, Case{"llama fp32", llama, false, 2e-3},
                         Case{"llama bf16", llama, true, 5e-4}}) {
     SCOPED_TRACE(k.name);
@@ -710,15 +718,7 @@ TEST(Train, CudaPerTensorGathersAndTilesMatchTheCpuBackend) {
   if (!cuda_available(&why)) GTEST_SKIP() << "no cuda backend here: " << why;
   Dir d("cuda-parts");
   const std::string data = write_file(d.p / "corpus.txt", corpus(2000));
-  nlohmann::json llama = small_shape();
-  llama["arch"] = "llama";
-  llama["kv_heads"] = 1;
-  struct Case {
-    const char* name;
-    nlohmann::json shape;
-    bool bf16;
-    double tol;
-  };
+  const nlohmann::json llama = small_llama();
   for (const Case& k : {Case{"gpt2 fp32", small_shape(), false, 2e-3}, Case{"gpt2 bf16", small_shape(), true, 5e-4},
                         Case{"llama fp32", llama, false, 2e-3}, Case{"llama bf16", llama, true, 5e-4}}) {
     SCOPED_TRACE(k.name);
