@@ -280,7 +280,8 @@ int run_step(const StepArgs& a) {
       const EngineStats after = s.engine->stats();
       if (r < a.warmup) continue;
       s.seconds.push_back(dt);
-      s.exposed.push_back(after.exposed_wait_s - before.exposed_wait_s + after.optimizer_wait_s);
+      s.exposed.push_back(after.exposed_wait_s - before.exposed_wait_s + after.optimizer_wait_s +
+                          after.speculation_wait_s);
       s.optimizer.push_back(after.optimizer_s);
       s.nvme_read.push_back(static_cast<double>(nvme_bytes(after.store, true) - nvme_bytes(before.store, true)));
       s.nvme_written.push_back(static_cast<double>(nvme_bytes(after.store, false) - nvme_bytes(before.store, false)));
@@ -363,7 +364,7 @@ int run_step(const StepArgs& a) {
                 " (" + std::to_string(static_cast<int>(peak_of(precision) / 1e9)) + " GFLOP/s)";
   rep.notes.push_back(mfu_note + ".");
   rep.notes.push_back("exposed: time the model waited for parameters and gradient buffers, plus the optimizer's wait "
-                      "for states from their tier; the rest of the step is compute (model and CPU Adam).");
+                      "for states from their tier (the speculative updates' during backward too); the rest of the step is compute (model and CPU Adam).");
   if (a.cpu_checkpointing) {
     std::string line = "checkpoints in pinned memory (cpu_checkpointing) against on the device, step time:";
     for (int nvme = 0; nvme < (a.nvme ? 2 : 1); ++nvme)

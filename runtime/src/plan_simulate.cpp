@@ -167,7 +167,9 @@ SimulateReport simulate_plan(const Plan& plan, int steps) {
       if (step == steps - 1) {
         r.step_s_steady = t - t_prev;
         r.compute_s = kernels;
-        r.exposed_s = now.exposed_wait_s - prev.exposed_wait_s + now.optimizer_wait_s;
+        r.exposed_s = now.exposed_wait_s - prev.exposed_wait_s + now.optimizer_wait_s + now.speculation_wait_s;
+        r.optimizer_wait_s = now.optimizer_wait_s;
+        r.speculation_wait_s = now.speculation_wait_s;
         r.optimizer_s = now.optimizer_s;
         for (int a = 0; a < kTierCount; ++a)
           for (int b = 0; b < kTierCount; ++b)

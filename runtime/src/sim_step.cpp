@@ -85,6 +85,7 @@ SimRunResult simulate_training(const std::vector<SimGroup>& model, const SimRunO
     s.exposed_wait_s = now.exposed_wait_s - prev.exposed_wait_s;
     s.optimizer_s = now.optimizer_s;
     s.optimizer_wait_s = now.optimizer_wait_s;
+    s.speculation_wait_s = now.speculation_wait_s;
     for (int a = 0; a < kTierCount; ++a)
       for (int b = 0; b < kTierCount; ++b)
         s.bytes_moved[a][b] = now.store.bytes_moved[a][b] - prev.store.bytes_moved[a][b];

@@ -180,7 +180,7 @@ void time_step(StepRecord& rec, double seconds, const StepCost& cost, const Engi
   rec.seconds = seconds;
   rec.tokens_per_s = static_cast<double>(cost.global_tokens) / rec.seconds;
   rec.mfu = cost.flops_per_token * static_cast<double>(cost.global_tokens) / rec.seconds / cost.peak_flops;
-  rec.exposed_s = st.exposed_wait_s - prev.exposed_wait_s + st.optimizer_wait_s;
+  rec.exposed_s = st.exposed_wait_s - prev.exposed_wait_s + st.optimizer_wait_s + st.speculation_wait_s;
   rec.optimizer_s = st.optimizer_s;
 }
 

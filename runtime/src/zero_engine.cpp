@@ -744,6 +744,8 @@ void ZeroEngine::grads_ready(int g) {
   if (last && opts_.speculative) {
     // One group behind the backward pass: the newest group's reduction is still in
     // flight, and on a GPU the model's next kernels are queued while the host steps.
+    // Its states start on their way now, so that they are there when it is stepped.
+    if (opts_.early_state_fetch) prefetch_first_states(gr);
     spec_queue_.push_back(g);
     while (spec_queue_.size() > 1) {
       const int q = spec_queue_.front();
@@ -785,6 +787,8 @@ bool ZeroEngine::step() {
   waited(t0, "wait gradient reduction", nullptr);
   const double norm = global_grad_norm();
   stats_.last_grad_norm = norm;
+  stats_.speculation_wait_s = spec_wait_;
+  spec_wait_ = 0;
   micro_ = -1;
   spec_queue_.clear();  // the last group(s) are stepped below, knowing the norm
   for (Group& gr : groups_) gr.reduced = false;
@@ -860,6 +864,23 @@ bool ZeroEngine::step() {
   stats_.optimizer_s = device_.now() - t_opt;
   refresh_params();
   return true;
+}
+
+void ZeroEngine::prefetch_first_states(const Group& gr) {
+  const Tier t = opt_compute_tier_;
+  if (gr.opt_on_device || t == gr.opt_home) return;  // stepped where they live
+  for (const Chunk& c : gr.chunks) {
+    if (c.next_master == 0 || c.speculated) continue;  // stepped plainly, or already
+    ++stats_.early_state_fetches;
+    try {
+      for (TensorId id : {c.master, c.exp_avg, c.exp_avg_sq}) store_->fetch(id, t);
+    } catch (const OutOfBudget&) {
+      // A hint only: update_on_host fetches them when it steps them. The store is
+      // consistent after a refused placement (what it evicted went home first).
+      ++stats_.early_state_fetches_skipped;
+    }
+    return;  // the first one; update_on_host fetches each next one while stepping the one before
+  }
 }
 
 void ZeroEngine::speculate_group(int g) {
@@ -991,6 +1012,7 @@ void ZeroEngine::update(const std::vector<Update>& items, float grad_scale, bool
 
 void ZeroEngine::update_on_host(const std::vector<Update>& items, float grad_scale, bool speculative) {
   const Tier t = opt_compute_tier_;
+  double& waited_s = speculative ? spec_wait_ : stats_.optimizer_wait_s;
   // The next sub-group's states are fetched while this one is updated and the previous
   // one is written back.
   auto prefetch = [&](size_t i) {
@@ -1031,7 +1053,7 @@ void ZeroEngine::update_on_host(const std::vector<Update>& items, float grad_sca
       const double t0 = device_.now();
       params.ready.wait();
       const double t1 = device_.now();
-      stats_.optimizer_wait_s += t1 - t0;
+      waited_s += t1 - t0;
       if (trace::Recorder* r = trace::active(); r && t1 > t0) r->record("wait", "wait params " + gr.spec.name, t0, t1);
     }
     prefetch(i + 1);
@@ -1048,7 +1070,7 @@ void ZeroEngine::update_on_host(const std::vector<Update>& items, float grad_sca
     const double t0 = device_.now();
     for (Acquired* x : {&m, &a, &v, &gd, &out[0], &out[1], &out[2]}) x->ready.wait();
     const double t1 = device_.now();
-    stats_.optimizer_wait_s += t1 - t0;
+    waited_s += t1 - t0;
     // One fused pass: read the weight, both moments and the (scaled) gradient, write the
     // weight and moments and, in 16 bits, the working copy; fp32 copies it after.
     const HalfKind kind = half_kind(work_t_);

@@ -89,6 +89,41 @@ struct Case {
 
 }  // namespace
 
+// The speculative optimizer with its states on NVMe: each group's first sub-group's states
+// start towards pinned memory as its gradient completes, a group of backward before the
+// update reads them (ZeroEngine::prefetch_first_states). The speculative updates run on
+// the model's thread, so what they wait for is exposed: with the states fetched a group
+// ahead they wait less and the step is shorter than with each fetch issued when its
+// update starts (EngineOptions::early_state_fetch false). Simulated (deterministic):
+// -6% and -8% here. (Where the step is compute-bound, gpt-1.3b on a DGX-2, it changed
+// nothing: 2.404 against 2.398 s, the same 0.44 s of waits.)
+TEST(Plan, SpeculationFetchesTheOptimizerStatesAGroupAhead) {
+  const OffloadDevice none = OffloadDevice::None, cpu = OffloadDevice::Cpu, nvme = OffloadDevice::Nvme;
+  struct Case {
+    const char* label;
+    GptShape shape;
+    const char* cluster;
+    Strategy st;
+  };
+  for (const Case& k : {Case{"gpt-175b (6 layers), dgx-h100, params cpu", shrunk("gpt-175b", 6), "dgx-h100",
+                             speculative(strategy(3, cpu, nvme, 2))},
+                        Case{"gpt-13b (8 layers), dgx-h100, params on the device", shrunk("gpt-13b", 8), "dgx-h100",
+                             speculative(strategy(3, none, nvme, 4))}}) {
+    SCOPED_TRACE(k.label);
+    Plan early = make_plan(k.shape, find_cluster_preset(k.cluster), k.st);
+    ASSERT_TRUE(early.fits);
+    ASSERT_TRUE(early.engine.early_state_fetch);
+    Plan late = early;
+    late.engine.early_state_fetch = false;
+    const SimulateReport a = simulate_plan(early, 3), b = simulate_plan(late, 3);
+    std::cout << "[ figures  ] " << k.label << ", optimizer on NVMe, speculative: step " << a.step_s_steady
+              << " s with the early fetch, " << b.step_s_steady << " s without; the updates' waits during backward "
+              << a.speculation_wait_s << " s against " << b.speculation_wait_s << " s\n";
+    EXPECT_LT(a.step_s_steady, b.step_s_steady);
+    EXPECT_LT(a.speculation_wait_s, b.speculation_wait_s);
+  }
+}
+
 TEST(Plan, AnalyticStepTimeAgreesWithTheSimulatedEngineWithin15Percent) {
   ClusterSpec dgx2 = find_cluster_preset("dgx-2");
   ClusterSpec one_v100 = dgx2;

@@ -110,6 +110,10 @@ TEST(SpeculativeOptimizer, NvmeSpaceIsTheSameAfterAHundredStepsWithRollbacks) {
   EXPECT_EQ(hundred.stats.store.tiers[nv].used, one.stats.store.tiers[nv].used);
   EXPECT_LE(hundred.stats.store.tiers[nv].peak, hundred.stats.store.tiers[nv].budget);
   EXPECT_EQ(hundred.stats.store.failed_moves, 0u);
+  // The states were fetched a group ahead (ZeroEngine::prefetch_first_states), and the
+  // space stayed exact with those fetches in flight.
+  EXPECT_GT(hundred.stats.early_state_fetches, 0u);
+  EXPECT_EQ(hundred.stats.early_state_fetches_skipped, 0u);
 }
 
 // The GPU optimizer's path (ZeroEngine::update_on_device: each sub-group one

@@ -255,6 +255,9 @@ struct SimulateReport {
   std::vector<double> step_s;          // simulated seconds, each step
   double step_s_steady = 0;            // the last step (the first starts from an idle machine)
   double compute_s = 0, exposed_s = 0, optimizer_s = 0;  // of the last step
+  // Of exposed_s: the optimizer's waits for states at step(), and the speculative
+  // updates' during the backward pass (EngineStats), in the last step.
+  double optimizer_wait_s = 0, speculation_wait_s = 0;
   std::array<uint64_t, kTierCount> peak{};    // bytes, per tier
   std::array<uint64_t, kTierCount> budget{};  // bytes given to the engine
   std::array<std::array<uint64_t, kTierCount>, kTierCount> bytes_moved{};  // last step [from][to]

@@ -63,6 +63,7 @@ struct SimStepStats {
                                 // buffers (the transfer time not hidden behind compute)
   double optimizer_s = 0;       // the optimizer, its waits for states included
   double optimizer_wait_s = 0;  // of which waiting for states to arrive
+  double speculation_wait_s = 0;  // the speculative updates' waits during the backward pass (EngineStats)
   std::array<std::array<uint64_t, kTierCount>, kTierCount> bytes_moved{};  // [from][to]
 };
 

@@ -85,6 +85,11 @@ struct EngineOptions {
   // its gradient is reduced, assuming no clipping and finite gradients; step() validates
   // and commits, or discards and steps again (or skips). Bit-identical to the plain step.
   bool speculative = false;
+  // Speculating with the states away from the optimizer's tier (on NVMe): each group's
+  // first sub-group's states are fetched as its gradient completes, a group of backward
+  // before the update reads them. false fetches them only when the update starts (as
+  // before 2026-11-25), for measuring what the early fetch gives.
+  bool early_state_fetch = true;
   // With optimizer_home Device on a device whose memory the host cannot address (cuda),
   // the optimizer runs there: Stream::adam_step on the engine's optimizer stream (the GPU
   // optimizer). optimizer_on_stream takes that path on the cpu backend as well, where
@@ -143,6 +148,16 @@ struct EngineStats {
   uint64_t speculation_commits = 0;
   uint64_t speculation_rollbacks = 0;
   uint64_t speculation_fallback_sub_groups = 0;
+  // Early fetches of a group's first speculative sub-group's states (issued as its
+  // gradient is complete, a group of backward before they are stepped), and of those, the
+  // ones skipped because the optimizer's tier had no room then (they are fetched when
+  // stepped, as without speculation).
+  uint64_t early_state_fetches = 0;
+  uint64_t early_state_fetches_skipped = 0;
+  // The last step's speculative updates, on the model's thread during the backward pass:
+  // their time waiting for parameter shards and optimizer states (exposed, as the model
+  // waits meanwhile).
+  double speculation_wait_s = 0;
   StoreStats store;
 };
 
@@ -254,6 +269,7 @@ class ZeroEngine final : public WeightSource {
   // when t is not it); speculative: the Next set was written, the gradient is kept.
   void release_stepped(const Group& gr, Chunk& c, Tier t, bool speculative);
   void speculate_group(int g);  // steps group g's speculative sub-groups into their Next sets
+  void prefetch_first_states(const Group& gr);  // its first speculative sub-group's states, towards the optimizer
   float unclipped_grad_scale() const;
   // After a skipped step: the working parameters of speculated sub-groups back to their
   // committed master weights.
@@ -293,6 +309,7 @@ class ZeroEngine final : public WeightSource {
   int64_t step_count_ = 0;
   int64_t iterations_ = 0;
   std::vector<double> norm_parts_;  // per-chunk squared norms of the last micro-step (host)
+  double spec_wait_ = 0;            // the speculative updates' waits so far in this step
   std::vector<int> spec_queue_;     // groups whose last gradients are reduced, not yet speculated
   double spec_lr_ = 0;              // the learning rate the speculated sub-groups were stepped with
   mutable EngineStats stats_;
