@@ -316,6 +316,8 @@ struct GptCuda::Impl {
     if (llama) return llama_block_backward(pv, resid[l], acts_for(l), gv, B, T);
     block_backward(pv, resid[l], acts_for(l), gv, B, T);
   }
+  // Synchronises even when the views hold nothing more: kernels queued after the last
+  // part went back (the residual adds) still write the checkpoint the driver hands on.
   void release(detail::ParamView& pv) {
     STRATA_CHECK_CUDA(cudaStreamSynchronize(stream));
     pv.release_all();

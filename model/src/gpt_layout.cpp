@@ -1,9 +1,9 @@
 #include "strata/model/gpt_layout.hpp"
 
 #include <algorithm>
-#include <map>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <numeric>
 
 #include "strata/core/error.hpp"
