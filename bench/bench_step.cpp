@@ -63,6 +63,7 @@ struct StepArgs {
   std::string precision = "f32";  // 16 bits: beside fp32, and beside PyTorch autocast
   bool nvme = true;               // the NVMe configuration too
   bool speculative = false;       // each engine configuration also with the speculative optimizer
+  bool speculation_inline = false;  // its updates on the model's thread, not the optimizer lane
   bool gpu_optimizer = false;     // cuda: also parameters and optimizer states on the GPU (the GPU optimizer)
   double ratio = 0.5;             // with gpu_optimizer: also offload_optimizer.ratio this (CPU share), concurrently
   bool torch = true;              // the PyTorch reference (cpu backend, 16 bits)
@@ -166,6 +167,7 @@ int run_step(const StepArgs& a) {
     }
     o.stage = 3;
     o.speculative = speculative;
+    o.speculation_lane = !a.speculation_inline;
     o.precision = p;
     o.optimizer = {OptimizerKind::AdamW, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f};
     o.gradient_accumulation_steps = a.accum;
@@ -302,6 +304,7 @@ int run_step(const StepArgs& a) {
                 {"dir", a.dir}, {"backend", a.backend},
                 {"precision", precision_name(precision)}, {"nvme", a.nvme}, {"threads", threads},
                 {"speculative", a.speculative},
+                {"speculation_inline", a.speculation_inline},
                 {"matmul_peak_gflops", peak_of(DType::F32) / 1e9}};
   if (sixteen) rep.config[std::string("matmul_peak_gflops_") + precision_name(precision)] = peak_of(precision) / 1e9;
   rep.table.columns = {{"label", "configuration", ""},       {"step_median_s", "step s", "%.3f"},
@@ -506,6 +509,9 @@ void add_step(CLI::App& bench, Runner& run) {
   s->add_flag("!--no-nvme", a.nvme, "Only the in-memory configuration");
   s->add_flag("--speculative", a.speculative,
               "Each configuration also with the speculative optimizer (strata.speculative_optimizer)");
+  s->add_flag("--speculation-inline", a.speculation_inline,
+              "With --speculative: step its updates on the model's thread between blocks, not on the optimizer "
+              "lane beside it (EngineOptions::speculation_lane), to measure what the lane gives");
   s->add_flag("--gpu-optimizer", a.gpu_optimizer,
               "cuda: also parameters and optimizer states on the GPU, stepped there (offload_optimizer none), "
               "and the states split by --optimizer-ratio between CPU Adam and the GPU optimizer");

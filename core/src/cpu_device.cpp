@@ -165,4 +165,7 @@ class CpuDevice final : public Device {
 
 std::unique_ptr<Device> make_cpu_device() { return std::make_unique<CpuDevice>(); }
 
+// Device::create_host_stream on the real backends: a worker thread's in-order queue.
+std::unique_ptr<Stream> make_host_worker_stream(const std::string& name) { return std::make_unique<CpuStream>(name); }
+
 }  // namespace strata

@@ -5,6 +5,7 @@
 namespace strata {
 
 std::unique_ptr<Device> make_cpu_device();
+std::unique_ptr<Stream> make_host_worker_stream(const std::string& name);
 #ifdef STRATA_HAVE_CUDA
 std::unique_ptr<Device> make_cuda_device(int ordinal);
 bool cuda_device_present(std::string* reason);
@@ -25,6 +26,8 @@ Backend parse_backend(const std::string& name) {
   if (name == "sim") return Backend::Sim;
   throw ConfigError("unknown device backend '" + name + "': use one of cpu, cuda, sim");
 }
+
+std::unique_ptr<Stream> Device::create_host_stream(const std::string& name) { return make_host_worker_stream(name); }
 
 bool cuda_available(std::string* reason) {
 #ifdef STRATA_HAVE_CUDA

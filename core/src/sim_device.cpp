@@ -143,6 +143,7 @@ class SimDevice final : public Device {
   std::unique_ptr<Stream> create_stream(const std::string& name) override {
     return std::make_unique<SimStream>(*this, name);
   }
+  std::unique_ptr<Stream> create_host_stream(const std::string& name) override { return create_stream(name); }
   int numa_node() const override { return -1; }
   double now() const override { return sim::now(); }
   void* allocate_host(size_t bytes, int, bool, bool* locked) override {

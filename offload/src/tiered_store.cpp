@@ -446,12 +446,32 @@ void TieredStore::allocate_slot(std::unique_lock<std::mutex>& lock, Record& r, T
     }
     if (evict_one(lock, t, r)) continue;
     // Nothing evictable now. Moves in flight will unpin their sources when they finish;
-    // wait for one if there are any, else no room will appear.
+    // wait for one if there are any. Else the room maker may release pins; else no room
+    // will appear.
+    bool moving;
     {
       std::lock_guard<std::mutex> cq(cq_mu_);
-      if (in_flight_ == 0) throw_no_room(r, t);
+      moving = in_flight_ != 0;
     }
-    changed_.wait(lock);
+    if (moving) {
+      changed_.wait(lock);
+      continue;
+    }
+    if (!room_maker_ || making_room_) throw_no_room(r, t);
+    making_room_ = true;
+    const std::function<bool()> maker = room_maker_;
+    lock.unlock();
+    bool made = false;
+    try {
+      made = maker();
+    } catch (...) {
+      lock.lock();
+      making_room_ = false;
+      throw;
+    }
+    lock.lock();
+    making_room_ = false;
+    if (!made) throw_no_room(r, t);
   }
 }
 
@@ -524,6 +544,11 @@ bool TieredStore::evict_one(std::unique_lock<std::mutex>& lock, Tier t, const Re
   reap_locked();
   if (auto it = records_.find(vid); it != records_.end()) settle(*it->second, vhome);
   return true;
+}
+
+void TieredStore::set_room_maker(std::function<bool()> fn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  room_maker_ = std::move(fn);
 }
 
 void TieredStore::throw_no_room(const Record& r, Tier t) const {

@@ -513,10 +513,11 @@ void Planner::step_time() {
   if (st_.speculative) {
     // The engine steps a group's sub-groups when the backward pass hands in the next
     // group's gradient: all but the last two groups the backward pass reaches (the last
-    // acquires of the schedule) are stepped during the last micro-step's backward. It does
-    // so on the thread that drives the model, so their compute adds to the backward
-    // pass's; their NVMe and PCIe traffic shares backward's lanes and runs behind the
-    // rest of it (write-back, the next sub-group's reads).
+    // acquires of the schedule) are stepped during the last micro-step's backward. Stage 3
+    // steps them on the engine's optimizer lane, a host worker beside the model's thread,
+    // so their compute runs beside the backward pass's; stages 1 and 2 on the thread that
+    // drives the model, so it adds to it. Their NVMe and PCIe traffic shares backward's
+    // lanes and runs behind the rest of it (write-back, the next sub-group's reads).
     const std::vector<int> order = gpt_schedule(s_);
     std::vector<int> last;
     for (auto it = order.rbegin(); it != order.rend() && last.size() < 2; ++it)
@@ -525,12 +526,17 @@ void Planner::step_time() {
     for (int g : last) late += double(L_.groups[g].shard);
     const double f = std::clamp(1.0 - late / double(L_.shard_total), 0.0, 1.0);
     const double b_nvme_r = b_nvr_.time + f * o_nvr_.time, b_nvme_w = b_nvw_.time + f * o_nvw_.time;
-    const double compute = bwd_compute_ + f * (opt_compute_ + opt_serial_);
+    const double speculated = f * (opt_compute_ + opt_serial_);
+    const bool lane = s3_;  // EngineOptions::speculation_lane, on by default
+    const double compute = lane ? bwd_compute_ : bwd_compute_ + speculated;
     const double b_nvme = grad_spill_ > 0 ? b_nvme_r + b_nvme_w : std::max(b_nvme_r, b_nvme_w);
     const double last_bwd =
         std::max({compute, b_coll_.time, b_h2d_.time + f * o_h2d_.time, b_d2h_.time, b_nvme, bwd_});
     p_.backward_s = (A_ - 1) * bwd_ + last_bwd + tail_;
     p_.optimizer_s = (1.0 - f) * opt_;  // what is left for step(): the last groups' share
+    // The lane is handed work as gradients come in and no faster: what it has not begun by
+    // the end of the backward pass is stepped plainly at step().
+    if (lane && speculated > last_bwd) p_.optimizer_s += (speculated - last_bwd) / speculated * f * opt_;
   }
   // Checkpoints on their way to NVMe in forward queue behind the optimizer's write-back
   // still running into the step, and a block's forward waits for the one two before to

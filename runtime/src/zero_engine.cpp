@@ -364,6 +364,11 @@ ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communica
   adam_ = std::make_unique<CpuAdam>(hp, ao);
   reduce_stream_ = device_.create_stream("reduce");
   if (gpu_optimizer_) opt_stream_ = device_.create_stream("optimizer");
+  owner_ = std::this_thread::get_id();
+  if (opts_.speculative && opts_.speculation_lane && opts_.stage == 3) {
+    lane_ = device_.create_host_stream("optimizer lane");
+    store_->set_room_maker([this] { return lane_make_room(); });
+  }
 
   for (size_t g = 0; g < groups_.size(); ++g) {
     Group& gr = groups_[g];
@@ -415,8 +420,10 @@ ZeroEngine::~ZeroEngine() {
   try {
     reduce_stream_->synchronize();
     if (opt_stream_) opt_stream_->synchronize();
+    if (lane_) lane_->synchronize();
   } catch (...) {
   }
+  if (store_) store_->set_room_maker(nullptr);
   if (store_) store_->quiesce();
   if (trace_) {
     trace::set_active(outer_trace_);
@@ -753,6 +760,7 @@ void ZeroEngine::grads_ready(int g) {
       speculate_group(q);
     }
   }
+  if (lane_) lane_pump();
 }
 
 // ---------------------------------------------------------------------------------------
@@ -782,6 +790,7 @@ bool ZeroEngine::step() {
   if (opts_.stage == 1)
     for (Group& gr : groups_)
       if (!gr.reduced) all_reduce_stage1(gr);
+  lane_finish();  // before the validation: what it stepped is speculated like the rest
   const double t0 = device_.now();
   reduce_stream_->synchronize();
   waited(t0, "wait gradient reduction", nullptr);
@@ -896,6 +905,21 @@ void ZeroEngine::speculate_group(int g) {
     for (const Chunk& c : o.chunks) first = first && !c.speculated;
   if (first) spec_lr_ = adam_->config().lr;
   if (adam_->config().lr != spec_lr_) return;
+  if (lane_) {
+    // The host's sub-groups go to the lane; the GPU optimizer's (offload_optimizer.ratio)
+    // are stepped now, on its stream.
+    std::vector<Update> on_device;
+    size_t mine = 0;
+    for (const Update& u : items) mine += u.gr->opt_on_device ? 0 : 1;
+    for (const Update& u : items) {
+      if (u.gr->opt_on_device)
+        on_device.push_back(u);
+      else
+        lane_backlog_.push_back({u, step_count_ + 1, unclipped_grad_scale(), mine == gr.chunks.size()});
+    }
+    items = std::move(on_device);
+    if (items.empty()) return;
+  }
   const int64_t saved = step_count_;
   ++step_count_;
   try {
@@ -905,6 +929,146 @@ void ZeroEngine::speculate_group(int g) {
     throw;
   }
   step_count_ = saved;
+}
+
+// ---------------------------------------------------------------------------------------
+// The optimizer lane (EngineOptions::speculation_lane).
+
+namespace {
+// Whether e has completed by the calling thread's now: in real time on cpu and cuda, in
+// virtual time on sim (where every event is complete in real time).
+bool done_by_now(const Event& e, const Device& d) {
+  if (e.impl() && e.impl()->virtual_time() >= 0) return e.impl()->virtual_time() <= d.now();
+  return e.ready();
+}
+}  // namespace
+
+void ZeroEngine::lane_pump() {
+  while (!lane_inflight_.empty() && done_by_now(lane_inflight_.front().done, device_)) lane_retire_one();
+  while (!lane_backlog_.empty() && lane_running_ < kLaneDepth) {
+    const LaneItem it = lane_backlog_.front();
+    lane_backlog_.pop_front();
+    lane_submit(it);
+  }
+}
+
+void ZeroEngine::lane_submit(const LaneItem& it) {
+  Group& gr = *it.u.gr;
+  Chunk& c = *it.u.c;
+  const Tier t = opt_compute_tier_;
+  lane_submitting_ = true;  // the open group's shard stays while its tensors are acquired
+  struct Done {
+    bool& flag;
+    ~Done() { flag = false; }
+  } done_submitting{lane_submitting_};
+  if (lane_open_ != &gr) {
+    lane_close_group();
+    // Overwritten whole only the first time: a group reopened (after its shard was let go
+    // for room) keeps what the lane wrote into it.
+    const bool reopened = std::find(lane_opened_.begin(), lane_opened_.end(), &gr) != lane_opened_.end();
+    lane_params_ = it.whole && !reopened ? store_->acquire_for_overwrite(gr.pshard, t) : store_->acquire(gr.pshard, t);
+    lane_open_ = &gr;
+    if (!reopened) lane_opened_.push_back(&gr);
+    lane_->wait(lane_params_.ready);
+  }
+  // The next one's states start on their way while this one is stepped.
+  if (!lane_backlog_.empty()) {
+    const LaneItem& next = lane_backlog_.front();
+    if (t != next.u.gr->opt_home)
+      for (TensorId id : {next.u.c->master, next.u.c->exp_avg, next.u.c->exp_avg_sq, next.u.c->grad})
+        store_->fetch(id, t);
+  }
+  Acquired m = store_->acquire(c.master, t);
+  Acquired a = store_->acquire(c.exp_avg, t);
+  Acquired v = store_->acquire(c.exp_avg_sq, t);
+  Acquired gd = store_->acquire(c.grad, t);
+  Acquired mo = store_->acquire_for_overwrite(c.next_master, t);
+  Acquired ao = store_->acquire_for_overwrite(c.next_exp_avg, t);
+  Acquired vo = store_->acquire_for_overwrite(c.next_exp_avg_sq, t);
+  for (const Acquired* x : {&m, &a, &v, &gd, &mo, &ao, &vo}) lane_->wait(x->ready);
+  const HalfKind kind = half_kind(work_t_);
+  // The working copy goes straight into the parameter shard: in 16 bits from the fused
+  // pass, in fp32 copied after it.
+  void* working = at(lane_params_.data, c.offset, wb_);
+  const double bytes = (24.0 + gb_) * c.n + (kind != HalfKind::None ? wb_ * c.n : 8.0 * c.n);
+  const AdamGrads g{gd.data, grad_t_, it.grad_scale};
+  const int64_t step = it.t;
+  const size_t n = c.n;
+  std::string label = "adam (speculative, lane) " + gr.spec.name + " [" + std::to_string(c.offset) + ", " +
+                      std::to_string(c.offset + c.n) + ")";
+  lane_->host_task([this, m = m.data, a = a.data, v = v.data, mo = mo.data, ao = ao.data, vo = vo.data, g, step, n,
+                    working, kind, bytes, label = std::move(label)] {
+    const double t0 = device_.now();
+    device_.host_compute(bytes, [&] {
+      adam_->step_into(step, static_cast<const float*>(m), static_cast<const float*>(a),
+                       static_cast<const float*>(v), g, static_cast<float*>(mo), static_cast<float*>(ao),
+                       static_cast<float*>(vo), n, kind == HalfKind::None ? nullptr : working, kind);
+      if (kind == HalfKind::None) std::memcpy(working, mo, n * 4);
+    });
+    if (trace::Recorder* r = trace::active()) r->record("optimizer lane", label, t0, device_.now());
+  });
+  lane_inflight_.push_back({&gr, &c, lane_->record()});
+  ++lane_running_;
+  ++stats_.lane_sub_groups;
+  c.speculated = true;  // its Next set is being written; step() validates it
+  lane_last_ = &gr;
+}
+
+void ZeroEngine::lane_close_group() {
+  if (!lane_open_) return;
+  lane_inflight_.push_back({lane_open_, nullptr, lane_->record()});
+  lane_open_ = nullptr;
+}
+
+void ZeroEngine::lane_retire_one() {
+  LaneRecord r = lane_inflight_.front();
+  lane_inflight_.pop_front();
+  const double t0 = device_.now();
+  r.done.wait();  // rethrows a failed update (a failed fetch of its states)
+  if (const double t1 = device_.now(); t1 > t0) {
+    spec_wait_ += t1 - t0;  // the model's thread waited for the lane
+    if (trace::Recorder* rec = trace::active()) rec->record("wait", "wait optimizer lane", t0, t1);
+  }
+  const Tier t = opt_compute_tier_;
+  if (r.c) {
+    --lane_running_;
+    // release_stepped marks the sub-group speculated, as lane_submit already did.
+    release_stepped(*r.gr, *r.c, t, true);
+  } else {
+    store_->release(r.gr->pshard, t, Access::Write);
+    if (opts_.param_home != t) store_->drop(r.gr->pshard, t);
+  }
+}
+
+void ZeroEngine::lane_finish() {
+  if (!lane_) return;
+  // A group begun is completed, so that a parameter shard taken for overwrite is written
+  // whole; the groups not begun are stepped plainly at step().
+  while (!lane_backlog_.empty() && lane_backlog_.front().u.gr == lane_last_) {
+    if (lane_running_ >= kLaneDepth) {
+      lane_retire_one();
+      continue;
+    }
+    const LaneItem it = lane_backlog_.front();
+    lane_backlog_.pop_front();
+    lane_submit(it);
+  }
+  lane_backlog_.clear();
+  lane_close_group();
+  while (!lane_inflight_.empty()) lane_retire_one();
+  lane_last_ = nullptr;
+  lane_opened_.clear();
+}
+
+bool ZeroEngine::lane_make_room() {
+  // Only the model's thread touches the lane's records; another thread's placement fails
+  // as it would have.
+  if (std::this_thread::get_id() != owner_ || (lane_inflight_.empty() && (!lane_open_ || lane_submitting_)))
+    return false;
+  ++stats_.lane_waits_for_room;
+  if (!lane_submitting_) lane_close_group();
+  while (!lane_inflight_.empty()) lane_retire_one();
+  return true;
 }
 
 // The GPU optimizer: the same update as the host's below, each sub-group one

@@ -30,6 +30,7 @@ struct RunSpec {
   uint64_t sub_group = 1u << 30;
   DType precision = DType::F32;
   bool speculative = false;  // strata.speculative_optimizer
+  bool lane = true;          // EngineOptions::speculation_lane (stage 3): false, on the model's thread
   int poison_step = -1;      // this step's gradient of one group on rank poison_rank becomes NaN
   int poison_rank = 0;
   bool snapshots = false;    // RunResult::states after every step
@@ -53,6 +54,7 @@ struct RunSpec {
     return std::string(precision_name(precision)) + ", stage " + std::to_string(stage) + ", params " + to_string(param) + ", optimizer " + to_string(optimizer) +
            ", accum " + std::to_string(accum) + (clip > 0 ? ", clip " + std::to_string(clip) : "") +
            (give_schedule ? "" : ", traced") + (speculative ? ", speculative" : "") +
+           (speculative && !lane ? " on the model's thread" : "") +
            (poison_step >= 0 ? ", NaN at step " + std::to_string(poison_step) : "") +
            (optimizer_on_stream ? ", optimizer on the stream" : "") +
            (optimizer_ratio < 1.0 ? ", ratio " + std::to_string(optimizer_ratio) : "") +
@@ -146,6 +148,7 @@ inline EngineOptions test_engine_options(const RunSpec& spec, uint64_t group_num
   o.optimizer.weight_decay = 0.01f;
   o.gradient_clipping = spec.clip;
   o.speculative = spec.speculative;
+  o.speculation_lane = spec.lane;
   o.optimizer_on_stream = spec.optimizer_on_stream;
   o.optimizer_ratio = spec.optimizer_ratio;
   o.gradient_accumulation_steps = spec.accum;

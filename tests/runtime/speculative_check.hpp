@@ -64,9 +64,10 @@ inline void expect_same_states(const RunResult& got, const RunResult& want, int 
 }
 
 // Runs `base` plainly and speculatively in the regime and expects identical bits after
-// every step, and the speculation counts the regime implies.
+// every step, and the speculation counts the regime implies. Stage 3 speculates on the
+// optimizer lane; with `also_on_the_models_thread`, once more without it.
 inline void expect_speculation_exact(const Runner& train, coll::Communicator& comm, RunSpec base, Regime regime,
-                                     int steps, const std::string& nvme_dir) {
+                                     int steps, const std::string& nvme_dir, bool also_on_the_models_thread = false) {
   base.snapshots = true;
   base.speculative = false;
   switch (regime) {
@@ -104,6 +105,16 @@ inline void expect_speculation_exact(const Runner& train, coll::Communicator& co
   }
   for (int t = 0; t < kTierCount; ++t)
     EXPECT_LE(st.store.tiers[t].peak, st.store.tiers[t].budget) << label << ", " << to_string(static_cast<Tier>(t));
+  if (spec.stage != 3 || !spec.lane)
+    EXPECT_EQ(st.lane_sub_groups, 0u) << label;
+  else if (!spec.optimizer_on_stream)  // CpuAdam's sub-groups (all, or a ratio's share)
+    EXPECT_GT(st.lane_sub_groups, 0u) << label << ": stage 3 steps its host sub-groups on the optimizer lane";
+  if (also_on_the_models_thread && spec.stage == 3) {
+    spec.lane = false;
+    const RunResult inline_run = train(comm, spec, steps, nvme_dir);
+    ASSERT_NO_FATAL_FAILURE(expect_same_states(inline_run, plain, steps, label + ", on the model's thread"));
+    EXPECT_EQ(inline_run.stats.lane_sub_groups, 0u) << label;
+  }
 }
 
 }  // namespace strata::testing_engine

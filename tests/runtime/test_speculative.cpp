@@ -6,6 +6,7 @@
 // Stream::adam_step) against CpuAdam, bit for bit.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <vector>
 
 #include "speculative_check.hpp"
@@ -43,7 +44,7 @@ TEST_P(Speculative, BitIdenticalToThePlainStepInEveryRegime) {
     for (Regime regime : {Regime::NeverClips, Regime::AlwaysClips, Regime::SometimesClips, Regime::NonFinite}) {
       RunSpec spec{.stage = k.stage, .param = k.stage == 3 ? off : OffloadDevice::None, .optimizer = off,
                    .sub_group = 1024, .precision = k.precision};
-      expect_speculation_exact(run, *comm, spec, regime, mlp ? 30 : 20, dir.path);
+      expect_speculation_exact(run, *comm, spec, regime, mlp ? 30 : 20, dir.path, /*also_on_the_models_thread=*/true);
     }
   // Gradient accumulation: speculation in the last micro-step only.
   RunSpec acc{.stage = k.stage, .param = k.stage == 3 ? OffloadDevice::Nvme : OffloadDevice::None,
@@ -86,6 +87,38 @@ TEST(SpeculativeOptimizer, SubGroupsWithoutRoomStepPlainlyAndTheBudgetHolds) {
   EXPECT_EQ(got.stats.speculated_sub_groups + fallback, 8u) << "the last step speculated every sub-group with room";
   for (int s = 0; s < 30; ++s)
     ASSERT_EQ(std::memcmp(got.states[s].data(), plain.states[s].data(), got.states[s].size() * 4), 0) << "step " << s;
+  for (int t = 0; t < kTierCount; ++t)
+    EXPECT_LE(got.stats.store.tiers[t].peak, got.stats.store.tiers[t].budget) << to_string(static_cast<Tier>(t));
+}
+
+// The optimizer lane holds a sub-group's tensors pinned until it has stepped it, while the
+// model's thread goes on. At the smallest pinned budget the layout plans for (states and
+// parameters on NVMe: everything passes through pinned staging), the lane's pins fill the
+// tier; the model's thread then waits for the lane to let them go
+// (TieredStore::set_room_maker) instead of failing, and the bits and the budget hold.
+TEST(SpeculativeOptimizer, TheLaneGivesBackItsPinsWhenATierIsFull) {
+  TempDir dir("spec-lane-room");
+  auto comm = self();
+  RunSpec base{.stage = 3, .param = OffloadDevice::Nvme, .optimizer = OffloadDevice::Nvme, .sub_group = 1024,
+               .snapshots = true};
+  ResidualMlp model(kLayers, kWidth);
+  std::vector<GroupSize> sizes(kLayers, GroupSize{"block", model.group_numel()});
+  ShardStrategy st = test_engine_options(base, model.group_numel(), "").shard_strategy(1);
+  st.speculative_sub_groups = make_shard_layout(sizes, st).sub_group_count;
+  const ShardLayout full = make_shard_layout(sizes, st);
+  base.pinned_budget = full.need[int(Tier::Pinned)].homes() + full.pinned_staging;
+  RunResult plain = train(*comm, *comm, base, 20, dir.path);
+  RunSpec spec = base;
+  spec.speculative = true;
+  RunResult got = train(*comm, *comm, spec, 20, dir.path);
+  std::printf("[ figures  ] pinned budget %llu bytes: %llu sub-groups on the lane, %llu waits for room\n",
+              static_cast<unsigned long long>(base.pinned_budget),
+              static_cast<unsigned long long>(got.stats.lane_sub_groups),
+              static_cast<unsigned long long>(got.stats.lane_waits_for_room));
+  EXPECT_GT(got.stats.lane_sub_groups, 0u);
+  EXPECT_GT(got.stats.lane_waits_for_room, 0u) << "the budget did not make the lane give back its pins";
+  EXPECT_EQ(got.stats.speculation_fallback_sub_groups, 0u);
+  ASSERT_NO_FATAL_FAILURE(expect_same_states(got, plain, 20, "lane at the smallest pinned budget"));
   for (int t = 0; t < kTierCount; ++t)
     EXPECT_LE(got.stats.store.tiers[t].peak, got.stats.store.tiers[t].budget) << to_string(static_cast<Tier>(t));
 }

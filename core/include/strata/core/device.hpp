@@ -108,6 +108,11 @@ class Device {
   virtual bool register_host(void* p, size_t bytes) = 0;
   virtual void unregister_host(void* p) = 0;
   virtual std::unique_ptr<Stream> create_stream(const std::string& name) = 0;
+  // A stream for host work only (host_task, wait, record, synchronize): its own worker
+  // thread on cpu and cuda, so that long host work (the speculative CPU optimizer) runs
+  // beside the calling thread and never in a CUDA callback, where it would hold up every
+  // other stream's host callbacks; on sim, a stream of its own on the virtual clock.
+  virtual std::unique_ptr<Stream> create_host_stream(const std::string& name);
   // NUMA node nearest this device, or -1 when unknown.
   virtual int numa_node() const = 0;
 

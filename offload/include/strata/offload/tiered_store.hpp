@@ -165,6 +165,14 @@ class TieredStore {
   // they were delivered through the moves' events).
   void quiesce();
 
+  // Whom to ask for room before throwing OutOfBudget, when a placement finds nothing it
+  // can evict and no move in flight: work that holds pins and finishes without the caller
+  // (the engine's speculative optimizer lane), so that what fits with that work done in
+  // line also fits with it running beside the caller. Called with the store unlocked, on
+  // the thread that needs the room; returns true when it released pins (the placement is
+  // tried again), false when it had none to give. Never called while it runs.
+  void set_room_maker(std::function<bool()> fn);
+
  private:
   struct Slot;
   struct Record;
@@ -234,6 +242,8 @@ class TieredStore {
   std::list<std::shared_ptr<Completion>> completions_;
   uint64_t in_flight_ = 0;
   bool stopping_ = false;
+  std::function<bool()> room_maker_;  // set_room_maker (guarded by mu_)
+  bool making_room_ = false;
   std::vector<std::thread> completers_;
 };
 

@@ -24,8 +24,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "strata/collectives/communicator.hpp"
@@ -90,6 +92,14 @@ struct EngineOptions {
   // before the update reads them. false fetches them only when the update starts (as
   // before 2026-11-25), for measuring what the early fetch gives.
   bool early_state_fetch = true;
+  // Stage 3: the speculative CPU updates run on the engine's optimizer lane, a host
+  // worker of their own (Device::create_host_stream), while the model's thread goes on
+  // with the backward pass (on a GPU: queues the next block's kernels). Their pins are
+  // released as they finish: when the next gradient is handed in, at step(), or when a
+  // tier needs the room (TieredStore::set_room_maker). false steps them on the model's
+  // thread between blocks (as before 2026-11-26), for measuring what the lane gives.
+  // Stages 1 and 2 step on the model's thread either way.
+  bool speculation_lane = true;
   // With optimizer_home Device on a device whose memory the host cannot address (cuda),
   // the optimizer runs there: Stream::adam_step on the engine's optimizer stream (the GPU
   // optimizer). optimizer_on_stream takes that path on the cpu backend as well, where
@@ -158,6 +168,10 @@ struct EngineStats {
   // their time waiting for parameter shards and optimizer states (exposed, as the model
   // waits meanwhile).
   double speculation_wait_s = 0;
+  // The optimizer lane (EngineOptions::speculation_lane): sub-groups it stepped, and the
+  // times the model's thread waited for it to release pins because a tier was full.
+  uint64_t lane_sub_groups = 0;
+  uint64_t lane_waits_for_room = 0;
   StoreStats store;
 };
 
@@ -201,6 +215,7 @@ class ZeroEngine final : public WeightSource {
   // set_learning_rate(LrSchedule::lr_at(optimizer_steps())).
   void set_learning_rate(double lr) {
     STRATA_CHECK(std::isfinite(lr) && lr >= 0.0, "learning rate " + std::to_string(lr));
+    lane_finish();  // its updates read the rate as they run
     adam_->set_lr(lr);
   }
   double learning_rate() const { return adam_->config().lr; }
@@ -276,6 +291,30 @@ class ZeroEngine final : public WeightSource {
   void restore_params(const std::vector<Update>& items);
   void waited(double since, const char* what, const Group* gr);  // an exposed wait ended now
 
+  // The optimizer lane (EngineOptions::speculation_lane). Speculative host sub-groups
+  // wait in lane_backlog_ and run at most kLaneDepth at a time; the model's thread
+  // acquires their tensors (the store is used from the model's thread only), queues the
+  // update on lane_, and releases the tensors once it is done.
+  struct LaneItem {
+    Update u;
+    int64_t t;         // Adam's step number
+    float grad_scale;  // unclipped
+    bool whole;        // every sub-group of the group is in this speculation
+  };
+  struct LaneRecord {
+    Group* gr;
+    Chunk* c;  // null: the group's parameter shard, once its sub-groups are done
+    Event done;
+  };
+  static constexpr size_t kLaneDepth = 8;
+  void lane_pump();                  // releases what is done; starts what may start
+  void lane_submit(const LaneItem& it);
+  void lane_close_group();           // the open group's parameter shard goes when the lane gets there
+  void lane_retire_one();            // waits for the oldest record and releases its tensors
+  void lane_finish();                // completes the group begun, waits for all; the rest stays plain
+  bool lane_make_room();             // TieredStore's room maker
+
+
   std::unique_ptr<trace::Recorder> trace_;  // set when opts_.trace_path is
   trace::Recorder* outer_trace_ = nullptr;  // the recorder active before this engine's
 
@@ -313,6 +352,17 @@ class ZeroEngine final : public WeightSource {
   std::vector<int> spec_queue_;     // groups whose last gradients are reduced, not yet speculated
   double spec_lr_ = 0;              // the learning rate the speculated sub-groups were stepped with
   mutable EngineStats stats_;
+  // The optimizer lane; last, so that it goes first (its work uses the store and adam_).
+  std::unique_ptr<Stream> lane_;
+  std::deque<LaneItem> lane_backlog_;
+  std::deque<LaneRecord> lane_inflight_;
+  size_t lane_running_ = 0;          // sub-group records in lane_inflight_
+  Group* lane_open_ = nullptr;       // whose parameter shard the lane holds (lane_params_)
+  Acquired lane_params_{};
+  Group* lane_last_ = nullptr;       // the group of the last sub-group submitted
+  bool lane_submitting_ = false;     // in lane_submit: lane_open_'s shard is in use
+  std::vector<const Group*> lane_opened_;  // groups opened this step (reopened: not for overwrite)
+  std::thread::id owner_;            // the model's thread, which made the engine
 };
 
 }  // namespace strata
