@@ -87,6 +87,14 @@ struct Case {
   Strategy st;
 };
 
+// A case on a cluster preset (find_cluster_preset).
+struct PresetCase {
+  const char* label;
+  GptShape shape;
+  const char* cluster;
+  Strategy st;
+};
+
 }  // namespace
 
 // The speculative optimizer with its states on NVMe: each group's first sub-group's states
@@ -101,15 +109,9 @@ struct Case {
 // early fetch still shortens the step.
 TEST(Plan, SpeculationFetchesTheOptimizerStatesAGroupAhead) {
   const OffloadDevice none = OffloadDevice::None, cpu = OffloadDevice::Cpu, nvme = OffloadDevice::Nvme;
-  struct Case {
-    const char* label;
-    GptShape shape;
-    const char* cluster;
-    Strategy st;
-  };
-  for (const Case& k : {Case{"gpt-175b (6 layers), dgx-h100, params cpu", shrunk("gpt-175b", 6), "dgx-h100",
+  for (const PresetCase& k : {PresetCase{"gpt-175b (6 layers), dgx-h100, params cpu", shrunk("gpt-175b", 6), "dgx-h100",
                              speculative(strategy(3, cpu, nvme, 2))},
-                        Case{"gpt-13b (8 layers), dgx-h100, params on the device", shrunk("gpt-13b", 8), "dgx-h100",
+                        PresetCase{"gpt-13b (8 layers), dgx-h100, params on the device", shrunk("gpt-13b", 8), "dgx-h100",
                              speculative(strategy(3, none, nvme, 4))}}) {
     SCOPED_TRACE(k.label);
     Plan early_lane = make_plan(k.shape, find_cluster_preset(k.cluster), k.st);
@@ -140,15 +142,9 @@ TEST(Plan, SpeculationFetchesTheOptimizerStatesAGroupAhead) {
 // GH200) and with its states on NVMe (gpt-175b on a DGX-H100).
 TEST(Plan, TheOptimizerLaneOverlapsTheSpeculativeUpdatesWithBackward) {
   const OffloadDevice none = OffloadDevice::None, cpu = OffloadDevice::Cpu, nvme = OffloadDevice::Nvme;
-  struct Case {
-    const char* label;
-    GptShape shape;
-    const char* cluster;
-    Strategy st;
-  };
-  for (const Case& k : {Case{"gpt-13b (8 layers), gh200, optimizer cpu", shrunk("gpt-13b", 8), "gh200",
+  for (const PresetCase& k : {PresetCase{"gpt-13b (8 layers), gh200, optimizer cpu", shrunk("gpt-13b", 8), "gh200",
                              speculative(strategy(3, none, cpu, 4))},
-                        Case{"gpt-175b (6 layers), dgx-h100, params cpu, optimizer nvme", shrunk("gpt-175b", 6),
+                        PresetCase{"gpt-175b (6 layers), dgx-h100, params cpu, optimizer nvme", shrunk("gpt-175b", 6),
                              "dgx-h100", speculative(strategy(3, cpu, nvme, 2))}}) {
     SCOPED_TRACE(k.label);
     Plan lane = make_plan(k.shape, find_cluster_preset(k.cluster), k.st);
