@@ -121,6 +121,8 @@ int run_step(const StepArgs& a) {
   const bool sixteen = precision != DType::F32;
   if (a.cpu_checkpointing && !a.checkpointing)
     throw ConfigError("bench step: --cpu-checkpointing moves the checkpoints of --checkpointing: give both");
+  if (a.speculation_inline && !a.speculative)
+    throw ConfigError("bench step: --speculation-inline says where the speculative optimizer steps: give --speculative too");
   if (a.gpu_optimizer && !cuda)
     throw ConfigError("bench step: --gpu-optimizer needs --backend cuda (the cpu backend's optimizer is CpuAdam)");
   auto device = make_device({backend, 0});

@@ -972,40 +972,28 @@ void ZeroEngine::lane_submit(const LaneItem& it) {
     lane_->wait(lane_params_.ready);
   }
   // The next one's states start on their way while this one is stepped.
-  if (!lane_backlog_.empty()) {
-    const LaneItem& next = lane_backlog_.front();
-    if (t != next.u.gr->opt_home)
-      for (TensorId id : {next.u.c->master, next.u.c->exp_avg, next.u.c->exp_avg_sq, next.u.c->grad})
-        store_->fetch(id, t);
-  }
-  Acquired m = store_->acquire(c.master, t);
-  Acquired a = store_->acquire(c.exp_avg, t);
-  Acquired v = store_->acquire(c.exp_avg_sq, t);
-  Acquired gd = store_->acquire(c.grad, t);
-  Acquired mo = store_->acquire_for_overwrite(c.next_master, t);
-  Acquired ao = store_->acquire_for_overwrite(c.next_exp_avg, t);
-  Acquired vo = store_->acquire_for_overwrite(c.next_exp_avg_sq, t);
-  for (const Acquired* x : {&m, &a, &v, &gd, &mo, &ao, &vo}) lane_->wait(x->ready);
+  if (!lane_backlog_.empty()) fetch_update_states(*lane_backlog_.front().u.gr, *lane_backlog_.front().u.c, t);
+  const UpdateTensors u = acquire_for_update(c, t, true);
+  for (const Acquired* x : {&u.m, &u.a, &u.v, &u.gd, &u.out[0], &u.out[1], &u.out[2]}) lane_->wait(x->ready);
   const HalfKind kind = half_kind(work_t_);
   // The working copy goes straight into the parameter shard: in 16 bits from the fused
   // pass, in fp32 copied after it.
   void* working = at(lane_params_.data, c.offset, wb_);
-  const double bytes = (24.0 + gb_) * c.n + (kind != HalfKind::None ? wb_ * c.n : 8.0 * c.n);
-  const AdamGrads g{gd.data, grad_t_, it.grad_scale};
-  const int64_t step = it.t;
-  const size_t n = c.n;
-  std::string label = "adam (speculative, lane) " + gr.spec.name + " [" + std::to_string(c.offset) + ", " +
-                      std::to_string(c.offset + c.n) + ")";
-  lane_->host_task([this, m = m.data, a = a.data, v = v.data, mo = mo.data, ao = ao.data, vo = vo.data, g, step, n,
-                    working, kind, bytes, label = std::move(label)] {
+  const AdamGrads g{u.gd.data, grad_t_, it.grad_scale};
+  lane_->host_task([this, m = u.m.data, a = u.a.data, v = u.v.data, mo = u.out[0].data, ao = u.out[1].data,
+                    vo = u.out[2].data, g, step = it.t, &gr, &c, working, kind, bytes = update_bytes(c)] {
     const double t0 = device_.now();
     device_.host_compute(bytes, [&] {
       adam_->step_into(step, static_cast<const float*>(m), static_cast<const float*>(a),
                        static_cast<const float*>(v), g, static_cast<float*>(mo), static_cast<float*>(ao),
-                       static_cast<float*>(vo), n, kind == HalfKind::None ? nullptr : working, kind);
-      if (kind == HalfKind::None) std::memcpy(working, mo, n * 4);
+                       static_cast<float*>(vo), c.n, kind == HalfKind::None ? nullptr : working, kind);
+      if (kind == HalfKind::None) std::memcpy(working, mo, c.n * 4);
     });
-    if (trace::Recorder* r = trace::active()) r->record("optimizer lane", label, t0, device_.now());
+    if (trace::Recorder* r = trace::active())
+      r->record("optimizer lane",
+                "adam (speculative, lane) " + gr.spec.name + " [" + std::to_string(c.offset) + ", " +
+                    std::to_string(c.offset + c.n) + ")",
+                t0, device_.now());
   });
   lane_inflight_.push_back({&gr, &c, lane_->record()});
   ++lane_running_;
@@ -1174,15 +1162,41 @@ void ZeroEngine::update(const std::vector<Update>& items, float grad_scale, bool
   finish_on_device(pending);
 }
 
+void ZeroEngine::fetch_update_states(const Group& gr, const Chunk& c, Tier t) {
+  if (t == gr.opt_home) return;
+  for (TensorId id : {c.master, c.exp_avg, c.exp_avg_sq, c.grad}) store_->fetch(id, t);
+}
+
+ZeroEngine::UpdateTensors ZeroEngine::acquire_for_update(Chunk& c, Tier t, bool speculative) {
+  UpdateTensors u;
+  u.m = store_->acquire(c.master, t);
+  u.a = store_->acquire(c.exp_avg, t);
+  u.v = store_->acquire(c.exp_avg_sq, t);
+  u.gd = store_->acquire(c.grad, t);
+  u.out[0] = u.m, u.out[1] = u.a, u.out[2] = u.v;
+  if (speculative) {
+    u.out[0] = store_->acquire_for_overwrite(c.next_master, t);
+    u.out[1] = store_->acquire_for_overwrite(c.next_exp_avg, t);
+    u.out[2] = store_->acquire_for_overwrite(c.next_exp_avg_sq, t);
+  }
+  return u;
+}
+
+double ZeroEngine::update_bytes(const Chunk& c) const {
+  // The same bytes in place or out of place (the Next set is written, not read): the
+  // states and gradient, and the working copy written in 16 bits, or copied in fp32 into
+  // a stage-3 shard.
+  const HalfKind kind = half_kind(work_t_);
+  return (24.0 + gb_) * c.n + (kind != HalfKind::None ? wb_ * c.n : opts_.stage == 3 ? 8.0 * c.n : 0.0);
+}
+
 void ZeroEngine::update_on_host(const std::vector<Update>& items, float grad_scale, bool speculative) {
   const Tier t = opt_compute_tier_;
   double& waited_s = speculative ? spec_wait_ : stats_.optimizer_wait_s;
   // The next sub-group's states are fetched while this one is updated and the previous
   // one is written back.
   auto prefetch = [&](size_t i) {
-    if (i >= items.size() || t == items[i].gr->opt_home) return;
-    for (TensorId id : {items[i].c->master, items[i].c->exp_avg, items[i].c->exp_avg_sq, items[i].c->grad})
-      store_->fetch(id, t);
+    if (i < items.size()) fetch_update_states(*items[i].gr, *items[i].c, t);
   };
   prefetch(0);
   Group* open_group = nullptr;
@@ -1221,16 +1235,9 @@ void ZeroEngine::update_on_host(const std::vector<Update>& items, float grad_sca
       if (trace::Recorder* r = trace::active(); r && t1 > t0) r->record("wait", "wait params " + gr.spec.name, t0, t1);
     }
     prefetch(i + 1);
-    Acquired m = store_->acquire(c.master, t);
-    Acquired a = store_->acquire(c.exp_avg, t);
-    Acquired v = store_->acquire(c.exp_avg_sq, t);
-    Acquired gd = store_->acquire(c.grad, t);
-    Acquired out[3] = {m, a, v};  // where the step writes: the same arrays, or the Next set
-    if (speculative) {
-      out[0] = store_->acquire_for_overwrite(c.next_master, t);
-      out[1] = store_->acquire_for_overwrite(c.next_exp_avg, t);
-      out[2] = store_->acquire_for_overwrite(c.next_exp_avg_sq, t);
-    }
+    UpdateTensors u = acquire_for_update(c, t, speculative);
+    Acquired &m = u.m, &a = u.a, &v = u.v, &gd = u.gd;
+    Acquired* out = u.out;
     const double t0 = device_.now();
     for (Acquired* x : {&m, &a, &v, &gd, &out[0], &out[1], &out[2]}) x->ready.wait();
     const double t1 = device_.now();
@@ -1246,8 +1253,7 @@ void ZeroEngine::update_on_host(const std::vector<Update>& items, float grad_sca
                      : opts_.stage == 3     ? at(params.data, c.offset, wb_)
                                             : half_copy.data();
     auto* mo = static_cast<float*>(out[0].data);
-    // The same bytes in place or out of place (the Next set is written, not read).
-    const double bytes = (24.0 + gb_) * c.n + (kind != HalfKind::None ? wb_ * c.n : opts_.stage == 3 ? 8.0 * c.n : 0.0);
+    const double bytes = update_bytes(c);
     device_.host_compute(bytes, [&] {
       adam_->step_into(step_count_, static_cast<const float*>(m.data), static_cast<const float*>(a.data),
                        static_cast<const float*>(v.data), AdamGrads{gd.data, grad_t_, grad_scale}, mo,

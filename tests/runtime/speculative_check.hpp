@@ -105,10 +105,11 @@ inline void expect_speculation_exact(const Runner& train, coll::Communicator& co
   }
   for (int t = 0; t < kTierCount; ++t)
     EXPECT_LE(st.store.tiers[t].peak, st.store.tiers[t].budget) << label << ", " << to_string(static_cast<Tier>(t));
-  if (spec.stage != 3 || !spec.lane)
+  if (spec.stage != 3 || !spec.lane) {
     EXPECT_EQ(st.lane_sub_groups, 0u) << label;
-  else if (!spec.optimizer_on_stream)  // CpuAdam's sub-groups (all, or a ratio's share)
+  } else if (!spec.optimizer_on_stream) {  // CpuAdam's sub-groups (all, or a ratio's share)
     EXPECT_GT(st.lane_sub_groups, 0u) << label << ": stage 3 steps its host sub-groups on the optimizer lane";
+  }
   if (also_on_the_models_thread && spec.stage == 3) {
     spec.lane = false;
     const RunResult inline_run = train(comm, spec, steps, nvme_dir);

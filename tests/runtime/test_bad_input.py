@@ -203,6 +203,8 @@ with tempfile.TemporaryDirectory(prefix="strata-bad-input-") as work:
           f"bench step --optimizer-ratio 1.5: a usage error naming the range (rc {rc}): {out.strip()[-300:]}")
     refused("bench step --gpu-optimizer on the cpu backend", ["bench", "step", "--gpu-optimizer", "--dir", work],
             "--gpu-optimizer needs --backend cuda", timeout=30)
+    refused("bench step --speculation-inline without --speculative", ["bench", "step", "--speculation-inline", "--dir", work],
+            "--speculation-inline says where the speculative optimizer steps: give --speculative too", timeout=30)
 
 if failures:
     sys.exit(f"{len(failures)} check(s) failed")

@@ -280,6 +280,15 @@ class ZeroEngine final : public WeightSource {
   std::vector<DeviceUpdate> launch_on_device(const std::vector<Update>& items, float grad_scale, bool speculative);
   void finish_on_device(std::vector<DeviceUpdate>& pending);
   void update_on_host(const std::vector<Update>& items, float grad_scale, bool speculative);  // CPU Adam
+  // One host update's tensors in the optimizer's tier: its states and gradient starting
+  // towards tier t (a hint), pinned there with the arrays the step writes (out: the states
+  // themselves, or the Next set when speculative), and the bytes the step moves.
+  struct UpdateTensors {
+    Acquired m, a, v, gd, out[3];
+  };
+  void fetch_update_states(const Group& gr, const Chunk& c, Tier t);
+  UpdateTensors acquire_for_update(Chunk& c, Tier t, bool speculative);
+  double update_bytes(const Chunk& c) const;
   // Unpins a stepped sub-group's states and gradient in tier t (dropped towards their home
   // when t is not it); speculative: the Next set was written, the gradient is kept.
   void release_stepped(const Group& gr, Chunk& c, Tier t, bool speculative);
