@@ -1,6 +1,40 @@
-// Causal multi-head attention on the cuda backend, flash-style (FlashAttention-2's loop
-// order, fp32 on the CUDA cores; q, k, v, the output and its gradient stored as the
-// model's precision S and converted to fp32 as tiles are staged, storage_cuda.cuh): one block of 256 threads per (query or key tile,
+// Causal multi-head attention on the cuda backend, two ways (kernels_cuda.hpp's
+// AttentionKernels) of the same math, attention_cpu.cpp's: scores scaled by
+// 1/sqrt(head_dim), probabilities by exp_approx, masked ones exactly 0; statistics (max,
+// sum, log-sum-exp) fp32; dq, dk, dv written fp32. In 16 bits both round where
+// docs/mixed-precision.md says: the normalised probabilities P before P V and P^T dO, dS
+// before dS K and dS^T Q, the output once when stored.
+//
+// Gemm (the default). Per batch item and chunk of heads (heads lie hd columns apart in
+// qkv, so one strided-batched cuBLAS call covers a chunk), the scaled scores
+// S = scale Q K^T of every query against every key up to the chunk's last query land in
+// fp32 scratch; a kernel (one warp per query row) takes each row's causal softmax, lse =
+// max + log(sum), P = exp(S - max) / sum, exactly 0 past the query, into P; a second GEMM
+// writes O = P V straight into out (cuBLAS rounds a 16-bit result once from its fp32
+// sum; the model's handle disallows reduced-precision reductions). Backward recomputes S,
+// forms dP = dO V^T, and a kernel makes P = exp(S - lse) and dS = P (dP - D); then
+// dV = P^T dO, dQ = scale dS K and dK = scale dS^T Q go into dqkv. The masked upper
+// triangle is computed and zeroed, not skipped: simple, and cheap on the tensor cores
+// next to what it replaces. Why: the flash kernels below compute in fp32 on the CUDA cores,
+// about 17 ms per layer and micro-batch (arithmetic from the step time) for a 1.1B GPT at
+// head dimension 128 and 1024 tokens on an H200, which made its bf16 step 6.7x PyTorch's. In
+// bf16 and fp16 the GEMMs are 16-bit operands with fp32 accumulation on the tensor
+// cores; in fp32 they are fp32 GEMMs under the handle's math mode (the model's: no TF32),
+// so fp32 results stay within fp32 rounding of the flash kernels' and the cpu model's.
+// Scratch (attention_gemm_scratch_bytes): per unit of work, S and dP in fp32 and, in 16
+// bits, P and dS in the storage type (GEMM operands); fp32 P and dS overwrite S and dP in
+// place. A unit is as many heads as fit under the cap, or, where one head's [T, T] scores
+// do not, a chunk of its query rows (backward then adds each chunk's dK, dV to the
+// previous ones', the last rows first, since they see every key).
+// Status: run on an H200 (2026-11-25): test_gpt_cuda against the cpu model (head
+// dimensions 24 to 144, T = 100, fp32/bf16/fp16, GPT-2 and Llama), memcheck and racecheck
+// clean; the 1.1B bf16 step with the GPU optimizer went from 1.392 s (flash) to 0.422 s
+// (docs/training.md). The flash kernels are the ones that ran on the H100 and H200 before.
+//
+// Flash (STRATA_ATTENTION=flash, kept to compare against and for shapes where scratch is
+// unwelcome): FlashAttention-2's loop order, fp32 on the CUDA cores; q, k, v, the output
+// and its gradient stored as the model's precision S and converted to fp32 as tiles are
+// staged (storage_cuda.cuh): one block of 256 threads per (query or key tile,
 // batch x head). A block stages its tile of q (or k, v) and each visiting tile of k, v
 // (or q, dout) in shared memory, coalesced; the [BT, BT] tile of scores lives in
 // registers and shared memory, never the [T, T] matrix. Forward keeps an online softmax
@@ -10,19 +44,17 @@
 // Thread (ty, tx) = (tid / 16, tid % 16) owns tile rows ty + 16 i and columns tx + 16 j;
 // a row's 16 owners are lanes of one warp, so row max and sum are warp shuffles. BT is 64,
 // or 32 where a 64-row tile's shared memory exceeds the GPU's per-block limit (large head
-// dimensions); attention_tile() says which, or that none fits.
-//
-// The math is attention_cpu.cpp's: scores scaled by 1/sqrt(head_dim), probabilities by
-// exp_approx, the online-softmax correction by expf; masked scores are exactly 0.
-// Statistics (running max, sum, log-sum-exp) are fp32; dq, dk, dv are written fp32. In
-// 16 bits the kernels round where docs/mixed-precision.md says: the normalised
-// probabilities P before P V and P^T dO, dS before dS K and dS^T Q, the output once when
-// stored. P normalised needs the row's log-sum-exp before any P V term, so the 16-bit
-// forward takes two passes over the key tiles (the first only for max and sum); fp32 keeps
-// the one-pass online softmax, bit for bit the kernel that ran on the H100.
+// dimensions); attention_tile() says which, or that none fits. The online-softmax
+// correction is expf. P normalised needs the row's log-sum-exp before any P V term, so
+// the 16-bit forward takes two passes over the key tiles (the first only for max and
+// sum); fp32 keeps the one-pass online softmax, bit for bit the kernel that ran on the
+// H100.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "kernels_cuda.hpp"
@@ -430,6 +462,217 @@ int tile_or_throw(int head_dim) {
   return bt;
 }
 
+// ---- The Gemm path ----
+
+// The cap on the Gemm path's scratch, bytes: the [T, T] scores of 16 heads at 1024 tokens
+// in 16 bits (12 bytes a score) fit in 192 MiB, so a 1.1B GPT's micro-batch item is one
+// unit. The scratch is counted in the model's activation bytes.
+constexpr uint64_t kGemmScratchCap = 256ull << 20;
+constexpr int kRowsPerBlock = kThreads / 32;  // softmax kernels: one warp per score row
+
+// How the Gemm path cuts its work into units under a scratch of some size.
+struct GemmPlan {
+  int heads;        // heads per unit
+  int rows;         // query rows per unit: T, or fewer where one head's scores exceed the scratch
+  long ld;          // elements per score row: T rounded up to 8 (16-byte rows for the tensor cores)
+  long block;       // elements per score buffer: heads x rows x ld
+  int score_bytes;  // bytes per score over the buffers: S, dP fp32; in 16 bits also P, dS
+
+  uint64_t bytes() const { return static_cast<uint64_t>(block) * score_bytes; }
+};
+
+GemmPlan gemm_plan(int T, int H, DType t, uint64_t scratch_bytes) {
+  GemmPlan p{};
+  p.ld = (T + 7L) / 8 * 8;
+  p.score_bytes = t == DType::F32 ? 8 : 12;
+  // At least one row, should the cap not hold one (a T of millions).
+  const long rows = std::max<long>(1, static_cast<long>(scratch_bytes / (static_cast<uint64_t>(p.ld) * p.score_bytes)));
+  p.heads = rows >= T ? static_cast<int>(std::min<long>(H, rows / T)) : 1;
+  p.rows = rows >= T ? T : static_cast<int>(rows);
+  p.block = static_cast<long>(p.heads) * p.rows * p.ld;
+  return p;
+}
+
+__device__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Score rows of a unit: row r is query q0 + r % nq of the unit's head r / nq, against
+// keys 0 .. nk-1 (nk = q0 + nq), ld elements apart. s [rows, ld] fp32 scaled scores in;
+// p [rows, ld] out, of type S: the normalised probabilities exp(s - max) / sum over keys
+// up to the query, 0 past it (p may be s itself when S is fp32: each lane reads an
+// element before it writes it). lse of the unit's head j at lse[j * T + q].
+template <class S>
+__global__ void __launch_bounds__(kThreads)
+    softmax_rows_kernel(const float* s, typename S::Bits* p, float* lse, int rows, int nq, int q0, int nk, long ld,
+                        int T) {
+  const int r = blockIdx.x * kRowsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  const int q = q0 + r % nq;
+  const float* srow = s + r * ld;
+  typename S::Bits* prow = p + r * ld;
+  float mx = -INFINITY;
+  for (int j = lane; j <= q; j += 32) mx = fmaxf(mx, srow[j]);
+  mx = warp_max(mx);  // finite: key 0 is visible to every query
+  float sum = 0.0f;
+  for (int j = lane; j <= q; j += 32) sum += math::exp_approx(srow[j] - mx);
+  sum = warp_sum(sum);
+  const float inv = 1.0f / sum;
+  for (int j = lane; j < nk; j += 32) prow[j] = S::store(j <= q ? math::exp_approx(srow[j] - mx) * inv : 0.0f);
+  if (lane == 0) lse[static_cast<long>(r / nq) * T + q] = mx + logf(sum);
+}
+
+// Backward over the same rows: from the scaled scores s and dp = dO V^T (fp32), P =
+// exp(s - lse) and dS = P (dp - D), both 0 past the query, stored as type S (rounded in
+// 16 bits) into p and ds, which may be s and dp themselves when S is fp32. lse and D
+// (dotp) of the unit's head j at [j * T + q].
+template <class S>
+__global__ void __launch_bounds__(kThreads)
+    softmax_backward_rows_kernel(const float* s, const float* dp, typename S::Bits* p, typename S::Bits* ds,
+                                 const float* lse, const float* dotp, int rows, int nq, int q0, int nk, long ld,
+                                 int T) {
+  const int r = blockIdx.x * kRowsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  const int q = q0 + r % nq;
+  const long stat = static_cast<long>(r / nq) * T + q;
+  const float L = lse[stat], D = dotp[stat];
+  const long off = r * ld;
+  for (int j = lane; j < nk; j += 32) {
+    float pj = 0.0f, dsj = 0.0f;
+    if (j <= q) {
+      pj = math::exp_approx(s[off + j] - L);
+      dsj = pj * (dp[off + j] - D);
+    }
+    p[off + j] = S::store(pj);
+    ds[off + j] = S::store(dsj);
+  }
+}
+
+// Element i of an array of type t.
+const void* elem(const void* p, DType t, long i) { return static_cast<const char*>(p) + i * dtype_size(t); }
+void* elem(void* p, DType t, long i) { return static_cast<char*>(p) + i * dtype_size(t); }
+
+// Row-major C[M,N] = alpha op(A) op(B) + beta C for `batch` products whose operands lie
+// sa, sb, sc elements apart, through column-major cuBLAS as gpt_cuda.cpp's gemm: the
+// same product transposed, C^T = op(B)^T op(A)^T. A and B of type ab, C of type ct, fp32
+// accumulation (CUBLAS_COMPUTE_32F: tensor cores over 16-bit operands; fp32 operands
+// under the handle's math mode). beta 0 does not read C.
+void gemm_rows(cublasHandle_t h, bool ta, bool tb, int M, int N, int K, float alpha, const void* A, long lda, long sa,
+               const void* B, long ldb, long sb, DType ab, float beta, void* C, DType ct, long ldc, long sc,
+               int batch) {
+  STRATA_CHECK_CUBLAS(cublasGemmStridedBatchedEx(
+      h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, cuda_type(ab),
+      static_cast<int>(ldb), sb, A, cuda_type(ab), static_cast<int>(lda), sa, &beta, C, cuda_type(ct),
+      static_cast<int>(ldc), sc, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// The plan for this call's T and H in the caller's scratch; checks the path's contract.
+GemmPlan checked_plan(const AttentionPath& path, int T, int H, DType t, cudaStream_t s) {
+  STRATA_CHECK(path.blas != nullptr && path.scratch != nullptr, "the Gemm attention path needs a handle and scratch");
+  cudaStream_t hs = nullptr;
+  STRATA_CHECK_CUBLAS(cublasGetStream(path.blas, &hs));
+  STRATA_CHECK(hs == s, "the Gemm attention path's cuBLAS handle is not on the launch stream");
+  const GemmPlan p = gemm_plan(T, H, t, path.scratch_bytes);
+  STRATA_CHECK(p.bytes() <= path.scratch_bytes,
+               "attention scratch of " + std::to_string(path.scratch_bytes) + " bytes holds no row of " +
+                   std::to_string(T) + " scores");
+  return p;
+}
+
+unsigned row_blocks(long rows) { return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock); }
+
+template <class S>
+void forward_gemm(const void* qkv, void* out, DType t, float* lse, int B, int T, int d, int H,
+                  const AttentionPath& path, cudaStream_t s) {
+  const int hd = d / H;
+  const float scale = 1.0f / sqrtf(static_cast<float>(hd));
+  const GemmPlan p = checked_plan(path, T, H, t, s);
+  const long ld3 = 3L * d;
+  float* scores = static_cast<float*>(path.scratch);
+  // P: over the scores in fp32; in 16 bits past the fp32 S and dP buffers (backward's layout).
+  void* probs = t == DType::F32 ? path.scratch : static_cast<void*>(scores + 2 * p.block);
+  for (int b = 0; b < B; ++b) {
+    const void* base = elem(qkv, t, static_cast<long>(b) * T * ld3);
+    for (int h0 = 0; h0 < H; h0 += p.heads) {
+      const int nb = std::min(p.heads, H - h0);
+      const void* K = elem(base, t, d + static_cast<long>(h0) * hd);
+      const void* V = elem(base, t, 2L * d + static_cast<long>(h0) * hd);
+      for (int q0 = 0; q0 < T; q0 += p.rows) {
+        const int nq = std::min(p.rows, T - q0), nk = q0 + nq;
+        const long sblk = nq * p.ld;  // elements between the heads' score blocks
+        const void* Q = elem(base, t, q0 * ld3 + static_cast<long>(h0) * hd);
+        gemm_rows(path.blas, false, true, nq, nk, hd, scale, Q, ld3, hd, K, ld3, hd, t, 0.0f, scores, DType::F32,
+                  p.ld, sblk, nb);
+        const long rows = static_cast<long>(nb) * nq;
+        softmax_rows_kernel<S><<<row_blocks(rows), kThreads, 0, s>>>(
+            scores, as<S>(probs), lse + (static_cast<long>(b) * H + h0) * T, static_cast<int>(rows), nq, q0, nk, p.ld,
+            T);
+        STRATA_CHECK_CUDA(cudaGetLastError());
+        void* O = elem(out, t, (static_cast<long>(b) * T + q0) * d + static_cast<long>(h0) * hd);
+        gemm_rows(path.blas, false, false, nq, hd, nk, 1.0f, probs, p.ld, sblk, V, ld3, hd, t, 0.0f, O, t, d, hd, nb);
+      }
+    }
+  }
+}
+
+// dotp already holds D = rowsum(dO * O).
+template <class S>
+void backward_gemm(const void* qkv, DType t, const float* lse, const void* dout, float* dqkv, const float* dotp,
+                   int B, int T, int d, int H, const AttentionPath& path, cudaStream_t s) {
+  const int hd = d / H;
+  const float scale = 1.0f / sqrtf(static_cast<float>(hd));
+  const GemmPlan p = checked_plan(path, T, H, t, s);
+  const long ld3 = 3L * d;
+  float* scores = static_cast<float*>(path.scratch);
+  float* dscores = scores + p.block;  // dP
+  const bool f32 = t == DType::F32;
+  void* probs = f32 ? static_cast<void*>(scores) : static_cast<void*>(scores + 2 * p.block);
+  void* dprobs = f32 ? static_cast<void*>(dscores) : elem(probs, t, p.block);  // dS
+  for (int b = 0; b < B; ++b) {
+    const void* base = elem(qkv, t, static_cast<long>(b) * T * ld3);
+    for (int h0 = 0; h0 < H; h0 += p.heads) {
+      const int nb = std::min(p.heads, H - h0);
+      const long col = static_cast<long>(h0) * hd;
+      const void* K = elem(base, t, d + col);
+      const void* V = elem(base, t, 2L * d + col);
+      float* dQ = dqkv + static_cast<long>(b) * T * ld3 + col;
+      float* dK = dQ + d;
+      float* dV = dQ + 2 * d;
+      // Query chunks from the last: it sees every key, so its dK and dV (beta 0) write all
+      // T rows, and the earlier chunks add to the rows they see.
+      for (int q1 = T; q1 > 0; q1 -= p.rows) {
+        const int q0 = std::max(0, q1 - p.rows), nq = q1 - q0, nk = q1;
+        const float beta = q1 == T ? 0.0f : 1.0f;
+        const long sblk = nq * p.ld;
+        const void* Q = elem(base, t, q0 * ld3 + col);
+        const void* dO = elem(dout, t, (static_cast<long>(b) * T + q0) * d + col);
+        gemm_rows(path.blas, false, true, nq, nk, hd, scale, Q, ld3, hd, K, ld3, hd, t, 0.0f, scores, DType::F32,
+                  p.ld, sblk, nb);
+        gemm_rows(path.blas, false, true, nq, nk, hd, 1.0f, dO, d, hd, V, ld3, hd, t, 0.0f, dscores, DType::F32, p.ld,
+                  sblk, nb);
+        const long rows = static_cast<long>(nb) * nq;
+        const long stat = (static_cast<long>(b) * H + h0) * T;
+        softmax_backward_rows_kernel<S><<<row_blocks(rows), kThreads, 0, s>>>(
+            scores, dscores, as<S>(probs), as<S>(dprobs), lse + stat, dotp + stat, static_cast<int>(rows), nq, q0, nk,
+            p.ld, T);
+        STRATA_CHECK_CUDA(cudaGetLastError());
+        // dV = P^T dO ; dQ = scale dS K ; dK = scale dS^T Q (fp32 results)
+        gemm_rows(path.blas, true, false, nk, hd, nq, 1.0f, probs, p.ld, sblk, dO, d, hd, t, beta, dV, DType::F32,
+                  ld3, hd, nb);
+        gemm_rows(path.blas, false, false, nq, hd, nk, scale, dprobs, p.ld, sblk, K, ld3, hd, t, 0.0f,
+                  dQ + q0 * ld3, DType::F32, ld3, hd, nb);
+        gemm_rows(path.blas, true, false, nk, hd, nq, scale, dprobs, p.ld, sblk, Q, ld3, hd, t, beta, dK, DType::F32,
+                  ld3, hd, nb);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int attention_tile(int head_dim) {
@@ -439,11 +682,24 @@ int attention_tile(int head_dim) {
   return 0;
 }
 
-void attention_forward(const void* qkv, void* out, DType t, float* lse, int B, int T, int d, int H, cudaStream_t s) {
-  const int bt = tile_or_throw(d / H);
+AttentionKernels attention_kernels_from_env() {
+  const char* v = std::getenv("STRATA_ATTENTION");
+  if (v == nullptr || *v == '\0' || std::string(v) == "gemm") return AttentionKernels::Gemm;
+  if (std::string(v) == "flash") return AttentionKernels::Flash;
+  throw ConfigError(std::string("STRATA_ATTENTION=") + v +
+                    ": the cuda attention kernels are \"gemm\" (cuBLAS, the default) or \"flash\"");
+}
+
+uint64_t attention_gemm_scratch_bytes(int T, int H, DType t) { return gemm_plan(T, H, t, kGemmScratchCap).bytes(); }
+
+void attention_forward(const void* qkv, void* out, DType t, float* lse, int B, int T, int d, int H,
+                       const AttentionPath& path, cudaStream_t s) {
+  const int bt = path.kernels == AttentionKernels::Flash ? tile_or_throw(d / H) : 0;
   with_storage(t, [&](auto tag) {
     using S = decltype(tag);
-    if (bt == 64)
+    if (path.kernels == AttentionKernels::Gemm)
+      forward_gemm<S>(qkv, out, t, lse, B, T, d, H, path, s);
+    else if (bt == 64)
       forward_with<64, S>(qkv, out, lse, B, T, d, H, s);
     else
       forward_with<32, S>(qkv, out, lse, B, T, d, H, s);
@@ -451,15 +707,17 @@ void attention_forward(const void* qkv, void* out, DType t, float* lse, int B, i
 }
 
 void attention_backward(const void* qkv, const void* out, DType t, const float* lse, const void* dout, float* dqkv,
-                        float* dotp, int B, int T, int d, int H, cudaStream_t s) {
+                        float* dotp, int B, int T, int d, int H, const AttentionPath& path, cudaStream_t s) {
   const long n = static_cast<long>(B) * H * T;
   const unsigned blocks = static_cast<unsigned>(n / 256 + 1 < 65535 ? n / 256 + 1 : 65535);
-  const int bt = tile_or_throw(d / H);
+  const int bt = path.kernels == AttentionKernels::Flash ? tile_or_throw(d / H) : 0;
   with_storage(t, [&](auto tag) {
     using S = decltype(tag);
     attention_dot_kernel<S><<<blocks, 256, 0, s>>>(as<S>(out), as<S>(dout), dotp, B, T, d, H);
     STRATA_CHECK_CUDA(cudaGetLastError());
-    if (bt == 64)
+    if (path.kernels == AttentionKernels::Gemm)
+      backward_gemm<S>(qkv, t, lse, dout, dqkv, dotp, B, T, d, H, path, s);
+    else if (bt == 64)
       backward_with<64, S>(qkv, lse, dout, dqkv, dotp, B, T, d, H, s);
     else
       backward_with<32, S>(qkv, lse, dout, dqkv, dotp, B, T, d, H, s);

@@ -9,6 +9,12 @@
 // feed a matmul are stored 16-bit, the residual stream, fc and every activation gradient
 // fp32, and each gradient of an activation is rounded just before the matmuls that read it.
 //
+// Attention (attention_cuda.cu) runs on cuBLAS through this model's handle (its stream,
+// its math mode: no TF32 in fp32), its [T, T] scores in scratch carved with the other
+// buffers, so activation_bytes() counts it; STRATA_ATTENTION=flash, read when the model
+// is built (and by the static activation_bytes), selects the flash kernels instead,
+// which need no scratch.
+//
 // Compiled and linked in CI, never run there (no GPU). fp32 was checked on an H100, and
 // fp32, bf16 and fp16, GPT-2 and Llama (its blocks below mirror gpt.cpp's
 // llama_block_forward / _backward) on an H200 (docs/training.md, docs/mixed-precision.md).
@@ -28,10 +34,6 @@
 #include "kernels_cuda.hpp"
 #include "strata/core/convert.hpp"
 #include "strata/core/error.hpp"
-
-STRATA_DEFINE_CALL_CHECK(check_cublas_call, "cublas", cublasStatus_t, code == CUBLAS_STATUS_SUCCESS,
-                         cublasGetStatusString(code))
-#define STRATA_CHECK_CUBLAS(expr) ::strata::detail::check_cublas_call((expr), #expr, __FILE__, __LINE__)
 
 namespace strata {
 
@@ -61,15 +63,7 @@ struct Arena {
   void* take_as(DType t, uint64_t n) { return take_bytes(n * dtype_size(t)); }
 };
 
-cudaDataType_t cuda_type(DType t) {
-  switch (t) {
-    case DType::F32: return CUDA_R_32F;
-    case DType::BF16: return CUDA_R_16BF;
-    case DType::F16: return CUDA_R_16F;
-    default: break;
-  }
-  throw ConfigError(std::string("the cuda GPT computes in f32, bf16 or fp16, not ") + to_string(t));
-}
+using cu::cuda_type;
 
 // Row-major C[M,N] = alpha op(A) op(B) + beta C through column-major cuBLAS: the same
 // product transposed, C^T = op(B)^T op(A)^T, so the operands swap and the flags stay.
@@ -143,6 +137,9 @@ struct GptCuda::Impl {
   float *rope_cos = nullptr, *rope_sin = nullptr;  // Llama: [seq_len, head_dim / 2], as gpt.cpp's
   float* logits;                           // [chunk rows, V] (in fp32 also the head's gradient, in place)
   float* dot;                              // [B, H, T] attention backward scratch
+  cu::AttentionKernels attention;          // from STRATA_ATTENTION, at construction
+  void* attn_scratch = nullptr;            // Gemm attention: its scores, attn_scratch_bytes
+  uint64_t attn_scratch_bytes = 0;         // bytes; 0 for the flash kernels
   float* row_loss;                         // [BT]
   int32_t *inputs, *targets;               // [BT] token ids, copied from the host
   // 16-bit only (null in fp32):
@@ -169,11 +166,12 @@ struct GptCuda::Impl {
     es = dtype_size(t);
     half = t != DType::F32;
     detail::check_checkpoint_options(o);
-    // The attention kernels put batch x head on the grid's y dimension, at most 65535.
-    if (static_cast<long>(o.micro_batch) * s.heads > 65535)
+    attention = cu::attention_kernels_from_env();
+    // The flash kernels put batch x head on the grid's y dimension, at most 65535.
+    if (attention == cu::AttentionKernels::Flash && static_cast<long>(o.micro_batch) * s.heads > 65535)
       throw ConfigError("micro_batch x heads = " + std::to_string(static_cast<long>(o.micro_batch) * s.heads) +
-                        " is more than the cuda attention kernels' 65535 (batch x head) blocks; lower "
-                        "train_micro_batch_size_per_gpu");
+                        " is more than the cuda flash attention kernels' 65535 (batch x head) blocks; lower "
+                        "train_micro_batch_size_per_gpu, or unset STRATA_ATTENTION");
     Arena count;
     carve(count);
     bytes = count.used;
@@ -181,9 +179,10 @@ struct GptCuda::Impl {
 
   Impl(const GptShape& shape, const GptOptions& opts) : Impl(shape, opts, CountOnly{}) {
     const int head_dim = s.d_model / s.heads;
-    if (cu::attention_tile(head_dim) == 0) {
+    if (attention == cu::AttentionKernels::Flash && cu::attention_tile(head_dim) == 0) {
       throw ConfigError("head dimension d_model / heads = " + std::to_string(head_dim) +
-                        " is too large for the cuda attention kernels' shared memory on this GPU; use more heads");
+                        " is too large for the cuda flash attention kernels' shared memory on this GPU; use more "
+                        "heads, or unset STRATA_ATTENTION");
     }
     cudaError_t rc = cudaMalloc(&mem, bytes);
     if (rc != cudaSuccess) {
@@ -227,7 +226,8 @@ struct GptCuda::Impl {
   }
 
   // Lays every buffer out in `a` (counting only, when a has no base). In fp32 the layout
-  // is the one before 16-bit training existed; the 16-bit-only buffers come last.
+  // is the one before 16-bit training existed, plus the Gemm attention's scratch; the
+  // 16-bit-only buffers come last.
   void carve(Arena& a) {
     const int d = s.d_model;
     bt_max = static_cast<long>(o.micro_batch) * s.seq_len;
@@ -250,6 +250,10 @@ struct GptCuda::Impl {
     }
     logits = a.take<float>(static_cast<uint64_t>(chunk_rows) * s.vocab);
     dot = a.take<float>(bt_max * s.heads);
+    if (attention == cu::AttentionKernels::Gemm) {  // sized for seq_len: enough for every shorter T
+      attn_scratch_bytes = cu::attention_gemm_scratch_bytes(s.seq_len, s.heads, t);
+      attn_scratch = a.take_bytes(attn_scratch_bytes);
+    }
     row_loss = a.take<float>(bt_max);
     inputs = a.take<int32_t>(bt_max);
     targets = a.take<int32_t>(bt_max);
@@ -263,6 +267,9 @@ struct GptCuda::Impl {
     dwte32 = a.take<float>(static_cast<uint64_t>(s.vocab) * d);
     workspace = a.take_bytes(kCublasWorkspaceBytes);
   }
+
+  // What attention runs on (its handle is on `stream`).
+  cu::AttentionPath attention_path() const { return {attention, blas, attn_scratch, attn_scratch_bytes}; }
 
   BlockActsCuda& acts_for(int l) { return o.checkpointing == ActivationCheckpointing::None ? acts[l] : acts[0]; }
 
@@ -433,7 +440,7 @@ struct GptCuda::Impl {
     done_vecs(w, {lay.ln1_w, lay.ln1_b}, d);
     // dqkv is free in forward (and in a recompute, before its block's backward).
     linear_rounded(a.ln1, w, lay.qkv_w, lay.qkv_b, a.qkv, dqkv, bt, 3 * d, d);
-    cu::attention_forward(a.qkv, a.att, t, a.lse, B, T, d, s.heads, stream);
+    cu::attention_forward(a.qkv, a.att, t, a.lse, B, T, d, s.heads, attention_path(), stream);
     linear(a.att, w, lay.attn_proj_w, lay.attn_proj_b, a.x2, bt, d, d);
     cu::add_into(a.x2, x, bt * d, stream);
     cu::layernorm_forward(a.x2, w.at(lay.ln2_w), w.at(lay.ln2_b), t, a.ln2, a.mean2, a.rstd2, bt, d, stream);
@@ -464,7 +471,7 @@ struct GptCuda::Impl {
       cu::round_to(dsmall, dh, t, bt * d, stream);
       dout = dh;
     }
-    cu::attention_backward(a.qkv, a.att, t, a.lse, dout, dqkv, dot, B, T, d, s.heads, stream);
+    cu::attention_backward(a.qkv, a.att, t, a.lse, dout, dqkv, dot, B, T, d, s.heads, attention_path(), stream);
     linear_backward(dqkv, a.ln1, w, lay.qkv_w, lay.qkv_b, dsmall, g, bt, 3 * d, d);
     cu::layernorm_backward(dsmall, x, w.at(lay.ln1_w), t, a.mean1, a.rstd1, dres, g.at(lay.ln1_w), g.at(lay.ln1_b),
                            bt, d, stream);
@@ -482,7 +489,7 @@ struct GptCuda::Impl {
     done_vecs(w, {llay.attn_norm}, d);
     matmul_rows(a.ln1, w, llay.qkv_w, dqkv, bt, pw, d);
     cu::rope_expand(dqkv, rope_cos, rope_sin, a.qkv, t, bt, T, d, s.heads, s.kv(), stream);
-    cu::attention_forward(a.qkv, a.att, t, a.lse, B, T, d, s.heads, stream);
+    cu::attention_forward(a.qkv, a.att, t, a.lse, B, T, d, s.heads, attention_path(), stream);
     matmul_rows(a.att, w, llay.o_w, a.x2, bt, d, d);
     cu::add_into(a.x2, x, bt * d, stream);
     cu::rmsnorm_forward(a.x2, w.at(llay.mlp_norm), t, a.ln2, a.rstd2, bt, d, eps, stream);
@@ -511,7 +518,7 @@ struct GptCuda::Impl {
       cu::round_to(dsmall, dh, t, bt * d, stream);
       dout = dh;
     }
-    cu::attention_backward(a.qkv, a.att, t, a.lse, dout, dqkv, dot, B, T, d, s.heads, stream);
+    cu::attention_backward(a.qkv, a.att, t, a.lse, dout, dqkv, dot, B, T, d, s.heads, attention_path(), stream);
     cu::rope_reduce(dqkv, rope_cos, rope_sin, dbig, bt, T, d, s.heads, s.kv(), stream);
     linear_backward(dbig, a.ln1, w, llay.qkv_w, kNoBias, dsmall, g, bt, pw, d);
     cu::rmsnorm_backward(dsmall, x, w.at(llay.attn_norm), t, a.rstd1, dres, g.at(llay.attn_norm), bt, d, stream);

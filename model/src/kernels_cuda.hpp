@@ -16,12 +16,14 @@
 // included, on an H200, 2026-11-24; docs/training.md, docs/mixed-precision.md).
 //
 // This header is included from C++20 (gpt_cuda.cpp) and C++17 CUDA sources alike, so it
-// holds plain declarations only.
+// holds plain declarations and small inline helpers only.
 #pragma once
 
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
 
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
@@ -30,8 +32,23 @@
 // inline function): a failing call aborts naming the call, file, line and rank.
 STRATA_DEFINE_CALL_CHECK(check_cuda_call, "cuda", cudaError_t, code == cudaSuccess, cudaGetErrorString(code))
 #define STRATA_CHECK_CUDA(expr) ::strata::detail::check_cuda_call((expr), #expr, __FILE__, __LINE__)
+// cuBLAS's (gpt_cuda.cpp's matmuls, attention_cuda.cu's cuBLAS path).
+STRATA_DEFINE_CALL_CHECK(check_cublas_call, "cublas", cublasStatus_t, code == CUBLAS_STATUS_SUCCESS,
+                         cublasGetStatusString(code))
+#define STRATA_CHECK_CUBLAS(expr) ::strata::detail::check_cublas_call((expr), #expr, __FILE__, __LINE__)
 
 namespace strata::detail::cuda {
+
+// cuBLAS's name for the model's element type t (F32, BF16 or F16).
+inline cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::F32: return CUDA_R_32F;
+    case DType::BF16: return CUDA_R_16BF;
+    case DType::F16: return CUDA_R_16F;
+    default: break;
+  }
+  throw ConfigError(std::string("the cuda GPT computes in f32, bf16 or fp16, not ") + to_string(t));
+}
 
 // x[r] = wte[tok[r]] + wpe[r % T] over rows of d, in fp32 (wte, wpe of type t; Llama:
 // wpe null, x[r] = wte[tok[r]]).
@@ -95,18 +112,50 @@ void swiglu_backward(const float* dout, const float* gu, float* dgu, long rows, 
 void fill_uniform(void* p, DType t, long n, uint32_t seed, cudaStream_t s);
 
 // Causal attention over qkv [B*T, 3d] (q, k, v; heads contiguous; type t) into out
-// [B*T, d] (type t, rounded) and the log-sum-exp lse [B, H, T] (fp32). Flash-style: one
-// block per (b, h, query tile), online softmax in fp32 over fp32 tiles in shared memory;
-// no more than one [BT, BT] tile of scores exists per block. Both launchers throw
-// ConfigError where attention_tile(d / H) is 0.
-// The attention kernels' tile rows BT for this head dimension on the current GPU: 64, or
-// 32 where a 64-row tile's shared memory is more than a block may have; 0 where neither fits.
+// [B*T, d] (type t, rounded once) and the log-sum-exp lse [B, H, T] (fp32); backward
+// writes dqkv. Two implementations of the same math (attention_cuda.cu says how each
+// runs):
+enum class AttentionKernels {
+  // Default. The scores of a chunk of heads materialised in scratch by cuBLAS (tensor
+  // cores in 16 bits; fp32 GEMMs without TF32 in fp32), softmax and dS by small kernels.
+  // Any head dimension; scratch from attention_gemm_scratch_bytes.
+  Gemm,
+  // FlashAttention-2-style tiles in shared memory, fp32 on the CUDA cores: no scratch,
+  // but slow at large head dimensions and long sequences, and limited by shared memory
+  // (attention_tile). Selected with STRATA_ATTENTION=flash, to compare the two.
+  Flash,
+};
+
+// STRATA_ATTENTION: unset, empty or "gemm" -> Gemm; "flash" -> Flash. Anything else
+// throws ConfigError naming the value.
+AttentionKernels attention_kernels_from_env();
+
+// Device bytes of scratch the Gemm path needs for sequences of up to T tokens and H heads
+// in type t: the scores of as many heads as fit under its cap (256 MiB; one head's query
+// rows in chunks where a head alone exceeds it), whatever the batch. Host-only arithmetic.
+uint64_t attention_gemm_scratch_bytes(int T, int H, DType t);
+
+// What the launchers below run on. Gemm needs the caller's cuBLAS handle, already set to
+// the launchers' stream `s` (checked) and to the math mode the caller wants (the model's:
+// no TF32 in fp32), and scratch of at least attention_gemm_scratch_bytes(T, H, t) bytes
+// for the T and H it is called with. Flash needs neither.
+struct AttentionPath {
+  AttentionKernels kernels = AttentionKernels::Flash;
+  cublasHandle_t blas = nullptr;
+  void* scratch = nullptr;     // device memory
+  uint64_t scratch_bytes = 0;  // bytes
+};
+
+// The flash kernels' tile rows BT for this head dimension on the current GPU: 64, or 32
+// where a 64-row tile's shared memory is more than a block may have; 0 where neither fits
+// (the flash launchers then throw ConfigError; the Gemm path has no such limit).
 int attention_tile(int head_dim);
-void attention_forward(const void* qkv, void* out, DType t, float* lse, int B, int T, int d, int H, cudaStream_t s);
-// dqkv (fp32, overwritten) from dout [B*T, d] (type t: the rounded gradient of out),
-// recomputing the probabilities from lse in fp32. dot [B, H, T] is scratch for
-// rowsum(dout * out).
+void attention_forward(const void* qkv, void* out, DType t, float* lse, int B, int T, int d, int H,
+                       const AttentionPath& path, cudaStream_t s);
+// dqkv [B*T, 3d] (fp32, every element overwritten) from dout [B*T, d] (type t: the
+// rounded gradient of out), recomputing the probabilities from lse in fp32. dot [B, H, T]
+// is scratch for rowsum(dout * out).
 void attention_backward(const void* qkv, const void* out, DType t, const float* lse, const void* dout, float* dqkv,
-                        float* dot, int B, int T, int d, int H, cudaStream_t s);
+                        float* dot, int B, int T, int d, int H, const AttentionPath& path, cudaStream_t s);
 
 }  // namespace strata::detail::cuda

@@ -6,6 +6,9 @@
 // precision that fills each gradient buffer with NaN when handed out, so an element the
 // model fails to write cannot pass.
 //
+// Attention runs on the cuBLAS path by default (attention_cuda.cu); GptCudaFlash runs the
+// flash kernels (STRATA_ATTENTION=flash) against the same cpu model.
+//
 // Needs a GPU: skips with the reason where there is none, or where Strata was built
 // without the cuda backend (CI: compiled, linked and skipped; run on an H100 by hand,
 // docs/training.md says when). The bf16, fp16 and Llama cases first ran on an H200
@@ -36,6 +39,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <tuple>
@@ -244,6 +248,32 @@ void compare_with_cpu(const GptShape& shape, const GptOptions& opts, DType cpu_p
               tol.grads, worst_grad_name.c_str());
 }
 
+// Sets STRATA_ATTENTION (null: unsets it) for a scope, restoring what was there: the
+// model reads it when built and in the static activation_bytes.
+class ScopedAttentionKernels {
+ public:
+  explicit ScopedAttentionKernels(const char* value) {
+    if (const char* old = std::getenv(kVar)) old_ = old, had_ = true;
+    if (value)
+      setenv(kVar, value, 1);
+    else
+      unsetenv(kVar);
+  }
+  ~ScopedAttentionKernels() {
+    if (had_)
+      setenv(kVar, old_.c_str(), 1);
+    else
+      unsetenv(kVar);
+  }
+  ScopedAttentionKernels(const ScopedAttentionKernels&) = delete;
+  ScopedAttentionKernels& operator=(const ScopedAttentionKernels&) = delete;
+
+ private:
+  static constexpr const char* kVar = "STRATA_ATTENTION";
+  std::string old_;
+  bool had_ = false;
+};
+
 std::string checkpointing_name(const ::testing::TestParamInfo<ActivationCheckpointing>& info) {
   return info.param == ActivationCheckpointing::None ? "None" : "PerBlock";
 }
@@ -286,10 +316,11 @@ TEST(GptCudaBf16VsCpuF32, CloseToFp32) {
                    {.micro_batch = 2, .precision = DType::BF16}, DType::F32, kBf16VsF32);
 }
 
-// Head dimensions the attention kernels handle differently: not a multiple of the 16
+// Head dimensions the flash kernels handle differently: not a multiple of the 16
 // threads that share a row (24), the largest with 64-row tiles on an H100 (128), and one
 // that needs 32-row tiles there (144: a 64-row tile's backward wants 230 KiB of shared
-// memory). Sequence lengths end mid-tile.
+// memory). Sequence lengths end mid-tile. Run on the default (cuBLAS) attention; GptCudaFlash
+// runs 144 on the flash kernels.
 TEST(GptCudaHeads, LossLogitsGradients) {
   std::string why;
   if (!cuda_available(&why)) GTEST_SKIP() << why;
@@ -300,6 +331,35 @@ TEST(GptCudaHeads, LossLogitsGradients) {
     SCOPED_TRACE("bf16");
     compare_with_cpu(shape, {.micro_batch = 2, .precision = DType::BF16}, DType::BF16, kBf16);
   }
+}
+
+// The cuBLAS attention at sequence lengths that are not a multiple of 8 (its score rows
+// are padded to 8) nor of 64, at head dimensions 64 and 128 (the 1.1B GPT's), fp32 and bf16.
+TEST(GptCudaAttention, OddSequenceLength) {
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << why;
+  ScopedAttentionKernels gemm("gemm");
+  for (const int d : {128, 256}) {
+    SCOPED_TRACE("head dimension " + std::to_string(d / 2) + ", seq_len 100");
+    const GptShape shape{.layers = 1, .d_model = d, .heads = 2, .seq_len = 100, .vocab = 97};
+    compare_with_cpu(shape, {.micro_batch = 2}, DType::F32, kF32);
+    SCOPED_TRACE("bf16");
+    compare_with_cpu(shape, {.micro_batch = 2, .precision = DType::BF16}, DType::BF16, kBf16);
+  }
+}
+
+// The flash kernels, kept beside the cuBLAS path (STRATA_ATTENTION=flash): the default
+// shape in fp32 and bf16, and head dimension 144, which takes 32-row tiles on an H100.
+TEST(GptCudaFlash, LossLogitsGradients) {
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << why;
+  ScopedAttentionKernels flash("flash");
+  const GptShape shape{.layers = 2, .d_model = 64, .heads = 4, .seq_len = 80, .vocab = 97};
+  compare_with_cpu(shape, {.micro_batch = 2}, DType::F32, kF32);
+  compare_with_cpu(shape, {.micro_batch = 2, .precision = DType::BF16}, DType::BF16, kBf16);
+  SCOPED_TRACE("head dimension 144");
+  compare_with_cpu({.layers = 1, .d_model = 288, .heads = 2, .seq_len = 70, .vocab = 97}, {.micro_batch = 2},
+                   DType::F32, kF32);
 }
 
 INSTANTIATE_TEST_SUITE_P(Checkpointing, GptCudaVsCpu,
@@ -393,6 +453,36 @@ TEST(GptCudaSizes, SixteenBitActivations) {
     EXPECT_GE(per_layer(t), layers_kept * bt * (2 * 10 * d + 4 * 5 * d));
   }
   EXPECT_THROW(GptCuda::activation_bytes(shape, {.precision = DType::I32}), ConfigError);
+}
+
+// Host-only: the cuBLAS attention's scratch is counted in activation_bytes: the scores
+// of every head of a sequence where they fit (8 bytes a score in fp32: S and dP; 12 in
+// 16 bits: P and dS too, each row padded to 8), under the 256 MiB cap where they do not.
+// The flash kernels take none. Any other STRATA_ATTENTION is refused.
+TEST(GptCudaSizes, AttentionScratch) {
+  const auto extra = [](const GptShape& shape, DType t) {
+    const GptOptions o{.micro_batch = 2, .precision = t};
+    uint64_t gemm = 0, flash = 0;
+    {
+      ScopedAttentionKernels k(nullptr);  // the default
+      gemm = GptCuda::activation_bytes(shape, o);
+    }
+    {
+      ScopedAttentionKernels k("flash");
+      flash = GptCuda::activation_bytes(shape, o);
+    }
+    return gemm - flash;
+  };
+  const GptShape small{.layers = 2, .d_model = 128, .heads = 4, .seq_len = 64, .vocab = 256};
+  EXPECT_EQ(extra(small, DType::F32), 4ull * 64 * 64 * 8);
+  EXPECT_EQ(extra(small, DType::BF16), 4ull * 64 * 64 * 12);
+  // 8192 tokens: one head's scores alone (768 MiB) exceed the cap; its query rows are cut.
+  const GptShape long_seq{.layers = 1, .d_model = 128, .heads = 4, .seq_len = 8192, .vocab = 256};
+  const uint64_t cap = 256ull << 20;
+  EXPECT_LE(extra(long_seq, DType::BF16), cap);
+  EXPECT_GT(extra(long_seq, DType::BF16), cap - 8192ull * 12);  // whole rows of 8192 scores: less than one short
+  ScopedAttentionKernels bad("flashy");
+  EXPECT_THROW(GptCuda::activation_bytes(small, {.micro_batch = 2}), ConfigError);
 }
 
 // Host-only: the peak refuses a type the model does not compute in before touching a GPU.
