@@ -362,8 +362,18 @@ void Planner::micro_step_lanes() {
   const SimCostModel& c = p_.cost;
   const std::vector<GroupTimes> gt = group_times(s_, cl_, st_);
   // Free room for caches: what the engine's budgets leave after homes and working sets.
+  // Accumulating gradients kept on the device between micro-steps, ZeroEngine's rule: where
+  // the room beyond the plan holds all of them and two of the largest gathered groups;
+  // the room is theirs then.
+  double kept = 0;
+  if (A_ > 1 && st_.stage >= 2) {
+    for (const GroupLayout& lg : L_.groups)
+      if (lg.optimizer_home != Tier::Device)
+        for (const SubGroup& sg : lg.sub_groups) kept += double(tier_allocation_bytes(uint64_t(gb_) * sg.n));
+    if (!(kept > 0 && dev_budget_ - home_[0] - double(L_.device_working) >= kept + 2 * mp4_)) kept = 0;
+  }
   const double dev_room =
-      std::max(0.0, dev_budget_ - home_[0] - double(L_.device_working) - st_.prefetch_groups * mp4_);
+      std::max(0.0, dev_budget_ - home_[0] - double(L_.device_working) - kept - st_.prefetch_groups * mp4_);
   const double pin_room = std::max(0.0, p_.tiers[1].budget - home_[1] - p_.tiers[1].need.buffers);
   for (const GroupTimes& t : gt) {
     fwd_compute_ += t.forward_s;
@@ -392,8 +402,11 @@ void Planner::micro_step_lanes() {
       if (param_home_ == Tier::Nvme) f_nvr_.add(sh4, c.nvme_read_bandwidth, c.nvme_latency);
       if (block) blocks_s4 += sh4;
     }
-    if (lg.optimizer_home != Tier::Device && st_.stage >= 2)  // its gradient goes to the host (ratio: some stay)
-      for (const SubGroup& sg : lg.sub_groups) b_d2h_.add(gb_ * sg.n, c.d2h_bandwidth, c.pcie_latency);
+    // Its gradient goes to the host (ratio: some stay); kept on the device, only in the
+    // last micro-step (per micro-step, a share of 1 / A).
+    const double share = kept > 0 ? 1.0 / A_ : 1.0;
+    if (lg.optimizer_home != Tier::Device && st_.stage >= 2)
+      for (const SubGroup& sg : lg.sub_groups) b_d2h_.add(gb_ * sg.n * share, c.d2h_bandwidth, c.pcie_latency * share);
   }
   if (params_move_) {
     // Backward fetches again what the caches could not keep (Belady keeps the blocks
@@ -413,7 +426,7 @@ void Planner::micro_step_lanes() {
       if (pin_miss > 0) b_nvr_.add_timed(pin_miss, pin_miss / c.nvme_read_bandwidth + transfers * c.nvme_latency);
     }
   }
-  if (A_ > 1 && grads_move_ && st_.stage >= 2)
+  if (A_ > 1 && grads_move_ && st_.stage >= 2 && kept == 0)
     for (const GroupLayout& lg : L_.groups)  // micro-steps after the first fetch the accumulated gradient back
       for (const SubGroup& sg : lg.optimizer_home != Tier::Device ? lg.sub_groups : std::vector<SubGroup>{})
         b_h2d_.add(gb_ * sg.n * (A_ - 1) / A_, c.h2d_bandwidth, c.pcie_latency * (A_ - 1) / A_);

@@ -350,6 +350,20 @@ ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communica
   }
   prefetch_room_ =
       opts_.store.device_budget - layout_.need[int(Tier::Device)].homes() - layout_.device_working;
+  // Accumulating gradients kept on the device between micro-steps: only where the room
+  // beyond the plan holds all of them and still two of the largest gathered groups for
+  // prefetching; that room is theirs then (the same decision on every rank: sizes only).
+  if (opts_.keep_accumulating_grads_on_device && opts_.gradient_accumulation_steps > 1 && opts_.stage >= 2) {
+    uint64_t grads = 0;
+    for (const GroupLayout& g : layout_.groups)
+      if (g.optimizer_home != Tier::Device)
+        for (const SubGroup& sg : g.sub_groups) grads += tier_allocation_bytes(sg.n * gb_);
+    if (grads > 0 && prefetch_room_ >= grads + 2 * layout_.max_padded * wb_) {
+      keep_grads_ = true;
+      prefetch_room_ -= grads;
+      stats_.grads_kept_on_device_bytes = grads;
+    }
+  }
 
   store_ = std::make_unique<TieredStore>(device_, opts_.store);
   CpuAdamOptions ao;
@@ -699,8 +713,9 @@ void ZeroEngine::accumulate_chunks(Group& gr, const void* reduced, DType t, Even
     Event done = reduce_stream_->record();
     store_->release(c.grad, Tier::Device, Access::Write, done);
     // Send it towards the optimizer's tier now, behind the accumulation, so that the
-    // device holds one group's gradient at a time.
-    if (gr.opt_home != Tier::Device) store_->drop(c.grad, Tier::Device);
+    // device holds one group's gradient at a time; or, with room for them all
+    // (keep_grads_), only in the last micro-step.
+    if (gr.opt_home != Tier::Device && (last || !keep_grads_)) store_->drop(c.grad, Tier::Device);
   }
 }
 

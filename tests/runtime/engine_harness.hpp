@@ -37,6 +37,7 @@ struct RunSpec {
   uint64_t pinned_budget = 2 << 20;
   uint64_t device_budget = 2 << 20;
   bool optimizer_on_stream = false;  // EngineOptions::optimizer_on_stream: the GPU optimizer's path
+  bool keep_grads = true;            // EngineOptions::keep_accumulating_grads_on_device
   double optimizer_ratio = 1.0;      // offload_optimizer.ratio
   // The GPT's activation checkpoints (gpt_harness.hpp, with checkpointing): unset, the
   // model keeps them; None, the engine holds them on the device; Cpu, cpu_checkpointing
@@ -57,6 +58,7 @@ struct RunSpec {
            (speculative && !lane ? " on the model's thread" : "") +
            (poison_step >= 0 ? ", NaN at step " + std::to_string(poison_step) : "") +
            (optimizer_on_stream ? ", optimizer on the stream" : "") +
+           (keep_grads ? "" : ", gradients off the device between micro-steps") +
            (optimizer_ratio < 1.0 ? ", ratio " + std::to_string(optimizer_ratio) : "") +
            (checkpoints ? std::string(", checkpoints ") +
                               (*checkpoints == OffloadDevice::None ? "on the device" : to_string(*checkpoints))
@@ -150,6 +152,7 @@ inline EngineOptions test_engine_options(const RunSpec& spec, uint64_t group_num
   o.speculative = spec.speculative;
   o.speculation_lane = spec.lane;
   o.optimizer_on_stream = spec.optimizer_on_stream;
+  o.keep_accumulating_grads_on_device = spec.keep_grads;
   o.optimizer_ratio = spec.optimizer_ratio;
   o.gradient_accumulation_steps = spec.accum;
   o.sub_group_elems = spec.sub_group;

@@ -92,6 +92,12 @@ struct EngineOptions {
   // before the update reads them. false fetches them only when the update starts (as
   // before 2026-11-25), for measuring what the early fetch gives.
   bool early_state_fetch = true;
+  // Gradient accumulation with the optimizer off the device: between micro-steps, the
+  // accumulating gradient shards stay on the device where its budget has room for all of
+  // them beside the plan (taken from the prefetch room), and go to the optimizer's tier
+  // only in the last micro-step. Without room (or false) each micro-step sends them there
+  // and brings them back: two PCIe crossings of the fp32 gradient per micro-step.
+  bool keep_accumulating_grads_on_device = true;
   // Stage 3: the speculative CPU updates run on the engine's optimizer lane, a host
   // worker of their own (Device::create_host_stream), while the model's thread goes on
   // with the backward pass (on a GPU: queues the next block's kernels). Their pins are
@@ -164,6 +170,9 @@ struct EngineStats {
   // stepped, as without speculation).
   uint64_t early_state_fetches = 0;
   uint64_t early_state_fetches_skipped = 0;
+  // Bytes of accumulating gradient shards kept on the device between micro-steps
+  // (EngineOptions::keep_accumulating_grads_on_device); 0 where they go back and forth.
+  uint64_t grads_kept_on_device_bytes = 0;
   // The last step's speculative updates, on the model's thread during the backward pass:
   // their time waiting for parameter shards and optimizer states (exposed, as the model
   // waits meanwhile).
@@ -354,6 +363,7 @@ class ZeroEngine final : public WeightSource {
   int micro_ = -1;               // index of the current micro-step; -1 before the first
   uint64_t live_full_bytes_ = 0; // gathered parameters alive, bytes (persistent ones excluded)
   uint64_t prefetch_room_ = 0;   // device bytes that gathered parameters may use
+  bool keep_grads_ = false;      // accumulating gradients stay on the device between micro-steps
   int64_t step_count_ = 0;
   int64_t iterations_ = 0;
   std::vector<double> norm_parts_;  // per-chunk squared norms of the last micro-step (host)
