@@ -17,6 +17,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <memory>
 #include <random>
@@ -61,15 +62,17 @@ struct StepArgs {
   std::string pinned_budget = "1G";      // of the offloaded run
   std::string backend = "cpu";
   std::string precision = "f32";  // 16 bits: beside fp32, and beside PyTorch autocast
+  bool f32_beside = true;         // with 16 bits: the fp32 configurations too
   bool nvme = true;               // the NVMe configuration too
   bool speculative = false;       // each engine configuration also with the speculative optimizer
   bool speculation_inline = false;  // its updates on the model's thread, not the optimizer lane
   bool gpu_optimizer = false;     // cuda: also parameters and optimizer states on the GPU (the GPU optimizer)
+  unsigned optimizer_threads = 0;  // CPU Adam's threads (EngineOptions::optimizer_threads); 0: every core
   double ratio = 0.5;             // with gpu_optimizer: also offload_optimizer.ratio this (CPU share), concurrently
   bool torch = true;              // the PyTorch reference (cpu backend, 16 bits)
   std::string python = "/usr/bin/python3";
   std::string torch_script = STRATA_TORCH_GPT_STEP_SCRIPT;
-  std::string trace;  // Chrome trace of the NVMe configuration's engine
+  std::string trace;  // Chrome trace of one configuration's engine (see the options lambda)
   OutputOptions out;
 };
 
@@ -125,6 +128,9 @@ int run_step(const StepArgs& a) {
     throw ConfigError("bench step: --speculation-inline says where the speculative optimizer steps: give --speculative too");
   if (a.gpu_optimizer && !cuda)
     throw ConfigError("bench step: --gpu-optimizer needs --backend cuda (the cpu backend's optimizer is CpuAdam)");
+  if (!a.f32_beside && !sixteen)
+    throw ConfigError("bench step: --no-f32 leaves out the fp32 configurations beside the 16-bit ones: give --precision "
+                      "bf16 or fp16 too");
   auto device = make_device({backend, 0});
   auto comm = coll::make_host_communicator(coll::HostBackend::Self);
   std::unique_ptr<coll::Communicator> nccl;  // device buffers on cuda are GPU memory
@@ -149,17 +155,21 @@ int run_step(const StepArgs& a) {
         "it needs a Python with torch: --python names another Python; --no-torch measures without it");
   }
 
-  // fp32 always; the 16-bit precision beside it when asked for.
-  std::vector<DType> precisions = {DType::F32};
+  // fp32, and the 16-bit precision beside it when asked for (alone with --no-f32).
+  std::vector<DType> precisions;
+  if (!sixteen || a.f32_beside) precisions.push_back(DType::F32);
   if (sixteen) precisions.push_back(precision);
   std::vector<double> peaks;
   for (DType p : precisions) {
     progress.show(std::string("measuring the ") + precision_name(p) + " matmul peak");
     peaks.push_back(measure_matmul_peak(backend, p, 0.5));
   }
-  auto peak_of = [&](DType p) { return peaks[p == DType::F32 ? 0 : 1]; };
+  auto peak_of = [&](DType p) { return peaks[p == precisions.front() ? 0 : 1]; };
 
   const uint64_t params = gpt_param_count(a.shape);
+  const auto specs = gpt_group_specs(a.shape);
+  std::vector<GroupSize> sizes;
+  for (const GroupSpec& g : specs) sizes.push_back({g.name, g.numel});
   auto options = [&](bool offload, DType p, bool speculative, bool gpu_optimizer, double ratio, bool cpu_ckpt) {
     EngineOptions o;
     if (a.checkpointing) {  // the engine holds the checkpoints, as strata train has it
@@ -167,7 +177,13 @@ int run_step(const StepArgs& a) {
                        static_cast<uint64_t>(a.micro_batch) * a.shape.seq_len * a.shape.d_model * sizeof(float)};
       o.cpu_checkpointing = cpu_ckpt;
     }
+    // One configuration writes the trace: the NVMe one (the in-memory one with CPU Adam
+    // under --no-nvme) of the last precision, speculative where asked.
+    const bool traced = p == precisions.back() && speculative == a.speculative && !cpu_ckpt &&
+                        (a.nvme ? offload : !gpu_optimizer && ratio >= 1);
+    o.trace_path = traced ? a.trace : "";
     o.stage = 3;
+    o.optimizer_threads = a.optimizer_threads;
     o.speculative = speculative;
     o.speculation_lane = !a.speculation_inline;
     o.precision = p;
@@ -177,20 +193,23 @@ int run_step(const StepArgs& a) {
     o.prefetch_bucket_elems = 60'000'000;
     o.sub_group_elems = 16'000'000;
     if (offload) {
-      o.trace_path = p == precisions.back() ? a.trace : "";
       o.param_home = o.optimizer_home = Tier::Nvme;
       o.store.device_budget = parse_size("--device-budget", a.device_budget);
       o.store.pinned_budget = parse_size("--pinned-budget", a.pinned_budget);
       o.store.nvme.paths = {swap.string()};
     } else if (gpu_optimizer || ratio < 1) {
-      // Everything on the GPU (or the 1 - ratio share of the states, the rest pinned): 16 bytes of states and 4 of gradient per parameter, three
-      // more states per parameter for the speculative Next sets, and the working buffers.
+      // Everything on the GPU, or the 1 - ratio share of the states (the rest pinned, CPU
+      // Adam's): the budgets are what the engine's layout needs on each tier (every
+      // sub-group with its speculative Next set where asked), with room to prefetch.
       o.optimizer_home = gpu_optimizer ? Tier::Device : Tier::Pinned;
       o.optimizer_ratio = gpu_optimizer ? 1.0 : ratio;
-      o.store.device_budget =
-          std::max<uint64_t>(parse_size("--memory-budget", a.memory_budget), params * (speculative ? 34 : 22) + (2ull << 30));
-      o.store.pinned_budget = 2ull << 30;  // staging: a sub-group's states and the largest parameter shard
-      if (!gpu_optimizer) o.store.pinned_budget += static_cast<uint64_t>(params * ratio * (speculative ? 28 : 16));
+      o.optimizer_on_stream = true;  // as the engine sets it on cuda
+      ShardStrategy st = o.shard_strategy(1);
+      if (speculative) st.speculative_sub_groups = std::numeric_limits<uint64_t>::max();
+      const ShardLayout L = make_shard_layout(sizes, st);
+      o.store.device_budget = std::max<uint64_t>(parse_size("--memory-budget", a.memory_budget),
+                                       L.need[static_cast<int>(Tier::Device)].homes() + L.device_working + (2ull << 30));
+      o.store.pinned_budget = L.need[static_cast<int>(Tier::Pinned)].homes() + L.pinned_staging + (1ull << 30);
     } else if (cuda) {
       // The CPU optimizer: master weights, moments and gradient shards in pinned memory.
       o.optimizer_home = Tier::Pinned;
@@ -219,18 +238,23 @@ int run_step(const StepArgs& a) {
           setups.push_back(std::move(s));
         }
       if (a.gpu_optimizer && !offload) {
+        // offload_optimizer.ratio 0 (all states on the GPU, the GPU optimizer) and the
+        // split (CPU Adam over the ratio's share, concurrently), the latter speculative too.
         Setup s;
         s.label = std::string("params and optimizer on GPU") + (sixteen ? std::string(", ") + precision_name(p) : "");
         s.precision = p;
         s.gpu_optimizer = true;
         setups.push_back(std::move(s));
-        Setup r;
-        char b[96];
-        std::snprintf(b, sizeof b, "optimizer %.2g CPU / %.2g GPU", a.ratio, 1 - a.ratio);
-        r.label = b + (sixteen ? std::string(", ") + precision_name(p) : "");
-        r.precision = p;
-        r.ratio = a.ratio;
-        setups.push_back(std::move(r));
+        for (int spec = 0; spec < (a.speculative ? 2 : 1); ++spec) {
+          Setup r;
+          char b[96];
+          std::snprintf(b, sizeof b, "optimizer %.2g CPU / %.2g GPU", a.ratio, 1 - a.ratio);
+          r.label = b + (sixteen ? std::string(", ") + precision_name(p) : "") + (spec ? ", speculative" : "");
+          r.precision = p;
+          r.ratio = a.ratio;
+          r.speculative = spec == 1;
+          setups.push_back(std::move(r));
+        }
       }
     }
   if (torch) {
@@ -241,7 +265,6 @@ int run_step(const StepArgs& a) {
     s.torch = true;
     setups.push_back(std::move(s));
   }
-  const auto specs = gpt_group_specs(a.shape);
   std::vector<std::unique_ptr<GptModel>> models;
   for (DType p : precisions)
     models.push_back(make_gpt(backend, a.shape,
@@ -253,7 +276,7 @@ int run_step(const StepArgs& a) {
     s.engine = std::make_unique<ZeroEngine>(*device, dev_comm, *comm,
                                             options(s.nvme, s.precision, s.speculative, s.gpu_optimizer, s.ratio, s.cpu_checkpointing), specs);
     s.engine->set_schedule(gpt_schedule(a.shape));
-    s.model = models[s.precision == DType::F32 ? 0 : 1].get();
+    s.model = models[s.precision == precisions.front() ? 0 : 1].get();
   }
   const size_t n = static_cast<size_t>(a.micro_batch) * a.shape.seq_len;
   std::vector<int32_t> x(n), y(n);
@@ -295,7 +318,8 @@ int run_step(const StepArgs& a) {
   Report rep;
   rep.benchmark = "step";
   rep.title = "strata bench step: one training step of a " + std::to_string(params / 1'000'000) + "M-parameter GPT, " +
-              (sixteen ? std::string(precision_name(precision)) + " beside fp32, " : std::string()) + "in memory" +
+              (sixteen ? std::string(precision_name(precision)) + (a.f32_beside ? " beside fp32, " : ", ") : std::string()) +
+              "in memory" +
               (a.nvme ? " and offloaded to NVMe" : "") + " (ZeRO-3, " + a.backend + " backend on " +
               device->description() + ")";
   rep.config = {{"layers", a.shape.layers},   {"d_model", a.shape.d_model}, {"heads", a.shape.heads},
@@ -306,8 +330,9 @@ int run_step(const StepArgs& a) {
                 {"dir", a.dir}, {"backend", a.backend},
                 {"precision", precision_name(precision)}, {"nvme", a.nvme}, {"threads", threads},
                 {"speculative", a.speculative},
-                {"speculation_inline", a.speculation_inline},
-                {"matmul_peak_gflops", peak_of(DType::F32) / 1e9}};
+                {"speculation_inline", a.speculation_inline}, {"optimizer_threads", a.optimizer_threads},
+                {"fp32_beside", !sixteen || a.f32_beside}};
+  if (!sixteen || a.f32_beside) rep.config["matmul_peak_gflops"] = peak_of(DType::F32) / 1e9;
   if (sixteen) rep.config[std::string("matmul_peak_gflops_") + precision_name(precision)] = peak_of(precision) / 1e9;
   rep.table.columns = {{"label", "configuration", ""},       {"step_median_s", "step s", "%.3f"},
                        {"spread", "spread", "%.2f"},          {"tokens_per_s", "tokens/s", "%.0f"},
@@ -318,7 +343,7 @@ int run_step(const StepArgs& a) {
     rep.table.columns.push_back({"nvme_written_mib", "NVMe written MiB", "%.0f"});
     rep.table.columns.push_back({"ratio_to_memory", "x in-memory", "%.3f"});
   }
-  if (sixteen) rep.table.columns.push_back({"speedup_over_f32", "tokens/s x f32", "%.2f"});
+  if (sixteen && a.f32_beside) rep.table.columns.push_back({"speedup_over_f32", "tokens/s x f32", "%.2f"});
   const double flops = gpt_flops_per_token(a.shape) * static_cast<double>(tokens);
   // The setup a row is compared with: same configuration in memory (offload cost), and
   // the same configuration in fp32 (what the precision buys).
@@ -342,7 +367,7 @@ int run_step(const StepArgs& a) {
                           {"mfu", flops / t.median / peak_of(s.precision)},
                           {"steps", to_json(t, s.seconds)}};
     const Setup* f32 = s.engine ? find(s.nvme, DType::F32, s.speculative, s.gpu_optimizer, s.ratio, s.cpu_checkpointing) : find(false, DType::F32);
-    if (sixteen) row["speedup_over_f32"] = summarize(f32->seconds).median / t.median;
+    if (sixteen && f32) row["speedup_over_f32"] = summarize(f32->seconds).median / t.median;
     if (s.engine) {
       const Summary e = summarize(s.exposed), o = summarize(s.optimizer);
       const double ref = summarize(find(false, s.precision)->seconds).median;
@@ -361,10 +386,11 @@ int run_step(const StepArgs& a) {
   }
   const std::string peak_f32 = cuda ? "cuBLAS sgemm (fp32, no TF32)" : "OpenBLAS sgemm";
   std::string mfu_note = "MFU: model FLOPs (6 x matmul parameters + causal attention, no recompute) per second over the "
-                         "measured matmul peak of the row's precision: fp32 against " + peak_f32 + " (" +
-                         std::to_string(static_cast<int>(peak_of(DType::F32) / 1e9)) + " GFLOP/s)";
+                         "measured matmul peak of the row's precision";
+  if (!sixteen || a.f32_beside)
+    mfu_note += ": fp32 against " + peak_f32 + " (" + std::to_string(static_cast<int>(peak_of(DType::F32) / 1e9)) + " GFLOP/s)";
   if (sixteen)
-    mfu_note += std::string(", ") + precision_name(precision) + " against " +
+    mfu_note += std::string(a.f32_beside ? ", " : ": ") + precision_name(precision) + " against " +
                 (cuda ? "cublasGemmEx on the tensor cores" : "the 16-bit matmul the cpu model runs (oneDNN, or sgemm where it falls back)") +
                 " (" + std::to_string(static_cast<int>(peak_of(precision) / 1e9)) + " GFLOP/s)";
   rep.notes.push_back(mfu_note + ".");
@@ -407,7 +433,7 @@ int run_step(const StepArgs& a) {
                        "of the plain row's optimizer time, moved into the backward pass:";
     for (const Setup& s : setups) {
       if (!s.engine || !s.speculative) continue;
-      const Setup* plain = find(s.nvme, s.precision, false);
+      const Setup* plain = find(s.nvme, s.precision, false, s.gpu_optimizer, s.ratio, s.cpu_checkpointing);
       const double po = summarize(plain->optimizer).median, so = summarize(s.optimizer).median;
       const double frac = po > 0 ? 1.0 - so / po : 0.0;
       hidden[s.label] = frac;
@@ -450,8 +476,9 @@ int run_step(const StepArgs& a) {
       return std::string(b);
     };
     const Setup* mem16 = find(false, precision);
-    ratios["memory_tokens_per_s_over_f32"] = summarize(find(false, DType::F32)->seconds).median / summarize(mem16->seconds).median;
-    if (a.nvme) {
+    if (a.f32_beside)
+      ratios["memory_tokens_per_s_over_f32"] = summarize(find(false, DType::F32)->seconds).median / summarize(mem16->seconds).median;
+    if (a.nvme && a.f32_beside) {
       const Setup *n32 = find(true, DType::F32), *n16 = find(true, precision);
       ratios["nvme_tokens_per_s_over_f32"] = summarize(n32->seconds).median / summarize(n16->seconds).median;
       const double b32 = summarize(n32->nvme_read).median + summarize(n32->nvme_written).median;
@@ -459,16 +486,23 @@ int run_step(const StepArgs& a) {
       if (b32 > 0) ratios["nvme_bytes_over_f32"] = b16 / b32;
     }
     if (torch) ratios["memory_tokens_per_s_over_torch"] = torch_ratio();
-    std::string line = std::string(precision_name(precision)) + " tokens/s over fp32: " +
-                       two(ratios["memory_tokens_per_s_over_f32"].get<double>()) + "x in memory";
-    if (ratios.contains("nvme_tokens_per_s_over_f32"))
-      line += ", " + two(ratios["nvme_tokens_per_s_over_f32"].get<double>()) + "x with NVMe";
+    std::vector<std::string> parts;
+    if (ratios.contains("memory_tokens_per_s_over_f32")) {
+      std::string p = "tokens/s over fp32: " + two(ratios["memory_tokens_per_s_over_f32"].get<double>()) + "x in memory";
+      if (ratios.contains("nvme_tokens_per_s_over_f32"))
+        p += ", " + two(ratios["nvme_tokens_per_s_over_f32"].get<double>()) + "x with NVMe";
+      parts.push_back(p);
+    }
     if (ratios.contains("nvme_bytes_over_f32"))
-      line += "; NVMe bytes per step " + two(ratios["nvme_bytes_over_f32"].get<double>()) + " of fp32's";
+      parts.push_back("NVMe bytes per step " + two(ratios["nvme_bytes_over_f32"].get<double>()) + " of fp32's");
     if (ratios.contains("memory_tokens_per_s_over_torch"))
-      line += std::string("; over PyTorch autocast") + (cuda ? " on the GPU" : "") + ": " +
-              two(ratios["memory_tokens_per_s_over_torch"].get<double>()) + "x";
-    rep.notes.push_back(line + ".");
+      parts.push_back(std::string("tokens/s over PyTorch autocast") + (cuda ? " on the GPU" : "") + ": " +
+                      two(ratios["memory_tokens_per_s_over_torch"].get<double>()) + "x");
+    if (!parts.empty()) {
+      std::string line = precision_name(precision);
+      for (size_t i = 0; i < parts.size(); ++i) line += (i ? "; " : " ") + parts[i];
+      rep.notes.push_back(line + ".");
+    }
     rep.extra["ratios"] = ratios;
   } else if (a.torch && !cuda) {
     rep.notes.push_back("fp32 only: --precision bf16 runs the 16-bit step beside it, and PyTorch autocast beside both.");
@@ -501,13 +535,17 @@ void add_step(CLI::App& bench, Runner& run) {
   s->add_option("--memory-budget", a.memory_budget, "Device budget of the in-memory configuration");
   s->add_option("--device-budget", a.device_budget, "Device budget of the offloaded configuration");
   s->add_option("--pinned-budget", a.pinned_budget, "Pinned budget of the offloaded configuration");
-  s->add_option("--trace", a.trace, "Write a Chrome trace of the NVMe configuration's steps to this file");
+  s->add_option("--trace", a.trace, "Write a Chrome trace of one configuration's steps to this file: the NVMe one (with --no-nvme the in-memory "
+                "one with CPU Adam) in the last precision, speculative with --speculative");
   s->add_option("--backend", a.backend, "cpu, or cuda (GptCuda on GPU 0)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   s->add_option("--precision", a.precision,
                 "f32, or bf16 / fp16: each configuration in fp32 and in 16 bits, PyTorch autocast beside them")
       ->check(CLI::IsMember({"f32", "bf16", "fp16"}))
       ->capture_default_str();
+  s->add_flag("!--no-f32", a.f32_beside,
+              "With --precision bf16/fp16: only the 16-bit configurations, not fp32 beside them (a model that fits "
+              "the GPU once, not twice)");
   s->add_flag("!--no-nvme", a.nvme, "Only the in-memory configuration");
   s->add_flag("--speculative", a.speculative,
               "Each configuration also with the speculative optimizer (strata.speculative_optimizer)");
@@ -521,6 +559,9 @@ void add_step(CLI::App& bench, Runner& run) {
                 "With --gpu-optimizer: the share of optimizer states CPU Adam steps in the split configuration "
                 "(offload_optimizer.ratio; the rest on the GPU, concurrently)")
       ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  s->add_option("--optimizer-threads", a.optimizer_threads,
+                "CPU Adam's threads (0: every core); fewer leave cores to the model's thread beside the optimizer lane")
       ->capture_default_str();
   s->add_flag("!--no-torch", a.torch, "Without the PyTorch reference");
   s->add_option("--python", a.python, "Python with torch, for the PyTorch reference")->capture_default_str();

@@ -6,8 +6,10 @@
 #   tests      every GPU test (gtest filters below), one log
 #   sanitize   compute-sanitizer memcheck and racecheck over the 16-bit and Llama model tests
 #   train      strata train on the fortunes corpus, fp32, bf16, bf16 speculative
-#   bench      strata bench step --backend cuda, fp32 and bf16, speculative, the GPU optimizer, PyTorch beside
-#   bench1b    the same in memory for a 1.1B GPT
+#   bench      strata bench step --backend cuda, 124M, fp32 and bf16: CPU Adam plain and speculative, the
+#              GPU optimizer, offload_optimizer.ratio 0.5 plain and speculative, NVMe; PyTorch beside
+#   bench1b    the same in memory, bf16 alone, for a 1.1B GPT
+#   lane       the speculative optimizer on its lane against in line: 124M in memory
 #   copy       strata bench copy --backend cuda: pinned <-> device through the copy stream, beside cudaMemcpy
 # Usage: bash scripts/gpu-check.sh PART... (default: tests)
 set -uo pipefail
@@ -79,26 +81,41 @@ for part in "${parts[@]}"; do
     grep -E "^=== exit|held-out|step +200|speculation" "$out/train.log"
     ;;
   bench)
+    # 124M, 4096 tokens per step, fp32 and bf16: CPU Adam over pinned states (offload_optimizer.ratio 1),
+    # plain and speculative (overlapped with backward), the split 0.5, plain and speculative, the GPU
+    # optimizer (ratio 0), params and optimizer on NVMe; PyTorch beside.
     d=$(mktemp -d /tmp/strata-bench-XXXX)
-    run bench.log 280 "$B/strata" bench step --backend cuda --dir "$d" --reps 3 --warmup 1 --python "$(command -v python3)" \
-      --gpu-optimizer --json "$out/bench-f32.json"
-    run bench.log 280 "$B/strata" bench step --backend cuda --dir "$d" --reps 3 --warmup 1 --python "$(command -v python3)" \
-      --precision bf16 --speculative --gpu-optimizer --json "$out/bench-bf16.json"
+    run bench.log 400 "$B/strata" bench step --backend cuda --dir "$d" --reps 3 --warmup 1 --python "$(command -v python3)" \
+      --precision bf16 --speculative --gpu-optimizer --optimizer-ratio 0.5 --json "$out/bench-124m.json"
     rm -rf "$d"
-    tail -n 60 "$out/bench.log"
+    tail -n 40 "$out/bench.log"
     ;;
   bench1b)
-    # A 1.1B GPT (20 x 2048, GPT-2's vocabulary), in memory only: CPU Adam over pinned
-    # states against the GPU optimizer and PyTorch, fp32 and bf16.
-    run bench1b.log 420 "$B/strata" bench step --backend cuda --layers 20 --d-model 2048 --heads 16 --seq 1024 \
-      --micro-batch 2 --memory-budget 10G --no-nvme --gpu-optimizer --precision bf16 --reps 3 --warmup 1 \
-      --python "$(command -v python3)" --json "$out/bench-1b.json"
+    # A 1.1B GPT (20 x 2048, GPT-2's vocabulary), bf16 alone, in memory: CPU Adam over pinned states
+    # plain and speculative, the split 0.5 plain and speculative, the GPU optimizer, PyTorch beside.
+    d=$(mktemp -d /tmp/strata-bench-XXXX)
+    run bench1b.log 480 "$B/strata" bench step --backend cuda --dir "$d" --layers 20 --d-model 2048 --heads 16 --seq 1024 \
+      --micro-batch 2 --memory-budget 10G --no-nvme --precision bf16 --no-f32 --speculative --gpu-optimizer \
+      --optimizer-ratio 0.5 --reps 3 --warmup 1 --python "$(command -v python3)" --json "$out/bench-1b.json"
+    rm -rf "$d"
     tail -n 30 "$out/bench1b.log"
+    ;;
+  lane)
+    # The speculative optimizer on its lane against in line (--speculation-inline), bf16, the
+    # 124M in memory (CPU Adam over pinned states), 4096 tokens per step.
+    d=$(mktemp -d /tmp/strata-bench-XXXX)
+    for how in "" --speculation-inline; do
+      # shellcheck disable=SC2086
+      run lane.log 150 "$B/strata" bench step --backend cuda --dir "$d" --no-nvme --precision bf16 --speculative $how \
+        --no-torch --reps 5 --warmup 1 --json "$out/lane-124m${how:+-inline}.json"
+    done
+    rm -rf "$d"
+    grep -E "^===|^(in memory|params|optimizer)|speculative:" "$out/lane.log" | cut -c1-200
     ;;
   copy)
     run copy.log 120 "$B/strata" bench copy --backend cuda --sizes 1M,16M,256M --reps 5 --json "$out/bench-copy.json"
     tail -n 20 "$out/copy.log"
     ;;
-  *) echo "gpu-check.sh: unknown part $part (tests, sanitize, train, bench, bench1b, copy)" >&2; exit 2 ;;
+  *) echo "gpu-check.sh: unknown part $part (tests, sanitize, train, bench, bench1b, lane, copy)" >&2; exit 2 ;;
   esac
 done

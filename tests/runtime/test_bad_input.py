@@ -205,6 +205,8 @@ with tempfile.TemporaryDirectory(prefix="strata-bad-input-") as work:
             "--gpu-optimizer needs --backend cuda", timeout=30)
     refused("bench step --speculation-inline without --speculative", ["bench", "step", "--speculation-inline", "--dir", work],
             "--speculation-inline says where the speculative optimizer steps: give --speculative too", timeout=30)
+    refused("bench step --no-f32 without a 16-bit precision", ["bench", "step", "--no-f32", "--dir", work],
+            "--no-f32 leaves out the fp32 configurations beside the 16-bit ones", timeout=30)
 
 if failures:
     sys.exit(f"{len(failures)} check(s) failed")

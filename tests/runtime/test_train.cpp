@@ -635,11 +635,13 @@ TEST(Train, CudaBf16LlamaAndSpeculationMatchTheCpuBackend) {
   ASSERT_EQ(spec.steps.size(), 20u);
   const double worst = expect_losses_near(spec, plain, 1e-4);
   std::printf("speculative vs plain on cuda (bf16, clipping): worst relative difference %.2e; %llu commits, %llu "
-              "rollbacks\n",
+              "rollbacks, %llu sub-groups on the optimizer lane\n",
               worst, static_cast<unsigned long long>(spec.stats.speculation_commits),
-              static_cast<unsigned long long>(spec.stats.speculation_rollbacks));
+              static_cast<unsigned long long>(spec.stats.speculation_rollbacks),
+              static_cast<unsigned long long>(spec.stats.lane_sub_groups));
   EXPECT_EQ(spec.stats.speculation_commits + spec.stats.speculation_rollbacks, 20u);
   EXPECT_GT(spec.stats.speculation_commits, 0u);
+  EXPECT_GT(spec.stats.lane_sub_groups, 0u) << "stage 3 steps its speculative CPU Adam on the optimizer lane";
 }
 
 // The GPU optimizer (offload_optimizer none on cuda: the states in GPU memory, each
@@ -681,22 +683,35 @@ TEST(Train, CudaGpuOptimizerMatchesCpuAdam) {
         }
       }
   // offload_optimizer.ratio 0.5: the later half of the groups on the GPU, the rest with CPU
-  // Adam, at the same time (written with the GPU optimizer, not yet run on a GPU).
-  for (int stage : {3, 1}) {
-    SCOPED_TRACE("ratio 0.5, stage " + std::to_string(stage));
-    Config cpu = config(d, data, small_shape(), 10);
-    cpu.strata.backend = Backend::Cuda;
-    cpu.zero.stage = stage;
-    cpu.zero.offload_param.device = OffloadDevice::None;
-    cpu.zero.offload_optimizer.device = OffloadDevice::Cpu;
-    cpu.bf16 = true;
-    Config split = cpu;
-    split.zero.offload_optimizer.ratio = 0.5f;
-    const TrainResult a = train(cpu, quiet());
-    const TrainResult b = train(split, quiet());
-    ASSERT_EQ(b.steps.size(), 10u);
-    expect_losses_near(b, a, 1e-4);
-  }
+  // Adam, at the same time; plain, and speculative with clipping (stage 3: CPU Adam's share
+  // on the optimizer lane while the GPU's share steps on its stream).
+  for (int stage : {3, 1})
+    for (bool speculative : {false, true}) {
+      SCOPED_TRACE("ratio 0.5, stage " + std::to_string(stage) + (speculative ? ", speculative" : ""));
+      Config cpu = config(d, data, small_shape(), 10);
+      cpu.strata.backend = Backend::Cuda;
+      cpu.zero.stage = stage;
+      cpu.zero.offload_param.device = OffloadDevice::None;
+      cpu.zero.offload_optimizer.device = OffloadDevice::Cpu;
+      cpu.bf16 = true;
+      cpu.gradient_clipping = 1.85f;
+      cpu.strata.speculative_optimizer = speculative;
+      Config split = cpu;
+      split.zero.offload_optimizer.ratio = 0.5f;
+      const TrainResult a = train(cpu, quiet());
+      const TrainResult b = train(split, quiet());
+      ASSERT_EQ(b.steps.size(), 10u);
+      const double worst = expect_losses_near(b, a, 1e-4);
+      std::printf("ratio 0.5 vs CPU Adam on cuda, stage %d%s: worst relative loss difference %.2e; %llu commits, "
+                  "%llu rollbacks, %llu sub-groups on the lane\n",
+                  stage, speculative ? ", speculative" : "", worst,
+                  static_cast<unsigned long long>(b.stats.speculation_commits),
+                  static_cast<unsigned long long>(b.stats.speculation_rollbacks),
+                  static_cast<unsigned long long>(b.stats.lane_sub_groups));
+      if (speculative) {
+        EXPECT_GT(b.stats.speculation_commits, 0u);
+      }
+    }
   // Save at 5 with the states on the GPU, resume to 10: the uninterrupted run's losses.
   Config c = config(d, data, small_shape(), 10);
   c.strata.backend = Backend::Cuda;
