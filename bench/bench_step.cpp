@@ -562,6 +562,7 @@ void add_step(CLI::App& bench, Runner& run) {
       ->capture_default_str();
   s->add_option("--optimizer-threads", a.optimizer_threads,
                 "CPU Adam's threads (0: every core); fewer leave cores to the model's thread beside the optimizer lane")
+      ->check(CLI::Range(0u, 4096u))
       ->capture_default_str();
   s->add_flag("!--no-torch", a.torch, "Without the PyTorch reference");
   s->add_option("--python", a.python, "Python with torch, for the PyTorch reference")->capture_default_str();

@@ -205,6 +205,9 @@ with tempfile.TemporaryDirectory(prefix="strata-bad-input-") as work:
             "--gpu-optimizer needs --backend cuda", timeout=30)
     refused("bench step --speculation-inline without --speculative", ["bench", "step", "--speculation-inline", "--dir", work],
             "--speculation-inline says where the speculative optimizer steps: give --speculative too", timeout=30)
+    rc, out, _ = run(["bench", "step", "--optimizer-threads", "100000", "--dir", work])
+    check(100 <= rc <= 127 and "--optimizer-threads: Value 100000 not in range" in out,
+          f"bench step --optimizer-threads 100000: a usage error naming the range (rc {rc}): {out.strip()[-300:]}")
     refused("bench step --no-f32 without a 16-bit precision", ["bench", "step", "--no-f32", "--dir", work],
             "--no-f32 leaves out the fp32 configurations beside the 16-bit ones", timeout=30)
 

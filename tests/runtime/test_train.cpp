@@ -655,20 +655,25 @@ TEST(Train, CudaGpuOptimizerMatchesCpuAdam) {
   if (!cuda_available(&why)) GTEST_SKIP() << "no cuda backend here: " << why;
   Dir d("cuda-gpu-optimizer");
   const std::string data = write_file(d.p / "corpus.txt", corpus(2000));
+  // Parameters on the GPU and CPU Adam over pinned states, clipping: the reference of both loops.
+  auto cpu_adam = [&](int stage, bool bf16, bool speculative) {
+    Config c = config(d, data, small_shape(), 10);
+    c.strata.backend = Backend::Cuda;
+    c.zero.stage = stage;
+    c.zero.offload_param.device = OffloadDevice::None;
+    c.zero.offload_optimizer.device = OffloadDevice::Cpu;
+    c.bf16 = bf16;
+    c.gradient_clipping = 1.85f;
+    c.strata.speculative_optimizer = speculative;
+    return c;
+  };
   for (int stage : {3, 1})
     for (bool bf16 : {false, true})
       for (bool speculative : {false, true}) {
         const std::string label = "stage " + std::to_string(stage) + (bf16 ? ", bf16" : ", fp32") +
                                   (speculative ? ", speculative" : "");
         SCOPED_TRACE(label);
-        Config cpu = config(d, data, small_shape(), 10);
-        cpu.strata.backend = Backend::Cuda;
-        cpu.zero.stage = stage;
-        cpu.zero.offload_param.device = OffloadDevice::None;
-        cpu.zero.offload_optimizer.device = OffloadDevice::Cpu;
-        cpu.bf16 = bf16;
-        cpu.gradient_clipping = 1.85f;
-        cpu.strata.speculative_optimizer = speculative;
+        const Config cpu = cpu_adam(stage, bf16, speculative);
         Config gpu = cpu;
         gpu.zero.offload_optimizer.device = OffloadDevice::None;
         const TrainResult a = train(cpu, quiet());
@@ -688,14 +693,7 @@ TEST(Train, CudaGpuOptimizerMatchesCpuAdam) {
   for (int stage : {3, 1})
     for (bool speculative : {false, true}) {
       SCOPED_TRACE("ratio 0.5, stage " + std::to_string(stage) + (speculative ? ", speculative" : ""));
-      Config cpu = config(d, data, small_shape(), 10);
-      cpu.strata.backend = Backend::Cuda;
-      cpu.zero.stage = stage;
-      cpu.zero.offload_param.device = OffloadDevice::None;
-      cpu.zero.offload_optimizer.device = OffloadDevice::Cpu;
-      cpu.bf16 = true;
-      cpu.gradient_clipping = 1.85f;
-      cpu.strata.speculative_optimizer = speculative;
+      const Config cpu = cpu_adam(stage, true, speculative);
       Config split = cpu;
       split.zero.offload_optimizer.ratio = 0.5f;
       const TrainResult a = train(cpu, quiet());
