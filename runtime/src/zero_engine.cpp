@@ -560,6 +560,7 @@ void ZeroEngine::start_gather(int g, bool ahead) {
   gr.gather_issued = device_.now();
   gr.state = Group::Full::Gathering;
   live_full_bytes_ += gr.persistent ? 0 : gr.padded * wb_;
+  gathering_shard_bytes_ += gr.shard * wb_;
   ++stats_.gathers;
   if (ahead) ++stats_.prefetched;
 }
@@ -577,6 +578,7 @@ void ZeroEngine::wait_gathered(Group& gr) {
     store_->discard(gr.full);
     gr.state = Group::Full::Released;
     live_full_bytes_ -= gr.persistent ? 0 : gr.padded * wb_;
+    gathering_shard_bytes_ -= gr.shard * wb_;
     throw;
   }
   waited(t0, "wait params", &gr);
@@ -584,6 +586,7 @@ void ZeroEngine::wait_gathered(Group& gr) {
     r->record("gather", "all_gather " + gr.spec.name, gr.gather_issued, device_.now());
   store_->release(gr.pshard, Tier::Device);
   store_->release(gr.full, Tier::Device, Access::Write);
+  gathering_shard_bytes_ -= gr.shard * wb_;
   gr.state = Group::Full::Ready;
 }
 
@@ -600,7 +603,9 @@ uint64_t ZeroEngine::reuse_distance(int g, size_t pos) const {
 void ZeroEngine::prefetch_after(size_t pos) {
   if (!opts_.prefetch || departed_) return;
   uint64_t window = 0;
-  uint64_t passing = 0;  // shards of persistent groups this call starts, on the device until gathered
+  // Every gather in flight holds its parameter shard on the device until it lands; the
+  // working set holds one (the group gathered on demand), the others take prefetch room.
+  const uint64_t shard_in_working = layout_.max_shard * wb_;
   for (size_t q = pos + 1; q < schedule_.size(); ++q) {
     int h = schedule_[q];
     Group& hg = groups_[h];
@@ -608,14 +613,13 @@ void ZeroEngine::prefetch_after(size_t pos) {
     if (window > opts_.prefetch_bucket_elems) break;
     if (hg.state != Group::Full::Released) continue;
     // A persistent group's buffer is counted among the homes, but its first gather still
-    // passes its shard through the device: only with room for that (the working set holds
-    // one group's, the one gathered on demand).
+    // passes its shard through the device.
     const uint64_t bytes = hg.persistent ? 0 : hg.padded * wb_;
-    const uint64_t shard = hg.persistent ? hg.shard * wb_ : 0;
+    const uint64_t shards = gathering_shard_bytes_ + hg.shard * wb_;
+    const uint64_t passing = shards > shard_in_working ? shards - shard_in_working : 0;
     // Decided from sizes and the schedule alone, so every rank gathers in the same order.
-    if (live_full_bytes_ + passing + bytes + shard > prefetch_room_) break;
+    if (live_full_bytes_ + passing + bytes > prefetch_room_) break;
     if ((live_full_bytes_ + bytes) / wb_ > opts_.max_live_elems) break;
-    passing += shard;
     start_gather(h, true);
   }
 }

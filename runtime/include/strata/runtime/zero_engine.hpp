@@ -362,6 +362,7 @@ class ZeroEngine final : public WeightSource {
   size_t pos_ = 0;               // index of the next acquire in schedule_
   int micro_ = -1;               // index of the current micro-step; -1 before the first
   uint64_t live_full_bytes_ = 0; // gathered parameters alive, bytes (persistent ones excluded)
+  uint64_t gathering_shard_bytes_ = 0;  // parameter shards on the device for gathers in flight
   uint64_t prefetch_room_ = 0;   // device bytes that gathered parameters may use
   bool keep_grads_ = false;      // accumulating gradients stay on the device between micro-steps
   int64_t step_count_ = 0;
