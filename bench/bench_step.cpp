@@ -36,6 +36,7 @@
 #include "strata/core/device.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/safe_io.hpp"
+#include "strata/core/trace.hpp"
 #include "strata/model/gpt.hpp"
 #include "strata/runtime/train.hpp"
 #include "strata/runtime/zero_engine.hpp"
@@ -85,6 +86,7 @@ struct Setup {
   double ratio = 1.0;                  // offload_optimizer.ratio: below 1, that share on the CPU, the rest on the GPU
   bool cpu_checkpointing = false;      // activation_checkpointing.cpu_checkpointing
   bool torch = false;                  // the PyTorch reference: no engine, it times its own step
+  bool traced = false;                 // its engine writes --trace
   std::unique_ptr<ZeroEngine> engine;
   GptModel* model = nullptr;
   std::vector<double> seconds, exposed, optimizer, nvme_read, nvme_written;
@@ -270,11 +272,16 @@ int run_step(const StepArgs& a) {
     models.push_back(make_gpt(backend, a.shape,
                               {a.micro_batch, a.checkpointing ? ActivationCheckpointing::PerBlock : ActivationCheckpointing::None, p,
                                a.checkpointing}));
+  // The traced engine's recorder is the process's active one from its construction on;
+  // the other configurations' steps, run in between, are kept out of it.
+  trace::Recorder* recorder = nullptr;
   for (Setup& s : setups) {
     if (s.torch) continue;
     progress.show("building " + s.label);
-    s.engine = std::make_unique<ZeroEngine>(*device, dev_comm, *comm,
-                                            options(s.nvme, s.precision, s.speculative, s.gpu_optimizer, s.ratio, s.cpu_checkpointing), specs);
+    const EngineOptions o = options(s.nvme, s.precision, s.speculative, s.gpu_optimizer, s.ratio, s.cpu_checkpointing);
+    s.traced = !o.trace_path.empty();
+    s.engine = std::make_unique<ZeroEngine>(*device, dev_comm, *comm, o, specs);
+    if (s.traced) recorder = trace::active();
     s.engine->set_schedule(gpt_schedule(a.shape));
     s.model = models[s.precision == precisions.front() ? 0 : 1].get();
   }
@@ -294,6 +301,7 @@ int run_step(const StepArgs& a) {
         if (r >= a.warmup) s.seconds.push_back(got["seconds"].get<double>());
         continue;
       }
+      trace::set_active(s.traced ? recorder : nullptr);
       const EngineStats before = s.engine->stats();
       const double t0 = steady_seconds();
       for (int m = 0; m < a.accum; ++m) {
@@ -313,6 +321,7 @@ int run_step(const StepArgs& a) {
       s.nvme_read.push_back(static_cast<double>(nvme_bytes(after.store, true) - nvme_bytes(before.store, true)));
       s.nvme_written.push_back(static_cast<double>(nvme_bytes(after.store, false) - nvme_bytes(before.store, false)));
     }
+  trace::set_active(recorder);  // as the traced engine left it: it hands the outer one back when it goes
   progress.done();
 
   Report rep;

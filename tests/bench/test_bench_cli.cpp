@@ -231,3 +231,29 @@ TEST(BenchStep, Bf16BesideFp32WithLayoutBytesOnNvme) {
   }
   for (const auto& e : fs::directory_iterator(dir.path)) EXPECT_EQ(e.path(), out) << "left behind: " << e.path();
 }
+
+// `bench step --trace` holds the one traced configuration's steps (NVMe, speculative
+// here), not those of the configurations run in between: every engine of the run is
+// alive at once and the traced one's recorder is the process's (it once took them all).
+TEST(BenchStep, TraceHoldsOneConfigurationsSteps) {
+  Scratch dir;
+  const fs::path trace = dir.path / "t.json";
+  Result r = run("bench step --layers 2 --d-model 64 --heads 4 --seq 32 --vocab 256 --micro-batch 2 --accum 1 "
+                 "--reps 2 --warmup 1 --speculative --no-torch --device-budget 8M --pinned-budget 8M --dir " +
+                 dir.path.string() + " --trace " + trace.string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  const json doc = json::parse(slurp(trace));
+  int gathers = 0, lane = 0;
+  for (const json& e : doc.at("traceEvents")) {
+    if (e.value("ph", "") != "X") continue;
+    gathers += e.at("cat") == "gather";
+    lane += e.at("cat") == "optimizer lane";
+  }
+  // 3 steps (one warm-up) of one configuration: 4 groups, each gathered at most twice a
+  // step (forward, backward); the four configurations together gather about 4x that.
+  EXPECT_GT(gathers, 0);
+  EXPECT_LE(gathers, 3 * 2 * 4) << "other configurations' steps are in the trace";
+  EXPECT_GT(lane, 0) << "the traced configuration is the speculative one";
+  fs::remove(trace);
+  for (const auto& e : fs::directory_iterator(dir.path)) ADD_FAILURE() << "left behind: " << e.path();
+}
