@@ -52,6 +52,8 @@ std::vector<Candidate> search(const GptShape& model, const ClusterSpec& cluster,
                   } catch (const ConfigError&) {
                     break;  // a tile factor that does not divide this model's linears
                   }
+                  // As planned: checkpoints asked for in pinned memory go to NVMe where it is short.
+                  c.strategy = c.plan.strategy;
                   const bool fits = c.plan.fits;
                   // A shallower look-ahead can fit only where the device alone is short,
                   // by no more than the look-ahead's bytes.
