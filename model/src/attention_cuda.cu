@@ -464,34 +464,9 @@ int tile_or_throw(int head_dim) {
 
 // ---- The Gemm path ----
 
-// The cap on the Gemm path's scratch, bytes: the [T, T] scores of 16 heads at 1024 tokens
-// in 16 bits (12 bytes a score) fit in 192 MiB, so a 1.1B GPT's micro-batch item is one
-// unit. The scratch is counted in the model's activation bytes.
-constexpr uint64_t kGemmScratchCap = 256ull << 20;
 constexpr int kRowsPerBlock = kThreads / 32;  // softmax kernels: one warp per score row
 
-// How the Gemm path cuts its work into units under a scratch of some size.
-struct GemmPlan {
-  int heads;        // heads per unit
-  int rows;         // query rows per unit: T, or fewer where one head's scores exceed the scratch
-  long ld;          // elements per score row: T rounded up to 8 (16-byte rows for the tensor cores)
-  long block;       // elements per score buffer: heads x rows x ld
-  int score_bytes;  // bytes per score over the buffers: S, dP fp32; in 16 bits also P, dS
-
-  uint64_t bytes() const { return static_cast<uint64_t>(block) * score_bytes; }
-};
-
-GemmPlan gemm_plan(int T, int H, DType t, uint64_t scratch_bytes) {
-  GemmPlan p{};
-  p.ld = (T + 7L) / 8 * 8;
-  p.score_bytes = t == DType::F32 ? 8 : 12;
-  // At least one row, should the cap not hold one (a T of millions).
-  const long rows = std::max<long>(1, static_cast<long>(scratch_bytes / (static_cast<uint64_t>(p.ld) * p.score_bytes)));
-  p.heads = rows >= T ? static_cast<int>(std::min<long>(H, rows / T)) : 1;
-  p.rows = rows >= T ? T : static_cast<int>(rows);
-  p.block = static_cast<long>(p.heads) * p.rows * p.ld;
-  return p;
-}
+using GemmPlan = AttentionGemmPlan;  // strata/model/attention_plan.hpp
 
 __device__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -577,7 +552,7 @@ GemmPlan checked_plan(const AttentionPath& path, int T, int H, DType t, cudaStre
   cudaStream_t hs = nullptr;
   STRATA_CHECK_CUBLAS(cublasGetStream(path.blas, &hs));
   STRATA_CHECK(hs == s, "the Gemm attention path's cuBLAS handle is not on the launch stream");
-  const GemmPlan p = gemm_plan(T, H, t, path.scratch_bytes);
+  const GemmPlan p = attention_gemm_plan(T, H, t, path.scratch_bytes);
   STRATA_CHECK(p.bytes() <= path.scratch_bytes,
                "attention scratch of " + std::to_string(path.scratch_bytes) + " bytes holds no row of " +
                    std::to_string(T) + " scores");
@@ -690,7 +665,6 @@ AttentionKernels attention_kernels_from_env() {
                     ": the cuda attention kernels are \"gemm\" (cuBLAS, the default) or \"flash\"");
 }
 
-uint64_t attention_gemm_scratch_bytes(int T, int H, DType t) { return gemm_plan(T, H, t, kGemmScratchCap).bytes(); }
 
 void attention_forward(const void* qkv, void* out, DType t, float* lse, int B, int T, int d, int H,
                        const AttentionPath& path, cudaStream_t s) {

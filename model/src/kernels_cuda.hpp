@@ -27,6 +27,7 @@
 
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
+#include "strata/model/attention_plan.hpp"
 
 // The same checker core/src/cuda_device.cu generates (identical definition, so one
 // inline function): a failing call aborts naming the call, file, line and rank.
@@ -130,10 +131,9 @@ enum class AttentionKernels {
 // throws ConfigError naming the value.
 AttentionKernels attention_kernels_from_env();
 
-// Device bytes of scratch the Gemm path needs for sequences of up to T tokens and H heads
-// in type t: the scores of as many heads as fit under its cap (256 MiB; one head's query
-// rows in chunks where a head alone exceeds it), whatever the batch. Host-only arithmetic.
-uint64_t attention_gemm_scratch_bytes(int T, int H, DType t);
+// Device bytes of scratch the Gemm path needs: strata::attention_gemm_scratch_bytes
+// (strata/model/attention_plan.hpp, host-only, shared with the planner).
+using strata::attention_gemm_scratch_bytes;
 
 // What the launchers below run on. Gemm needs the caller's cuBLAS handle, already set to
 // the launchers' stream `s` (checked) and to the math mode the caller wants (the model's:

@@ -10,6 +10,7 @@
 
 #include "strata/core/convert.hpp"
 #include "strata/core/error.hpp"
+#include "strata/model/attention_plan.hpp"
 #include "strata/runtime/plan_detail.hpp"
 #include "strata/runtime/train.hpp"
 
@@ -267,6 +268,9 @@ void Planner::count_bytes() {
   p_.lookahead_bytes = lookahead;
   dev.buffers = double(L_.device_working) + lookahead + cl_.device_reserve;
   p_.model_activations = activation_bytes(s_, st_.micro_batch, st_.checkpointing, st_.precision);
+  // On a GPU the cuda model's attention also holds its scratch of [T, T] scores
+  // (strata/model/attention_plan.hpp; up to 256 MiB, whatever the batch).
+  if (!cl_.cpu_backend) p_.model_activations += double(attention_gemm_scratch_bytes(s_.seq_len, s_.heads, st_.precision));
   dev.activations += p_.model_activations;
   // Pinned staging: the optimizer's sub-groups passing through (as the engine reserves
   // it) and parameter shards on their way from NVMe.

@@ -48,6 +48,7 @@
 #include "strata/core/convert.hpp"
 #include "strata/core/device.hpp"
 #include "strata/core/error.hpp"
+#include "strata/model/attention_plan.hpp"
 #include "strata/model/gpt.hpp"
 #include "strata/model/gpt_layout.hpp"
 
@@ -476,6 +477,8 @@ TEST(GptCudaSizes, AttentionScratch) {
   const GptShape small{.layers = 2, .d_model = 128, .heads = 4, .seq_len = 64, .vocab = 256};
   EXPECT_EQ(extra(small, DType::F32), 4ull * 64 * 64 * 8);
   EXPECT_EQ(extra(small, DType::BF16), 4ull * 64 * 64 * 12);
+  // What the planner counts on a GPU (strata/model/attention_plan.hpp) is what the model takes.
+  EXPECT_EQ(extra(small, DType::BF16), attention_gemm_scratch_bytes(64, 4, DType::BF16));
   // 8192 tokens: one head's scores alone (768 MiB) exceed the cap; its query rows are cut.
   const GptShape long_seq{.layers = 1, .d_model = 128, .heads = 4, .seq_len = 8192, .vocab = 256};
   const uint64_t cap = 256ull << 20;

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "strata/core/error.hpp"
+#include "strata/model/attention_plan.hpp"
 #include "strata/runtime/plan.hpp"
 #include "strata/runtime/plan_detail.hpp"
 #include "strata/runtime/train.hpp"
@@ -442,6 +443,25 @@ TEST(Plan, SixteenBitTierBytesAreTheEnginesToTheByte) {
           expect_in_budget(p, r, st.describe().c_str());
         }
       }
+}
+
+// On a GPU the cuda model's attention holds a scratch of [T, T] scores beside the
+// activations (up to 256 MiB; GptCudaSizes.AttentionScratch checks the model takes the
+// same bytes): the plan counts it there, and not on the cpu backend, which has none.
+TEST(Plan, AGpuCountsTheCudaAttentionScratch) {
+  GptShape s = find_model_preset("gpt-13b").shape;
+  s.seq_len = 2048;
+  ClusterSpec gpu = find_cluster_preset("dgx-h100"), cpu = gpu;
+  cpu.cpu_backend = true;
+  for (DType p : {DType::F32, DType::BF16}) {
+    Strategy st = strategy(3, OffloadDevice::Cpu, OffloadDevice::Cpu, 1);
+    st.precision = p;
+    const Plan a = make_plan(s, gpu, st), b = make_plan(s, cpu, st);
+    const uint64_t scratch = attention_gemm_scratch_bytes(2048, s.heads, p);
+    EXPECT_GT(scratch, 100ull << 20) << "2048 tokens: at least a few heads' scores";
+    EXPECT_DOUBLE_EQ(a.model_activations - b.model_activations, double(scratch)) << to_string(p);
+    EXPECT_DOUBLE_EQ(b.model_activations, activation_bytes(s, 1, true, p)) << to_string(p);
+  }
 }
 
 TEST(Plan, ActivationsShrinkWithCheckpointingAndGrowWithTheMicroBatch) {
