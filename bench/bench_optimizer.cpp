@@ -6,7 +6,8 @@
 // CpuAdam reads 16-bit gradients or writes a 16-bit copy), one torch.optim.Adam step with
 // foreach=False and one with foreach=True (DeepSpeed and torch in a PyTorch process that
 // stays up for the whole run, bench/ref/torch_adam.py, which times its own steps), and one
-// triad pass a[i] = b[i] + s*c[i] over doubles with the same number of threads.
+// triad pass a[i] = b[i] + s*c[i] over doubles with the same number of threads, and one
+// pass that moves CpuAdam's bytes over its arrays with no arithmetic (adam_bytes_*).
 // Interleaving keeps slow drifts of the machine (other tenants, frequency) from favouring
 // one of them.
 //
@@ -155,6 +156,51 @@ void triad_range_streaming(double* a, const double* b, const double* c, double s
 #endif
 }
 
+// Adam's memory traffic without its arithmetic, over CpuAdam's own arrays: reads p, g, m
+// and v, writes p, m, v (and the 16-bit copy), each value written back unchanged (z is 0
+// at run time, which the compiler cannot know): what an in-place Adam over these arrays
+// costs when its arithmetic is free. Where CpuAdam runs at this pass's speed, the step is
+// bound by memory, and only fewer bytes would make any CPU Adam faster.
+// Vectorised at the widest ISA the CPU has (CpuAdam's kernels use AVX-512 where there is
+// one, and on a core of this VM the vector width moves the bandwidth one thread reaches);
+// the build's -O2 would leave the loops scalar on GCC 12.
+#define STRATA_ADAM_BYTES_ATTRS \
+  [[gnu::target_clones("avx512f", "avx2", "default"), gnu::optimize("tree-vectorize", "vect-cost-model=dynamic")]]
+STRATA_ADAM_BYTES_ATTRS void adam_bytes_f32(float* __restrict p, const float* __restrict g, float* __restrict m,
+                                            float* __restrict v, float z, size_t begin, size_t end) {
+  for (size_t i = begin; i < end; ++i) {
+    const float gi = z * g[i];
+    p[i] += gi, m[i] += gi, v[i] += gi;
+  }
+}
+// 16-bit gradients (read as their bits: z is 0) and, when half is given, the 16-bit copy.
+STRATA_ADAM_BYTES_ATTRS void adam_bytes_16(float* __restrict p, const uint16_t* __restrict g, float* __restrict m,
+                                           float* __restrict v, uint16_t* __restrict half, float z, size_t begin,
+                                           size_t end) {
+  if (half)
+    for (size_t i = begin; i < end; ++i) {
+      const float gi = z * static_cast<float>(g[i]);
+      p[i] += gi, m[i] += gi, v[i] += gi;
+      half[i] = static_cast<uint16_t>(std::bit_cast<uint32_t>(p[i]) >> 16);
+    }
+  else
+    for (size_t i = begin; i < end; ++i) {
+      const float gi = z * static_cast<float>(g[i]);
+      p[i] += gi, m[i] += gi, v[i] += gi;
+    }
+}
+// fp32 gradients with a 16-bit copy.
+STRATA_ADAM_BYTES_ATTRS void adam_bytes_f32_half(float* __restrict p, const float* __restrict g, float* __restrict m,
+                                                 float* __restrict v, uint16_t* __restrict half, float z, size_t begin,
+                                                 size_t end) {
+  for (size_t i = begin; i < end; ++i) {
+    const float gi = z * g[i];
+    p[i] += gi, m[i] += gi, v[i] += gi;
+    half[i] = static_cast<uint16_t>(std::bit_cast<uint32_t>(p[i]) >> 16);
+  }
+}
+#undef STRATA_ADAM_BYTES_ATTRS
+
 // DeepSpeed's weights and gradients: bf16 when CpuAdam runs its 16-bit path (16-bit
 // gradients or a 16-bit copy), else fp32. DeepSpeedCPUAdam has no fp32-master-with-copy
 // mode; its 16-bit mode keeps bf16 weights and fp32 moments (22 bytes per parameter). The
@@ -255,7 +301,7 @@ AdamConfig adam_config(const OptimizerOptions& o) {
 
 // The seconds of one round, one pass of each contender.
 struct RoundSeconds {
-  double strata = 0, triad = 0, triad_streaming = 0;
+  double strata = 0, triad = 0, triad_streaming = 0, adam_bytes = 0;
   double torch_default = 0, torch_foreach = 0;  // with the PyTorch reference only
   double deepspeed = 0;                         // with DeepSpeed's op only
   double deepspeed_offload = 0;                 // and CpuAdam's 16-bit path
@@ -329,6 +375,18 @@ class Contenders {
       triad_range_streaming(ta_.as<double>(), tb_.as<double>(), tc_.as<double>(), 3.0, b, e);
     });
     r.triad_streaming = seconds_since(start);
+    start = std::chrono::steady_clock::now();
+    parallel_parts(n_, threads_, [&](size_t b, size_t e) {
+      auto* half = static_cast<uint16_t*>(half_copy());
+      const float z = zero_;
+      if (grad_ != DType::F32)
+        adam_bytes_16(params(), static_cast<const uint16_t*>(grads()), exp_avg(), exp_avg_sq(), half, z, b, e);
+      else if (half)
+        adam_bytes_f32_half(params(), static_cast<const float*>(grads()), exp_avg(), exp_avg_sq(), half, z, b, e);
+      else
+        adam_bytes_f32(params(), static_cast<const float*>(grads()), exp_avg(), exp_avg_sq(), z, b, e);
+    });
+    r.adam_bytes = seconds_since(start);
     return r;
   }
 
@@ -352,6 +410,7 @@ class Contenders {
   HostBuffer ta_, tb_, tc_;                // [triad_n_] fp64
   std::unique_ptr<TorchAdam> torch_;
   int64_t step_ = 0;
+  volatile float zero_ = 0.0f;  // adam_bytes_range's z: 0, unknown to the compiler
 };
 
 // DeepSpeedCPUAdam's bytes per parameter: fp32 like Strata's 28; bf16 weights and
@@ -364,8 +423,8 @@ double deepspeed_offload_bytes_per_param(DType grad, HalfKind half) {
   return kAdamBytesPerParam + (grad != DType::F32 ? 6.0 : 0.0) + (half != HalfKind::None ? 6.0 : 0.0);
 }
 
-// One series per contender: strata, the two triads, then PyTorch's two Adams, then
-// DeepSpeed's when its op loaded.
+// One series per contender: strata, the two triads, Adam's bytes alone, then PyTorch's
+// two Adams, then DeepSpeed's when its op loaded.
 std::vector<Series> make_series(const Contenders& c, AdamVariant variant) {
   const double n = static_cast<double>(c.params());
   const double adam_bytes = n * adam_bytes_per_param(c.grad(), c.half());
@@ -375,7 +434,8 @@ std::vector<Series> make_series(const Contenders& c, AdamVariant variant) {
       std::string("strata CpuAdam (") + to_string(c.isa()) + grads + (c.prefetch() == CpuPrefetch::L1 ? ", prefetch" : "") + ")";
   std::vector<Series> series = {{strata_name, adam_bytes, n, {}},
                                 {"STREAM triad", triad_bytes, 0, {}},
-                                {"STREAM triad, streaming stores", triad_bytes, 0, {}}};
+                                {"STREAM triad, streaming stores", triad_bytes, 0, {}},
+                                {"Adam's bytes, no arithmetic", adam_bytes, n, {}}};
   if (c.torch()) {
     const std::string cls = variant == AdamVariant::AdamW ? "AdamW" : "Adam";
     series.push_back({"torch " + cls + " (foreach=False)", n * kAdamBytesPerParam, n, {}});
@@ -398,12 +458,13 @@ void record(std::vector<Series>& series, const RoundSeconds& r) {
   series[0].seconds.push_back(r.strata);
   series[1].seconds.push_back(r.triad);
   series[2].seconds.push_back(r.triad_streaming);
-  if (series.size() > 3) {
-    series[3].seconds.push_back(r.torch_default);
-    series[4].seconds.push_back(r.torch_foreach);
+  series[3].seconds.push_back(r.adam_bytes);
+  if (series.size() > 4) {
+    series[4].seconds.push_back(r.torch_default);
+    series[5].seconds.push_back(r.torch_foreach);
   }
-  if (series.size() > 5) series[5].seconds.push_back(r.deepspeed);
-  if (series.size() > 6) series[6].seconds.push_back(r.deepspeed_offload);
+  if (series.size() > 6) series[6].seconds.push_back(r.deepspeed);
+  if (series.size() > 7) series[7].seconds.push_back(r.deepspeed_offload);
 }
 
 // What the human report says about DeepSpeed: how its result compared with torch.optim,
@@ -450,16 +511,19 @@ void print_optimizer_table(std::FILE* out, const std::vector<Series>& series, co
   }
   std::fprintf(out, "strata / triad bandwidth: %.2f (plain stores), %.2f (streaming stores)\n",
                series[0].gbps() / series[1].gbps(), series[0].gbps() / series[2].gbps());
-  if (series.size() > 3)
+  std::fprintf(out, "strata / Adam's bytes with no arithmetic: %.2f (params/s; near 1 where the step is bound by "
+               "memory, not arithmetic)\n", series[0].params_per_s() / series[3].params_per_s());
+  if (series.size() > 4)
     std::fprintf(out, "strata / torch: %.2fx (foreach=False), %.2fx (foreach=True)\n",
-                 series[3].median() / series[0].median(), series[4].median() / series[0].median());
-  if (series.size() > 5)
-    std::fprintf(out, "strata / DeepSpeedCPUAdam: %.2fx (params/s)\n", series[0].params_per_s() / series[5].params_per_s());
+                 series[4].median() / series[0].median(), series[5].median() / series[0].median());
   if (series.size() > 6)
+    std::fprintf(out, "strata / DeepSpeedCPUAdam: %.2fx (params/s); DeepSpeedCPUAdam / Adam's bytes with no arithmetic: "
+                 "%.2f (bytes/s)\n", series[0].params_per_s() / series[6].params_per_s(), series[6].gbps() / series[3].gbps());
+  if (series.size() > 7)
     std::fprintf(out,
                  "strata / DeepSpeed ZeRO-Offload step (the same work: fp32 masters and moments, 16-bit gradient in "
                  "and copy out): %.2fx (params/s)\n",
-                 series[0].params_per_s() / series[6].params_per_s());
+                 series[0].params_per_s() / series[7].params_per_s());
   if (!ds_note.empty()) std::fprintf(out, "%s\n", ds_note.c_str());
 }
 
@@ -472,13 +536,17 @@ Report optimizer_report(const OptimizerOptions& o, const Contenders& c, unsigned
   nlohmann::json ratios;
   ratios["strata_over_triad_bandwidth"] = series[0].gbps() / series[1].gbps();
   ratios["strata_over_triad_streaming_bandwidth"] = series[0].gbps() / series[2].gbps();
+  ratios["strata_over_adam_bytes_params_per_s"] = series[0].params_per_s() / series[3].params_per_s();
   if (torch) {
-    ratios["strata_over_torch_default"] = series[3].median() / series[0].median();
-    ratios["strata_over_torch_foreach"] = series[4].median() / series[0].median();
+    ratios["strata_over_torch_default"] = series[4].median() / series[0].median();
+    ratios["strata_over_torch_foreach"] = series[5].median() / series[0].median();
   }
-  if (series.size() > 5) ratios["strata_over_deepspeed_params_per_s"] = series[0].params_per_s() / series[5].params_per_s();
-  if (series.size() > 6)
-    ratios["strata_over_deepspeed_offload_params_per_s"] = series[0].params_per_s() / series[6].params_per_s();
+  if (series.size() > 6) {
+    ratios["strata_over_deepspeed_params_per_s"] = series[0].params_per_s() / series[6].params_per_s();
+    ratios["deepspeed_over_adam_bytes_bandwidth"] = series[6].gbps() / series[3].gbps();
+  }
+  if (series.size() > 7)
+    ratios["strata_over_deepspeed_offload_params_per_s"] = series[0].params_per_s() / series[7].params_per_s();
   Report report;
   report.benchmark = "optimizer";
   report.command = command;

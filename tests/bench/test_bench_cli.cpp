@@ -257,3 +257,20 @@ TEST(BenchStep, TraceHoldsOneConfigurationsSteps) {
   fs::remove(trace);
   for (const auto& e : fs::directory_iterator(dir.path)) ADD_FAILURE() << "left behind: " << e.path();
 }
+
+// `bench optimizer` times Adam's bytes with no arithmetic beside CpuAdam (the ceiling of
+// any CPU Adam over the same arrays), in fp32 and on the 16-bit path; ratios, not speeds.
+TEST(BenchOptimizer, AdamsBytesWithoutArithmeticBesideCpuAdam) {
+  Scratch dir;
+  for (const std::string extra : {"", " --grad bf16 --half bf16"}) {
+    const fs::path out = dir.path / "o.json";
+    Result r = run("bench optimizer --no-torch --params 100000 --reps 2 --json " + out.string() + extra);
+    ASSERT_EQ(r.status, 0) << r.out;
+    const json doc = json::parse(slurp(out));
+    const json& res = doc.at("results");
+    ASSERT_TRUE(res.contains("Adam's bytes, no arithmetic")) << res.dump();
+    EXPECT_GT(res.at("Adam's bytes, no arithmetic").at("params_per_s").get<double>(), 0) << extra;
+    EXPECT_GT(doc.at("ratios").at("strata_over_adam_bytes_params_per_s").get<double>(), 0) << extra;
+    fs::remove(out);
+  }
+}
