@@ -7,7 +7,7 @@
 // foreach=False and one with foreach=True (DeepSpeed and torch in a PyTorch process that
 // stays up for the whole run, bench/ref/torch_adam.py, which times its own steps), and one
 // triad pass a[i] = b[i] + s*c[i] over doubles with the same number of threads, and one
-// pass that moves CpuAdam's bytes over its arrays with no arithmetic (adam_bytes_*).
+// pass that moves CpuAdam's bytes over its arrays with no arithmetic (adam_bytes).
 // Interleaving keeps slow drifts of the machine (other tenants, frequency) from favouring
 // one of them.
 //
@@ -164,19 +164,13 @@ void triad_range_streaming(double* a, const double* b, const double* c, double s
 // Vectorised at the widest ISA the CPU has (CpuAdam's kernels use AVX-512 where there is
 // one, and on a core of this VM the vector width moves the bandwidth one thread reaches);
 // the build's -O2 would leave the loops scalar on GCC 12.
-#define STRATA_ADAM_BYTES_ATTRS \
-  [[gnu::target_clones("avx512f", "avx2", "default"), gnu::optimize("tree-vectorize", "vect-cost-model=dynamic")]]
-STRATA_ADAM_BYTES_ATTRS void adam_bytes_f32(float* __restrict p, const float* __restrict g, float* __restrict m,
-                                            float* __restrict v, float z, size_t begin, size_t end) {
-  for (size_t i = begin; i < end; ++i) {
-    const float gi = z * g[i];
-    p[i] += gi, m[i] += gi, v[i] += gi;
-  }
-}
-// 16-bit gradients (read as their bits: z is 0) and, when half is given, the 16-bit copy.
-STRATA_ADAM_BYTES_ATTRS void adam_bytes_16(float* __restrict p, const uint16_t* __restrict g, float* __restrict m,
-                                           float* __restrict v, uint16_t* __restrict half, float z, size_t begin,
-                                           size_t end) {
+// G: fp32 gradients, or 16-bit ones read as their bits (z is 0); the 16-bit copy is
+// written where half is given.
+template <class G>
+[[gnu::target_clones("avx512f", "avx2", "default"), gnu::optimize("tree-vectorize", "vect-cost-model=dynamic")]]
+void adam_bytes(float* __restrict p, const G* __restrict g, float* __restrict m,
+                                        float* __restrict v, uint16_t* __restrict half, float z, size_t begin,
+                                        size_t end) {
   if (half)
     for (size_t i = begin; i < end; ++i) {
       const float gi = z * static_cast<float>(g[i]);
@@ -189,17 +183,6 @@ STRATA_ADAM_BYTES_ATTRS void adam_bytes_16(float* __restrict p, const uint16_t* 
       p[i] += gi, m[i] += gi, v[i] += gi;
     }
 }
-// fp32 gradients with a 16-bit copy.
-STRATA_ADAM_BYTES_ATTRS void adam_bytes_f32_half(float* __restrict p, const float* __restrict g, float* __restrict m,
-                                                 float* __restrict v, uint16_t* __restrict half, float z, size_t begin,
-                                                 size_t end) {
-  for (size_t i = begin; i < end; ++i) {
-    const float gi = z * g[i];
-    p[i] += gi, m[i] += gi, v[i] += gi;
-    half[i] = static_cast<uint16_t>(std::bit_cast<uint32_t>(p[i]) >> 16);
-  }
-}
-#undef STRATA_ADAM_BYTES_ATTRS
 
 // DeepSpeed's weights and gradients: bf16 when CpuAdam runs its 16-bit path (16-bit
 // gradients or a 16-bit copy), else fp32. DeepSpeedCPUAdam has no fp32-master-with-copy
@@ -380,11 +363,9 @@ class Contenders {
       auto* half = static_cast<uint16_t*>(half_copy());
       const float z = zero_;
       if (grad_ != DType::F32)
-        adam_bytes_16(params(), static_cast<const uint16_t*>(grads()), exp_avg(), exp_avg_sq(), half, z, b, e);
-      else if (half)
-        adam_bytes_f32_half(params(), static_cast<const float*>(grads()), exp_avg(), exp_avg_sq(), half, z, b, e);
+        adam_bytes(params(), static_cast<const uint16_t*>(grads()), exp_avg(), exp_avg_sq(), half, z, b, e);
       else
-        adam_bytes_f32(params(), static_cast<const float*>(grads()), exp_avg(), exp_avg_sq(), z, b, e);
+        adam_bytes(params(), static_cast<const float*>(grads()), exp_avg(), exp_avg_sq(), half, z, b, e);
     });
     r.adam_bytes = seconds_since(start);
     return r;
@@ -410,7 +391,7 @@ class Contenders {
   HostBuffer ta_, tb_, tc_;                // [triad_n_] fp64
   std::unique_ptr<TorchAdam> torch_;
   int64_t step_ = 0;
-  volatile float zero_ = 0.0f;  // adam_bytes_range's z: 0, unknown to the compiler
+  volatile float zero_ = 0.0f;  // adam_bytes's z: 0, unknown to the compiler
 };
 
 // DeepSpeedCPUAdam's bytes per parameter: fp32 like Strata's 28; bf16 weights and
