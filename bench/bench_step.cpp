@@ -89,7 +89,7 @@ struct Setup {
   bool traced = false;                 // its engine writes --trace
   std::unique_ptr<ZeroEngine> engine;
   GptModel* model = nullptr;
-  std::vector<double> seconds, exposed, optimizer, nvme_read, nvme_written;
+  std::vector<double> seconds, exposed, optimizer, nvme_read, nvme_written, cpu;
 };
 
 uint64_t nvme_bytes(const StoreStats& st, bool read) {
@@ -303,7 +303,7 @@ int run_step(const StepArgs& a) {
       }
       trace::set_active(s.traced ? recorder : nullptr);
       const EngineStats before = s.engine->stats();
-      const double t0 = steady_seconds();
+      const double t0 = steady_seconds(), cpu0 = process_cpu_seconds();
       for (int m = 0; m < a.accum; ++m) {
         for (size_t i = 0; i < n; ++i) x[i] = static_cast<int32_t>(rng() % a.shape.vocab);
         for (size_t i = 0; i < n; ++i) y[i] = static_cast<int32_t>(rng() % a.shape.vocab);
@@ -311,10 +311,11 @@ int run_step(const StepArgs& a) {
         s.model->forward_backward(*s.engine, x.data(), y.data(), static_cast<float>(s.engine->loss_scale()));
       }
       s.engine->step();
-      const double dt = steady_seconds() - t0;
+      const double dt = steady_seconds() - t0, cpu = process_cpu_seconds() - cpu0;
       const EngineStats after = s.engine->stats();
       if (r < a.warmup) continue;
       s.seconds.push_back(dt);
+      s.cpu.push_back(cpu);
       s.exposed.push_back(after.exposed_wait_s - before.exposed_wait_s + after.optimizer_wait_s +
                           after.speculation_wait_s);
       s.optimizer.push_back(after.optimizer_s);
@@ -346,7 +347,7 @@ int run_step(const StepArgs& a) {
   rep.table.columns = {{"label", "configuration", ""},       {"step_median_s", "step s", "%.3f"},
                        {"spread", "spread", "%.2f"},          {"tokens_per_s", "tokens/s", "%.0f"},
                        {"mfu", "MFU", "%.3f"},                {"exposed_transfer_s", "exposed s", "%.3f"},
-                       {"optimizer_s", "optimizer s", "%.3f"}};
+                       {"optimizer_s", "optimizer s", "%.3f"},  {"cpu_s", "CPU s", "%.2f"}};
   if (a.nvme) {
     rep.table.columns.push_back({"nvme_read_mib", "NVMe read MiB", "%.0f"});
     rep.table.columns.push_back({"nvme_written_mib", "NVMe written MiB", "%.0f"});
@@ -383,6 +384,7 @@ int run_step(const StepArgs& a) {
       row["exposed_transfer_s"] = e.median;
       row["compute_s"] = t.median - e.median;
       row["optimizer_s"] = o.median;
+      row["cpu_s"] = summarize(s.cpu).median;
       row["reference_s"] = ref;
       row["ratio_to_memory"] = t.median / ref;
       row["nvme_read_mib"] = summarize(s.nvme_read).median / (1 << 20);
@@ -405,6 +407,8 @@ int run_step(const StepArgs& a) {
   rep.notes.push_back(mfu_note + ".");
   rep.notes.push_back("exposed: time the model waited for parameters and gradient buffers, plus the optimizer's wait "
                       "for states from their tier (the speculative updates' during backward too); the rest of the step is compute (model and CPU Adam).");
+  rep.notes.push_back("CPU s: CPU seconds of every thread of the process per step (the copy and I/O threads and the optimizer lane "
+                      "included); against step s times the cores, it says how busy the cores were and what the offloaded step costs them.");
   if (a.cpu_checkpointing) {
     std::string line = "checkpoints in pinned memory (cpu_checkpointing) against on the device, step time:";
     for (int nvme = 0; nvme < (a.nvme ? 2 : 1); ++nvme)

@@ -315,7 +315,8 @@ void TieredStore::finish_move(const std::shared_ptr<Move>& m, std::exception_ptr
   changed_.notify_all();
 }
 
-Event TieredStore::fetch_locked(std::unique_lock<std::mutex>& lock, Record& r, Tier to) {
+Event TieredStore::fetch_locked(std::unique_lock<std::mutex>& lock, Record& r, Tier to, bool* refused) {
+  const bool hint = refused != nullptr;
   if (!has_tier(to)) throw ConfigError("tiered store: no NVMe tier is configured; set strata.nvme_path");
   for (;;) {
     settle(r, to);
@@ -323,8 +324,11 @@ Event TieredStore::fetch_locked(std::unique_lock<std::mutex>& lock, Record& r, T
     if (d.state == Slot::State::Valid) return when_all({d.ready});
     if (d.state == Slot::State::Filling) return d.filling->ev;
     if (!d.allocated()) {
-      allocate_slot(lock, r, to);  // may unlock: look again
-      continue;
+      if (!allocate_slot(lock, r, to, hint)) {  // a hint finding no room
+        *refused = true;
+        return Event();
+      }
+      continue;  // it may have unlocked: look again
     }
     // Pick the nearest source holding (or about to hold) the data.
     std::array<Tier, 2> prefs{Tier::Pinned, Tier::Nvme};
@@ -356,7 +360,8 @@ Event TieredStore::fetch_locked(std::unique_lock<std::mutex>& lock, Record& r, T
       // Make (or start) the pinned copy first, then move it on from there. This must not
       // loop back through source selection: a staging read that fails at once would be
       // retried forever. Its failure is this fetch's failure.
-      Event staged = fetch_locked(lock, r, via);  // may unlock
+      Event staged = fetch_locked(lock, r, via, refused);  // may unlock
+      if (hint && *refused) return Event();
       settle(r, to);
       if (d.state == Slot::State::Valid) return when_all({d.ready});
       if (d.state == Slot::State::Filling) return d.filling->ev;
@@ -372,7 +377,12 @@ Event TieredStore::fetch_locked(std::unique_lock<std::mutex>& lock, Record& r, T
       }
       return start_move(lock, r, via, to);
     }
-    // The I/O engine cannot wait on a copy stream: let the source land first.
+    // The I/O engine cannot wait on a copy stream: let the source land first (a hint
+    // does not wait).
+    if (hint && (from == Tier::Nvme || to == Tier::Nvme) && r.at(from).state == Slot::State::Filling) {
+      *refused = true;
+      return Event();
+    }
     if ((from == Tier::Nvme || to == Tier::Nvme) && wait_while_filling(lock, r, from)) continue;
     return start_move(lock, r, from, to);
   }
@@ -427,24 +437,25 @@ RangeAllocator::Placement TieredStore::placement(const Record& r) {
   return r.spec.scratch ? RangeAllocator::Placement::High : RangeAllocator::Placement::Low;
 }
 
-void TieredStore::allocate_slot(std::unique_lock<std::mutex>& lock, Record& r, Tier t) {
+bool TieredStore::allocate_slot(std::unique_lock<std::mutex>& lock, Record& r, Tier t, bool hint) {
   const uint64_t bytes = r.spec.bytes;
   for (;;) {
     reap_locked();  // frees that are due come first, whichever thread would have made them
     Slot& s = r.at(t);
-    if (s.allocated()) return;
+    if (s.allocated()) return true;
     if (t == Tier::Nvme) {
       Extent e = nvme_->try_allocate(bytes);
       if (e.valid()) {
         s.extent = e;
         s.reuse = nvme_fences_.covering(e.offset, e.bytes);
-        return;
+        return true;
       }
     } else if (void* p = pool(t)->try_allocate(bytes, r.spec.owner, &s.reuse, placement(r))) {
       s.ptr = p;
-      return;
+      return true;
     }
-    if (evict_one(lock, t, r)) continue;
+    if (evict_one(lock, t, r, !hint)) continue;
+    if (hint) return false;
     // Nothing evictable now. Moves in flight will unpin their sources when they finish;
     // wait for one if there are any. Else the room maker may release pins; else no room
     // will appear.
@@ -484,7 +495,7 @@ uint64_t TieredStore::next_use(TensorId id) const {
   return pos.front() + schedule_.size() - position_;  // next step
 }
 
-bool TieredStore::evict_one(std::unique_lock<std::mutex>& lock, Tier t, const Record& for_whom) {
+bool TieredStore::evict_one(std::unique_lock<std::mutex>& lock, Tier t, const Record& for_whom, bool write_back) {
   // Space reserved for a move that never started (its caller failed, or is between
   // steps with the lock released and will look again) is reclaimed first.
   for (auto& [id, up] : records_) {
@@ -505,6 +516,7 @@ bool TieredStore::evict_one(std::unique_lock<std::mutex>& lock, Tier t, const Re
     for (Tier o : kTiers) settle(r, o);  // moves that landed release their sources
     const Slot& s = r.at(t);
     if (s.state != Slot::State::Valid || s.pins > 0 || s.sources > 0) continue;
+    if (!write_back && !valid_elsewhere(r, t)) continue;
     uint64_t nu = by_schedule ? next_use(r.id) : 0;
     bool better = !victim || (by_schedule ? (nu > best_next || (nu == best_next && r.last_use < best_tick))
                                           : r.last_use < best_tick);
@@ -515,10 +527,7 @@ bool TieredStore::evict_one(std::unique_lock<std::mutex>& lock, Tier t, const Re
     }
   }
   if (!victim) return false;
-  bool another_copy = false;
-  for (Tier o : kTiers)
-    if (o != t && victim->at(o).state == Slot::State::Valid) another_copy = true;
-  if (another_copy) {
+  if (valid_elsewhere(*victim, t)) {
     free_slot(*victim, t);
     ++stats_.evictions;
     return true;
@@ -612,6 +621,22 @@ Event TieredStore::fetch(TensorId id, Tier to) {
   Record& r = rec(id);
   r.last_use = ++clock_;
   return fetch_locked(lock, r, to);
+}
+
+bool TieredStore::prefetch(TensorId id, Tier to) {
+  std::unique_lock<std::mutex> lock(mu_);
+  reap_locked();
+  Record& r = rec(id);
+  r.last_use = ++clock_;
+  bool refused = false;
+  fetch_locked(lock, r, to, &refused);
+  return !refused;
+}
+
+bool TieredStore::valid_elsewhere(const Record& r, Tier t) {
+  for (Tier o : kTiers)
+    if (o != t && r.at(o).state == Slot::State::Valid) return true;
+  return false;
 }
 
 Acquired TieredStore::acquire(TensorId id, Tier tier) {

@@ -809,12 +809,15 @@ bool ZeroEngine::step() {
   if (opts_.stage == 1)
     for (Group& gr : groups_)
       if (!gr.reduced) all_reduce_stage1(gr);
-  lane_finish();  // before the validation: what it stepped is speculated like the rest
   const double t0 = device_.now();
   reduce_stream_->synchronize();
   waited(t0, "wait gradient reduction", nullptr);
+  // The norm needs only the reductions: known before the lane is done, it says whether
+  // the speculation commits while the lane still steps the last groups.
   const double norm = global_grad_norm();
   stats_.last_grad_norm = norm;
+  free_dead_kept_grads(norm);
+  lane_finish();  // before the validation: what it stepped is speculated like the rest
   stats_.speculation_wait_s = spec_wait_;
   spec_wait_ = 0;
   micro_ = -1;
@@ -894,19 +897,39 @@ bool ZeroEngine::step() {
   return true;
 }
 
+void ZeroEngine::free_dead_kept_grads(double norm) {
+  if (!opts_.speculative) return;
+  const double coef = opts_.gradient_clipping > 0 ? std::min(1.0, opts_.gradient_clipping / (norm + 1e-6)) : 1.0;
+  // What step() decides below: the speculation commits when the gradient is finite, was
+  // not clipped and the rate is the one speculated with.
+  if (!std::isfinite(norm) || coef != 1.0 || adam_->config().lr != spec_lr_) return;
+  // The gradients kept for a rollback are dead: let them go now, unwritten, so that the
+  // lane's last groups and the states of the groups stepped plainly find room without
+  // writing them home first. Those the lane still reads go at the commit.
+  std::vector<const Chunk*> on_lane;
+  for (const LaneRecord& r : lane_inflight_)
+    if (r.c) on_lane.push_back(r.c);
+  for (Group& gr : groups_)
+    for (Chunk& c : gr.chunks)
+      if (c.speculated && std::find(on_lane.begin(), on_lane.end(), &c) == on_lane.end()) {
+        store_->discard_contents(c.grad);
+        ++stats_.kept_grads_freed_early;
+      }
+}
+
 void ZeroEngine::prefetch_first_states(const Group& gr) {
   const Tier t = opt_compute_tier_;
   if (gr.opt_on_device || t == gr.opt_home) return;  // stepped where they live
   for (const Chunk& c : gr.chunks) {
     if (c.next_master == 0 || c.speculated) continue;  // stepped plainly, or already
     ++stats_.early_state_fetches;
-    try {
-      for (TensorId id : {c.master, c.exp_avg, c.exp_avg_sq}) store_->fetch(id, t);
-    } catch (const OutOfBudget&) {
-      // A hint only: update_on_host fetches them when it steps them. The store is
-      // consistent after a refused placement (what it evicted went home first).
-      ++stats_.early_state_fetches_skipped;
-    }
+    // A hint only (update_on_host fetches them when it steps them): it takes room the
+    // tier has or can free without writing anything home. Making room by writing out
+    // the gradients kept for a rollback would write data that step() most often finds
+    // dead (at the end of backward, with the last group's states).
+    bool placed = true;
+    for (TensorId id : {c.master, c.exp_avg, c.exp_avg_sq}) placed = store_->prefetch(id, t) && placed;
+    if (!placed) ++stats_.early_state_fetches_skipped;
     return;  // the first one; update_on_host fetches each next one while stepping the one before
   }
 }

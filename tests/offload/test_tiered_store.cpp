@@ -191,6 +191,56 @@ TEST(TieredStore, EvictingTheOnlyCopyWritesItHome) {
   expect_version(s, a, Tier::Device, 11);  // and from NVMe again
 }
 
+// prefetch() is a hint: it takes room the tier has, or frees copies that hold nothing new
+// (a valid copy is elsewhere); it never writes the only copy home to make room, and
+// refuses instead, leaving the tiers as they were. fetch() in its place writes it home.
+TEST(TieredStore, PrefetchNeverWritesHomeToMakeRoom) {
+  TempDir dir("hint");
+  auto dev = make_device({});
+  // Pinned holds two 100 KiB tensors (rounded to the pool's grain).
+  TieredStore s(*dev, options(1 << 20, 256 << 10, 4 << 20, dir.path));
+  TensorId kept = s.add({.name = "kept grad", .bytes = 100 << 10, .home = Tier::Nvme});
+  TensorId clean = s.add({.name = "clean", .bytes = 100 << 10, .home = Tier::Nvme});
+  TensorId want = s.add({.name = "states", .bytes = 100 << 10, .home = Tier::Nvme});
+  for (TensorId id : {clean, want}) {
+    write_version(s, id, Tier::Pinned, 3);
+    s.drop(id, Tier::Pinned).wait();  // written home: valid on NVMe only
+  }
+  write_version(s, kept, Tier::Pinned, 7);  // the only valid copy is in pinned memory
+  ASSERT_FALSE(s.is_valid(kept, Tier::Nvme));
+  s.fetch(clean, Tier::Pinned).wait();  // a cache copy: its home holds the same bytes
+  const StoreStats before = s.stats();
+  // Room for `want` means evicting one of them: the clean copy goes, nothing is written.
+  ASSERT_TRUE(s.prefetch(want, Tier::Pinned));
+  expect_version(s, want, Tier::Pinned, 3);
+  EXPECT_FALSE(s.is_valid(clean, Tier::Pinned));
+  EXPECT_TRUE(s.is_valid(kept, Tier::Pinned));
+  StoreStats after = s.stats();
+  EXPECT_EQ(after.writebacks, before.writebacks);
+  EXPECT_EQ(after.bytes_moved[1][2], before.bytes_moved[1][2]) << "a hint wrote to NVMe";
+  // With `want` in use, only the kept gradient could make room, by going home first: the
+  // hint refuses and leaves everything as it was.
+  Acquired in_use = s.acquire(want, Tier::Pinned);
+  in_use.ready.wait();
+  EXPECT_FALSE(s.prefetch(clean, Tier::Pinned));
+  EXPECT_FALSE(s.is_valid(clean, Tier::Pinned));
+  EXPECT_TRUE(s.is_valid(kept, Tier::Pinned));
+  after = s.stats();
+  EXPECT_EQ(after.writebacks, before.writebacks);
+  EXPECT_EQ(after.bytes_moved[1][2], before.bytes_moved[1][2]) << "a refused hint wrote to NVMe";
+  EXPECT_EQ(after.tiers[1].used, before.tiers[1].used) << "a refused hint kept room";
+  // A hint for a copy already there succeeds without moving anything.
+  EXPECT_TRUE(s.prefetch(want, Tier::Pinned));
+  EXPECT_EQ(s.stats().moves, after.moves);
+  // Once the kept gradient is dead it is freed unwritten, and the hint finds its room.
+  s.discard_contents(kept);
+  EXPECT_TRUE(s.prefetch(clean, Tier::Pinned));
+  s.release(want, Tier::Pinned);
+  expect_version(s, clean, Tier::Pinned, 3);
+  expect_version(s, want, Tier::Pinned, 3);
+  EXPECT_EQ(s.stats().bytes_moved[1][2], after.bytes_moved[1][2]) << "dead contents were written to NVMe";
+}
+
 // Dead contents (an optimizer step's gradient) are not written anywhere: every cache copy
 // is freed, nothing moves towards NVMe, the home stays reserved and the tensor is filled
 // again by acquire_for_overwrite. Acquired, it is refused.

@@ -120,6 +120,12 @@ class TieredStore {
 
   // Starts making a valid copy in `to` (no-op when there is one). Does not pin it.
   Event fetch(TensorId id, Tier to);
+  // fetch() as a hint: only into room the tier has, or can make by freeing cache copies
+  // that hold nothing new (a valid copy is elsewhere). It never writes a copy home to
+  // make room, never waits for a move in flight and never asks the room maker: where it
+  // would have to, it places nothing and returns false. Data a later step may find dead
+  // (a gradient kept for a rollback) is then not written out only to be thrown away.
+  bool prefetch(TensorId id, Tier to);
   // Pins a copy in a memory tier (Device or Pinned) against eviction, fetching it if
   // needed. data is valid once ready completes (ready rethrows a failed move); ready
   // also covers moves still reading the copy, so the holder may write it after ready.
@@ -181,13 +187,18 @@ class TieredStore {
   // When a copy's memory is idle: its previous users, its fill and its readers are done.
   // Whoever writes the copy, or reuses its memory once it is freed, waits for this.
   static Event idle(const Slot& s);
+  // Whether r has a valid copy in a tier other than t (its copy in t holds nothing new).
+  static bool valid_elsewhere(const Record& r, Tier t);
   Record& rec(TensorId id);
   const Record& rec(TensorId id) const;
-  Event fetch_locked(std::unique_lock<std::mutex>& lock, Record& r, Tier to);
+  // With `refused` given, prefetch()'s rules: where they place nothing, *refused is set.
+  Event fetch_locked(std::unique_lock<std::mutex>& lock, Record& r, Tier to, bool* refused = nullptr);
   Event start_move(std::unique_lock<std::mutex>& lock, Record& r, Tier from, Tier to);
-  void allocate_slot(std::unique_lock<std::mutex>& lock, Record& r, Tier t);
+  // hint: prefetch()'s rules; false when it found no room under them.
+  bool allocate_slot(std::unique_lock<std::mutex>& lock, Record& r, Tier t, bool hint = false);
   static RangeAllocator::Placement placement(const Record& r);
-  bool evict_one(std::unique_lock<std::mutex>& lock, Tier t, const Record& for_whom);
+  // write_back false: only copies with a valid copy elsewhere are evicted.
+  bool evict_one(std::unique_lock<std::mutex>& lock, Tier t, const Record& for_whom, bool write_back = true);
   [[noreturn]] void throw_no_room(const Record& r, Tier t) const;
   // fence: work on the copy's memory beyond what the slot knows of (discard_after).
   void free_slot(Record& r, Tier t, Event fence = {});

@@ -170,6 +170,10 @@ struct EngineStats {
   // stepped, as without speculation).
   uint64_t early_state_fetches = 0;
   uint64_t early_state_fetches_skipped = 0;
+  // Speculating, gradients kept for a rollback that step() let go unwritten before the
+  // lane finished, because the norm already said the speculation commits (their room
+  // goes to the last groups' states).
+  uint64_t kept_grads_freed_early = 0;
   // Bytes of accumulating gradient shards kept on the device between micro-steps
   // (EngineOptions::keep_accumulating_grads_on_device); 0 where they go back and forth.
   uint64_t grads_kept_on_device_bytes = 0;
@@ -302,6 +306,9 @@ class ZeroEngine final : public WeightSource {
   // when t is not it); speculative: the Next set was written, the gradient is kept.
   void release_stepped(const Group& gr, Chunk& c, Tier t, bool speculative);
   void speculate_group(int g);  // steps group g's speculative sub-groups into their Next sets
+  // step(), the norm known and the lane not yet done: where the speculation commits, lets
+  // go the gradients kept for a rollback (unwritten) of the sub-groups the lane is done with.
+  void free_dead_kept_grads(double norm);
   void prefetch_first_states(const Group& gr);  // its first speculative sub-group's states, towards the optimizer
   float unclipped_grad_scale() const;
   // After a skipped step: the working parameters of speculated sub-groups back to their
