@@ -854,8 +854,7 @@ bool ZeroEngine::step() {
     refresh_params();
     return false;
   }
-  double coef = 1.0;
-  if (opts_.gradient_clipping > 0) coef = std::min(1.0, opts_.gradient_clipping / (norm + 1e-6));
+  const double coef = clip_coefficient(norm);
   // Averaging, clipping and the loss scale, applied by the optimizer as it reads the gradient.
   const float grad_scale =
       static_cast<float>(coef / (static_cast<double>(world_) * opts_.gradient_accumulation_steps * scale_used));
@@ -866,9 +865,7 @@ bool ZeroEngine::step() {
   const double t_opt = device_.now();
   stats_.optimizer_wait_s = 0;
   if (!speculated.empty()) {
-    // Valid when the step the speculation assumed is the step to take: no clipping (the
-    // same gradient scale to the bit) and the learning rate it used.
-    const bool valid = coef == 1.0 && adam_->config().lr == spec_lr_;
+    const bool valid = speculation_commits(norm);  // the norm is finite here
     for (const Update& u : speculated) {
       Chunk& c = *u.c;
       c.speculated = false;
@@ -897,12 +894,19 @@ bool ZeroEngine::step() {
   return true;
 }
 
+double ZeroEngine::clip_coefficient(double norm) const {
+  return opts_.gradient_clipping > 0 ? std::min(1.0, opts_.gradient_clipping / (norm + 1e-6)) : 1.0;
+}
+
+bool ZeroEngine::speculation_commits(double norm) const {
+  // The step the speculation assumed is the step to take: a finite gradient, no clipping
+  // (the same gradient scale to the bit) and the learning rate it used.
+  return std::isfinite(norm) && clip_coefficient(norm) == 1.0 && adam_->config().lr == spec_lr_;
+}
+
 void ZeroEngine::free_dead_kept_grads(double norm) {
   if (!opts_.speculative) return;
-  const double coef = opts_.gradient_clipping > 0 ? std::min(1.0, opts_.gradient_clipping / (norm + 1e-6)) : 1.0;
-  // What step() decides below: the speculation commits when the gradient is finite, was
-  // not clipped and the rate is the one speculated with.
-  if (!std::isfinite(norm) || coef != 1.0 || adam_->config().lr != spec_lr_) return;
+  if (!speculation_commits(norm)) return;
   // The gradients kept for a rollback are dead: let them go now, unwritten, so that the
   // lane's last groups and the states of the groups stepped plainly find room without
   // writing them home first. Those the lane still reads go at the commit.

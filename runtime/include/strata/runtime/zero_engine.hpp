@@ -309,6 +309,8 @@ class ZeroEngine final : public WeightSource {
   // step(), the norm known and the lane not yet done: where the speculation commits, lets
   // go the gradients kept for a rollback (unwritten) of the sub-groups the lane is done with.
   void free_dead_kept_grads(double norm);
+  double clip_coefficient(double norm) const;  // gradient_clipping's factor, 1 when off or not needed
+  bool speculation_commits(double norm) const;  // step() keeps the speculative results
   void prefetch_first_states(const Group& gr);  // its first speculative sub-group's states, towards the optimizer
   float unclipped_grad_scale() const;
   // After a skipped step: the working parameters of speculated sub-groups back to their
