@@ -13,17 +13,20 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "strata/bench/commands.hpp"
@@ -31,6 +34,7 @@
 #include "strata/core/device.hpp"
 #include "strata/core/error.hpp"
 #include "strata/memory/tier.hpp"
+#include "strata/model/gpt.hpp"
 #include "strata/offload/io_engine.hpp"
 
 #ifndef MADV_COLLAPSE
@@ -63,6 +67,7 @@ struct IoBenchOptions {
   std::string fio = "fio";
   bool huge_pages = false;
   std::string fio_extra;  // appended to every fio command line
+  bool beside_compute = false;
 };
 
 struct Pattern {
@@ -383,12 +388,63 @@ EngineInfo fill_file(IoTarget& t, uint64_t file_bytes, FioSetup& fio, Progress& 
   return info;
 }
 
+// --beside-compute: the cores' sgemm rate alone and while the engine moves the point's
+// pattern beside it, and what the I/O did meanwhile.
+struct Beside {
+  double alone_flops = 0;   // sustained FLOP/s, the mean of a run before and one after
+  double beside_flops = 0;  // sustained FLOP/s while the I/O ran
+  Run io;                   // the I/O beside the compute
+  unsigned cores = 0;
+  double ratio() const { return alone_flops > 0 ? beside_flops / alone_flops : 0; }
+  // Core-seconds the compute lost per GiB moved: the share of the cores it lost, times
+  // the cores and the time, over the bytes. Noise can make it slightly negative.
+  double core_s_per_gib() const {
+    const double gib = static_cast<double>(io.bytes) / (1024.0 * 1024.0 * 1024.0);
+    return gib > 0 ? (1 - ratio()) * cores * io.seconds / gib : 0;
+  }
+};
+
 struct Row {
   std::string pattern;
   uint64_t bs;
   unsigned depth;
   Stats strata, fio;
+  Beside beside;
 };
+
+// The cost of I/O to the compute beside it, measured: OpenBLAS sgemm on every core for
+// the run's time alone, then while the engine runs the pattern on a thread of its own (as
+// the runtime's transfers run beside the model), then alone again. On a virtual machine
+// the host's side of a virtual disk can run on the cores the guest computes on, so a
+// transfer the runtime overlaps perfectly still costs compute: this says how much.
+Beside measure_beside(IoEngine& eng, const Pattern& pat, uint64_t bs, unsigned depth, const IoPlan& z,
+                      const IoTarget& t, double seconds, uint64_t seed) {
+  Beside b;
+  b.cores = std::max(1u, std::thread::hardware_concurrency());
+  auto alone_for = [](double s) {
+    const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+    return cpu_matmul_rate_while([&] { return Clock::now() < until; });
+  };
+  // With --bytes the I/O takes what it takes; alone runs as long as it did.
+  const double before = alone_for(z.bytes_target ? 1.0 : seconds);
+  std::atomic<bool> io_done{false};
+  std::exception_ptr failed;
+  std::thread io([&] {
+    try {
+      b.io = run_strata(eng, pat, bs, depth, z.file_bytes, t.buffers, t.pool->capacity(), seconds, z.bytes_target,
+                        seed);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    io_done.store(true);
+  });
+  b.beside_flops = cpu_matmul_rate_while([&] { return !io_done.load(); });
+  io.join();
+  if (failed) std::rethrow_exception(failed);
+  const double after = alone_for(b.io.seconds);
+  b.alone_flops = (before + after) / 2;
+  return b;
+}
 
 // Every pattern x block size x depth: --reps runs through a fresh engine, alternating
 // with fio (who goes first alternates too) under --vs-fio.
@@ -421,6 +477,13 @@ std::vector<Row> measure_points(const IoBenchOptions& o, const IoPlan& z, const 
             }
           }
         }
+        if (o.beside_compute) {
+          char head[160];
+          std::snprintf(head, sizeof head, "[%zu/%zu] %s bs=%s qd=%u: compute alone, beside the I/O, alone", index,
+                        total, pat.name.c_str(), short_size(bs).c_str(), depth);
+          progress.show(head);
+          row.beside = measure_beside(*eng, pat, bs, depth, z, t, o.seconds, 1000 * index + 999);
+        }
         row.strata.finish(bs);
         row.fio.finish(bs);
         rows.push_back(std::move(row));
@@ -431,24 +494,29 @@ std::vector<Row> measure_points(const IoBenchOptions& o, const IoPlan& z, const 
 }
 
 // The human table: median [min-max] per point, beside fio's under --vs-fio.
-void print_io_table(std::FILE* out, const std::vector<Row>& rows, bool vs_fio) {
+void print_io_table(std::FILE* out, const std::vector<Row>& rows, bool vs_fio, bool beside) {
   const double mib = 1024.0 * 1024.0;
   if (vs_fio)
-    std::fprintf(out, "%-10s %6s %5s  %-24s %9s  %-24s %10s\n", "pattern", "bs", "depth", "strata MiB/s", "IOPS",
+    std::fprintf(out, "%-10s %6s %5s  %-24s %9s  %-24s %10s", "pattern", "bs", "depth", "strata MiB/s", "IOPS",
                  "fio MiB/s", "strata/fio");
   else
-    std::fprintf(out, "%-10s %6s %5s  %-24s %9s\n", "pattern", "bs", "depth", "strata MiB/s", "IOPS");
+    std::fprintf(out, "%-10s %6s %5s  %-24s %9s", "pattern", "bs", "depth", "strata MiB/s", "IOPS");
+  if (beside) std::fprintf(out, "  %14s %15s %11s", "MiB/s beside", "compute beside", "core-s/GiB");
+  std::fprintf(out, "\n");
   for (const auto& r : rows) {
     char sc[64], f[64];
     std::snprintf(sc, sizeof sc, "%.0f [%.0f-%.0f]", r.strata.median / mib, r.strata.min / mib, r.strata.max / mib);
     if (vs_fio) {
       std::snprintf(f, sizeof f, "%.0f [%.0f-%.0f]", r.fio.median / mib, r.fio.min / mib, r.fio.max / mib);
-      std::fprintf(out, "%-10s %6s %5u  %-24s %9.0f  %-24s %10.3f\n", r.pattern.c_str(), short_size(r.bs).c_str(),
+      std::fprintf(out, "%-10s %6s %5u  %-24s %9.0f  %-24s %10.3f", r.pattern.c_str(), short_size(r.bs).c_str(),
                    r.depth, sc, r.strata.iops, f, r.fio.median > 0 ? r.strata.median / r.fio.median : 0.0);
     } else {
-      std::fprintf(out, "%-10s %6s %5u  %-24s %9.0f\n", r.pattern.c_str(), short_size(r.bs).c_str(), r.depth, sc,
+      std::fprintf(out, "%-10s %6s %5u  %-24s %9.0f", r.pattern.c_str(), short_size(r.bs).c_str(), r.depth, sc,
                    r.strata.iops);
     }
+    if (beside)
+      std::fprintf(out, "  %14.0f %15.3f %11.3f", r.beside.io.bps() / mib, r.beside.ratio(), r.beside.core_s_per_gib());
+    std::fprintf(out, "\n");
   }
 }
 
@@ -481,6 +549,10 @@ Report io_report(const IoBenchOptions& o, const IoPlan& z, const IoTarget& t, co
                                                              {"fio_min_mibps", "min", "%.0f"},
                                                              {"fio_max_mibps", "max", "%.0f"},
                                                              {"ratio", "strata/fio", "%.3f"}});
+  if (o.beside_compute)
+    report.table.columns.insert(report.table.columns.end(), {{"beside_mibps", "MiB/s beside", "%.0f"},
+                                                             {"compute_beside", "compute beside", "%.3f"},
+                                                             {"core_s_per_gib", "core-s/GiB", "%.3f"}});
   json points = json::array();
   for (const auto& r : rows) {
     json row{{"pattern", r.pattern}, {"block_size", r.bs}, {"depth", r.depth},
@@ -495,20 +567,36 @@ Report io_report(const IoBenchOptions& o, const IoPlan& z, const IoTarget& t, co
       p["fio"] = r.fio.to_json();
       p["ratio"] = r.fio.median > 0 ? r.strata.median / r.fio.median : 0.0;
     }
+    if (o.beside_compute) {
+      row["beside_mibps"] = r.beside.io.bps() / mib;
+      row["compute_beside"] = r.beside.ratio();
+      row["core_s_per_gib"] = r.beside.core_s_per_gib();
+      p["beside_compute"] = {{"alone_flops", r.beside.alone_flops}, {"beside_flops", r.beside.beside_flops},
+                             {"ratio", r.beside.ratio()}, {"io_bytes", r.beside.io.bytes},
+                             {"io_seconds", r.beside.io.seconds}, {"cores", r.beside.cores},
+                             {"core_s_per_gib", r.beside.core_s_per_gib()}};
+    }
     report.table.rows.push_back(std::move(row));
     points.push_back(p);
   }
   std::string fio_note;
   if (o.vs_fio) fio_note = ", alternating with " + fio.version + (fio.extra.empty() ? "" : " (" + fio.extra + ")");
-  report.print_human = [rows, fio_note, vs_fio = o.vs_fio, seconds = o.seconds, bytes_target = z.bytes_target,
-                        reps = z.reps](std::FILE* out) {
+  report.print_human = [rows, fio_note, vs_fio = o.vs_fio, beside = o.beside_compute, seconds = o.seconds,
+                        bytes_target = z.bytes_target, reps = z.reps](std::FILE* out) {
     if (bytes_target)
       std::fprintf(out, "%s per run, %u run(s) per point%s\n", format_bytes(bytes_target).c_str(), reps,
                    fio_note.c_str());
     else
       std::fprintf(out, "%.1f s per run, %u run(s) per point%s\n", seconds, reps, fio_note.c_str());
     std::fprintf(out, "bandwidth in MiB/s: median [min-max] over the runs\n\n");
-    print_io_table(out, rows, vs_fio);
+    print_io_table(out, rows, vs_fio, beside);
+    if (beside)
+      std::fprintf(out,
+                   "\ncompute beside: the cores' sustained sgemm rate (OpenBLAS, every core) while the engine ran the "
+                   "point beside it, over its rate alone (the mean of a run before and one after); MiB/s beside: the "
+                   "I/O meanwhile; core-s/GiB: the compute lost per GiB moved ((1 - compute beside) x cores x time "
+                   "/ GiB). On a virtual disk the host's side of the I/O can run on the guest's cores: this is what a "
+                   "perfectly overlapped transfer still costs the model.\n");
   };
   // The fields `strata bench io --json` has always had (bench/plot_io.py reads them).
   report.extra = {{"file", t.file.path()},
@@ -523,6 +611,7 @@ Report io_report(const IoBenchOptions& o, const IoPlan& z, const IoTarget& t, co
                   {"vs_fio", o.vs_fio},
                   {"fio_version", o.vs_fio ? json(fio.version) : json(nullptr)},
                   {"fio_extra", o.fio_extra},
+                  {"beside_compute", o.beside_compute},
                   {"points", points}};
   return report;
 }
@@ -566,6 +655,9 @@ void add_io(CLI::App& bench, Runner& run) {
   io->add_flag("--sqpoll", o->sqpoll, "Use SQPOLL (kernel-side submission) on both sides");
   io->add_flag("--hugepages", o->huge_pages,
                "Collapse the whole pinned pool into 2 MiB pages now (MADV_COLLAPSE); fio's buffers stay on 4 KiB pages");
+  io->add_flag("--beside-compute", o->beside_compute,
+               "Also measure what the I/O costs compute: OpenBLAS sgemm on every core alone, and while each point runs "
+               "beside it (the compute's rate beside / alone, and core-seconds lost per GiB)");
   add_output_options(*io, o->out, "bandwidth against block size and queue depth, per pattern (fio dashed)");
   io->callback([&run, o, io] {
     run = [o, cmd = command_line(*io, "strata bench io")] { return run_io(*o, cmd); };

@@ -921,6 +921,21 @@ double measure_cpu_matmul_peak(double seconds) {
   return best;
 }
 
+double cpu_matmul_rate_while(const std::function<bool()>& keep_going) {
+  const int n = 1024;
+  std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a.size(), 0.25f), c(a.size());
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+  uint64_t products = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  do {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(),
+                n);
+    ++products;
+  } while (keep_going());
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return 2.0 * n * n * static_cast<double>(n) * static_cast<double>(products) / dt;
+}
+
 std::unique_ptr<GptModel> make_gpt(Backend backend, const GptShape& shape, const GptOptions& opts) {
   switch (backend) {
     case Backend::Cpu:

@@ -173,6 +173,49 @@ TEST(BenchCapacity, TinySweepCompletesWithPositiveNumbers) {
   for (const auto& e : fs::directory_iterator(dir.path)) EXPECT_EQ(e.path(), out) << "left behind: " << e.path();
 }
 
+// `bench io --beside-compute`: each point also measures the cores' sgemm rate alone and
+// while the engine moves the pattern beside it. The I/O really ran beside the compute
+// (bytes moved, a rate), both rates are measured, and the columns follow from them.
+TEST(BenchIo, BesideComputeMeasuresTheComputeAloneAndBesideEachPoint) {
+  Scratch dir;
+  const fs::path out = dir.path / "io.json";
+  Result r = run("bench io --dir " + dir.path.string() +
+                 " --size 64M --pinned 16M --patterns read,write --block-sizes 1M --depths 4 --seconds 0.3"
+                 " --beside-compute --json " + out.string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  const json doc = json::parse(slurp(out));
+  EXPECT_EQ(doc.at("benchmark"), "io");
+  EXPECT_EQ(doc.at("beside_compute"), true);
+  ASSERT_EQ(doc.at("points").size(), 2u);
+  ASSERT_EQ(doc.at("rows").size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const json& row = doc.at("rows")[i];
+    const json& b = doc.at("points")[i].at("beside_compute");
+    SCOPED_TRACE(row.dump());
+    EXPECT_GT(b.at("alone_flops").get<double>(), 0);
+    EXPECT_GT(b.at("beside_flops").get<double>(), 0);
+    EXPECT_GT(b.at("io_bytes").get<uint64_t>(), 0u);
+    EXPECT_GT(b.at("io_seconds").get<double>(), 0.2);  // the run's time, not a token transfer
+    EXPECT_GT(b.at("cores").get<unsigned>(), 0u);
+    const double ratio = b.at("beside_flops").get<double>() / b.at("alone_flops").get<double>();
+    EXPECT_NEAR(row.at("compute_beside").get<double>(), ratio, 1e-9);
+    const double gib = b.at("io_bytes").get<double>() / (1024.0 * 1024.0 * 1024.0);
+    EXPECT_NEAR(row.at("core_s_per_gib").get<double>(),
+                (1 - ratio) * b.at("cores").get<unsigned>() * b.at("io_seconds").get<double>() / gib, 1e-9);
+    EXPECT_NEAR(row.at("beside_mibps").get<double>(),
+                b.at("io_bytes").get<double>() / b.at("io_seconds").get<double>() / (1024.0 * 1024.0), 1e-6);
+  }
+  EXPECT_EQ(doc.at("rows")[0].at("pattern"), "read");
+  EXPECT_EQ(doc.at("rows")[1].at("pattern"), "write");
+  // Without the flag, no such columns.
+  Result plain = run("bench io --dir " + dir.path.string() +
+                     " --size 64M --pinned 16M --patterns read --block-sizes 1M --depths 4 --seconds 0.2 --json -");
+  ASSERT_EQ(plain.status, 0) << plain.out;
+  const json p = json::parse(plain.out);
+  EXPECT_FALSE(p.at("rows")[0].contains("compute_beside"));
+  EXPECT_FALSE(p.at("points")[0].contains("beside_compute"));
+}
+
 // `bench step --precision bf16`: every configuration in fp32 and bf16 (and PyTorch's
 // autocast step beside them where /usr/bin/python3 has torch), each row's MFU against its
 // own precision's peak, and NVMe bytes per step that follow the shard layout: with

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -137,5 +138,10 @@ class HostWeights final : public WeightSource {
 // Measured fp32 matmul peak of this machine's cores (OpenBLAS sgemm on square matrices,
 // best of a few runs of about `seconds` in total), FLOP/s: the cpu backend's peak for MFU.
 double measure_cpu_matmul_peak(double seconds = 0.5);
+// Sustained fp32 sgemm rate of this machine's cores, FLOP/s: the same products, one after
+// another while keep_going() says so (asked between products; one product at least), their
+// FLOPs over the whole time. What compute gets while something else runs beside it (bench io
+// --beside-compute); the peak above is the best single product instead.
+double cpu_matmul_rate_while(const std::function<bool()>& keep_going);
 
 }  // namespace strata
