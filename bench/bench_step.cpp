@@ -55,6 +55,7 @@ struct StepArgs {
   int accum = 4;         // 4096 tokens per optimizer step
   int reps = 3;
   int warmup = 1;
+  int lead_in = 1;       // untimed steps of a configuration right before each of its timed ones
   bool checkpointing = false;
   bool cpu_checkpointing = false;  // each engine configuration also with the checkpoints in pinned memory
   std::string dir = ".";
@@ -290,11 +291,26 @@ int run_step(const StepArgs& a) {
   std::mt19937 rng(1);
   const uint64_t tokens = static_cast<uint64_t>(n) * a.accum;
 
+  auto one_step = [&](Setup& s) {
+    for (int m = 0; m < a.accum; ++m) {
+      for (size_t i = 0; i < n; ++i) x[i] = static_cast<int32_t>(rng() % a.shape.vocab);
+      for (size_t i = 0; i < n; ++i) y[i] = static_cast<int32_t>(rng() % a.shape.vocab);
+      s.engine->begin_micro_step();
+      s.model->forward_backward(*s.engine, x.data(), y.data(), static_cast<float>(s.engine->loss_scale()));
+    }
+    s.engine->step();
+  };
+  // The configurations alternate, rep by rep, so a drift of the machine falls on all alike.
+  // Each timed step follows --lead-in untimed steps of its own configuration, so it starts
+  // as a step in training does: its predecessor's write-backs still landing, its tiers as a
+  // step of its own left them. Its own write-backs then land in the next configuration's
+  // untimed steps, not in that one's timed step.
   for (int r = 0; r < a.warmup + a.reps; ++r)
     for (Setup& s : setups) {
-      progress.show((r < a.warmup ? "warm-up, " : "rep " + std::to_string(r - a.warmup + 1) + "/" +
-                                                      std::to_string(a.reps) + ", ") +
-                    s.label);
+      const std::string what = (r < a.warmup ? "warm-up, " : "rep " + std::to_string(r - a.warmup + 1) + "/" +
+                                                                 std::to_string(a.reps) + ", ") +
+                               s.label;
+      progress.show(what);
       if (s.torch) {
         const nlohmann::json got = torch->command("step");
         if (!got.contains("seconds")) throw Unavailable("bench step: the PyTorch reference failed: " + got.dump());
@@ -302,15 +318,14 @@ int run_step(const StepArgs& a) {
         continue;
       }
       trace::set_active(s.traced ? recorder : nullptr);
+      if (r >= a.warmup)
+        for (int k = 0; k < a.lead_in; ++k) {
+          progress.show(what + " (lead-in " + std::to_string(k + 1) + "/" + std::to_string(a.lead_in) + ")");
+          one_step(s);
+        }
       const EngineStats before = s.engine->stats();
       const double t0 = steady_seconds(), cpu0 = process_cpu_seconds();
-      for (int m = 0; m < a.accum; ++m) {
-        for (size_t i = 0; i < n; ++i) x[i] = static_cast<int32_t>(rng() % a.shape.vocab);
-        for (size_t i = 0; i < n; ++i) y[i] = static_cast<int32_t>(rng() % a.shape.vocab);
-        s.engine->begin_micro_step();
-        s.model->forward_backward(*s.engine, x.data(), y.data(), static_cast<float>(s.engine->loss_scale()));
-      }
-      s.engine->step();
+      one_step(s);
       const double dt = steady_seconds() - t0, cpu = process_cpu_seconds() - cpu0;
       const EngineStats after = s.engine->stats();
       if (r < a.warmup) continue;
@@ -335,7 +350,7 @@ int run_step(const StepArgs& a) {
   rep.config = {{"layers", a.shape.layers},   {"d_model", a.shape.d_model}, {"heads", a.shape.heads},
                 {"seq_len", a.shape.seq_len}, {"vocab", a.shape.vocab},     {"parameters", params},
                 {"micro_batch", a.micro_batch}, {"gradient_accumulation_steps", a.accum},
-                {"tokens_per_step", tokens},  {"reps", a.reps},             {"warmup", a.warmup},
+                {"tokens_per_step", tokens},  {"reps", a.reps},             {"warmup", a.warmup}, {"lead_in", a.lead_in},
                 {"activation_checkpointing", a.checkpointing}, {"cpu_checkpointing", a.cpu_checkpointing},
                 {"dir", a.dir}, {"backend", a.backend},
                 {"precision", precision_name(precision)}, {"nvme", a.nvme}, {"threads", threads},
@@ -539,6 +554,11 @@ void add_step(CLI::App& bench, Runner& run) {
   s->add_option("--accum", a.accum, "Micro-steps per optimizer step")->check(cli_checks::at_least(1));
   s->add_option("--reps", a.reps, "Timed steps per configuration")->check(cli_checks::at_least(1));
   s->add_option("--warmup", a.warmup, "Untimed steps per configuration first")->check(cli_checks::at_least(0));
+  s->add_option("--lead-in", a.lead_in,
+                "Untimed steps of a configuration right before each of its timed steps, so the timed one starts as in "
+                "training (0: the configurations alternate step by step, as before 2026-11-25)")
+      ->capture_default_str()
+      ->check(cli_checks::at_least(0));
   s->add_flag("--checkpointing", a.checkpointing,
               "Recompute each block's activations in backward (the engine holds the checkpoints, as strata train does)");
   s->add_flag("--cpu-checkpointing", a.cpu_checkpointing,

@@ -260,7 +260,10 @@ TEST(BenchStep, Bf16BesideFp32WithLayoutBytesOnNvme) {
   EXPECT_NEAR(w32, 4 + 12, 0.5) << "fp32 bytes written per parameter per step";
   EXPECT_NEAR(w16, 2 + 12, 0.5) << "bf16 bytes written per parameter per step";
   const double r32 = rows[2].at("nvme_read_mib").get<double>(), r16 = rows[3].at("nvme_read_mib").get<double>();
-  EXPECT_LT(r16, r32);
+  // At most fp32's: the 16-bit shards are half the bytes, but a timed step that follows its
+  // lead-in step can find this tiny model's shards still in pinned memory and read only the
+  // states, which are the same 12 bytes in both.
+  EXPECT_LE(r16, r32);
   const json& ratios = doc.at("ratios");
   EXPECT_NEAR(ratios.at("nvme_bytes_over_f32").get<double>(),
               (r16 + rows[3].at("nvme_written_mib").get<double>()) / (r32 + rows[2].at("nvme_written_mib").get<double>()),
@@ -292,10 +295,11 @@ TEST(BenchStep, TraceHoldsOneConfigurationsSteps) {
     gathers += e.at("cat") == "gather";
     lane += e.at("cat") == "optimizer lane";
   }
-  // 3 steps (one warm-up) of one configuration: 4 groups, each gathered at most twice a
-  // step (forward, backward); the four configurations together gather about 4x that.
+  // 5 steps of one configuration (one warm-up, and each of the 2 timed steps after an
+  // untimed lead-in step): 4 groups, each gathered at most twice a step (forward,
+  // backward); the four configurations together gather about 4x that.
   EXPECT_GT(gathers, 0);
-  EXPECT_LE(gathers, 3 * 2 * 4) << "other configurations' steps are in the trace";
+  EXPECT_LE(gathers, 5 * 2 * 4) << "other configurations' steps are in the trace";
   EXPECT_GT(lane, 0) << "the traced configuration is the speculative one";
   fs::remove(trace);
   for (const auto& e : fs::directory_iterator(dir.path)) ADD_FAILURE() << "left behind: " << e.path();
