@@ -393,6 +393,7 @@ EngineInfo fill_file(IoTarget& t, uint64_t file_bytes, FioSetup& fio, Progress& 
 struct Beside {
   double alone_flops = 0;   // sustained FLOP/s, the mean of a run before and one after
   double beside_flops = 0;  // sustained FLOP/s while the I/O ran
+  double beside_seconds = 0;  // how long the compute ran beside it (the I/O's time, give or take a product)
   Run io;                   // the I/O beside the compute
   unsigned cores = 0;
   double ratio() const { return alone_flops > 0 ? beside_flops / alone_flops : 0; }
@@ -423,7 +424,7 @@ Beside measure_beside(IoEngine& eng, const Pattern& pat, uint64_t bs, unsigned d
   b.cores = std::max(1u, std::thread::hardware_concurrency());
   auto alone_for = [](double s) {
     const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
-    return cpu_matmul_rate_while([&] { return Clock::now() < until; });
+    return cpu_matmul_rate_while([&] { return Clock::now() < until; }).flops_per_s;
   };
   // With --bytes the I/O takes what it takes; alone runs as long as it did.
   const double before = alone_for(z.bytes_target ? 1.0 : seconds);
@@ -438,7 +439,9 @@ Beside measure_beside(IoEngine& eng, const Pattern& pat, uint64_t bs, unsigned d
     }
     io_done.store(true);
   });
-  b.beside_flops = cpu_matmul_rate_while([&] { return !io_done.load(); });
+  const MatmulRate beside = cpu_matmul_rate_while([&] { return !io_done.load(); });
+  b.beside_flops = beside.flops_per_s;
+  b.beside_seconds = beside.seconds;
   io.join();
   if (failed) std::rethrow_exception(failed);
   const double after = alone_for(b.io.seconds);
@@ -572,6 +575,7 @@ Report io_report(const IoBenchOptions& o, const IoPlan& z, const IoTarget& t, co
       row["compute_beside"] = r.beside.ratio();
       row["core_s_per_gib"] = r.beside.core_s_per_gib();
       p["beside_compute"] = {{"alone_flops", r.beside.alone_flops}, {"beside_flops", r.beside.beside_flops},
+                             {"beside_seconds", r.beside.beside_seconds},
                              {"ratio", r.beside.ratio()}, {"io_bytes", r.beside.io.bytes},
                              {"io_seconds", r.beside.io.seconds}, {"cores", r.beside.cores},
                              {"core_s_per_gib", r.beside.core_s_per_gib()}};

@@ -393,6 +393,7 @@ int run_step(const StepArgs& a) {
                           {"steps", to_json(t, s.seconds)}};
     const Setup* f32 = s.engine ? find(s.nvme, DType::F32, s.speculative, s.gpu_optimizer, s.ratio, s.cpu_checkpointing) : find(false, DType::F32);
     if (sixteen && f32) row["speedup_over_f32"] = summarize(f32->seconds).median / t.median;
+    if (s.engine) row["steps_run"] = s.engine->iterations();  // warm-up, lead-in and timed steps, by the engine's count
     if (s.engine) {
       const Summary e = summarize(s.exposed), o = summarize(s.optimizer);
       const double ref = summarize(find(false, s.precision)->seconds).median;

@@ -196,6 +196,9 @@ TEST(BenchIo, BesideComputeMeasuresTheComputeAloneAndBesideEachPoint) {
     EXPECT_GT(b.at("beside_flops").get<double>(), 0);
     EXPECT_GT(b.at("io_bytes").get<uint64_t>(), 0u);
     EXPECT_GT(b.at("io_seconds").get<double>(), 0.2);  // the run's time, not a token transfer
+    // The compute ran while the I/O did, not before or after it: as long, give or take a
+    // product (a few ms on every core, longer on a loaded machine).
+    EXPECT_NEAR(b.at("beside_seconds").get<double>(), b.at("io_seconds").get<double>(), 0.15);
     EXPECT_GT(b.at("cores").get<unsigned>(), 0u);
     const double ratio = b.at("beside_flops").get<double>() / b.at("alone_flops").get<double>();
     EXPECT_NEAR(row.at("compute_beside").get<double>(), ratio, 1e-9);
@@ -227,8 +230,8 @@ TEST(BenchStep, Bf16BesideFp32WithLayoutBytesOnNvme) {
   const fs::path out = dir.path / "step.json";
   const bool torch = std::system("/usr/bin/python3 -c 'import torch' 2>/dev/null") == 0;
   Result r = run("bench step --precision bf16 --layers 2 --d-model 64 --heads 4 --seq 32 --vocab 256 --micro-batch 2 "
-                 "--accum 1 --reps 2 --warmup 1 --device-budget 8M --pinned-budget 8M --dir " + dir.path.string() +
-                 " --json " + out.string() + (torch ? "" : " --no-torch"));
+                 "--accum 1 --reps 2 --warmup 1 --lead-in 0 --device-budget 8M --pinned-budget 8M --dir " +
+                 dir.path.string() + " --json " + out.string() + (torch ? "" : " --no-torch"));
   ASSERT_EQ(r.status, 0) << r.out;
   const json doc = json::parse(slurp(out));
   EXPECT_EQ(doc.at("benchmark"), "step");
@@ -246,6 +249,7 @@ TEST(BenchStep, Bf16BesideFp32WithLayoutBytesOnNvme) {
     EXPECT_EQ(rows[i].at("precision"), i % 2 ? "bf16" : "f32");
     EXPECT_GT(rows[i].at("tokens_per_s").get<double>(), 0);
     EXPECT_EQ(rows[i].at("steps").at("runs").size(), 2u);
+    EXPECT_EQ(rows[i].at("steps_run").get<int>(), 1 + 2) << "--lead-in 0: the warm-up and the timed steps only";
     // MFU is against the row's own peak: tokens/s x FLOPs per token / peak.
     const double peak = cfg.at(i % 2 ? "matmul_peak_gflops_bf16" : "matmul_peak_gflops").get<double>();
     const double flops_per_token = rows[i].at("mfu").get<double>() * peak * 1e9 / rows[i].at("tokens_per_s").get<double>();
@@ -286,10 +290,14 @@ TEST(BenchStep, TraceHoldsOneConfigurationsSteps) {
   const fs::path trace = dir.path / "t.json";
   Result r = run("bench step --layers 2 --d-model 64 --heads 4 --seq 32 --vocab 256 --micro-batch 2 --accum 1 "
                  "--reps 2 --warmup 1 --speculative --no-torch --device-budget 8M --pinned-budget 8M --dir " +
-                 dir.path.string() + " --trace " + trace.string());
+                 dir.path.string() + " --trace " + trace.string() + " --json -");
   ASSERT_EQ(r.status, 0) << r.out;
   const json doc = json::parse(slurp(trace));
   int gathers = 0, lane = 0;
+  // --lead-in 1 (the default) acts: every configuration ran one untimed step before each
+  // timed one, by its engine's own count.
+  const json report = json::parse(r.out.substr(r.out.find('{')));
+  for (const json& row : report.at("rows")) EXPECT_EQ(row.at("steps_run").get<int>(), 1 + 2 * (1 + 1)) << row.dump();
   for (const json& e : doc.at("traceEvents")) {
     if (e.value("ph", "") != "X") continue;
     gathers += e.at("cat") == "gather";

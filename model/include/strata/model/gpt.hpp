@@ -142,6 +142,10 @@ double measure_cpu_matmul_peak(double seconds = 0.5);
 // another while keep_going() says so (asked between products; one product at least), their
 // FLOPs over the whole time. What compute gets while something else runs beside it (bench io
 // --beside-compute); the peak above is the best single product instead.
-double cpu_matmul_rate_while(const std::function<bool()>& keep_going);
+struct MatmulRate {
+  double flops_per_s = 0;
+  double seconds = 0;  // how long the products ran
+};
+MatmulRate cpu_matmul_rate_while(const std::function<bool()>& keep_going);
 
 }  // namespace strata
