@@ -240,7 +240,8 @@ class Planner {
   double stage1_ = 0, per_param_ = 0, opt_compute_ = 0, opt_ = 0, refresh_ = 0, write_lane_ = 0;
   double opt_serial_ = 0;  // work the optimizer's thread waits for, per sub-group, summed
   bool gpu_opt_ = false;   // offload_optimizer none or ratio < 1 on GPUs: the GPU optimizer steps in HBM
-  double opt_host_elems_ = 0, opt_device_elems_ = 0;  // shard elements CPU Adam and the GPU optimizer step
+  double opt_host_elems_ = 0, opt_device_elems_ = 0;
+  double opt_host_bytes_ = 0, opt_device_bytes_ = 0;  // the bytes each streams  // shard elements CPU Adam and the GPU optimizer step
 };
 
 void Planner::cannot_run() {
@@ -488,14 +489,17 @@ void Planner::boundary_lanes() {
   // one before written back. The update streams 24 bytes of fp32 states per parameter
   // and the reduced gradient (scaled as it is read), and writes the 16-bit working copy
   // in the same pass; in fp32, stage 3 copies the master weights into the parameter shard
-  // (8 more).
-  per_param_ = 24.0 + gb_ + (wb_ < 4 ? wb_ : s3_ ? 8.0 : 0.0);
+  // (8 more) unless the shard is the master weights (GroupLayout::master_in_shard).
   // The GPU optimizer (offload_optimizer none on GPUs, or the groups past ratio) streams
   // the same bytes through HBM, at the same time as CPU Adam steps the others.
-  for (const GroupLayout& lg : L_.groups)
-    (gpu_opt_ && lg.optimizer_home == Tier::Device ? opt_device_elems_ : opt_host_elems_) += double(lg.shard);
-  opt_compute_ = std::max(per_param_ * opt_host_elems_ / c.host_bandwidth,
-                          per_param_ * opt_device_elems_ / c.device_bandwidth);
+  for (const GroupLayout& lg : L_.groups) {
+    const double pp = 24.0 + gb_ + (wb_ < 4 ? wb_ : s3_ && !lg.master_in_shard ? 8.0 : 0.0);
+    const bool on_device = gpu_opt_ && lg.optimizer_home == Tier::Device;
+    (on_device ? opt_device_elems_ : opt_host_elems_) += double(lg.shard);
+    (on_device ? opt_device_bytes_ : opt_host_bytes_) += pp * double(lg.shard);
+  }
+  per_param_ = (opt_host_bytes_ + opt_device_bytes_) / std::max(1.0, opt_host_elems_ + opt_device_elems_);
+  opt_compute_ = std::max(opt_host_bytes_ / c.host_bandwidth, opt_device_bytes_ / c.device_bandwidth);
   double& opt_serial = opt_serial_;
   for (const GroupLayout& lg : L_.groups) {
     const Tier home = lg.optimizer_home;
@@ -508,7 +512,8 @@ void Planner::boundary_lanes() {
       if (!s3_ && home != Tier::Device) opt_serial += c.pcie_latency + b / c.h2d_bandwidth;
       if (!s3_ && home == Tier::Device && !gpu_opt_) opt_serial += 2 * b / c.device_bandwidth;
     }
-    if (s3_ && param_home_ == Tier::Nvme) o_nvw_.add(wb_ * lg.shard, c.nvme_write_bandwidth, c.nvme_latency);
+    if (s3_ && param_home_ == Tier::Nvme && !lg.master_in_shard)  // else written above, as the master
+      o_nvw_.add(wb_ * lg.shard, c.nvme_write_bandwidth, c.nvme_latency);
     if (s3_ && param_home_ == Tier::Device && home != Tier::Device)
       o_h2d_.add(wb_ * lg.shard, c.h2d_bandwidth, c.pcie_latency);
   }
@@ -594,10 +599,9 @@ void Planner::link_loads() {
   link("collectives", A_ * (f_coll_.bytes + b_coll_.bytes) * ring_, cbw_,
        A_ * (f_coll_.time + b_coll_.time) + stage1_ + refresh_, fb_window);
   if (opt_host_elems_ > 0)
-    link("cpu optimizer", per_param_ * opt_host_elems_, c.host_bandwidth, per_param_ * opt_host_elems_ / c.host_bandwidth, 0);
+    link("cpu optimizer", opt_host_bytes_, c.host_bandwidth, opt_host_bytes_ / c.host_bandwidth, 0);
   if (opt_device_elems_ > 0)
-    link("gpu optimizer", per_param_ * opt_device_elems_, c.device_bandwidth,
-         per_param_ * opt_device_elems_ / c.device_bandwidth, 0);
+    link("gpu optimizer", opt_device_bytes_, c.device_bandwidth, opt_device_bytes_ / c.device_bandwidth, 0);
 }
 
 void Planner::explain() {

@@ -92,7 +92,8 @@ std::vector<StateTensor> group_tensors(const GroupLayout& g, const ShardStrategy
   add(StateRole::GradFull, g.padded, Tier::Device, true);
   for (size_t i = 0; i < g.sub_groups.size(); ++i) {
     for (StateRole r : {StateRole::Master, StateRole::ExpAvg, StateRole::ExpAvgSq, StateRole::Grad})
-      add(r, g.sub_groups[i].n, g.optimizer_home, false, static_cast<int>(i));
+      if (r != StateRole::Master || !g.master_in_shard)
+        add(r, g.sub_groups[i].n, g.optimizer_home, false, static_cast<int>(i));
     if (g.sub_groups[i].speculative)
       for (StateRole r : {StateRole::MasterNext, StateRole::ExpAvgNext, StateRole::ExpAvgSqNext})
         add(r, g.sub_groups[i].n, g.optimizer_home, false, static_cast<int>(i));
@@ -192,6 +193,8 @@ ShardLayout make_shard_layout(const std::vector<GroupSize>& groups, ShardStrateg
   for (GroupLayout& g : L.groups)
     for (SubGroup& sg : g.sub_groups) sg.speculative = index++ >= L.sub_group_count - st.speculative_sub_groups;
   for (GroupLayout& g : L.groups) {
+    g.master_in_shard = st.stage == 3 && st.working == DType::F32 && g.sub_groups.size() == 1 &&
+                        g.optimizer_home == st.param_home;
     g.tensors = group_tensors(g, st);
     // A gradient held from the head's backward to the end of backward lives on the device
     // for good (its bytes are there through every block's backward anyway): beside the

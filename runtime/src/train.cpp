@@ -242,15 +242,27 @@ class StepLog {
                           .c_str()
                     : "");
     // Bytes per parameter from the shard layout: working parameters, reduced gradients,
-    // fp32 master weights and Adam's two moments.
+    // fp32 master weights and Adam's two moments; where a group's fp32 parameter shard is
+    // its master weights (GroupLayout::master_in_shard), one copy of the two.
     const ShardLayout& L = engine.layout();
     const uint64_t pb = L.elem_bytes(StateRole::ParamShard), gb = L.elem_bytes(StateRole::Grad),
                    ob = 3 * L.elem_bytes(StateRole::Master);
-    std::printf("  %s: model states %s (%llu B/param: %s params, %s grads, f32 master and Adam moments) vs budgets "
+    uint64_t state_bytes = 0, shared = 0;
+    for (const GroupLayout& g : L.groups) {
+      state_bytes += g.numel * (pb + gb + ob - (g.master_in_shard ? pb : 0));
+      shared += g.master_in_shard ? g.numel : 0;
+    }
+    const double per_param = params > 0 ? static_cast<double>(state_bytes) / static_cast<double>(params) : 0.0;
+    const std::string masters = shared == 0       ? "f32 master and Adam moments"
+                                : shared == params ? "Adam moments; the f32 params are the master weights"
+                                                   : "f32 master and Adam moments; the params of " +
+                                                         std::to_string(100 * shared / params) +
+                                                         "% of them are their master weights";
+    std::printf("  %s: model states %s (%.1f B/param: %s params, %s grads, %s) vs budgets "
                 "device %s, pinned %s; activations %s per rank%s; %llu tokens per step; %s matmul peak %.1f GFLOP/s\n",
-                precision_name(eo.precision), compact(params * (pb + gb + ob)).c_str(),
-                static_cast<unsigned long long>(pb + gb + ob), precision_name(L.dtype(StateRole::ParamShard)),
-                precision_name(L.dtype(StateRole::Grad)), compact(eo.store.device_budget).c_str(),
+                precision_name(eo.precision), compact(state_bytes).c_str(), per_param,
+                precision_name(L.dtype(StateRole::ParamShard)), precision_name(L.dtype(StateRole::Grad)),
+                masters.c_str(), compact(eo.store.device_budget).c_str(),
                 compact(eo.store.pinned_budget).c_str(), compact(model.activation_bytes()).c_str(),
                 mo.checkpointing == ActivationCheckpointing::None ? "" : " (checkpointed per block)",
                 static_cast<unsigned long long>(cost.global_tokens), precision_name(eo.precision),

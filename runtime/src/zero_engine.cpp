@@ -100,6 +100,9 @@ struct ZeroEngine::Group {
   bool persistent = false;
   Tier opt_home = Tier::Device;  // its optimizer states' home (offload_optimizer.ratio may split groups)
   bool opt_on_device = false;    // stepped by the GPU optimizer (update_on_device)
+  // The parameter shard is its one sub-group's master weights (GroupLayout::master_in_shard):
+  // chunks[0].master == pshard, stepped in place; a committed speculation swaps both.
+  bool master_in_shard = false;
   // Types as the layout says (shard_layout.hpp): working (w) or reduced-gradient (g).
   TensorId full = 0;     // [padded] w: stage 3 a scratch gather buffer, else replicated params
   TensorId pshard = 0;   // stage 3: [shard] w working parameters, home offload_param
@@ -241,6 +244,7 @@ ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communica
     gr.persistent = gl.persistent;
     gr.opt_home = gl.optimizer_home;
     gr.opt_on_device = gl.optimizer_home == Tier::Device && gpu_optimizer_;
+    gr.master_in_shard = gl.master_in_shard;
     for (const SubGroup& sg : gl.sub_groups) gr.chunks.push_back({sg.offset, sg.n});
   }
 
@@ -408,6 +412,7 @@ ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communica
         case StateRole::ActivationCheckpoint: STRATA_CHECK(false, "a checkpoint among a group's tensors"); break;
       }
     }
+    if (gr.master_in_shard) gr.chunks.front().master = gr.pshard;
   }
   if (!layout_.checkpoints.empty()) {
     std::vector<TensorId> ids;
@@ -493,7 +498,9 @@ void ZeroEngine::init_shards() {
         if (t != gr.opt_home) store_->drop(id, t).wait();
       }
     }
-    if (opts_.stage == 3) {
+    if (gr.master_in_shard) {
+      // Written above: the shard is the master weights.
+    } else if (opts_.stage == 3) {
       Acquired p = store_->acquire_for_overwrite(gr.pshard, Tier::Pinned);
       p.ready.wait();
       // The working copy is the master weights rounded to the working type.
@@ -866,6 +873,7 @@ bool ZeroEngine::step() {
   stats_.optimizer_wait_s = 0;
   if (!speculated.empty()) {
     const bool valid = speculation_commits(norm);  // the norm is finite here
+    bool shards_swapped = false;
     for (const Update& u : speculated) {
       Chunk& c = *u.c;
       c.speculated = false;
@@ -874,10 +882,16 @@ bool ZeroEngine::step() {
         std::swap(c.exp_avg, c.next_exp_avg);
         std::swap(c.exp_avg_sq, c.next_exp_avg_sq);
         store_->discard_contents(c.grad);
+        if (u.gr->master_in_shard) {  // the new master weights are the parameters now
+          u.gr->pshard = c.master;
+          shards_swapped = true;
+        }
       }
       // The set not taken is dead: the next speculation overwrites it whole.
       for (TensorId id : {c.next_master, c.next_exp_avg, c.next_exp_avg_sq}) store_->discard_contents(id);
     }
+    // The store's eviction order names the parameter shards the next step reads.
+    if (shards_swapped && !schedule_.empty()) adopt_schedule(schedule_);
     if (valid) {
       ++stats_.speculation_commits;
     } else {
@@ -1007,7 +1021,9 @@ void ZeroEngine::lane_submit(const LaneItem& it) {
     bool& flag;
     ~Done() { flag = false; }
   } done_submitting{lane_submitting_};
-  if (lane_open_ != &gr) {
+  if (gr.master_in_shard) {
+    lane_close_group();  // its shard is the master weights, read with the states below
+  } else if (lane_open_ != &gr) {
     lane_close_group();
     // Overwritten whole only the first time: a group reopened (after its shard was let go
     // for room) keeps what the lane wrote into it.
@@ -1023,17 +1039,18 @@ void ZeroEngine::lane_submit(const LaneItem& it) {
   for (const Acquired* x : {&u.m, &u.a, &u.v, &u.gd, &u.out[0], &u.out[1], &u.out[2]}) lane_->wait(x->ready);
   const HalfKind kind = half_kind(work_t_);
   // The working copy goes straight into the parameter shard: in 16 bits from the fused
-  // pass, in fp32 copied after it.
-  void* working = at(lane_params_.data, c.offset, wb_);
+  // pass, in fp32 copied after it; none where the shard is the master weights (the Next
+  // set becomes it at the commit).
+  void* working = gr.master_in_shard ? nullptr : at(lane_params_.data, c.offset, wb_);
   const AdamGrads g{u.gd.data, grad_t_, it.grad_scale};
   lane_->host_task([this, m = u.m.data, a = u.a.data, v = u.v.data, mo = u.out[0].data, ao = u.out[1].data,
-                    vo = u.out[2].data, g, step = it.t, &gr, &c, working, kind, bytes = update_bytes(c)] {
+                    vo = u.out[2].data, g, step = it.t, &gr, &c, working, kind, bytes = update_bytes(gr, c)] {
     const double t0 = device_.now();
     device_.host_compute(bytes, [&] {
       adam_->step_into(step, static_cast<const float*>(m), static_cast<const float*>(a),
                        static_cast<const float*>(v), g, static_cast<float*>(mo), static_cast<float*>(ao),
                        static_cast<float*>(vo), c.n, kind == HalfKind::None ? nullptr : working, kind);
-      if (kind == HalfKind::None) std::memcpy(working, mo, c.n * 4);
+      if (kind == HalfKind::None && working) std::memcpy(working, mo, c.n * 4);
     });
     if (trace::Recorder* r = trace::active())
       r->record("optimizer lane",
@@ -1122,10 +1139,12 @@ std::vector<ZeroEngine::DeviceUpdate> ZeroEngine::launch_on_device(const std::ve
     size_t end = i;
     while (end < items.size() && items[end].gr == &gr) ++end;
     const bool whole = end - i == gr.chunks.size();
-    Acquired params = opts_.stage != 3 ? store_->acquire(gr.full, t)
-                      : whole          ? store_->acquire_for_overwrite(gr.pshard, t)
-                                       : store_->acquire(gr.pshard, t);
-    s.wait(params.ready);
+    // Where the shard is the master weights (master_in_shard), it is stepped as one.
+    Acquired params = gr.master_in_shard ? Acquired{}
+                      : opts_.stage != 3 ? store_->acquire(gr.full, t)
+                      : whole            ? store_->acquire_for_overwrite(gr.pshard, t)
+                                         : store_->acquire(gr.pshard, t);
+    if (!gr.master_in_shard) s.wait(params.ready);
     DeviceUpdate u{&gr, {}, {}, speculative, device_.now()};
     for (size_t k = i; k < end; ++k) {
       Chunk& c = *items[k].c;
@@ -1143,8 +1162,9 @@ std::vector<ZeroEngine::DeviceUpdate> ZeroEngine::launch_on_device(const std::ve
       for (Acquired* x : {&m, &a, &v, &gd, &out[0], &out[1], &out[2]}) s.wait(x->ready);
       // The working copy: in the parameter shard (stage 3) or this rank's slice of the
       // replicated parameters (stages 1 and 2), both in device memory.
-      void* working = opts_.stage == 3 ? at(params.data, c.offset, wb_)
-                                       : at(params.data, static_cast<uint64_t>(rank_) * gr.shard + c.offset, wb_);
+      void* working = gr.master_in_shard ? nullptr
+                      : opts_.stage == 3 ? at(params.data, c.offset, wb_)
+                                         : at(params.data, static_cast<uint64_t>(rank_) * gr.shard + c.offset, wb_);
       AdamStepArgs args;
       args.s = sc;
       args.p_in = static_cast<const float*>(m.data);
@@ -1160,13 +1180,13 @@ std::vector<ZeroEngine::DeviceUpdate> ZeroEngine::launch_on_device(const std::ve
       args.half_t = half_t;
       args.n = c.n;
       s.adam_step(args);
-      if (half_t == DType::F32) s.copy_async(working, out[0].data, c.n * 4);
+      if (half_t == DType::F32 && working) s.copy_async(working, out[0].data, c.n * 4);
     }
     u.done = s.record();
     pending.push_back(std::move(u));
     // A parameter shard brought to the device from a host home is sent back before the
     // next group's comes, so that the device holds one at a time.
-    if (opts_.stage == 3 && opts_.param_home != t) finish_on_device(pending);
+    if (opts_.stage == 3 && opts_.param_home != t && !gr.master_in_shard) finish_on_device(pending);
     i = end;
   }
   return pending;
@@ -1182,6 +1202,7 @@ void ZeroEngine::finish_on_device(std::vector<DeviceUpdate>& pending) {
                     u.gr->spec.name,
                 u.t0, device_.now());
     for (Chunk* c : u.chunks) release_stepped(*u.gr, *c, t, u.speculative);
+    if (u.gr->master_in_shard) continue;
     const TensorId pid = opts_.stage == 3 ? u.gr->pshard : u.gr->full;
     store_->release(pid, t, Access::Write);
     if (opts_.stage == 3 && opts_.param_home != t) store_->drop(pid, t);  // towards its home
@@ -1228,12 +1249,13 @@ ZeroEngine::UpdateTensors ZeroEngine::acquire_for_update(Chunk& c, Tier t, bool 
   return u;
 }
 
-double ZeroEngine::update_bytes(const Chunk& c) const {
+double ZeroEngine::update_bytes(const Group& gr, const Chunk& c) const {
   // The same bytes in place or out of place (the Next set is written, not read): the
   // states and gradient, and the working copy written in 16 bits, or copied in fp32 into
-  // a stage-3 shard.
+  // a stage-3 shard that is not the master weights itself.
   const HalfKind kind = half_kind(work_t_);
-  return (24.0 + gb_) * c.n + (kind != HalfKind::None ? wb_ * c.n : opts_.stage == 3 ? 8.0 * c.n : 0.0);
+  const bool copied = opts_.stage == 3 && !gr.master_in_shard;
+  return (24.0 + gb_) * c.n + (kind != HalfKind::None ? wb_ * c.n : copied ? 8.0 * c.n : 0.0);
 }
 
 void ZeroEngine::update_on_host(const std::vector<Update>& items, float grad_scale, bool speculative) {
@@ -1251,7 +1273,9 @@ void ZeroEngine::update_on_host(const std::vector<Update>& items, float grad_sca
   auto close_group = [&] {
     if (!open_group) return;
     Group& gr = *open_group;
-    if (opts_.stage == 3) {
+    if (gr.master_in_shard) {
+      // Nothing held: the shard is the sub-group's master weights, released with them.
+    } else if (opts_.stage == 3) {
       store_->release(gr.pshard, t, Access::Write);
       if (opts_.param_home != t) store_->drop(gr.pshard, t);  // to device or towards NVMe
     } else {
@@ -1271,9 +1295,10 @@ void ZeroEngine::update_on_host(const std::vector<Update>& items, float grad_sca
       size_t mine = 0;
       for (size_t j = i; j < items.size() && items[j].gr == &gr; ++j) ++mine;
       const bool whole = mine == gr.chunks.size();
-      params = opts_.stage != 3 ? store_->acquire(gr.full, Tier::Device)
-               : whole          ? store_->acquire_for_overwrite(gr.pshard, t)
-                                : store_->acquire(gr.pshard, t);
+      params = gr.master_in_shard ? Acquired{}
+               : opts_.stage != 3 ? store_->acquire(gr.full, Tier::Device)
+               : whole            ? store_->acquire_for_overwrite(gr.pshard, t)
+                                  : store_->acquire(gr.pshard, t);
       const double t0 = device_.now();
       params.ready.wait();
       const double t1 = device_.now();
@@ -1299,12 +1324,13 @@ void ZeroEngine::update_on_host(const std::vector<Update>& items, float grad_sca
                      : opts_.stage == 3     ? at(params.data, c.offset, wb_)
                                             : half_copy.data();
     auto* mo = static_cast<float*>(out[0].data);
-    const double bytes = update_bytes(c);
+    const double bytes = update_bytes(gr, c);
     device_.host_compute(bytes, [&] {
       adam_->step_into(step_count_, static_cast<const float*>(m.data), static_cast<const float*>(a.data),
                        static_cast<const float*>(v.data), AdamGrads{gd.data, grad_t_, grad_scale}, mo,
                        static_cast<float*>(out[1].data), static_cast<float*>(out[2].data), c.n, half_out, kind);
-      if (opts_.stage == 3 && kind == HalfKind::None) std::memcpy(at(params.data, c.offset, 4), mo, c.n * 4);
+      if (opts_.stage == 3 && kind == HalfKind::None && !gr.master_in_shard)
+        std::memcpy(at(params.data, c.offset, 4), mo, c.n * 4);
     });
     if (trace::Recorder* r = trace::active()) {
       if (t1 > t0) r->record("wait", "wait optimizer states " + gr.spec.name, t0, t1);
@@ -1351,6 +1377,7 @@ void ZeroEngine::restore_params(const std::vector<Update>& items) {
   for (const Update& u : items) {
     Group& gr = *u.gr;
     Chunk& c = *u.c;
+    if (gr.master_in_shard) continue;  // the speculation wrote the Next set only
     Acquired m = store_->acquire(c.master, t);
     Acquired p = opts_.stage == 3 ? store_->acquire(gr.pshard, t) : store_->acquire(gr.full, Tier::Device);
     when_all({m.ready, p.ready}).wait();
@@ -1459,8 +1486,10 @@ void ZeroEngine::write_optimizer_shard(int g, const float* master, const float* 
       if (t != gr.opt_home) store_->drop(ids[k], t).wait();
     }
   }
-  // The working parameters follow the master weights.
-  if (opts_.stage == 3) {
+  // The working parameters follow the master weights (or are them).
+  if (gr.master_in_shard) {
+    drop_full(gr);
+  } else if (opts_.stage == 3) {
     Acquired p = store_->acquire_for_overwrite(gr.pshard, Tier::Pinned);
     p.ready.wait();
     device_.host_compute((4.0 + wb_) * gr.shard, [&] { convert_from_f32(p.data, work_t_, master, gr.shard); });

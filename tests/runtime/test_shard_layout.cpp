@@ -132,10 +132,16 @@ TEST(ShardLayout, TheSubGroupRuleReachesTheEngineAndThePlanner) {
   // checks its budget.
   EXPECT_EQ(se.engine->layout().pinned_staging, 8 * 4 * 4096 + 4 * max_shard);
   EXPECT_EQ(p.tiers[1].need.buffers, double(se.engine->layout().pinned_staging));
-  // Optimizer states per sub-group: each rounded to 4 KiB on its own.
-  uint64_t opt = 0;
-  for (const GroupLayout& g : se.engine->layout().groups)
-    for (const SubGroup& sg : g.sub_groups) opt += 3 * round_up(4 * sg.n, 4096);
+  // Optimizer states per sub-group: each rounded to 4 KiB on its own; the master weights
+  // of a group with one sub-group are its parameter shard (fp32, stage 3, both pinned).
+  uint64_t opt = 0, shared = 0;
+  for (const GroupLayout& g : se.engine->layout().groups) {
+    EXPECT_EQ(g.master_in_shard, g.sub_groups.size() == 1) << g.name;
+    shared += g.master_in_shard ? 1 : 0;
+    for (const SubGroup& sg : g.sub_groups) opt += (g.master_in_shard ? 2 : 3) * round_up(4 * sg.n, 4096);
+  }
+  EXPECT_GT(shared, 0u) << "the test means groups of both kinds";
+  EXPECT_LT(shared, se.engine->layout().groups.size()) << "the test means groups of both kinds";
   EXPECT_EQ(double(se.owned(Tier::Pinned, "optimizer")), double(opt));
   EXPECT_EQ(p.tiers[1].need.optimizer, double(opt));
 }

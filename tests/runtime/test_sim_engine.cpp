@@ -113,11 +113,13 @@ TEST(SimEngine, WithScarceNvmeReadBandwidthAStepTakesTheReadTime) {
   const auto m = model();
   SimRunResult r = simulate_training(m, nvme_run(c));
   // What a step must read from NVMe, from the layout alone: each group's parameter shard
-  // once (forward; backward finds it cached), and per optimizer sub-group the master
-  // weights and both moments (the gradient arrives from the device and is still in
-  // pinned memory). World size 1: a shard is the whole group.
+  // once (forward; backward finds it cached), and per optimizer sub-group both moments
+  // (the gradient arrives from the device and is still in pinned memory). In fp32 with
+  // one sub-group per group and both homes on NVMe the shard is the master weights
+  // (GroupLayout::master_in_shard): the optimizer finds it where the backward pass left
+  // it, and no second copy is read. World size 1: a shard is the whole group.
   const double shard_bytes = 4.0 * kNumel;
-  const int reads = kGroups /* params */ + 3 * kGroups /* master, exp_avg, exp_avg_sq */;
+  const int reads = kGroups /* params, the master weights */ + 2 * kGroups /* exp_avg, exp_avg_sq */;
   const double transfer = reads * (c.nvme_latency + shard_bytes / c.nvme_read_bandwidth);
   const SimStepStats& s = steady(r);
   report("scarce NVMe read bandwidth", s.time_s, transfer, "NVMe read time");

@@ -134,6 +134,11 @@ struct GroupLayout {
   uint64_t shard = 0;   // elements per rank: padded / world
   bool persistent = false;
   Tier optimizer_home = Tier::Device;  // its sub-groups' states (ShardStrategy::optimizer_ratio)
+  // Stage 3 in fp32, one sub-group, its states' home the parameter shard's: the parameter
+  // shard is the master weights (the same fp32 values, so one tensor, no Master of its
+  // own). The optimizer steps it in place, and no copy of the masters is written into
+  // the shard or moved between tiers: per step, a shard's read and write less.
+  bool master_in_shard = false;
   std::vector<SubGroup> sub_groups;
   std::vector<StateTensor> tensors;  // registered in this order
 };

@@ -301,7 +301,7 @@ class ZeroEngine final : public WeightSource {
   };
   void fetch_update_states(const Group& gr, const Chunk& c, Tier t);
   UpdateTensors acquire_for_update(Chunk& c, Tier t, bool speculative);
-  double update_bytes(const Chunk& c) const;
+  double update_bytes(const Group& gr, const Chunk& c) const;
   // Unpins a stepped sub-group's states and gradient in tier t (dropped towards their home
   // when t is not it); speculative: the Next set was written, the gradient is kept.
   void release_stepped(const Group& gr, Chunk& c, Tier t, bool speculative);
