@@ -241,7 +241,8 @@ class Planner {
   double opt_serial_ = 0;  // work the optimizer's thread waits for, per sub-group, summed
   bool gpu_opt_ = false;   // offload_optimizer none or ratio < 1 on GPUs: the GPU optimizer steps in HBM
   double opt_host_elems_ = 0, opt_device_elems_ = 0;
-  double opt_host_bytes_ = 0, opt_device_bytes_ = 0;  // the bytes each streams  // shard elements CPU Adam and the GPU optimizer step
+  double opt_host_bytes_ = 0, opt_device_bytes_ = 0;  // the bytes each streams
+  double shard_cache_ = 0;  // pinned bytes of parameter shards the optimizer finds there  // shard elements CPU Adam and the GPU optimizer step
 };
 
 void Planner::cannot_run() {
@@ -443,6 +444,9 @@ void Planner::micro_step_lanes() {
       if (lg.optimizer_home == Tier::Nvme) S4 += gb_ * lg.shard;
     grad_spill_ = std::max(0.0, S4 - std::max(0.0, pin_room - (params_move_ ? blocks_s4 : 0.0)));
     if (grad_spill_ > 0) b_nvw_.add(grad_spill_, c.nvme_write_bandwidth, c.nvme_latency);
+    // Where a shard is its master weights, the optimizer finds it still in pinned memory
+    // from the backward pass as far as the room the waiting gradients leave holds it.
+    shard_cache_ = std::max(0.0, pin_room - (S4 - grad_spill_));
   }
 
   // Checkpoints off the device: each block's input but the last goes home after its
@@ -506,7 +510,11 @@ void Planner::boundary_lanes() {
     for (const SubGroup& sg : lg.sub_groups) {
       const double b = 4.0 * sg.n;  // one fp32 state
       if (home == Tier::Nvme) {
-        o_nvr_.add(3 * b, c.nvme_read_bandwidth, 3 * c.nvme_latency);  // master, exp_avg, exp_avg_sq
+        // master, exp_avg, exp_avg_sq; where the shard is the master weights, what the
+        // backward pass left of it in pinned memory is not read again (shard_cache_).
+        const double hit = lg.master_in_shard ? std::min(b, shard_cache_) : 0.0;
+        shard_cache_ -= hit;
+        o_nvr_.add(3 * b - hit, c.nvme_read_bandwidth, (hit < b ? 3 : 2) * c.nvme_latency);
         o_nvw_.add(3 * b, c.nvme_write_bandwidth, 3 * c.nvme_latency);  // the gradient is dead: not written
       }
       if (!s3_ && home != Tier::Device) opt_serial += c.pcie_latency + b / c.h2d_bandwidth;

@@ -90,13 +90,17 @@ std::vector<StateTensor> group_tensors(const GroupLayout& g, const ShardStrategy
       add(StateRole::GradAccumulated, g.padded, Tier::Device, false);
   }
   add(StateRole::GradFull, g.padded, Tier::Device, true);
+  // Where the parameter shard is the master weights, a speculative group's next master
+  // weights are a whole shard too, which becomes the parameter shard at the commit.
+  if (g.master_in_shard && g.sub_groups.front().speculative) add(StateRole::MasterNext, g.shard, g.optimizer_home, false);
   for (size_t i = 0; i < g.sub_groups.size(); ++i) {
     for (StateRole r : {StateRole::Master, StateRole::ExpAvg, StateRole::ExpAvgSq, StateRole::Grad})
       if (r != StateRole::Master || !g.master_in_shard)
         add(r, g.sub_groups[i].n, g.optimizer_home, false, static_cast<int>(i));
     if (g.sub_groups[i].speculative)
       for (StateRole r : {StateRole::MasterNext, StateRole::ExpAvgNext, StateRole::ExpAvgSqNext})
-        add(r, g.sub_groups[i].n, g.optimizer_home, false, static_cast<int>(i));
+        if (r != StateRole::MasterNext || !g.master_in_shard)
+          add(r, g.sub_groups[i].n, g.optimizer_home, false, static_cast<int>(i));
   }
   return out;
 }
@@ -193,8 +197,14 @@ ShardLayout make_shard_layout(const std::vector<GroupSize>& groups, ShardStrateg
   for (GroupLayout& g : L.groups)
     for (SubGroup& sg : g.sub_groups) sg.speculative = index++ >= L.sub_group_count - st.speculative_sub_groups;
   for (GroupLayout& g : L.groups) {
-    g.master_in_shard = st.stage == 3 && st.working == DType::F32 && g.sub_groups.size() == 1 &&
-                        g.optimizer_home == st.param_home;
+    // The shard is the master weights (GroupLayout::master_in_shard): fp32 stage 3, one home
+    // for both, stepped by CPU Adam (the GPU optimizer's groups keep their own masters), and
+    // every sub-group speculative or none (its next master weights are one shard).
+    bool mixed = false;
+    for (const SubGroup& sg : g.sub_groups) mixed = mixed || sg.speculative != g.sub_groups.front().speculative;
+    const bool gpu_stepped = g.optimizer_home == Tier::Device && (st.device_states_staged || st.optimizer_ratio < 1.0);
+    g.master_in_shard = st.stage == 3 && st.working == DType::F32 && g.optimizer_home == st.param_home &&
+                        !gpu_stepped && !mixed;
     g.tensors = group_tensors(g, st);
     // A gradient held from the head's backward to the end of backward lives on the device
     // for good (its bytes are there through every block's backward anyway): beside the
@@ -250,7 +260,11 @@ ShardLayout make_shard_layout(const std::vector<GroupSize>& groups, ShardStrateg
   // Two sub-groups' states (master and moments fp32, the gradient) and a parameter shard.
   const uint64_t per_elem = 3 * L.elem_bytes(StateRole::Master) + L.elem_bytes(StateRole::Grad);
   const uint64_t next_set = st.speculative_sub_groups > 0 ? 3 * L.elem_bytes(StateRole::MasterNext) : 0;
-  L.pinned_staging = st.optimizer_home != Tier::Device ? L.max_sub_group * (2 * per_elem + next_set) + ms
+  // A speculative group whose shard is its master weights holds its next shard beside it.
+  bool next_shard = false;
+  for (const GroupLayout& g : L.groups) next_shard = next_shard || (g.master_in_shard && g.sub_groups.front().speculative);
+  L.pinned_staging = st.optimizer_home != Tier::Device ? L.max_sub_group * (2 * per_elem + next_set) + ms +
+                                                             (next_shard ? ms : 0)
                      : st.device_states_staged     ? 3 * L.elem_bytes(StateRole::Master) * L.max_sub_group + ms
                                                    : ms;
   if (cps.home == Tier::Nvme) L.pinned_staging += live_checkpoints;

@@ -89,6 +89,7 @@ struct ZeroEngine::Chunk {
   // Speculative sub-groups: the Next set (shard_layout.hpp), swapped with the current
   // one when a speculative step is committed.
   TensorId next_master = 0, next_exp_avg = 0, next_exp_avg_sq = 0;
+  bool has_next = false;    // a speculative sub-group (SubGroup::speculative)
   bool speculated = false;  // this step's update sits in the Next set, not yet validated
   double sumsq = 0;     // squared norm of the accumulated gradient (written by reduce_stream_)
 };
@@ -100,9 +101,11 @@ struct ZeroEngine::Group {
   bool persistent = false;
   Tier opt_home = Tier::Device;  // its optimizer states' home (offload_optimizer.ratio may split groups)
   bool opt_on_device = false;    // stepped by the GPU optimizer (update_on_device)
-  // The parameter shard is its one sub-group's master weights (GroupLayout::master_in_shard):
-  // chunks[0].master == pshard, stepped in place; a committed speculation swaps both.
+  // The parameter shard is the master weights (GroupLayout::master_in_shard): its chunks
+  // have no master of their own (master 0) and are stepped in their range of pshard; a
+  // speculative step writes next_pshard, swapped with pshard when it commits.
   bool master_in_shard = false;
+  TensorId next_pshard = 0;
   // Types as the layout says (shard_layout.hpp): working (w) or reduced-gradient (g).
   TensorId full = 0;     // [padded] w: stage 3 a scratch gather buffer, else replicated params
   TensorId pshard = 0;   // stage 3: [shard] w working parameters, home offload_param
@@ -244,7 +247,6 @@ ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communica
     gr.persistent = gl.persistent;
     gr.opt_home = gl.optimizer_home;
     gr.opt_on_device = gl.optimizer_home == Tier::Device && gpu_optimizer_;
-    gr.master_in_shard = gl.master_in_shard;
     for (const SubGroup& sg : gl.sub_groups) gr.chunks.push_back({sg.offset, sg.n});
   }
 
@@ -390,6 +392,7 @@ ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communica
 
   for (size_t g = 0; g < groups_.size(); ++g) {
     Group& gr = groups_[g];
+    gr.master_in_shard = layout_.groups[g].master_in_shard;  // the final layout's (speculation)
     for (const StateTensor& t : layout_.groups[g].tensors) {
       const TensorId id = store_->add(t.spec);
       switch (t.role) {
@@ -406,13 +409,17 @@ ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communica
         case StateRole::ExpAvg: gr.chunks[t.sub_group].exp_avg = id; break;
         case StateRole::ExpAvgSq: gr.chunks[t.sub_group].exp_avg_sq = id; break;
         case StateRole::Grad: gr.chunks[t.sub_group].grad = id; break;
-        case StateRole::MasterNext: gr.chunks[t.sub_group].next_master = id; break;
-        case StateRole::ExpAvgNext: gr.chunks[t.sub_group].next_exp_avg = id; break;
+        case StateRole::MasterNext:
+          (t.sub_group < 0 ? gr.next_pshard : gr.chunks[t.sub_group].next_master) = id;
+          break;
+        case StateRole::ExpAvgNext:
+          gr.chunks[t.sub_group].next_exp_avg = id;
+          gr.chunks[t.sub_group].has_next = true;
+          break;
         case StateRole::ExpAvgSqNext: gr.chunks[t.sub_group].next_exp_avg_sq = id; break;
         case StateRole::ActivationCheckpoint: STRATA_CHECK(false, "a checkpoint among a group's tensors"); break;
       }
     }
-    if (gr.master_in_shard) gr.chunks.front().master = gr.pshard;
   }
   if (!layout_.checkpoints.empty()) {
     std::vector<TensorId> ids;
@@ -484,23 +491,23 @@ void ZeroEngine::init_shards() {
       fill_initial(vals.data(), gr.shard, gr.spec, opts_.seed, g, base, opts_.optimizer_threads);
     });
     for (Chunk& c : gr.chunks) {
-      Acquired m = store_->acquire_for_overwrite(c.master, t);
+      // The master weights: the chunk's own, or (master_in_shard) the shard written below.
+      Acquired m = gr.master_in_shard ? Acquired{} : store_->acquire_for_overwrite(c.master, t);
       Acquired a = store_->acquire_for_overwrite(c.exp_avg, t);
       Acquired v = store_->acquire_for_overwrite(c.exp_avg_sq, t);
       when_all({m.ready, a.ready, v.ready}).wait();
       device_.host_compute(12.0 * c.n, [&] {
-        std::memcpy(m.data, vals.data() + c.offset, c.n * 4);
+        if (m.data) std::memcpy(m.data, vals.data() + c.offset, c.n * 4);
         std::memset(a.data, 0, c.n * 4);
         std::memset(v.data, 0, c.n * 4);
       });
       for (TensorId id : {c.master, c.exp_avg, c.exp_avg_sq}) {
+        if (id == 0) continue;
         store_->release(id, t, Access::Write);
         if (t != gr.opt_home) store_->drop(id, t).wait();
       }
     }
-    if (gr.master_in_shard) {
-      // Written above: the shard is the master weights.
-    } else if (opts_.stage == 3) {
+    if (opts_.stage == 3) {
       Acquired p = store_->acquire_for_overwrite(gr.pshard, Tier::Pinned);
       p.ready.wait();
       // The working copy is the master weights rounded to the working type.
@@ -855,7 +862,8 @@ bool ZeroEngine::step() {
       for (Chunk& c : gr.chunks) {
         store_->discard_contents(c.grad);
         if (c.speculated)
-          for (TensorId id : {c.next_master, c.next_exp_avg, c.next_exp_avg_sq}) store_->discard_contents(id);
+          for (TensorId id : {c.next_master, c.next_exp_avg, c.next_exp_avg_sq, gr.next_pshard})
+            if (id != 0) store_->discard_contents(id);
         c.speculated = false;
       }
     refresh_params();
@@ -882,13 +890,22 @@ bool ZeroEngine::step() {
         std::swap(c.exp_avg, c.next_exp_avg);
         std::swap(c.exp_avg_sq, c.next_exp_avg_sq);
         store_->discard_contents(c.grad);
-        if (u.gr->master_in_shard) {  // the new master weights are the parameters now
-          u.gr->pshard = c.master;
-          shards_swapped = true;
-        }
       }
       // The set not taken is dead: the next speculation overwrites it whole.
-      for (TensorId id : {c.next_master, c.next_exp_avg, c.next_exp_avg_sq}) store_->discard_contents(id);
+      for (TensorId id : {c.next_master, c.next_exp_avg, c.next_exp_avg_sq})
+        if (id != 0) store_->discard_contents(id);
+    }
+    // Where the shard is the master weights, the group's next shard holds all its
+    // sub-groups' new master weights (every one speculative: the layout's rule).
+    for (Group& gr : groups_) {
+      if (!gr.master_in_shard || gr.next_pshard == 0 ||
+          std::none_of(speculated.begin(), speculated.end(), [&](const Update& u) { return u.gr == &gr; }))
+        continue;
+      if (valid) {
+        std::swap(gr.pshard, gr.next_pshard);
+        shards_swapped = true;
+      }
+      store_->discard_contents(gr.next_pshard);
     }
     // The store's eviction order names the parameter shards the next step reads.
     if (shards_swapped && !schedule_.empty()) adopt_schedule(schedule_);
@@ -939,14 +956,15 @@ void ZeroEngine::prefetch_first_states(const Group& gr) {
   const Tier t = opt_compute_tier_;
   if (gr.opt_on_device || t == gr.opt_home) return;  // stepped where they live
   for (const Chunk& c : gr.chunks) {
-    if (c.next_master == 0 || c.speculated) continue;  // stepped plainly, or already
+    if (!c.has_next || c.speculated) continue;  // stepped plainly, or already
     ++stats_.early_state_fetches;
     // A hint only (update_on_host fetches them when it steps them): it takes room the
     // tier has or can free without writing anything home. Making room by writing out
     // the gradients kept for a rollback would write data that step() most often finds
     // dead (at the end of backward, with the last group's states).
     bool placed = true;
-    for (TensorId id : {c.master, c.exp_avg, c.exp_avg_sq}) placed = store_->prefetch(id, t) && placed;
+    for (TensorId id : {c.master, c.exp_avg, c.exp_avg_sq}) placed = (id == 0 || store_->prefetch(id, t)) && placed;
+    if (gr.master_in_shard) placed = store_->prefetch(gr.pshard, t) && placed;  // its master weights
     if (!placed) ++stats_.early_state_fetches_skipped;
     return;  // the first one; update_on_host fetches each next one while stepping the one before
   }
@@ -957,7 +975,7 @@ void ZeroEngine::speculate_group(int g) {
   if (gr.holders > 0) return;  // still in use by the model: stepped at step()
   std::vector<Update> items;
   for (Chunk& c : gr.chunks)
-    if (c.next_master != 0 && !c.speculated) items.push_back({&gr, &c});
+    if (c.has_next && !c.speculated) items.push_back({&gr, &c});
   if (items.empty()) return;
   // The step the speculation assumes: t + 1, no clipping, this learning rate.
   bool first = true;
@@ -1021,21 +1039,27 @@ void ZeroEngine::lane_submit(const LaneItem& it) {
     bool& flag;
     ~Done() { flag = false; }
   } done_submitting{lane_submitting_};
-  if (gr.master_in_shard) {
-    lane_close_group();  // its shard is the master weights, read with the states below
-  } else if (lane_open_ != &gr) {
+  if (lane_open_ != &gr) {
     lane_close_group();
     // Overwritten whole only the first time: a group reopened (after its shard was let go
-    // for room) keeps what the lane wrote into it.
+    // for room) keeps what the lane wrote into it. Where the shard is the master weights
+    // the lane writes the group's next shard and reads the shard.
     const bool reopened = std::find(lane_opened_.begin(), lane_opened_.end(), &gr) != lane_opened_.end();
-    lane_params_ = it.whole && !reopened ? store_->acquire_for_overwrite(gr.pshard, t) : store_->acquire(gr.pshard, t);
+    const TensorId written = gr.master_in_shard ? gr.next_pshard : gr.pshard;
+    lane_params_ = it.whole && !reopened ? store_->acquire_for_overwrite(written, t) : store_->acquire(written, t);
+    lane_masters_ = gr.master_in_shard ? store_->acquire(gr.pshard, t) : Acquired{};
     lane_open_ = &gr;
     if (!reopened) lane_opened_.push_back(&gr);
     lane_->wait(lane_params_.ready);
+    if (gr.master_in_shard) lane_->wait(lane_masters_.ready);
   }
   // The next one's states start on their way while this one is stepped.
   if (!lane_backlog_.empty()) fetch_update_states(*lane_backlog_.front().u.gr, *lane_backlog_.front().u.c, t);
-  const UpdateTensors u = acquire_for_update(c, t, true);
+  UpdateTensors u = acquire_for_update(c, t, true);
+  if (gr.master_in_shard) {
+    u.m.data = at(lane_masters_.data, c.offset, 4);
+    u.out[0].data = at(lane_params_.data, c.offset, 4);
+  }
   for (const Acquired* x : {&u.m, &u.a, &u.v, &u.gd, &u.out[0], &u.out[1], &u.out[2]}) lane_->wait(x->ready);
   const HalfKind kind = half_kind(work_t_);
   // The working copy goes straight into the parameter shard: in 16 bits from the fused
@@ -1085,6 +1109,11 @@ void ZeroEngine::lane_retire_one() {
     --lane_running_;
     // release_stepped marks the sub-group speculated, as lane_submit already did.
     release_stepped(*r.gr, *r.c, t, true);
+  } else if (r.gr->master_in_shard) {
+    store_->release(r.gr->next_pshard, t, Access::Write);
+    store_->release(r.gr->pshard, t);
+    for (TensorId id : {r.gr->next_pshard, r.gr->pshard})
+      if (opts_.param_home != t) store_->drop(id, t);
   } else {
     store_->release(r.gr->pshard, t, Access::Write);
     if (opts_.param_home != t) store_->drop(r.gr->pshard, t);
@@ -1139,12 +1168,12 @@ std::vector<ZeroEngine::DeviceUpdate> ZeroEngine::launch_on_device(const std::ve
     size_t end = i;
     while (end < items.size() && items[end].gr == &gr) ++end;
     const bool whole = end - i == gr.chunks.size();
-    // Where the shard is the master weights (master_in_shard), it is stepped as one.
-    Acquired params = gr.master_in_shard ? Acquired{}
-                      : opts_.stage != 3 ? store_->acquire(gr.full, t)
-                      : whole            ? store_->acquire_for_overwrite(gr.pshard, t)
-                                         : store_->acquire(gr.pshard, t);
-    if (!gr.master_in_shard) s.wait(params.ready);
+    // The GPU optimizer's groups have master weights of their own (the layout's rule).
+    STRATA_CHECK(!gr.master_in_shard, "a group whose shard is its master weights on the GPU optimizer");
+    Acquired params = opts_.stage != 3 ? store_->acquire(gr.full, t)
+                      : whole          ? store_->acquire_for_overwrite(gr.pshard, t)
+                                       : store_->acquire(gr.pshard, t);
+    s.wait(params.ready);
     DeviceUpdate u{&gr, {}, {}, speculative, device_.now()};
     for (size_t k = i; k < end; ++k) {
       Chunk& c = *items[k].c;
@@ -1162,9 +1191,8 @@ std::vector<ZeroEngine::DeviceUpdate> ZeroEngine::launch_on_device(const std::ve
       for (Acquired* x : {&m, &a, &v, &gd, &out[0], &out[1], &out[2]}) s.wait(x->ready);
       // The working copy: in the parameter shard (stage 3) or this rank's slice of the
       // replicated parameters (stages 1 and 2), both in device memory.
-      void* working = gr.master_in_shard ? nullptr
-                      : opts_.stage == 3 ? at(params.data, c.offset, wb_)
-                                         : at(params.data, static_cast<uint64_t>(rank_) * gr.shard + c.offset, wb_);
+      void* working = opts_.stage == 3 ? at(params.data, c.offset, wb_)
+                                       : at(params.data, static_cast<uint64_t>(rank_) * gr.shard + c.offset, wb_);
       AdamStepArgs args;
       args.s = sc;
       args.p_in = static_cast<const float*>(m.data);
@@ -1180,13 +1208,13 @@ std::vector<ZeroEngine::DeviceUpdate> ZeroEngine::launch_on_device(const std::ve
       args.half_t = half_t;
       args.n = c.n;
       s.adam_step(args);
-      if (half_t == DType::F32 && working) s.copy_async(working, out[0].data, c.n * 4);
+      if (half_t == DType::F32) s.copy_async(working, out[0].data, c.n * 4);
     }
     u.done = s.record();
     pending.push_back(std::move(u));
     // A parameter shard brought to the device from a host home is sent back before the
     // next group's comes, so that the device holds one at a time.
-    if (opts_.stage == 3 && opts_.param_home != t && !gr.master_in_shard) finish_on_device(pending);
+    if (opts_.stage == 3 && opts_.param_home != t) finish_on_device(pending);
     i = end;
   }
   return pending;
@@ -1202,7 +1230,6 @@ void ZeroEngine::finish_on_device(std::vector<DeviceUpdate>& pending) {
                     u.gr->spec.name,
                 u.t0, device_.now());
     for (Chunk* c : u.chunks) release_stepped(*u.gr, *c, t, u.speculative);
-    if (u.gr->master_in_shard) continue;
     const TensorId pid = opts_.stage == 3 ? u.gr->pshard : u.gr->full;
     store_->release(pid, t, Access::Write);
     if (opts_.stage == 3 && opts_.param_home != t) store_->drop(pid, t);  // towards its home
@@ -1231,18 +1258,22 @@ void ZeroEngine::update(const std::vector<Update>& items, float grad_scale, bool
 
 void ZeroEngine::fetch_update_states(const Group& gr, const Chunk& c, Tier t) {
   if (t == gr.opt_home) return;
-  for (TensorId id : {c.master, c.exp_avg, c.exp_avg_sq, c.grad}) store_->fetch(id, t);
+  for (TensorId id : {c.master, c.exp_avg, c.exp_avg_sq, c.grad})
+    if (id != 0) store_->fetch(id, t);
+  if (gr.master_in_shard && c.offset == 0) store_->fetch(gr.pshard, t);  // the group's master weights
 }
 
 ZeroEngine::UpdateTensors ZeroEngine::acquire_for_update(Chunk& c, Tier t, bool speculative) {
   UpdateTensors u;
-  u.m = store_->acquire(c.master, t);
+  // master_in_shard: no master of its own (master 0); the caller points m and out[0] into
+  // the group's shard and next shard.
+  if (c.master != 0) u.m = store_->acquire(c.master, t);
   u.a = store_->acquire(c.exp_avg, t);
   u.v = store_->acquire(c.exp_avg_sq, t);
   u.gd = store_->acquire(c.grad, t);
   u.out[0] = u.m, u.out[1] = u.a, u.out[2] = u.v;
   if (speculative) {
-    u.out[0] = store_->acquire_for_overwrite(c.next_master, t);
+    u.out[0] = c.next_master != 0 ? store_->acquire_for_overwrite(c.next_master, t) : Acquired{};
     u.out[1] = store_->acquire_for_overwrite(c.next_exp_avg, t);
     u.out[2] = store_->acquire_for_overwrite(c.next_exp_avg_sq, t);
   }
@@ -1269,12 +1300,18 @@ void ZeroEngine::update_on_host(const std::vector<Update>& items, float grad_sca
   prefetch(0);
   Group* open_group = nullptr;
   Acquired params{};
+  Acquired next_params{};  // master_in_shard, speculative: the group's next shard
   std::vector<std::byte> half_copy;  // stages 1, 2 in 16 bits: a sub-group's working copy
   auto close_group = [&] {
     if (!open_group) return;
     Group& gr = *open_group;
     if (gr.master_in_shard) {
-      // Nothing held: the shard is the sub-group's master weights, released with them.
+      // The shard is the master weights: stepped in place, or read beside the next shard.
+      store_->release(gr.pshard, t, speculative ? Access::Read : Access::Write);
+      if (speculative) store_->release(gr.next_pshard, t, Access::Write);
+      if (opts_.param_home != t)
+        for (TensorId id : {gr.pshard, speculative ? gr.next_pshard : TensorId{0}})
+          if (id != 0) store_->drop(id, t);  // towards NVMe
     } else if (opts_.stage == 3) {
       store_->release(gr.pshard, t, Access::Write);
       if (opts_.param_home != t) store_->drop(gr.pshard, t);  // to device or towards NVMe
@@ -1295,18 +1332,27 @@ void ZeroEngine::update_on_host(const std::vector<Update>& items, float grad_sca
       size_t mine = 0;
       for (size_t j = i; j < items.size() && items[j].gr == &gr; ++j) ++mine;
       const bool whole = mine == gr.chunks.size();
-      params = gr.master_in_shard ? Acquired{}
-               : opts_.stage != 3 ? store_->acquire(gr.full, Tier::Device)
-               : whole            ? store_->acquire_for_overwrite(gr.pshard, t)
-                                  : store_->acquire(gr.pshard, t);
+      // Where the shard is the master weights it is read (and stepped in place, or into
+      // the next shard when speculative).
+      params = opts_.stage != 3                  ? store_->acquire(gr.full, Tier::Device)
+               : whole && !gr.master_in_shard ? store_->acquire_for_overwrite(gr.pshard, t)
+                                                 : store_->acquire(gr.pshard, t);
+      next_params = !gr.master_in_shard || !speculative ? Acquired{}
+                    : whole                             ? store_->acquire_for_overwrite(gr.next_pshard, t)
+                                                        : store_->acquire(gr.next_pshard, t);
       const double t0 = device_.now();
       params.ready.wait();
+      next_params.ready.wait();
       const double t1 = device_.now();
       waited_s += t1 - t0;
       if (trace::Recorder* r = trace::active(); r && t1 > t0) r->record("wait", "wait params " + gr.spec.name, t0, t1);
     }
     prefetch(i + 1);
     UpdateTensors u = acquire_for_update(c, t, speculative);
+    if (gr.master_in_shard) {
+      u.m.data = at(params.data, c.offset, 4);
+      u.out[0].data = speculative ? at(next_params.data, c.offset, 4) : u.m.data;
+    }
     Acquired &m = u.m, &a = u.a, &v = u.v, &gd = u.gd;
     Acquired* out = u.out;
     const double t0 = device_.now();
@@ -1352,6 +1398,7 @@ void ZeroEngine::update_on_host(const std::vector<Update>& items, float grad_sca
 void ZeroEngine::release_stepped(const Group& gr, Chunk& c, Tier t, bool speculative) {
   // Away from home, each copy goes back behind the next update's work (write-back).
   auto done = [&](TensorId id, Access access) {
+    if (id == 0) return;  // master_in_shard: the group's shard, released with the group
     store_->release(id, t, access);
     if (t != gr.opt_home) store_->drop(id, t);
   };
@@ -1458,10 +1505,18 @@ std::vector<float> ZeroEngine::gather_full_params(int g) {
 void ZeroEngine::read_optimizer_shard(int g, float* master, float* exp_avg, float* exp_avg_sq) {
   Group& gr = groups_.at(g);
   const Tier t = opt_host_tier_;
+  if (gr.master_in_shard) {  // the parameter shard is the master weights
+    Acquired p = store_->acquire(gr.pshard, t);
+    p.ready.wait();
+    device_.host_compute(8.0 * gr.shard, [&] { std::memcpy(master, p.data, gr.shard * 4); });
+    store_->release(gr.pshard, t);
+    if (t != opts_.param_home) store_->drop(gr.pshard, t).wait();
+  }
   for (Chunk& c : gr.chunks) {
     TensorId ids[3] = {c.master, c.exp_avg, c.exp_avg_sq};
     float* outs[3] = {master, exp_avg, exp_avg_sq};
     for (int k = 0; k < 3; ++k) {
+      if (ids[k] == 0) continue;  // master_in_shard: read above
       Acquired a = store_->acquire(ids[k], t);
       a.ready.wait();
       device_.host_compute(8.0 * c.n, [&] { std::memcpy(outs[k] + c.offset, a.data, c.n * 4); });
@@ -1479,6 +1534,7 @@ void ZeroEngine::write_optimizer_shard(int g, const float* master, const float* 
     TensorId ids[3] = {c.master, c.exp_avg, c.exp_avg_sq};
     const float* ins[3] = {master, exp_avg, exp_avg_sq};
     for (int k = 0; k < 3; ++k) {
+      if (ids[k] == 0) continue;  // master_in_shard: the parameter shard, written below
       Acquired a = store_->acquire_for_overwrite(ids[k], t);
       a.ready.wait();
       device_.host_compute(8.0 * c.n, [&] { std::memcpy(a.data, ins[k] + c.offset, c.n * 4); });
@@ -1486,10 +1542,8 @@ void ZeroEngine::write_optimizer_shard(int g, const float* master, const float* 
       if (t != gr.opt_home) store_->drop(ids[k], t).wait();
     }
   }
-  // The working parameters follow the master weights (or are them).
-  if (gr.master_in_shard) {
-    drop_full(gr);
-  } else if (opts_.stage == 3) {
+  // The working parameters follow the master weights (or are them: master_in_shard).
+  if (opts_.stage == 3) {
     Acquired p = store_->acquire_for_overwrite(gr.pshard, Tier::Pinned);
     p.ready.wait();
     device_.host_compute((4.0 + wb_) * gr.shard, [&] { convert_from_f32(p.data, work_t_, master, gr.shard); });

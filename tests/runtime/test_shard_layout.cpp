@@ -132,18 +132,88 @@ TEST(ShardLayout, TheSubGroupRuleReachesTheEngineAndThePlanner) {
   // checks its budget.
   EXPECT_EQ(se.engine->layout().pinned_staging, 8 * 4 * 4096 + 4 * max_shard);
   EXPECT_EQ(p.tiers[1].need.buffers, double(se.engine->layout().pinned_staging));
-  // Optimizer states per sub-group: each rounded to 4 KiB on its own; the master weights
-  // of a group with one sub-group are its parameter shard (fp32, stage 3, both pinned).
-  uint64_t opt = 0, shared = 0;
+  // Optimizer states per sub-group: each rounded to 4 KiB on its own. fp32 stage 3 with
+  // both homes pinned: the parameter shard is the master weights, so the two moments only.
+  uint64_t opt = 0;
   for (const GroupLayout& g : se.engine->layout().groups) {
-    EXPECT_EQ(g.master_in_shard, g.sub_groups.size() == 1) << g.name;
-    shared += g.master_in_shard ? 1 : 0;
-    for (const SubGroup& sg : g.sub_groups) opt += (g.master_in_shard ? 2 : 3) * round_up(4 * sg.n, 4096);
+    EXPECT_TRUE(g.master_in_shard) << g.name;
+    for (const SubGroup& sg : g.sub_groups) opt += 2 * round_up(4 * sg.n, 4096);
   }
-  EXPECT_GT(shared, 0u) << "the test means groups of both kinds";
-  EXPECT_LT(shared, se.engine->layout().groups.size()) << "the test means groups of both kinds";
   EXPECT_EQ(double(se.owned(Tier::Pinned, "optimizer")), double(opt));
   EXPECT_EQ(p.tiers[1].need.optimizer, double(opt));
+}
+
+// Where the parameter shard is the master weights (GroupLayout::master_in_shard): fp32
+// stage 3, parameters and optimizer states in one tier, stepped by CPU Adam, and a group's
+// sub-groups all speculative or none. Such a group registers no Master, and a speculative
+// one a single MasterNext of its whole shard; the homes' bytes drop by the masters.
+TEST(ShardLayout, TheParameterShardIsTheMasterWeightsWhereOneTierHoldsBoth) {
+  // Three groups of 8, 20 and 3 units of 1024 elements; sub-groups of 8 units.
+  const std::vector<GroupSize> sizes = {{"a", 8 * 1024}, {"b", 20 * 1024}, {"c", 3 * 1024}};
+  ShardStrategy st;
+  st.world = 1;
+  st.stage = 3;
+  st.param_home = st.optimizer_home = Tier::Nvme;
+  st.rules.sub_group_elems = 8 * 1024;
+  auto count = [](const GroupLayout& g, StateRole r) {
+    return std::count_if(g.tensors.begin(), g.tensors.end(), [&](const StateTensor& t) { return t.role == r; });
+  };
+  const ShardLayout L = make_shard_layout(sizes, st);
+  ASSERT_EQ(L.groups[1].sub_groups.size(), 3u);
+  for (const GroupLayout& g : L.groups) {
+    EXPECT_TRUE(g.master_in_shard) << g.name;
+    EXPECT_EQ(count(g, StateRole::Master), 0) << g.name;
+    EXPECT_EQ(count(g, StateRole::ParamShard), 1) << g.name;
+    EXPECT_EQ(count(g, StateRole::ExpAvg), long(g.sub_groups.size())) << g.name;
+  }
+  // 31 units of 4 KiB: params once, two moments, the gradient (fp32: 16 bytes an element).
+  EXPECT_EQ(L.need[int(Tier::Nvme)].params + L.need[int(Tier::Nvme)].optimizer, 3u * 31 * 4096);
+
+  // Each condition off in turn gives every group its own master weights again.
+  auto all_own = [&](ShardStrategy s, const char* why) {
+    const ShardLayout M = make_shard_layout(sizes, s);
+    for (const GroupLayout& g : M.groups) {
+      EXPECT_FALSE(g.master_in_shard) << why << ": " << g.name;
+      EXPECT_EQ(count(g, StateRole::Master), long(g.sub_groups.size())) << why << ": " << g.name;
+    }
+  };
+  ShardStrategy bf16 = st;
+  bf16.working = bf16.grads = DType::BF16;
+  all_own(bf16, "a 16-bit working copy is not the fp32 masters");
+  ShardStrategy homes = st;
+  homes.optimizer_home = Tier::Pinned;
+  all_own(homes, "parameters on NVMe, optimizer pinned");
+  ShardStrategy stage2 = st;
+  stage2.stage = 2;
+  all_own(stage2, "stages 1 and 2 replicate the parameters");
+  ShardStrategy gpu = st;
+  gpu.param_home = gpu.optimizer_home = Tier::Device;
+  gpu.device_states_staged = true;
+  all_own(gpu, "the GPU optimizer");
+  ShardStrategy cpu_device = gpu;
+  cpu_device.device_states_staged = false;  // the cpu backend's device is host memory: CPU Adam
+  for (const GroupLayout& g : make_shard_layout(sizes, cpu_device).groups) EXPECT_TRUE(g.master_in_shard) << g.name;
+
+  // Speculation: the last 4 of the 5 sub-groups (b's three and c) have a Next set. b and c
+  // are whole: one MasterNext of their shard; a is not speculative. With 2, b is split
+  // between the two and keeps its own masters and a MasterNext per speculative sub-group.
+  ShardStrategy spec = st;
+  spec.speculative_sub_groups = 4;
+  const ShardLayout S = make_shard_layout(sizes, spec);
+  for (const GroupLayout& g : S.groups) EXPECT_TRUE(g.master_in_shard) << g.name;
+  EXPECT_EQ(count(S.groups[0], StateRole::MasterNext), 0);
+  for (int i : {1, 2}) {
+    EXPECT_EQ(count(S.groups[i], StateRole::MasterNext), 1);
+    for (const StateTensor& t : S.groups[i].tensors)
+      if (t.role == StateRole::MasterNext) EXPECT_EQ(t.spec.bytes, 4 * S.groups[i].shard);
+  }
+  spec.speculative_sub_groups = 2;
+  const ShardLayout P = make_shard_layout(sizes, spec);
+  EXPECT_TRUE(P.groups[0].master_in_shard);
+  EXPECT_FALSE(P.groups[1].master_in_shard) << "one of b's three sub-groups is speculative";
+  EXPECT_EQ(count(P.groups[1], StateRole::Master), 3);
+  EXPECT_EQ(count(P.groups[1], StateRole::MasterNext), 1);
+  EXPECT_TRUE(P.groups[2].master_in_shard);
 }
 
 TEST(ShardLayout, NvmeSwapSpaceIsTheSameInThePlanAndTheEngine) {

@@ -109,7 +109,8 @@ enum class StateRole {
   ExpAvg,          // per sub-group: Adam's first moment
   ExpAvgSq,        // per sub-group: Adam's second moment
   Grad,            // per sub-group: the reduced, accumulated gradient
-  MasterNext,      // speculative sub-groups: the next step's master weights, written
+  MasterNext,      // speculative sub-groups: the next step's master weights (per group,
+                   //   the whole shard, where GroupLayout::master_in_shard), written
   ExpAvgNext,      //   during the backward pass while Master / ExpAvg / ExpAvgSq stay
   ExpAvgSqNext,    //   the committed state; the engine swaps the two sets at commit
   ActivationCheckpoint,  // ShardStrategy::checkpoints: one per checkpoint, home checkpoints.home
@@ -134,9 +135,11 @@ struct GroupLayout {
   uint64_t shard = 0;   // elements per rank: padded / world
   bool persistent = false;
   Tier optimizer_home = Tier::Device;  // its sub-groups' states (ShardStrategy::optimizer_ratio)
-  // Stage 3 in fp32, one sub-group, its states' home the parameter shard's: the parameter
-  // shard is the master weights (the same fp32 values, so one tensor, no Master of its
-  // own). The optimizer steps it in place, and no copy of the masters is written into
+  // Stage 3 in fp32, its states' home the parameter shard's, stepped by CPU Adam, its
+  // sub-groups all speculative or none: the parameter shard is the master weights (the
+  // same fp32 values, so one tensor; its sub-groups have no Master of their own, and a
+  // speculative group one MasterNext of the whole shard). The optimizer steps each
+  // sub-group's range of the shard in place, and no copy of the masters is written into
   // the shard or moved between tiers: per step, a shard's read and write less.
   bool master_in_shard = false;
   std::vector<SubGroup> sub_groups;

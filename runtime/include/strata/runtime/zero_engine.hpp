@@ -388,6 +388,7 @@ class ZeroEngine final : public WeightSource {
   size_t lane_running_ = 0;          // sub-group records in lane_inflight_
   Group* lane_open_ = nullptr;       // whose parameter shard the lane holds (lane_params_)
   Acquired lane_params_{};
+  Acquired lane_masters_{};          // master_in_shard: lane_open_'s shard, read (lane_params_ its next)
   Group* lane_last_ = nullptr;       // the group of the last sub-group submitted
   bool lane_submitting_ = false;     // in lane_submit: lane_open_'s shard is in use
   std::vector<const Group*> lane_opened_;  // groups opened this step (reopened: not for overwrite)
