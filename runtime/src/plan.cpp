@@ -240,9 +240,9 @@ class Planner {
   double stage1_ = 0, per_param_ = 0, opt_compute_ = 0, opt_ = 0, refresh_ = 0, write_lane_ = 0;
   double opt_serial_ = 0;  // work the optimizer's thread waits for, per sub-group, summed
   bool gpu_opt_ = false;   // offload_optimizer none or ratio < 1 on GPUs: the GPU optimizer steps in HBM
-  double opt_host_elems_ = 0, opt_device_elems_ = 0;
+  double opt_host_elems_ = 0, opt_device_elems_ = 0;  // shard elements CPU Adam and the GPU optimizer step
   double opt_host_bytes_ = 0, opt_device_bytes_ = 0;  // the bytes each streams
-  double shard_cache_ = 0;  // pinned bytes of parameter shards the optimizer finds there  // shard elements CPU Adam and the GPU optimizer step
+  double shard_cache_ = 0;  // pinned bytes of parameter shards the optimizer finds there
 };
 
 void Planner::cannot_run() {

@@ -896,11 +896,11 @@ bool ZeroEngine::step() {
         if (id != 0) store_->discard_contents(id);
     }
     // Where the shard is the master weights, the group's next shard holds all its
-    // sub-groups' new master weights (every one speculative: the layout's rule).
-    for (Group& gr : groups_) {
-      if (!gr.master_in_shard || gr.next_pshard == 0 ||
-          std::none_of(speculated.begin(), speculated.end(), [&](const Update& u) { return u.gr == &gr; }))
-        continue;
+    // sub-groups' new master weights (every one speculative: the layout's rule). The list
+    // is in group order: each group once, at its first sub-group.
+    for (size_t i = 0; i < speculated.size(); ++i) {
+      Group& gr = *speculated[i].gr;
+      if ((i > 0 && speculated[i - 1].gr == &gr) || !gr.master_in_shard || gr.next_pshard == 0) continue;
       if (valid) {
         std::swap(gr.pshard, gr.next_pshard);
         shards_swapped = true;

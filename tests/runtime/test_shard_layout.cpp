@@ -204,8 +204,11 @@ TEST(ShardLayout, TheParameterShardIsTheMasterWeightsWhereOneTierHoldsBoth) {
   EXPECT_EQ(count(S.groups[0], StateRole::MasterNext), 0);
   for (int i : {1, 2}) {
     EXPECT_EQ(count(S.groups[i], StateRole::MasterNext), 1);
-    for (const StateTensor& t : S.groups[i].tensors)
-      if (t.role == StateRole::MasterNext) EXPECT_EQ(t.spec.bytes, 4 * S.groups[i].shard);
+    for (const StateTensor& t : S.groups[i].tensors) {
+      if (t.role == StateRole::MasterNext) {
+        EXPECT_EQ(t.spec.bytes, 4 * S.groups[i].shard);
+      }
+    }
   }
   spec.speculative_sub_groups = 2;
   const ShardLayout P = make_shard_layout(sizes, spec);

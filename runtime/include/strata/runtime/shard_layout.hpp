@@ -171,7 +171,8 @@ struct ShardLayout {
   uint64_t device_working = 0;
   // Pinned staging the optimizer needs: its sub-groups' four states passing through,
   // twice (the one updated and the next one fetched), and a parameter shard; a
-  // speculative step also holds the updated sub-group's Next set. Checkpoints on NVMe
+  // speculative step also holds the updated sub-group's Next set, and a group's next
+  // shard where the shard is its master weights (master_in_shard). Checkpoints on NVMe
   // pass through it too (kLiveCheckpoints of them).
   uint64_t pinned_staging = 0;
   // NVMe swap space when sized from the layout: the homes plus an eighth for cache copies

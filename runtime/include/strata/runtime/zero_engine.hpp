@@ -11,7 +11,8 @@
 //   - the gradient shard, in the same sub-groups and tier (accumulated over
 //     gradient_accumulation_steps micro-batches);
 //   - stage 3: the working parameter shard, home = offload_param's tier, gathered into
-//     a full device buffer when the model asks for it;
+//     a full device buffer when the model asks for it; in fp32 with both homes the same
+//     (CPU Adam), it is the master weights itself (GroupLayout::master_in_shard);
 //   - stages 1 and 2: the full working parameters, replicated on the device.
 // Stage 1 keeps full gradients on the device and all-reduces them at the step; stages 2
 // and 3 reduce-scatter each micro-batch's gradient into the shards as soon as it is ready.
