@@ -413,7 +413,7 @@ struct Row {
   Beside beside;
 };
 
-// The cost of I/O to the compute beside it, measured: OpenBLAS sgemm on every core for
+// The cost of I/O to the compute beside it, measured: sgemm (cpu_sgemm) on every core for
 // the run's time alone, then while the engine runs the pattern on a thread of its own (as
 // the runtime's transfers run beside the model), then alone again. On a virtual machine
 // the host's side of a virtual disk can run on the cores the guest computes on, so a
@@ -596,7 +596,7 @@ Report io_report(const IoBenchOptions& o, const IoPlan& z, const IoTarget& t, co
     print_io_table(out, rows, vs_fio, beside);
     if (beside)
       std::fprintf(out,
-                   "\ncompute beside: the cores' sustained sgemm rate (OpenBLAS, every core) while the engine ran the "
+                   "\ncompute beside: the cores' sustained sgemm rate (every core) while the engine ran the "
                    "point beside it, over its rate alone (the mean of a run before and one after); MiB/s beside: the "
                    "I/O meanwhile; core-s/GiB: the compute lost per GiB moved ((1 - compute beside) x cores x time "
                    "/ GiB). On a virtual disk the host's side of the I/O can run on the guest's cores: this is what a "
@@ -660,7 +660,7 @@ void add_io(CLI::App& bench, Runner& run) {
   io->add_flag("--hugepages", o->huge_pages,
                "Collapse the whole pinned pool into 2 MiB pages now (MADV_COLLAPSE); fio's buffers stay on 4 KiB pages");
   io->add_flag("--beside-compute", o->beside_compute,
-               "Also measure what the I/O costs compute: OpenBLAS sgemm on every core alone, and while each point runs "
+               "Also measure what the I/O costs compute: sgemm on every core alone, and while each point runs "
                "beside it (the compute's rate beside / alone, and core-seconds lost per GiB)");
   add_output_options(*io, o->out, "bandwidth against block size and queue depth, per pattern (fio dashed)");
   io->callback([&run, o, io] {

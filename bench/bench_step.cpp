@@ -37,6 +37,7 @@
 #include "strata/core/error.hpp"
 #include "strata/core/safe_io.hpp"
 #include "strata/core/trace.hpp"
+#include "strata/model/cpu_sgemm.hpp"
 #include "strata/model/gpt.hpp"
 #include "strata/runtime/train.hpp"
 #include "strata/runtime/zero_engine.hpp"
@@ -51,7 +52,7 @@ namespace {
 
 struct StepArgs {
   GptShape shape{12, 768, 12, 256, 50257};  // GPT-2 small's shape, 124M parameters
-  int micro_batch = 4;   // 1024-row matmuls: OpenBLAS near its peak
+  int micro_batch = 4;   // 1024-row matmuls: sgemm near its peak
   int accum = 4;         // 4096 tokens per optimizer step
   int reps = 3;
   int warmup = 1;
@@ -411,7 +412,7 @@ int run_step(const StepArgs& a) {
     }
     rep.table.rows.push_back(std::move(row));
   }
-  const std::string peak_f32 = cuda ? "cuBLAS sgemm (fp32, no TF32)" : "OpenBLAS sgemm";
+  const std::string peak_f32 = cuda ? "cuBLAS sgemm (fp32, no TF32)" : cpu_sgemm_choice().name;
   std::string mfu_note = "MFU: model FLOPs (6 x matmul parameters + causal attention, no recompute) per second over the "
                          "measured matmul peak of the row's precision";
   if (!sixteen || a.f32_beside)

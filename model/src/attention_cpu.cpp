@@ -1,7 +1,5 @@
 #include "attention_cpu.hpp"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -9,6 +7,7 @@
 
 #include "kernels_cpu.hpp"
 #include "parallel.hpp"
+#include "strata/model/cpu_sgemm.hpp"
 
 namespace strata::detail {
 
@@ -44,8 +43,8 @@ void attention_forward(const float* qkv, float* out, float* lse, int B, int T, i
       std::fill(w.o.begin(), w.o.begin() + static_cast<long>(nq) * hd, 0.0f);
       for (int k0 = 0; k0 < q0 + nq; k0 += kBlock) {
         const int nk = std::min(kBlock, q0 + nq - k0);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, scale, Q + q0 * ld, ld, K + k0 * ld, ld,
-                    0.0f, w.s.data(), kBlock);
+        cpu_sgemm(false, true, nq, nk, hd, scale, Q + q0 * ld, ld, K + k0 * ld, ld,
+                    0.0f, w.s.data(), kBlock, true);
         for (int i = 0; i < nq; ++i) {
           float* s = w.s.data() + i * kBlock;
           float* p = w.p.data() + i * kBlock;
@@ -65,8 +64,8 @@ void attention_forward(const float* qkv, float* out, float* lse, int B, int T, i
             for (int c = 0; c < hd; ++c) o[c] *= corr;
           }
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nk, 1.0f, w.p.data(), kBlock, V + k0 * ld, ld,
-                    1.0f, w.o.data(), hd);
+        cpu_sgemm(false, false, nq, hd, nk, 1.0f, w.p.data(), kBlock, V + k0 * ld, ld,
+                    1.0f, w.o.data(), hd, true);
       }
       for (int i = 0; i < nq; ++i) {
         const float inv = 1.0f / w.l[i];
@@ -110,8 +109,8 @@ void attention_backward(const float* qkv, const float* out, const float* lse, co
       for (int k0 = 0; k0 < q0 + nq; k0 += kBlock) {
         const int nk = std::min(kBlock, q0 + nq - k0);
         // P = exp(scale q k^T - lse), zero above the diagonal.
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, scale, Q + q0 * ld, ld, K + k0 * ld, ld,
-                    0.0f, s.data(), kBlock);
+        cpu_sgemm(false, true, nq, nk, hd, scale, Q + q0 * ld, ld, K + k0 * ld, ld,
+                    0.0f, s.data(), kBlock, true);
         for (int i = 0; i < nq; ++i) {
           float* p = s.data() + i * kBlock;
           const int valid = std::max(0, std::min(nk, q0 + i - k0 + 1));
@@ -119,21 +118,21 @@ void attention_backward(const float* qkv, const float* out, const float* lse, co
           std::fill(p + valid, p + nk, 0.0f);
         }
         // dV += P^T dO
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hd, nq, 1.0f, s.data(), kBlock, dO + q0 * d, d, 1.0f,
-                    dV + k0 * ld, ld);
+        cpu_sgemm(true, false, nk, hd, nq, 1.0f, s.data(), kBlock, dO + q0 * d, d, 1.0f,
+                    dV + k0 * ld, ld, true);
         // dP = dO V^T ; dS = P (dP - D)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, 1.0f, dO + q0 * d, d, V + k0 * ld, ld, 0.0f,
-                    dp.data(), kBlock);
+        cpu_sgemm(false, true, nq, nk, hd, 1.0f, dO + q0 * d, d, V + k0 * ld, ld, 0.0f,
+                    dp.data(), kBlock, true);
         for (int i = 0; i < nq; ++i) {
           const float* p = s.data() + i * kBlock;
           float* g = dp.data() + i * kBlock;
           for (int j = 0; j < nk; ++j) g[j] = p[j] * (g[j] - D[q0 + i]);
         }
         // dQ += scale dS K ; dK += scale dS^T Q
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nk, scale, dp.data(), kBlock, K + k0 * ld, ld,
-                    1.0f, dQ + q0 * ld, ld);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hd, nq, scale, dp.data(), kBlock, Q + q0 * ld, ld,
-                    1.0f, dK + k0 * ld, ld);
+        cpu_sgemm(false, false, nq, hd, nk, scale, dp.data(), kBlock, K + k0 * ld, ld,
+                    1.0f, dQ + q0 * ld, ld, true);
+        cpu_sgemm(true, false, nk, hd, nq, scale, dp.data(), kBlock, Q + q0 * ld, ld,
+                    1.0f, dK + k0 * ld, ld, true);
       }
     }
   });

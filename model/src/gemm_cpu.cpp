@@ -1,6 +1,5 @@
 #include "gemm_cpu.hpp"
 
-#include <cblas.h>
 #include <omp.h>
 #if defined(__SSE__)
 #include <xmmintrin.h>
@@ -20,6 +19,7 @@
 #include "strata/core/convert.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/log.hpp"
+#include "strata/model/cpu_sgemm.hpp"
 
 namespace strata::detail {
 namespace {
@@ -107,7 +107,7 @@ const char* isa_name(dnnl::cpu_isa isa) {
 bool probe_native(DType t) {
   const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
   const std::string type = precision_name(t);
-  const std::string fallback = "; its matmuls convert the 16-bit operands to fp32 for OpenBLAS sgemm (the same "
+  const std::string fallback = "; its matmuls convert the 16-bit operands to fp32 for sgemm (the same "
                                "products and fp32 sums; slower)";
   // The ISA values are bit sets, each containing the ones it extends.
   const auto bf16_isa = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
@@ -266,10 +266,8 @@ void CpuGemm::run_sgemm(long M, long N, long K, const MatRef& a, const MatRef& b
   const MatRef bf = as_f32(b, b.trans ? N : K, b.trans ? K : N);
   float* cf = c_type == DType::F32 ? static_cast<float*>(c) : take(static_cast<uint64_t>(M) * N);
   const long ldcf = c_type == DType::F32 ? ldc : N;
-  cblas_sgemm(CblasRowMajor, af.trans ? CblasTrans : CblasNoTrans, bf.trans ? CblasTrans : CblasNoTrans,
-              static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), 1.0f, static_cast<const float*>(af.data),
-              static_cast<int>(af.ld), static_cast<const float*>(bf.data), static_cast<int>(bf.ld),
-              out == GemmOutput::Accumulate ? 1.0f : 0.0f, cf, static_cast<int>(ldcf));
+  cpu_sgemm(af.trans, bf.trans, M, N, K, 1.0f, static_cast<const float*>(af.data), af.ld,
+            static_cast<const float*>(bf.data), bf.ld, out == GemmOutput::Accumulate ? 1.0f : 0.0f, cf, ldcf);
   if (bias)
     rows_parallel(M, [&](long r0, long r1) {
       if (ldcf == N) return add_bias_rows(cf + r0 * ldcf, bias, r1 - r0, static_cast<int>(N));

@@ -1,6 +1,7 @@
 // The cpu model's matmuls: C = op(A) op(B) (+ bias) (+ C) with fp32 accumulation, over
 // operands of F32, BF16 or F16 (docs/mixed-precision.md). Each type takes one path:
-//  - F32: OpenBLAS sgemm, the bias added after by rows (the fp32 model's math).
+//  - F32: sgemm (OpenBLAS's, or oneDNN's where OpenBLAS's kernels are older than the CPU:
+//    strata/model/cpu_sgemm.hpp), the bias added after by rows (the fp32 model's math).
 //  - BF16 on a CPU with bf16 dot-product instructions (oneDNN's avx512_core_bf16 and up):
 //    oneDNN's matmul, the bias and the rounding of a 16-bit output fused into it. Measured
 //    on an AMD EPYC with AVX512-BF16, 2 cores, at GPT-2 small's shapes: 365-440 GFLOP/s,

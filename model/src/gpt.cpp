@@ -24,6 +24,7 @@
 #include "strata/core/convert.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/math/gpt.hpp"
+#include "strata/model/cpu_sgemm.hpp"
 
 #ifdef STRATA_HAVE_CUDA
 #include "strata/model/gpt_cuda.hpp"
@@ -104,8 +105,15 @@ void add_rows(float* y, const float* x, long rows, int n) {
 // the library loaded, so the first call stops them (blas_thread_shutdown_, when the BLAS
 // is OpenBLAS) and OpenBLAS starts new ones, inheriting the flags, on its next call. The
 // 16-bit model's oneDNN matmuls run on OpenMP's workers, which may have started before
-// (measure_matmul_peak): the first 16-bit call sets the flags in each of them.
+// (measure_matmul_peak): the first 16-bit call sets the flags in each of them, as the first
+// fp32 call does where oneDNN's sgemm replaces OpenBLAS's (cpu_sgemm.hpp).
 extern "C" void blas_thread_shutdown_(void) __attribute__((weak));
+
+// Whether the model's matmuls run on OpenMP's team (oneDNN's): in 16 bits, and in fp32
+// where oneDNN's sgemm stands in for OpenBLAS's (cpu_sgemm.hpp).
+bool on_openmp(DType precision) {
+  return precision != DType::F32 || cpu_sgemm_choice().library == CpuSgemmLibrary::OneDnn;
+}
 
 class FlushDenormals {
  public:
@@ -117,7 +125,7 @@ class FlushDenormals {
       if (blas_thread_shutdown_) blas_thread_shutdown_();
     });
     static std::once_flag omp;
-    if (precision != DType::F32) std::call_once(omp, detail::gemm_threads_flush_denormals);
+    if (on_openmp(precision)) std::call_once(omp, detail::gemm_threads_flush_denormals);
   }
   ~FlushDenormals() { _mm_setcsr(saved_); }
 
@@ -131,7 +139,7 @@ class FlushDenormals {
 
 // The threads the model's loops run on: those of its matmul library (parallel.hpp).
 detail::LoopThreads loop_threads(DType precision) {
-  return precision == DType::F32 ? detail::LoopThreads::Forked : detail::LoopThreads::OpenMp;
+  return on_openmp(precision) ? detail::LoopThreads::OpenMp : detail::LoopThreads::Forked;
 }
 
 }  // namespace
@@ -907,7 +915,7 @@ uint64_t Gpt::activation_bytes() const { return impl_->bytes; }
 
 namespace {
 
-// The cpu matmul measurements' product: fp32 1024 x 1024 x 1024 through OpenBLAS, every
+// The cpu matmul measurements' product: fp32 1024 x 1024 x 1024 through cpu_sgemm, every
 // core; the first one at construction, to make the threads and warm the caches.
 struct SquareSgemm {
   static constexpr int n = 1024;
@@ -915,7 +923,7 @@ struct SquareSgemm {
   std::vector<float> a, b, c;
   SquareSgemm() : a(static_cast<size_t>(n) * n, 0.5f), b(a.size(), 0.25f), c(a.size()) { run(); }
   void run() {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    cpu_sgemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
   }
 };
 

@@ -1,10 +1,10 @@
 #include "strata/model/mlp.hpp"
 
-#include <cblas.h>
 
 #include <cmath>
 
 #include "strata/core/error.hpp"
+#include "strata/model/cpu_sgemm.hpp"
 
 namespace strata {
 
@@ -39,7 +39,7 @@ double ResidualMlp::run(WeightSource& ws, const float* x, const float* y, int ba
     float* z = a_[b].data();
     for (int i = 0; i < B; ++i) std::copy(c, c + D, z + static_cast<size_t>(i) * D);
     // z[B,D] += h[B,D] * W^T
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, D, D, 1.0f, h_[b].data(), D, w, D, 1.0f, z, D);
+    cpu_sgemm(false, true, B, D, D, 1.0f, h_[b].data(), D, w, D, 1.0f, z, D);
     ws.release_params(b);
     for (size_t i = 0; i < n; ++i) {
       z[i] = std::tanh(z[i]);
@@ -63,13 +63,13 @@ double ResidualMlp::run(WeightSource& ws, const float* x, const float* y, int ba
     const float* a = a_[b].data();
     for (size_t i = 0; i < n; ++i) dz[i] = dh[i] * (1.0f - a[i] * a[i]);
     // dW[D,D] = dz^T[D,B] h[B,D]; dc = column sums of dz; dh_prev = dh + dz W
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, D, B, 1.0f, dz.data(), D, h_[b].data(), D, 0.0f, g, D);
+    cpu_sgemm(true, false, D, D, B, 1.0f, dz.data(), D, h_[b].data(), D, 0.0f, g, D);
     float* gc = g + static_cast<size_t>(D) * D;
     for (int j = 0; j < D; ++j) gc[j] = 0.0f;
     for (int i = 0; i < B; ++i)
       for (int j = 0; j < D; ++j) gc[j] += dz[static_cast<size_t>(i) * D + j];
     dh_prev = dh;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, D, D, 1.0f, dz.data(), D, w, D, 1.0f, dh_prev.data(), D);
+    cpu_sgemm(false, false, B, D, D, 1.0f, dz.data(), D, w, D, 1.0f, dh_prev.data(), D);
     ws.release_params(b);
     ws.grads_ready(b);
     dh.swap(dh_prev);

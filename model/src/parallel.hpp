@@ -1,8 +1,9 @@
 // A fork-join loop over the machine's cores for the model's element-wise passes and
 // attention heads, on the threads of the model's matmul library:
-//  - Forked (the fp32 model): OpenBLAS runs its sgemm on its own pthreads, which cannot
-//    take other work; the loop forks threads of its own for each call.
-//  - OpenMp (the 16-bit model): oneDNN runs on OpenMP's team, whose idle threads spin for
+//  - Forked (the fp32 model on OpenBLAS): OpenBLAS runs its sgemm on its own pthreads,
+//    which cannot take other work; the loop forks threads of its own for each call.
+//  - OpenMp (the 16-bit model, and the fp32 one where oneDNN's sgemm stands in for
+//    OpenBLAS's, cpu_sgemm.hpp): oneDNN runs on OpenMP's team, whose idle threads spin for
 //    a while after each matmul; the loop runs on that team, so the cores are not shared
 //    between two sets of threads. Measured on GPT-2 small at 2 cores, a bf16 step takes
 //    0.6 s (of 11) less than with forked threads, and an fp32 step 0.8 s (of 19) more
@@ -18,10 +19,20 @@
 
 namespace strata::detail {
 
-inline unsigned model_threads() {
-  static const unsigned n = std::max(1u, std::thread::hardware_concurrency());
-  return n;
-}
+// The threads the model computes on (its loops, and its matmuls' library), decided once
+// per process by threads_for below from this process's environment.
+unsigned model_threads();
+
+// OMP_NUM_THREADS where it starts with a positive number (as OpenMP reads it); else the
+// cores this process may run on (`affinity`, its CPU mask), shared among the ranks on its
+// node when the launcher names how many there are (`local_ranks`: Open MPI's
+// OMPI_COMM_WORLD_LOCAL_SIZE, MPICH's MPI_LOCALNRANKS) and left them every core (`affinity`
+// equal to `online`, the machine's cores: not bound to some of them, where each has its
+// own already). At least 1. Ranks that share cores and each run a thread per core fight
+// over them: measured with 4 ranks on 2 cores (gpt.mpi.np4), OpenMP's spinning workers
+// made the fp32 test 1.7x slower than OpenBLAS's threads did, where a thread per rank's
+// share runs it 3-5x faster than either (docs/training.md).
+unsigned threads_for(const char* omp_num_threads, unsigned affinity, unsigned online, const char* local_ranks);
 
 enum class LoopThreads { Forked, OpenMp };
 

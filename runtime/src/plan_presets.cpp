@@ -1,6 +1,5 @@
 // Model and cluster presets of the planner, the validation of cluster figures, and the
 // measurement of this machine for the cpu backend's preset (plan.hpp).
-#include <cblas.h>
 #include <fcntl.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -18,6 +17,7 @@
 
 #include "strata/core/error.hpp"
 #include "strata/collectives/communicator.hpp"
+#include "strata/model/cpu_sgemm.hpp"
 #include "strata/model/gpt.hpp"
 #include "strata/offload/cpu_adam.hpp"
 #include "strata/runtime/plan.hpp"
@@ -275,11 +275,11 @@ double measure_sgemm(int M, int N, int K, int reps) {
   double best = 0;
   for (int r = 0; r < reps; ++r) {
     auto t0 = std::chrono::steady_clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a.data(), K, b.data(), K, 0.0f, c.data(), N);
+    cpu_sgemm(false, true, M, N, K, 1.0f, a.data(), K, b.data(), K, 0.0f, c.data(), N);
     const double t = seconds_since(t0);
     best = std::max(best, 2.0 * M * N * K / t);
   }
-  if (c[0] == 0.0f) throw Error("sgemm measurement produced no result (OpenBLAS did not run)");
+  if (c[0] == 0.0f) throw Error("sgemm measurement produced no result (" + cpu_sgemm_choice().name + " did not run)");
   return best;
 }
 

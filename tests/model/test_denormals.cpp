@@ -6,14 +6,17 @@
 //    caller's floating-point control word is as it was.
 //  - OpenBLAS's worker threads flush too, once the model has run: a multi-threaded sgemm
 //    of denormal inputs gives exact zeros with the flags set (and not before the model
-//    ran, the control that shows the check can fail).
+//    ran, the control that shows the check can fail); the same for the threads of the
+//    fp32 sgemm the model uses, OpenBLAS's or oneDNN's (cpu_sgemm.hpp).
 #include <cblas.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <vector>
 
+#include "strata/model/cpu_sgemm.hpp"
 #include "strata/model/gpt.hpp"
 #include "strata/model/gpt_layout.hpp"
 
@@ -104,6 +107,39 @@ TEST(Denormals, OpenBlasWorkersFlushOnceTheModelRan) {
   _mm_setcsr(saved);
   EXPECT_EQ(after_model, 0) << "OpenBLAS workers still compute with denormals (" << before_model
                             << " nonzero entries before the model ran)";
+}
+// The same for the threads of whichever library runs the fp32 model's matmuls
+// (cpu_sgemm.hpp): OpenBLAS's workers, or oneDNN's OpenMP team (CTest runs this test with
+// STRATA_CPU_SGEMM=onednn too). The team is made before the flags are set, as OpenBLAS's
+// workers are when it loads, so that the check before the model can fail.
+TEST(Denormals, Fp32SgemmThreadsFlushOnceTheModelRan) {
+  ASSERT_EQ(std::fpclassify(1e-39f), FP_SUBNORMAL);
+  auto nonzero_after_sgemm_of_denormals = [](long n) {
+    std::vector<float> a(static_cast<size_t>(n) * n, 1e-39f), b(a.size(), 1.0f), c(a.size(), -1.0f);
+    cpu_sgemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    long nonzero = 0;
+    for (float x : c) nonzero += x != 0.0f;
+    return nonzero;
+  };
+  std::printf("fp32 sgemm: %s\n", cpu_sgemm_choice().name.c_str());
+  nonzero_after_sgemm_of_denormals(512);  // the library's threads start, without the flags
+  const unsigned saved = _mm_getcsr();
+  _mm_setcsr(saved | kFtzDaz);
+  const long before_model = nonzero_after_sgemm_of_denormals(512);
+  _mm_setcsr(saved);
+  if (before_model == 0) GTEST_SKIP() << "this sgemm ran on the calling thread only: there are no workers to check";
+
+  const GptShape s{.layers = 1, .d_model = 32, .heads = 2, .seq_len = 16, .vocab = 64};
+  HostWeights ws(weights(s, 0.02f));
+  Gpt model(s, {.micro_batch = 1});
+  std::vector<int32_t> x(16, 1), y(16, 2);
+  model.forward_loss(ws, x.data(), y.data());
+
+  _mm_setcsr(saved | kFtzDaz);
+  const long after_model = nonzero_after_sgemm_of_denormals(512);
+  _mm_setcsr(saved);
+  EXPECT_EQ(after_model, 0) << cpu_sgemm_choice().name << "'s threads still compute with denormals ("
+                            << before_model << " nonzero entries before the model ran)";
 }
 #else
 TEST(Denormals, NotX86) { GTEST_SKIP() << "flush-to-zero is set through x86's MXCSR only"; }

@@ -8,8 +8,8 @@
 // It knows nothing of sharding or tiers: it asks a WeightSource for each group's weights
 // just before use (in gpt_schedule's order) and hands back each group's gradient right
 // after that group's backward, so the engine can reduce and offload it while the rest of
-// backward runs. fp32 matmuls are OpenBLAS sgemm; attention is computed block by block with
-// an online softmax (no more than one [block, block] tile of scores exists at a time,
+// backward runs. fp32 matmuls are sgemm (OpenBLAS's or oneDNN's, cpu_sgemm.hpp); attention
+// is computed block by block with an online softmax (no more than one [block, block] tile of scores exists at a time,
 // forward or backward); the output head and loss run over row chunks, so no full
 // [tokens, vocab] logits tensor exists either. In bf16 and fp16 (GptOptions::precision)
 // the model rounds where docs/mixed-precision.md says; its bf16 matmuls are oneDNN's and
@@ -102,7 +102,7 @@ class Gpt final : public GptModel {
 // for the sim backend (tensors without bytes) and for cuda in a build without it.
 std::unique_ptr<GptModel> make_gpt(Backend backend, const GptShape& shape, const GptOptions& opts);
 
-// Measured fp32 matmul peak of a backend, FLOP/s: OpenBLAS sgemm on this machine's cores
+// Measured fp32 matmul peak of a backend, FLOP/s: cpu_sgemm on this machine's cores
 // (cpu) or cuBLAS sgemm without TF32 on the current GPU (cuda); the best of a few runs of
 // about `seconds` in total. The peak MFU is measured against.
 double measure_matmul_peak(Backend backend, double seconds = 0.5);
@@ -135,7 +135,7 @@ class HostWeights final : public WeightSource {
   std::vector<int> held_;
 };
 
-// Measured fp32 matmul peak of this machine's cores (OpenBLAS sgemm on square matrices,
+// Measured fp32 matmul peak of this machine's cores (cpu_sgemm on square matrices,
 // best of a few runs of about `seconds` in total), FLOP/s: the cpu backend's peak for MFU.
 double measure_cpu_matmul_peak(double seconds = 0.5);
 // Sustained fp32 sgemm rate of this machine's cores, FLOP/s: the same products, one after

@@ -48,7 +48,7 @@ struct ClusterSpec {
   std::string name;
   std::string description;
   bool cpu_backend = false;       // Strata's cpu backend: "device" memory is host RAM,
-                                  // kernels are OpenBLAS on the cores, the optimizer runs on
+                                  // kernels are sgemm on the cores, the optimizer runs on
                                   // the same cores (one after the other, never together)
   int gpus_per_node = 1;          // ranks per node
   int nodes = 1;
@@ -93,7 +93,7 @@ const std::vector<ClusterPreset>& cluster_presets();
 // Throws ConfigError listing the valid names. "cpu" measures this machine (measure_cpu).
 ClusterSpec find_cluster_preset(const std::string& name, const std::string& nvme_dir = "");
 
-// This machine's cpu backend, measured now (about a second): OpenBLAS sgemm FLOP/s at
+// This machine's cpu backend, measured now (about a second): sgemm FLOP/s (cpu_sgemm) at
 // the shape of `model`'s MLP matmul, memcpy bandwidth, the CPU Adam's rate, RAM from
 // /proc/meminfo, and an O_DIRECT write and read of `nvme_dir` (skipped when empty).
 // micro_batch: the sequences per micro-step the GPT kernels are calibrated at (their
