@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "strata/model/cpu_sgemm.hpp"
@@ -48,13 +49,40 @@ std::vector<std::vector<float>> weights(const GptShape& s, float wte_std) {
   return w;
 }
 
-// Entries of c that are not zero after c = a b, a [n, n] of denormals, b all ones.
-long sgemm_of_denormals_nonzero(int n) {
+// Entries of c that are not zero after c = a b, a [n, n] of denormals, b all ones: through
+// OpenBLAS itself, or the model's fp32 sgemm (cpu_sgemm.hpp).
+long sgemm_of_denormals_nonzero(int n, bool model_sgemm) {
   std::vector<float> a(static_cast<size_t>(n) * n, 1e-39f), b(a.size(), 1.0f), c(a.size(), -1.0f);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+  if (model_sgemm)
+    cpu_sgemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+  else
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(),
+                n);
   long nonzero = 0;
   for (float x : c) nonzero += x != 0.0f;
   return nonzero;
+}
+
+// With the calling thread's flags set, a product of denormals split over the workers gives
+// nonzero entries (the control: otherwise the check is skipped); once the model ran, none.
+void expect_workers_flush_once_the_model_ran(bool model_sgemm, const std::string& workers) {
+  const unsigned saved = _mm_getcsr();
+  _mm_setcsr(saved | kFtzDaz);
+  const long before_model = sgemm_of_denormals_nonzero(512, model_sgemm);
+  _mm_setcsr(saved);
+  if (before_model == 0) GTEST_SKIP() << workers << " did not split this sgemm over its threads";
+
+  const GptShape s{.layers = 1, .d_model = 32, .heads = 2, .seq_len = 16, .vocab = 64};
+  HostWeights ws(weights(s, 0.02f));
+  Gpt model(s, {.micro_batch = 1});
+  std::vector<int32_t> x(16, 1), y(16, 2);
+  model.forward_loss(ws, x.data(), y.data());
+
+  _mm_setcsr(saved | kFtzDaz);
+  const long after_model = sgemm_of_denormals_nonzero(512, model_sgemm);
+  _mm_setcsr(saved);
+  EXPECT_EQ(after_model, 0) << workers << " still compute with denormals (" << before_model
+                            << " nonzero entries before the model ran)";
 }
 
 TEST(Denormals, GradientsHoldNoneAndTheCallersFlagsAreKept) {
@@ -90,56 +118,18 @@ TEST(Denormals, OpenBlasWorkersFlushOnceTheModelRan) {
   ASSERT_EQ(std::fpclassify(1e-39f), FP_SUBNORMAL);
   if (!openblas_get_num_threads || openblas_get_num_threads() < 2)
     GTEST_SKIP() << "OpenBLAS runs one thread here: there are no workers to check";
-  const unsigned saved = _mm_getcsr();
-  _mm_setcsr(saved | kFtzDaz);
-  const long before_model = sgemm_of_denormals_nonzero(512);
-  _mm_setcsr(saved);
-  if (before_model == 0) GTEST_SKIP() << "OpenBLAS did not split this sgemm over its workers";
-
-  const GptShape s{.layers = 1, .d_model = 32, .heads = 2, .seq_len = 16, .vocab = 64};
-  HostWeights ws(weights(s, 0.02f));
-  Gpt model(s, {.micro_batch = 1});
-  std::vector<int32_t> x(16, 1), y(16, 2);
-  model.forward_loss(ws, x.data(), y.data());
-
-  _mm_setcsr(saved | kFtzDaz);
-  const long after_model = sgemm_of_denormals_nonzero(512);
-  _mm_setcsr(saved);
-  EXPECT_EQ(after_model, 0) << "OpenBLAS workers still compute with denormals (" << before_model
-                            << " nonzero entries before the model ran)";
+  expect_workers_flush_once_the_model_ran(false, "OpenBLAS's workers");
 }
+
 // The same for the threads of whichever library runs the fp32 model's matmuls
 // (cpu_sgemm.hpp): OpenBLAS's workers, or oneDNN's OpenMP team (CTest runs this test with
 // STRATA_CPU_SGEMM=onednn too). The team is made before the flags are set, as OpenBLAS's
 // workers are when it loads, so that the check before the model can fail.
 TEST(Denormals, Fp32SgemmThreadsFlushOnceTheModelRan) {
   ASSERT_EQ(std::fpclassify(1e-39f), FP_SUBNORMAL);
-  auto nonzero_after_sgemm_of_denormals = [](long n) {
-    std::vector<float> a(static_cast<size_t>(n) * n, 1e-39f), b(a.size(), 1.0f), c(a.size(), -1.0f);
-    cpu_sgemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
-    long nonzero = 0;
-    for (float x : c) nonzero += x != 0.0f;
-    return nonzero;
-  };
   std::printf("fp32 sgemm: %s\n", cpu_sgemm_choice().name.c_str());
-  nonzero_after_sgemm_of_denormals(512);  // the library's threads start, without the flags
-  const unsigned saved = _mm_getcsr();
-  _mm_setcsr(saved | kFtzDaz);
-  const long before_model = nonzero_after_sgemm_of_denormals(512);
-  _mm_setcsr(saved);
-  if (before_model == 0) GTEST_SKIP() << "this sgemm ran on the calling thread only: there are no workers to check";
-
-  const GptShape s{.layers = 1, .d_model = 32, .heads = 2, .seq_len = 16, .vocab = 64};
-  HostWeights ws(weights(s, 0.02f));
-  Gpt model(s, {.micro_batch = 1});
-  std::vector<int32_t> x(16, 1), y(16, 2);
-  model.forward_loss(ws, x.data(), y.data());
-
-  _mm_setcsr(saved | kFtzDaz);
-  const long after_model = nonzero_after_sgemm_of_denormals(512);
-  _mm_setcsr(saved);
-  EXPECT_EQ(after_model, 0) << cpu_sgemm_choice().name << "'s threads still compute with denormals ("
-                            << before_model << " nonzero entries before the model ran)";
+  sgemm_of_denormals_nonzero(512, true);  // the library's threads start, without the flags
+  expect_workers_flush_once_the_model_ran(true, cpu_sgemm_choice().name + "'s threads");
 }
 #else
 TEST(Denormals, NotX86) { GTEST_SKIP() << "flush-to-zero is set through x86's MXCSR only"; }
