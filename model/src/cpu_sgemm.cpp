@@ -71,10 +71,10 @@ const CpuSgemmChoice& cpu_sgemm_choice() {
     const std::string core = openblas_get_corename ? openblas_get_corename() : "";
     CpuSgemmChoice c = choose_cpu_sgemm(std::getenv("STRATA_CPU_SGEMM"), core, cpu_has_avx2_fma());
     // OpenBLAS runs on as many threads as the model's loops (parallel.hpp: fewer where
-    // ranks share the cores); it starts with one per core.
+    // ranks share the cores); it starts with one per core. Also where oneDNN takes the
+    // sgemm: the model's sgemv calls stay OpenBLAS's.
     const int threads = static_cast<int>(detail::model_threads());
-    if (c.library == CpuSgemmLibrary::OpenBlas && openblas_set_num_threads && openblas_get_num_threads &&
-        openblas_get_num_threads() != threads)
+    if (openblas_set_num_threads && openblas_get_num_threads && openblas_get_num_threads() != threads)
       openblas_set_num_threads(threads);
     log::info("cpu fp32 matmuls: " + c.name + ", " + std::to_string(threads) + " thread" + (threads == 1 ? "" : "s") +
               ": " + c.why);
