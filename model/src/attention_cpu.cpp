@@ -43,8 +43,7 @@ void attention_forward(const float* qkv, float* out, float* lse, int B, int T, i
       std::fill(w.o.begin(), w.o.begin() + static_cast<long>(nq) * hd, 0.0f);
       for (int k0 = 0; k0 < q0 + nq; k0 += kBlock) {
         const int nk = std::min(kBlock, q0 + nq - k0);
-        cpu_sgemm(false, true, nq, nk, hd, scale, Q + q0 * ld, ld, K + k0 * ld, ld,
-                    0.0f, w.s.data(), kBlock, true);
+        cpu_sgemm(false, true, nq, nk, hd, scale, Q + q0 * ld, ld, K + k0 * ld, ld, 0.0f, w.s.data(), kBlock, true);
         for (int i = 0; i < nq; ++i) {
           float* s = w.s.data() + i * kBlock;
           float* p = w.p.data() + i * kBlock;
@@ -64,8 +63,7 @@ void attention_forward(const float* qkv, float* out, float* lse, int B, int T, i
             for (int c = 0; c < hd; ++c) o[c] *= corr;
           }
         }
-        cpu_sgemm(false, false, nq, hd, nk, 1.0f, w.p.data(), kBlock, V + k0 * ld, ld,
-                    1.0f, w.o.data(), hd, true);
+        cpu_sgemm(false, false, nq, hd, nk, 1.0f, w.p.data(), kBlock, V + k0 * ld, ld, 1.0f, w.o.data(), hd, true);
       }
       for (int i = 0; i < nq; ++i) {
         const float inv = 1.0f / w.l[i];
@@ -109,8 +107,7 @@ void attention_backward(const float* qkv, const float* out, const float* lse, co
       for (int k0 = 0; k0 < q0 + nq; k0 += kBlock) {
         const int nk = std::min(kBlock, q0 + nq - k0);
         // P = exp(scale q k^T - lse), zero above the diagonal.
-        cpu_sgemm(false, true, nq, nk, hd, scale, Q + q0 * ld, ld, K + k0 * ld, ld,
-                    0.0f, s.data(), kBlock, true);
+        cpu_sgemm(false, true, nq, nk, hd, scale, Q + q0 * ld, ld, K + k0 * ld, ld, 0.0f, s.data(), kBlock, true);
         for (int i = 0; i < nq; ++i) {
           float* p = s.data() + i * kBlock;
           const int valid = std::max(0, std::min(nk, q0 + i - k0 + 1));
@@ -118,21 +115,17 @@ void attention_backward(const float* qkv, const float* out, const float* lse, co
           std::fill(p + valid, p + nk, 0.0f);
         }
         // dV += P^T dO
-        cpu_sgemm(true, false, nk, hd, nq, 1.0f, s.data(), kBlock, dO + q0 * d, d, 1.0f,
-                    dV + k0 * ld, ld, true);
+        cpu_sgemm(true, false, nk, hd, nq, 1.0f, s.data(), kBlock, dO + q0 * d, d, 1.0f, dV + k0 * ld, ld, true);
         // dP = dO V^T ; dS = P (dP - D)
-        cpu_sgemm(false, true, nq, nk, hd, 1.0f, dO + q0 * d, d, V + k0 * ld, ld, 0.0f,
-                    dp.data(), kBlock, true);
+        cpu_sgemm(false, true, nq, nk, hd, 1.0f, dO + q0 * d, d, V + k0 * ld, ld, 0.0f, dp.data(), kBlock, true);
         for (int i = 0; i < nq; ++i) {
           const float* p = s.data() + i * kBlock;
           float* g = dp.data() + i * kBlock;
           for (int j = 0; j < nk; ++j) g[j] = p[j] * (g[j] - D[q0 + i]);
         }
         // dQ += scale dS K ; dK += scale dS^T Q
-        cpu_sgemm(false, false, nq, hd, nk, scale, dp.data(), kBlock, K + k0 * ld, ld,
-                    1.0f, dQ + q0 * ld, ld, true);
-        cpu_sgemm(true, false, nk, hd, nq, scale, dp.data(), kBlock, Q + q0 * ld, ld,
-                    1.0f, dK + k0 * ld, ld, true);
+        cpu_sgemm(false, false, nq, hd, nk, scale, dp.data(), kBlock, K + k0 * ld, ld, 1.0f, dQ + q0 * ld, ld, true);
+        cpu_sgemm(true, false, nk, hd, nq, scale, dp.data(), kBlock, Q + q0 * ld, ld, 1.0f, dK + k0 * ld, ld, true);
       }
     }
   });

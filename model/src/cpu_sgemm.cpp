@@ -1,7 +1,6 @@
 #include "strata/model/cpu_sgemm.hpp"
 
 #include <cblas.h>
-#include <omp.h>
 
 #include <oneapi/dnnl/dnnl.h>
 
@@ -92,12 +91,12 @@ void cpu_sgemm(bool trans_a, bool trans_b, long M, long N, long K, float alpha, 
     return;
   }
   // oneDNN runs on OpenMP's team of the calling thread: as many threads as the model's
-  // loops use, or this one alone, whatever the caller's OpenMP setting (restored after).
-  const int caller_threads = omp_get_max_threads();
-  omp_set_num_threads(one_thread ? 1 : static_cast<int>(detail::model_threads()));
-  const dnnl_status_t st =
-      dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  omp_set_num_threads(caller_threads);
+  // loops use, or this one alone.
+  dnnl_status_t st;
+  {
+    const detail::OpenMpTeam team(one_thread ? 1 : detail::model_threads());
+    st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
   if (st != dnnl_success)
     throw Error("oneDNN sgemm of " + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) +
                 " failed (dnnl status " + std::to_string(static_cast<int>(st)) +

@@ -228,12 +228,12 @@ void CpuGemm::run(long M, long N, long K, const MatRef& a, const MatRef& b, cons
       p.c.set_data_handle(c);
       p.scratch.set_data_handle(scratchpad_.data());
       if (bias) p.bias_mem.set_data_handle(const_cast<float*>(bias));
-      // oneDNN runs on OpenMP's threads: as many as the model's own loops use, whatever
-      // the caller's OpenMP setting is (restored after).
-      const int caller_threads = omp_get_max_threads();
-      omp_set_num_threads(static_cast<int>(model_threads()));
-      const dnnl_status_t st = dnnl_primitive_execute(p.matmul->get(), dnnl_->stream.get(), p.nargs, p.args);
-      omp_set_num_threads(caller_threads);
+      // oneDNN runs on OpenMP's threads: as many as the model's own loops use.
+      dnnl_status_t st;
+      {
+        const OpenMpTeam team(model_threads());
+        st = dnnl_primitive_execute(p.matmul->get(), dnnl_->stream.get(), p.nargs, p.args);
+      }
       STRATA_CHECK_DNNL(st);
       return;
     }

@@ -886,7 +886,9 @@ struct Gpt::Impl {
 };
 
 Gpt::Gpt(const GptShape& shape, const GptOptions& opts)
-    : GptModel(shape, opts), impl_(std::make_unique<Impl>(shape, opts)) {}
+    : GptModel(shape, opts), impl_(std::make_unique<Impl>(shape, opts)) {
+  cpu_sgemm_choice();  // made (and a bad STRATA_CPU_SGEMM refused) here, before any step
+}
 Gpt::~Gpt() = default;
 
 double Gpt::forward_backward(WeightSource& ws, const int32_t* inputs, const int32_t* targets, float loss_scale) {

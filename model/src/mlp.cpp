@@ -1,6 +1,5 @@
 #include "strata/model/mlp.hpp"
 
-
 #include <cmath>
 
 #include "strata/core/error.hpp"

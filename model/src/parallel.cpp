@@ -1,5 +1,6 @@
 #include "parallel.hpp"
 
+#include <omp.h>
 #include <sched.h>
 #include <unistd.h>
 
@@ -40,6 +41,12 @@ unsigned model_threads() {
   }();
   return n;
 }
+
+OpenMpTeam::OpenMpTeam(unsigned threads) : saved_(omp_get_max_threads()) {
+  omp_set_num_threads(static_cast<int>(threads));
+}
+
+OpenMpTeam::~OpenMpTeam() { omp_set_num_threads(saved_); }
 
 void run_on_openmp(long chunks, unsigned threads, void (*body)(void*, long), void* ctx) {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(static_cast<int>(threads))

@@ -50,6 +50,19 @@ class UseLoopThreads {
   LoopThreads saved_;
 };
 
+// Sets the calling thread's OpenMP team size (the threads oneDNN runs on) for its lifetime,
+// whatever the caller's OpenMP setting, and restores that after (parallel.cpp).
+class OpenMpTeam {
+ public:
+  explicit OpenMpTeam(unsigned threads);
+  ~OpenMpTeam();
+  OpenMpTeam(const OpenMpTeam&) = delete;
+  OpenMpTeam& operator=(const OpenMpTeam&) = delete;
+
+ private:
+  int saved_;
+};
+
 // Runs body(ctx, c) for c in [0, chunks) on `threads` of OpenMP's team (parallel.cpp, the
 // one file compiled with OpenMP). body must not throw.
 void run_on_openmp(long chunks, unsigned threads, void (*body)(void*, long), void* ctx);

@@ -9,8 +9,8 @@
 // just before use (in gpt_schedule's order) and hands back each group's gradient right
 // after that group's backward, so the engine can reduce and offload it while the rest of
 // backward runs. fp32 matmuls are sgemm (OpenBLAS's or oneDNN's, cpu_sgemm.hpp); attention
-// is computed block by block with an online softmax (no more than one [block, block] tile of scores exists at a time,
-// forward or backward); the output head and loss run over row chunks, so no full
+// is computed block by block with an online softmax (no more than one [block, block] tile
+// of scores exists at a time, forward or backward); the output head and loss run over row chunks, so no full
 // [tokens, vocab] logits tensor exists either. In bf16 and fp16 (GptOptions::precision)
 // the model rounds where docs/mixed-precision.md says; its bf16 matmuls are oneDNN's and
 // its attention holds one [64, seq_len] panel of scores per core.
