@@ -39,8 +39,8 @@
 #include "strata/core/trace.hpp"
 #include "strata/model/cpu_sgemm.hpp"
 #include "strata/model/gpt.hpp"
-#include "strata/runtime/train.hpp"
-#include "strata/runtime/zero_engine.hpp"
+#include "strata/runtime/train/train.hpp"
+#include "strata/runtime/engine/zero_engine.hpp"
 
 #ifndef STRATA_TORCH_GPT_STEP_SCRIPT
 #define STRATA_TORCH_GPT_STEP_SCRIPT "bench/ref/torch_gpt_step.py"

@@ -10,9 +10,9 @@
 #include "strata/collectives/communicator.hpp"
 #include "strata/core/config_keys.hpp"
 #include "strata/core/convert.hpp"
-#include "strata/runtime/config.hpp"
-#include "strata/runtime/export.hpp"
-#include "strata/runtime/hf_import.hpp"
+#include "strata/runtime/train/config.hpp"
+#include "strata/runtime/formats/export.hpp"
+#include "strata/runtime/formats/hf_import.hpp"
 
 namespace strata::cli {
 

@@ -18,7 +18,7 @@
 #include "strata/core/error.hpp"
 #include "cli.hpp"
 
-#include "strata/runtime/plan.hpp"
+#include "strata/runtime/plan/plan.hpp"
 
 namespace strata::cli {
 

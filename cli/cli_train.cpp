@@ -13,11 +13,11 @@
 #include "strata/core/safe_io.hpp"
 #include "strata/model/data.hpp"
 #include "strata/model/gpt.hpp"
-#include "strata/runtime/checkpoint.hpp"
+#include "strata/runtime/formats/checkpoint.hpp"
 #include "cli.hpp"
-#include "strata/runtime/config.hpp"
-#include "strata/runtime/export.hpp"
-#include "strata/runtime/train.hpp"
+#include "strata/runtime/train/config.hpp"
+#include "strata/runtime/formats/export.hpp"
+#include "strata/runtime/train/train.hpp"
 
 namespace strata::cli {
 

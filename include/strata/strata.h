@@ -303,7 +303,7 @@ STRATA_API strata_status strata_read_params(strata_runtime rt, int32_t group, vo
  * time, before strata_start too. Since API 1.1. */
 STRATA_API strata_status strata_loss_scale(strata_runtime rt, double* out);
 
-/* ---- checkpoints (runtime/include/strata/runtime/checkpoint.hpp) ---- */
+/* ---- checkpoints (runtime/include/strata/runtime/formats/checkpoint.hpp) ---- */
 
 /* Saves a sharded checkpoint under root (root/step-<N>/), between steps only.
  * extra_json (may be NULL) is stored with it (data position, RNG state). The new

@@ -68,8 +68,8 @@ inline void check_checkpoint_options(const GptOptions& o) {
 
 // The source's checkpoint store when the model takes its checkpoints from it, else null;
 // the model's options and the source must agree, and the store must fit the model.
-inline CheckpointStore* checkpoint_store(WeightSource& ws, const GptShape& s, const GptOptions& o) {
-  CheckpointStore* cp = ws.checkpoints();
+inline ActivationStore* checkpoint_store(WeightSource& ws, const GptShape& s, const GptOptions& o) {
+  ActivationStore* cp = ws.activation_store();
   if (!o.checkpoints_from_source) {
     if (cp)
       throw Error("the weight source holds the activation checkpoints but the model keeps its own; build the model "
@@ -91,7 +91,7 @@ inline CheckpointStore* checkpoint_store(WeightSource& ws, const GptShape& s, co
 // after. With a checkpoint store, each block's input goes back to it once the block has
 // read it (kept for backward when keep; dead otherwise); the final residual stays bound.
 template <class M>
-void gpt_forward_blocks(M& m, WeightSource& ws, const GptShape& s, CheckpointStore* cp, bool keep, int B, int T) {
+void gpt_forward_blocks(M& m, WeightSource& ws, const GptShape& s, ActivationStore* cp, bool keep, int B, int T) {
   const int ge = gpt_embeddings_group();
   if (cp) m.bind_resid(0, static_cast<float*>(cp->begin_write(0)));
   m.embed(ws.acquire_params(ge), B, T);
@@ -110,7 +110,7 @@ void gpt_forward_blocks(M& m, WeightSource& ws, const GptShape& s, CheckpointSto
 // forward. Returns the rows, micro_batch x seq_len.
 template <class M>
 long gpt_forward_batch(M& m, WeightSource& ws, const GptShape& s, const GptOptions& o, const int32_t* inputs,
-                       const int32_t* targets, CheckpointStore* cp, bool keep) {
+                       const int32_t* targets, ActivationStore* cp, bool keep) {
   check_precision(ws, o);
   const long bt = static_cast<long>(o.micro_batch) * s.seq_len;
   check_tokens(inputs, bt, s.vocab, "input");
@@ -128,7 +128,7 @@ long gpt_forward_batch(M& m, WeightSource& ws, const GptShape& s, const GptOptio
 template <class M>
 double gpt_forward_backward(M& m, WeightSource& ws, const GptShape& s, const GptOptions& o, const int32_t* inputs,
                             const int32_t* targets, float loss_scale) {
-  CheckpointStore* cp = checkpoint_store(ws, s, o);
+  ActivationStore* cp = checkpoint_store(ws, s, o);
   const long bt = gpt_forward_batch(m, ws, s, o, inputs, targets, cp, true);
   const int B = o.micro_batch, T = s.seq_len;
   const int ge = gpt_embeddings_group(), gf = gpt_final_group(s);
@@ -164,7 +164,7 @@ double gpt_forward_backward(M& m, WeightSource& ws, const GptShape& s, const Gpt
 template <class M>
 double gpt_forward_loss(M& m, WeightSource& ws, const GptShape& s, const GptOptions& o, const int32_t* inputs,
                         const int32_t* targets) {
-  CheckpointStore* cp = checkpoint_store(ws, s, o);
+  ActivationStore* cp = checkpoint_store(ws, s, o);
   const long bt = gpt_forward_batch(m, ws, s, o, inputs, targets, cp, false);
   const int ge = gpt_embeddings_group(), gf = gpt_final_group(s);
   const void* wf = ws.acquire_params(gf);
@@ -184,7 +184,7 @@ void gpt_next_token_logits(M& m, WeightSource& ws, const GptShape& s, const GptO
                 std::to_string(s.seq_len));
   check_tokens(tokens, len, s.vocab, "input");
   check_precision(ws, o);
-  CheckpointStore* cp = checkpoint_store(ws, s, o);
+  ActivationStore* cp = checkpoint_store(ws, s, o);
   check_whole_ends(ws, s);
   m.load_tokens(tokens, nullptr, len);
   const int ge = gpt_embeddings_group(), gf = gpt_final_group(s);

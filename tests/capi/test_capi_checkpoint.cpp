@@ -1,4 +1,4 @@
-// Checkpoints through the C API (runtime/src/checkpoint.cpp does the work): save, load
+// Checkpoints through the C API (runtime/src/formats/checkpoint.cpp does the work): save, load
 // into a fresh runtime and resume gives the weights of an uninterrupted run.
 #include <gtest/gtest.h>
 

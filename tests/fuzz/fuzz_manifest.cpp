@@ -10,7 +10,7 @@
 #include "fuzz_common.hpp"
 #include "strata/core/safe_io.hpp"
 #include "strata/model/data.hpp"
-#include "strata/runtime/checkpoint.hpp"
+#include "strata/runtime/formats/checkpoint.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view in = strata::fuzz::bytes(data, size);

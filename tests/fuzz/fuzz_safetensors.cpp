@@ -6,7 +6,7 @@
 #include <string>
 
 #include "fuzz_common.hpp"
-#include "strata/runtime/safetensors.hpp"
+#include "strata/runtime/formats/safetensors.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view in = strata::fuzz::bytes(data, size);

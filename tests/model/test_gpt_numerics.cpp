@@ -27,7 +27,7 @@
 #include "strata/collectives/communicator.hpp"
 #include "strata/core/device.hpp"
 #include "strata/model/gpt.hpp"
-#include "strata/runtime/zero_engine.hpp"
+#include "strata/runtime/engine/zero_engine.hpp"
 
 namespace strata {
 namespace {

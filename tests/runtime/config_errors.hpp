@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "strata/core/error.hpp"
-#include "strata/runtime/config.hpp"
+#include "strata/runtime/train/config.hpp"
 
 namespace strata::test {
 

@@ -16,7 +16,7 @@
 #include "strata/core/convert.hpp"
 #include "strata/core/device.hpp"
 #include "strata/model/mlp.hpp"
-#include "strata/runtime/zero_engine.hpp"
+#include "strata/runtime/engine/zero_engine.hpp"
 
 namespace strata::testing_engine {
 
@@ -91,7 +91,7 @@ class PoisoningSource final : public WeightSource {
   const void* acquire_params(int g) override { return e_.acquire_params(g); }
   void release_params(int g) override { e_.release_params(g); }
   void* gradient_buffer(int g) override { return buf_[g] = e_.gradient_buffer(g); }
-  CheckpointStore* checkpoints() override { return e_.checkpoints(); }
+  ActivationStore* activation_store() override { return e_.activation_store(); }
   void grads_ready(int g) override {
     if (poison_ && g == 1) {
       std::vector<float> nan(e_.group_numel(g), std::nanf(""));

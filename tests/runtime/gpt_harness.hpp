@@ -9,8 +9,8 @@
 
 #include "engine_harness.hpp"
 #include "strata/model/gpt.hpp"
-#include "strata/runtime/parted_source.hpp"
-#include "strata/runtime/train.hpp"
+#include "strata/runtime/engine/parted_source.hpp"
+#include "strata/runtime/train/train.hpp"
 
 namespace strata::testing_engine {
 

@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "strata/core/error.hpp"
-#include "strata/runtime/safetensors.hpp"
+#include "strata/runtime/formats/safetensors.hpp"
 
 int main(int argc, char** argv) {
   using nlohmann::json;

@@ -14,7 +14,7 @@
 #include <fstream>
 #include <functional>
 
-#include "strata/runtime/export.hpp"
+#include "strata/runtime/formats/export.hpp"
 
 #include "config_errors.hpp"
 #include "test_checkpoint_harness.hpp"

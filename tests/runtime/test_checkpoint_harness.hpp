@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "engine_harness.hpp"
-#include "strata/runtime/checkpoint.hpp"
+#include "strata/runtime/formats/checkpoint.hpp"
 
 namespace strata::testing_checkpoint {
 

@@ -236,21 +236,21 @@ TEST(ZeroEngine, CpuCheckpointingNeedsCheckpointsAndRoomForThem) {
   EXPECT_NE(m.find("give an NVMe path"), std::string::npos) << m;
   o.store.pinned_budget = 4 << 20;  // room: they live in pinned memory, and the engine offers them
   ZeroEngine e(*device, *comm, *comm, o, {{.name = "g", .numel = 10}});
-  ASSERT_NE(e.checkpoints(), nullptr);
-  EXPECT_EQ(e.checkpoints()->count(), 9);
+  ASSERT_NE(e.activation_store(), nullptr);
+  EXPECT_EQ(e.activation_store()->count(), 9);
   EXPECT_EQ(e.store().usage(Tier::Pinned).by_owner.at("activations"), 9u * (256 << 10));
   EXPECT_EQ(e.store().usage(Tier::Device).by_owner.count("activations"), 0u);
   // A micro-step the model left half-way (an exception between begin_write and
   // end_forward): the next micro-step starts with nothing held on the device.
   e.begin_micro_step();
-  e.checkpoints()->begin_write(0);
-  e.checkpoints()->begin_write(1);
+  e.activation_store()->begin_write(0);
+  e.activation_store()->begin_write(1);
   EXPECT_EQ(e.store().usage(Tier::Device).by_owner.at("activations"), 2u * (256 << 10));
   e.step();
   e.begin_micro_step();
   EXPECT_EQ(e.store().usage(Tier::Device).by_owner.count("activations"), 0u);
-  e.checkpoints()->begin_write(0);  // and the store works as before
-  e.checkpoints()->end_forward(0, false);
-  EXPECT_THROW(e.checkpoints()->end_forward(0, false), Error);  // not written since
-  EXPECT_THROW(e.checkpoints()->read(9), Error);                  // out of range
+  e.activation_store()->begin_write(0);  // and the store works as before
+  e.activation_store()->end_forward(0, false);
+  EXPECT_THROW(e.activation_store()->end_forward(0, false), Error);  // not written since
+  EXPECT_THROW(e.activation_store()->read(9), Error);                  // out of range
 }

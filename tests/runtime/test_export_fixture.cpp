@@ -13,8 +13,8 @@
 #include "strata/collectives/communicator.hpp"
 #include "strata/core/device.hpp"
 #include "strata/model/gpt_layout.hpp"
-#include "strata/runtime/checkpoint.hpp"
-#include "strata/runtime/config.hpp"
+#include "strata/runtime/formats/checkpoint.hpp"
+#include "strata/runtime/train/config.hpp"
 
 using namespace strata;
 

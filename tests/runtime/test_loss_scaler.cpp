@@ -8,7 +8,7 @@
 
 #include <vector>
 
-#include "strata/runtime/loss_scaler.hpp"
+#include "strata/runtime/engine/loss_scaler.hpp"
 
 using namespace strata;
 

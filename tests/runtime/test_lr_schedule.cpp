@@ -17,9 +17,9 @@
 #include "strata/collectives/communicator.hpp"
 #include "strata/core/device.hpp"
 #include "strata/core/error.hpp"
-#include "strata/runtime/config.hpp"
-#include "strata/runtime/lr_schedule.hpp"
-#include "strata/runtime/zero_engine.hpp"
+#include "strata/runtime/train/config.hpp"
+#include "strata/runtime/train/lr_schedule.hpp"
+#include "strata/runtime/engine/zero_engine.hpp"
 #include "config_errors.hpp"
 
 using namespace strata;

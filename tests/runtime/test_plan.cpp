@@ -16,9 +16,9 @@
 
 #include "strata/core/error.hpp"
 #include "strata/model/attention_plan.hpp"
-#include "strata/runtime/plan.hpp"
-#include "strata/runtime/plan_detail.hpp"
-#include "strata/runtime/train.hpp"
+#include "strata/runtime/plan/plan.hpp"
+#include "strata/runtime/plan/plan_detail.hpp"
+#include "strata/runtime/train/train.hpp"
 
 using namespace strata;
 using namespace strata::plan;

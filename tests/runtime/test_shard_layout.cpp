@@ -7,10 +7,10 @@
 
 #include "strata/collectives/sim_communicator.hpp"
 #include "strata/core/error.hpp"
-#include "strata/runtime/plan.hpp"
-#include "strata/runtime/plan_detail.hpp"
-#include "strata/runtime/shard_layout.hpp"
-#include "strata/runtime/zero_engine.hpp"
+#include "strata/runtime/plan/plan.hpp"
+#include "strata/runtime/plan/plan_detail.hpp"
+#include "strata/runtime/engine/shard_layout.hpp"
+#include "strata/runtime/engine/zero_engine.hpp"
 
 using namespace strata;
 using namespace strata::plan;

@@ -22,7 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "strata/collectives/communicator.hpp"
-#include "strata/runtime/sim_step.hpp"
+#include "strata/runtime/plan/sim_step.hpp"
 
 using namespace strata;
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "speculative_check.hpp"
-#include "strata/runtime/shard_layout.hpp"
+#include "strata/runtime/engine/shard_layout.hpp"
 
 using namespace strata;
 using namespace strata::testing_engine;

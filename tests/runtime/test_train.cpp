@@ -27,9 +27,9 @@
 
 #include "strata/collectives/communicator.hpp"
 #include "strata/core/error.hpp"
-#include "strata/runtime/checkpoint.hpp"
-#include "strata/runtime/train.hpp"
-#include "strata/runtime/zero_engine.hpp"
+#include "strata/runtime/formats/checkpoint.hpp"
+#include "strata/runtime/train/train.hpp"
+#include "strata/runtime/engine/zero_engine.hpp"
 
 #include "config_errors.hpp"
 

@@ -42,7 +42,7 @@ struct GptOptions {
   // fp32 whatever this is.
   DType precision = DType::F32;
   // With checkpointing: the block inputs and the final residual (the checkpoints) are the
-  // weight source's (WeightSource::checkpoints(), checkpoint_store.hpp), which may keep
+  // weight source's (WeightSource::activation_store(), activation_store.hpp), which may keep
   // them off the device between forward and backward; the model does not allocate them.
   // The source must offer a store exactly when this is set.
   bool checkpoints_from_source = false;

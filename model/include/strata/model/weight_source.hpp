@@ -15,7 +15,7 @@
 
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
-#include "strata/model/checkpoint_store.hpp"
+#include "strata/model/activation_store.hpp"
 
 namespace strata {
 
@@ -54,9 +54,9 @@ class WeightSource {
   virtual void* part_gradient(int g, int /*p*/) { return gradient_buffer(g); }
   virtual void part_grads_ready(int g, int /*p*/) { grads_ready(g); }
 
-  // Where the model's activation checkpoints live (checkpoint_store.hpp), when this source
+  // Where the model's activation checkpoints live (activation_store.hpp), when this source
   // holds them; null when the model keeps its own.
-  virtual CheckpointStore* checkpoints() { return nullptr; }
+  virtual ActivationStore* activation_store() { return nullptr; }
 
   // The same, for callers that only handle fp32 (tests, tools): throws when dtype() is
   // not F32.

@@ -1,0 +1,70 @@
+// `strata export`: a checkpoint's fp32 master weights consolidated into one safetensors
+// file with GPT-2's tensor names and layout, for PyTorch / Hugging Face and others, or
+// (export_hf) into a Hugging Face model directory.
+//
+// The file (https://github.com/huggingface/safetensors, "Format"): 8 bytes, the header's
+// length N as a little-endian uint64; N bytes of JSON, padded with spaces so the data
+// start 8-byte aligned; then the tensors' bytes, row-major, little-endian, back to back.
+// The JSON maps each name to {"dtype": "F32", "shape": [...], "data_offsets": [begin,
+// end]} (relative to the data's start) and "__metadata__" to string values: "format":
+// "pt", "strata_step", "strata_shape" (the GptShape as JSON) and "strata_config" (the
+// run's configuration as JSON).
+//
+// Names and shapes are GPT-2's (Hugging Face GPT2Model's state dict): wte.weight
+// [vocab, d], wpe.weight [seq_len, d], h.<l>.ln_1.weight, h.<l>.attn.c_attn.weight
+// [d, 3d], ..., ln_f.bias. Linear weights are written in GPT-2's Conv1D layout [in, out]
+// (transposed from Strata's [out, in]). The output head is tied to wte, as in GPT-2, and
+// not written.
+//
+// The file is written under a temporary name in the same directory, fsync'd and renamed
+// into place: a failed export leaves no partial file, and an existing file is replaced
+// only when asked (overwrite), atomically.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "strata/model/gpt_layout.hpp"
+#include "strata/runtime/formats/checkpoint.hpp"
+
+namespace strata {
+
+struct ExportSummary {
+  std::string checkpoint;   // the step-<N> directory read
+  std::string out;          // the file written
+  int64_t step = 0;
+  DType dtype = DType::F32; // of the tensors written
+  GptShape shape;
+  int tensors = 0;
+  uint64_t parameters = 0;  // elements written
+  uint64_t bytes = 0;       // size of the file(s)
+  int files = 1;            // safetensors files written
+};
+
+// The GPT shape of a checkpoint written by `strata train`: from its configuration
+// (strata.model), checked against its parameter groups. Throws ConfigError when the
+// checkpoint is not of a GPT (e.g. another model's groups) or its config is unreadable.
+GptShape checkpoint_gpt_shape(const CheckpointInfo& info);
+// GPT-2's shape of a tensor as its checkpoints store it: Conv1D weights [in, out].
+std::vector<int64_t> gpt2_shape(const GptTensor& t);
+
+// checkpoint: a step-<N> directory, or a checkpoint_dir (its latest complete
+// checkpoint is used). Throws ConfigError (bad arguments, `out` exists and overwrite is
+// false, not a GPT checkpoint), CorruptionError (damaged checkpoint), IoError (writing).
+// dtype: F32, BF16 or F16 tensors (the fp32 master weights, rounded to nearest even);
+// nullopt: the precision the run trained in.
+ExportSummary export_safetensors(const std::string& checkpoint, const std::string& out, bool overwrite,
+                                 std::optional<DType> dtype = std::nullopt);
+
+// `strata export --format hf`: a Hugging Face GPT2LMHeadModel or LlamaForCausalLM directory
+// that `transformers` loads with from_pretrained(out) and hf_import.hpp reads back:
+// config.json, and model.safetensors, or above shard_bytes model-0000i-of-0000n.safetensors
+// with model.safetensors.index.json (save_pretrained's names: "transformer." + GPT-2's,
+// Llama's as they are; a tensor is never split). `out` must not exist, or be an empty directory, or with
+// overwrite an earlier export (only config.json, model*.safetensors and the index in it);
+// it is written as a temporary directory beside it and renamed into place.
+ExportSummary export_hf(const std::string& checkpoint, const std::string& out, bool overwrite,
+                        std::optional<DType> dtype = std::nullopt, uint64_t shard_bytes = 5'000'000'000ull);
+
+}  // namespace strata

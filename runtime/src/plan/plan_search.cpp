@@ -1,0 +1,100 @@
+// `strata plan --search` (plan.hpp): every strategy in the space, planned analytically,
+// ranked by tokens/s among those that fit, and each rejected one with its reason.
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "strata/core/error.hpp"
+#include "strata/runtime/plan/plan.hpp"
+
+namespace strata::plan {
+
+std::vector<Candidate> search(const GptShape& model, const ClusterSpec& cluster, const Strategy& base,
+                              const SearchSpace& space) {
+  validate(cluster);
+  std::vector<Candidate> out;
+  for (int stage : space.stages)
+    for (OffloadDevice pd : space.param)
+      for (OffloadDevice od : space.optimizer)
+        for (int mb : space.micro_batches)
+          for (bool ckpt : space.checkpointing)
+            for (double ratio : space.optimizer_ratios)
+              for (OffloadDevice cps : space.checkpoints) {
+              if (stage < 3 && pd != OffloadDevice::None) continue;  // not a configuration
+              if (!ckpt && cps != OffloadDevice::None) continue;     // no checkpoints to move
+              // A split needs a GPU optimizer and a host share.
+              if (ratio < 1.0 && (od == OffloadDevice::None || cluster.cpu_backend)) continue;
+              Strategy st = base;
+              st.stage = stage;
+              st.offload_param = pd;
+              st.offload_optimizer = od;
+              st.micro_batch = mb;
+              st.checkpointing = ckpt;
+              st.optimizer_ratio = ratio;
+              st.checkpoints = cps;
+              // Tile factors (stage 3) where whole blocks do not fit: tiles add a gather per
+              // tile and cannot win where the block fits.
+              bool whole_fits = false;
+              for (int tf : space.tile_factors) {
+                if (tf > 1 && (stage != 3 || whole_fits)) continue;
+                st.tile_factor = tf;
+                // The base's look-ahead, then shallower ones while nothing fits.
+                std::vector<int> depths{base.prefetch_groups};
+                if (stage == 3)
+                  for (int d : space.shallower_prefetch)
+                    if (d >= 0 && d < depths.back()) depths.push_back(d);
+                for (int depth : depths) {
+                  st.prefetch_groups = depth;
+                  Candidate c;
+                  c.strategy = st;
+                  try {
+                    c.plan = make_plan(model, cluster, st);
+                  } catch (const ConfigError&) {
+                    break;  // a tile factor that does not divide this model's linears
+                  }
+                  // As planned: checkpoints asked for in pinned memory go to NVMe where it is short.
+                  c.strategy = c.plan.strategy;
+                  const bool fits = c.plan.fits;
+                  // A shallower look-ahead can fit only where the device alone is short,
+                  // by no more than the look-ahead's bytes.
+                  bool closer = !fits && c.plan.tiers[0].short_by() <= c.plan.lookahead_bytes;
+                  for (size_t t = 1; t < c.plan.tiers.size(); ++t) closer = closer && c.plan.tiers[t].fits();
+                  if (tf == 1) whole_fits = whole_fits || fits;
+                  out.push_back(std::move(c));
+                  if (!closer) break;
+                }
+              }
+            }
+  // Fitting ones first, fastest (tokens/s) first; then the others, nearest to fitting first.
+  std::stable_sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
+    if (a.plan.fits != b.plan.fits) return a.plan.fits;
+    if (a.plan.fits) return a.plan.tokens_per_s > b.plan.tokens_per_s;
+    double sa = 0, sb = 0;
+    for (const auto& t : a.plan.tiers) sa += t.short_by();
+    for (const auto& t : b.plan.tiers) sb += t.short_by();
+    return sa < sb;
+  });
+  const Plan* best = out.empty() || !out.front().plan.fits ? nullptr : &out.front().plan;
+  for (Candidate& c : out) {
+    std::ostringstream v;
+    if (best && &c.plan == best) {
+      c.chosen = true;
+      v << "chosen: fastest that fits";
+    } else if (!c.plan.fits) {
+      v << "doesn't fit: ";
+      for (size_t i = 0; i < c.plan.problems.size(); ++i) {
+        const std::string& p = c.plan.problems[i];
+        v << (i ? "; " : "") << p.substr(0, p.find(" per rank"));  // "device short by 3.2 GiB: needs 35 GiB"
+      }
+    } else {
+      const double slower = best->tokens_per_s / c.plan.tokens_per_s - 1;
+      v.precision(3);
+      v << "slower by " << 100 * slower << "% (" << c.plan.tokens_per_s << " vs " << best->tokens_per_s
+        << " tokens/s; " << c.plan.bottleneck.substr(0, c.plan.bottleneck.find(':')) << " bound)";
+    }
+    c.verdict = v.str();
+  }
+  return out;
+}
+
+}  // namespace strata::plan
