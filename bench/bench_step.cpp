@@ -189,7 +189,6 @@ int run_step(const StepArgs& a) {
     o.stage = 3;
     o.optimizer_threads = a.optimizer_threads;
     o.speculative = speculative;
-    o.speculation_lane = !a.speculation_inline;
     o.precision = p;
     o.optimizer = {OptimizerKind::AdamW, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f};
     o.gradient_accumulation_steps = a.accum;
@@ -282,7 +281,9 @@ int run_step(const StepArgs& a) {
     progress.show("building " + s.label);
     const EngineOptions o = options(s.nvme, s.precision, s.speculative, s.gpu_optimizer, s.ratio, s.cpu_checkpointing);
     s.traced = !o.trace_path.empty();
-    s.engine = std::make_unique<ZeroEngine>(*device, dev_comm, *comm, o, specs);
+    EngineAblation ablation;
+    ablation.speculation_lane = !a.speculation_inline;
+    s.engine = std::make_unique<ZeroEngine>(*device, dev_comm, *comm, o, specs, ablation);
     if (s.traced) recorder = trace::active();
     s.engine->set_schedule(gpt_schedule(a.shape));
     s.model = models[s.precision == precisions.front() ? 0 : 1].get();
@@ -586,7 +587,7 @@ void add_step(CLI::App& bench, Runner& run) {
               "Each configuration also with the speculative optimizer (strata.speculative_optimizer)");
   s->add_flag("--speculation-inline", a.speculation_inline,
               "With --speculative: step its updates on the model's thread between blocks, not on the optimizer "
-              "lane beside it (EngineOptions::speculation_lane), to measure what the lane gives");
+              "lane beside it (EngineAblation::speculation_lane), to measure what the lane gives");
   s->add_flag("--gpu-optimizer", a.gpu_optimizer,
               "cuda: also parameters and optimizer states on the GPU, stepped there (offload_optimizer none), "
               "and the states split by --optimizer-ratio between CPU Adam and the GPU optimizer");

@@ -30,14 +30,14 @@ struct RunSpec {
   uint64_t sub_group = 1u << 30;
   DType precision = DType::F32;
   bool speculative = false;  // strata.speculative_optimizer
-  bool lane = true;          // EngineOptions::speculation_lane (stage 3): false, on the model's thread
+  bool lane = true;          // EngineAblation::speculation_lane (stage 3): false, on the model's thread
   int poison_step = -1;      // this step's gradient of one group on rank poison_rank becomes NaN
   int poison_rank = 0;
   bool snapshots = false;    // RunResult::states after every step
   uint64_t pinned_budget = 2 << 20;
   uint64_t device_budget = 2 << 20;
   bool optimizer_on_stream = false;  // EngineOptions::optimizer_on_stream: the GPU optimizer's path
-  bool keep_grads = true;            // EngineOptions::keep_accumulating_grads_on_device
+  bool keep_grads = true;            // EngineAblation::keep_accumulating_grads_on_device
   double optimizer_ratio = 1.0;      // offload_optimizer.ratio
   // The GPT's activation checkpoints (gpt_harness.hpp, with checkpointing): unset, the
   // model keeps them; None, the engine holds them on the device; Cpu, cpu_checkpointing
@@ -150,9 +150,7 @@ inline EngineOptions test_engine_options(const RunSpec& spec, uint64_t group_num
   o.optimizer.weight_decay = 0.01f;
   o.gradient_clipping = spec.clip;
   o.speculative = spec.speculative;
-  o.speculation_lane = spec.lane;
   o.optimizer_on_stream = spec.optimizer_on_stream;
-  o.keep_accumulating_grads_on_device = spec.keep_grads;
   o.optimizer_ratio = spec.optimizer_ratio;
   o.gradient_accumulation_steps = spec.accum;
   o.sub_group_elems = spec.sub_group;
@@ -170,6 +168,14 @@ inline EngineOptions test_engine_options(const RunSpec& spec, uint64_t group_num
   return o;
 }
 
+// The optimisations a spec turns off (EngineAblation).
+inline EngineAblation test_engine_ablation(const RunSpec& spec) {
+  EngineAblation a;
+  a.speculation_lane = spec.lane;
+  a.keep_accumulating_grads_on_device = spec.keep_grads;
+  return a;
+}
+
 inline RunResult train(coll::Communicator& comm, coll::Communicator& host, const RunSpec& spec, int steps,
                        const std::string& nvme_dir) {
   auto device = make_device({});
@@ -178,7 +184,7 @@ inline RunResult train(coll::Communicator& comm, coll::Communicator& host, const
   std::vector<GroupSpec> groups;
   for (int b = 0; b < kLayers; ++b)
     groups.push_back({"block." + std::to_string(b), model.group_numel(), InitKind::Normal, 0.1f, {}});
-  ZeroEngine engine(*device, comm, host, o, groups);
+  ZeroEngine engine(*device, comm, host, o, groups, test_engine_ablation(spec));
   if (spec.give_schedule) engine.set_schedule(model.schedule());
 
   const int world = comm.size(), rank = comm.rank();

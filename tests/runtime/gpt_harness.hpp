@@ -70,7 +70,7 @@ inline RunResult train_gpt(coll::Communicator& comm, coll::Communicator& host, c
     o.store.device_budget = L.need[int(Tier::Device)].homes() + L.device_working +
                             L.max_padded * L.elem_bytes(StateRole::GatherBuffer);
   }
-  ZeroEngine engine(*device, comm, host, o, specs);
+  ZeroEngine engine(*device, comm, host, o, specs, test_engine_ablation(spec));
   const bool parted = engine.num_groups() != static_cast<int>(parts.size());
   if (spec.give_schedule && !parted) engine.set_schedule(gpt_schedule(shape));
   Gpt model(shape, mo);

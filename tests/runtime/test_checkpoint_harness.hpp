@@ -38,7 +38,7 @@ struct Trainer {
     std::vector<GroupSpec> groups;
     for (int b = 0; b < layers; ++b)
       groups.push_back({"block." + std::to_string(b), model.group_numel(), InitKind::Normal, 0.1f, {}});
-    engine = std::make_unique<ZeroEngine>(*device, comm, comm, o, groups);
+    engine = std::make_unique<ZeroEngine>(*device, comm, comm, o, groups, test_engine_ablation(spec));
     engine->set_schedule(model.schedule());
   }
 

@@ -126,7 +126,10 @@ std::vector<TensorSpec> ShardLayout::tensor_specs() const {
   return specs;
 }
 
-ShardLayout make_shard_layout(const std::vector<GroupSize>& groups, ShardStrategy st) {
+namespace {
+
+// Throws ConfigError for a strategy or model the layout cannot be made for.
+void check_strategy(const std::vector<GroupSize>& groups, const ShardStrategy& st) {
   if (st.stage < 1 || st.stage > 3)
     throw ConfigError("zero_optimization.stage must be 1, 2 or 3, not " + std::to_string(st.stage));
   if (st.world < 1) throw ConfigError("world size must be at least 1, not " + std::to_string(st.world));
@@ -135,7 +138,6 @@ ShardLayout make_shard_layout(const std::vector<GroupSize>& groups, ShardStrateg
   if (align == 0 || align % ShardRules::kDefaultAlignElems != 0)
     throw ConfigError("shard alignment of " + std::to_string(align) + " elements: give a positive multiple of " +
                       std::to_string(ShardRules::kDefaultAlignElems) + " (4 KiB of fp32, O_DIRECT's unit)");
-  if (st.stage < 3) st.param_home = Tier::Device;  // stages 1 and 2 replicate parameters
   for (DType t : {st.working, st.grads})
     if (!is_working_dtype(t))
       throw ConfigError(std::string("shard layout: element type ") + to_string(t) + " is not f32, bf16 or fp16");
@@ -151,8 +153,12 @@ ShardLayout make_shard_layout(const std::vector<GroupSize>& groups, ShardStrateg
   if (st.optimizer_ratio < 1.0 && st.optimizer_home == Tier::Device)
     throw ConfigError("zero_optimization.offload_optimizer.ratio below 1 splits the optimizer between the GPU and "
                       "offload_optimizer.device, which is 'none': set the device to 'cpu' or 'nvme', or drop ratio");
+}
 
-  ShardLayout L;
+// Each group padded and cut into shards; the ratio's split of the optimizer's homes; the
+// sub-groups.
+void size_groups(ShardLayout& L, const std::vector<GroupSize>& groups, ShardStrategy& st) {
+  const uint64_t align = st.rules.align_elems;
   const uint64_t unit = uint64_t(st.world) * align;
   L.groups.resize(groups.size());
   for (size_t i = 0; i < groups.size(); ++i) {
@@ -182,7 +188,6 @@ ShardLayout make_shard_layout(const std::vector<GroupSize>& groups, ShardStrateg
   if (sub == 0) sub = std::clamp<uint64_t>(L.max_shard / 4, uint64_t{1} << 20, uint64_t{100'000'000});
   L.sub_group = std::max(align, sub / align * align);
   st.rules.sub_group_elems = L.sub_group;
-
   for (GroupLayout& g : L.groups) {
     for (uint64_t off = 0; off < g.shard; off += L.sub_group) {
       const uint64_t n = std::min(L.sub_group, g.shard - off);
@@ -192,10 +197,13 @@ ShardLayout make_shard_layout(const std::vector<GroupSize>& groups, ShardStrateg
     }
   }
   st.speculative_sub_groups = std::min(st.speculative_sub_groups, L.sub_group_count);
-  L.strategy = st;
   uint64_t index = 0;  // of the sub-group in the model, first to last
   for (GroupLayout& g : L.groups)
     for (SubGroup& sg : g.sub_groups) sg.speculative = index++ >= L.sub_group_count - st.speculative_sub_groups;
+}
+
+// Each group's tensors, and the homes' bytes per tier and purpose.
+void place_tensors(ShardLayout& L, const ShardStrategy& st) {
   for (GroupLayout& g : L.groups) {
     // The shard is the master weights (GroupLayout::master_in_shard): fp32 stage 3, one home
     // for both, stepped by CPU Adam (the GPU optimizer's groups keep their own masters), and
@@ -227,13 +235,18 @@ ShardLayout make_shard_layout(const std::vector<GroupSize>& groups, ShardStrateg
     }
     if (g.persistent) L.need[int(Tier::Device)].persistent += g.padded * L.elem_bytes(StateRole::GatherBuffer);
   }
-
+  const ShardStrategy::Checkpoints& cps = st.checkpoints;
   for (int i = 0; i < cps.count; ++i) {
     L.checkpoints.push_back({StateRole::ActivationCheckpoint, -1,
                              TensorSpec{"checkpoint." + std::to_string(i), cps.bytes, DType::F32, cps.home,
                                         owner(StateRole::ActivationCheckpoint), false}});
     L.need[int(cps.home)].activations += tier_allocation_bytes(cps.bytes);
   }
+}
+
+// The device's working set and the pinned staging on top of the homes.
+void size_working_sets(ShardLayout& L, const ShardStrategy& st) {
+  const ShardStrategy::Checkpoints& cps = st.checkpoints;
   const uint64_t live_checkpoints =
       cps.home == Tier::Device ? 0 : std::min<uint64_t>(cps.count, kLiveCheckpoints) * tier_allocation_bytes(cps.bytes);
 
@@ -268,6 +281,18 @@ ShardLayout make_shard_layout(const std::vector<GroupSize>& groups, ShardStrateg
                      : st.device_states_staged     ? 3 * L.elem_bytes(StateRole::Master) * L.max_sub_group + ms
                                                    : ms;
   if (cps.home == Tier::Nvme) L.pinned_staging += live_checkpoints;
+}
+
+}  // namespace
+
+ShardLayout make_shard_layout(const std::vector<GroupSize>& groups, ShardStrategy st) {
+  check_strategy(groups, st);
+  if (st.stage < 3) st.param_home = Tier::Device;  // stages 1 and 2 replicate parameters
+  ShardLayout L;
+  size_groups(L, groups, st);
+  L.strategy = st;
+  place_tensors(L, st);
+  size_working_sets(L, st);
   return L;
 }
 

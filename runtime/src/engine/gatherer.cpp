@@ -1,0 +1,214 @@
+#include "gatherer.hpp"
+
+#include <limits>
+
+#include "strata/core/error.hpp"
+#include "strata/core/log.hpp"
+
+namespace strata::engine {
+
+Gatherer::Gatherer(EngineCore& core) : c_(core), slots_(core.groups.size()) {}
+
+void Gatherer::set_schedule(std::vector<int> order) {
+  for (int g : order)
+    if (g < 0 || g >= static_cast<int>(c_.groups.size()))
+      throw Error("set_schedule: unknown parameter group " + std::to_string(g));
+  schedule_given_ = true;
+  adopt_schedule(std::move(order));
+}
+
+void Gatherer::adopt_schedule(std::vector<int> order) {
+  schedule_ = std::move(order);
+  readopt_schedule();
+}
+
+void Gatherer::readopt_schedule() {
+  std::vector<TensorId> tensors;
+  for (int g : schedule_) tensors.push_back(c_.opts.stage == 3 ? c_.groups[g].param_shard : c_.groups[g].gathered);
+  c_.store.set_schedule(std::move(tensors));
+}
+
+void Gatherer::begin_micro_step() {
+  if (!recording_.empty() && !schedule_given_ && (departed_ || schedule_.empty())) adopt_schedule(recording_);
+  recording_.clear();
+  departed_ = false;
+  pos_ = 0;
+}
+
+void Gatherer::start_gather(int g, bool ahead) {
+  GroupState& gr = c_.groups[g];
+  Slot& s = slots_[g];
+  if (s.state != State::Released) return;
+  Acquired ps = c_.store.acquire(gr.param_shard, Tier::Device);
+  Acquired fb = c_.store.acquire_for_overwrite(gr.gathered, Tier::Device);
+  s.data = fb.data;
+  s.gathered = c_.comm.all_gather(view(ps.data, gr.shard, c_.work_t), view_mut(fb.data, gr.padded, c_.work_t),
+                                  when_all({ps.ready, fb.ready}));
+  s.issued = c_.device.now();
+  s.state = State::Gathering;
+  live_full_bytes_ += gr.persistent ? 0 : gr.padded * c_.wb;
+  gathering_shard_bytes_ += gr.shard * c_.wb;
+  ++c_.stats.gathers;
+  if (ahead) ++c_.stats.prefetched;
+}
+
+void Gatherer::wait_gathered(int g) {
+  GroupState& gr = c_.groups[g];
+  Slot& s = slots_[g];
+  if (s.state != State::Gathering) return;
+  const double t0 = c_.device.now();
+  Event e = s.gathered;
+  try {
+    e.wait();
+  } catch (...) {
+    c_.waited(t0, "wait params", &gr);
+    c_.store.release(gr.param_shard, Tier::Device);
+    c_.store.release(gr.gathered, Tier::Device);
+    c_.store.discard(gr.gathered);
+    s.state = State::Released;
+    live_full_bytes_ -= gr.persistent ? 0 : gr.padded * c_.wb;
+    gathering_shard_bytes_ -= gr.shard * c_.wb;
+    throw;
+  }
+  c_.waited(t0, "wait params", &gr);
+  if (trace::Recorder* r = trace::active()) r->record("gather", "all_gather " + gr.spec.name, s.issued, c_.device.now());
+  c_.store.release(gr.param_shard, Tier::Device);
+  c_.store.release(gr.gathered, Tier::Device, Access::Write);
+  gathering_shard_bytes_ -= gr.shard * c_.wb;
+  s.state = State::Ready;
+}
+
+uint64_t Gatherer::reuse_distance(int g, size_t pos) const {
+  if (schedule_.empty() || departed_) return std::numeric_limits<uint64_t>::max();
+  uint64_t dist = 0;
+  for (size_t q = pos + 1; q < schedule_.size(); ++q) {
+    if (schedule_[q] == g) return dist;
+    dist += c_.groups[schedule_[q]].spec.numel;
+  }
+  return std::numeric_limits<uint64_t>::max();  // not again before the optimizer step
+}
+
+void Gatherer::prefetch_after(size_t pos) {
+  if (!c_.opts.prefetch || departed_) return;
+  uint64_t window = 0;
+  // Every gather in flight holds its parameter shard on the device until it lands; the
+  // working set holds one (the group gathered on demand), the others take prefetch room.
+  const uint64_t shard_in_working = c_.resolved.layout.max_shard * c_.wb;
+  for (size_t q = pos + 1; q < schedule_.size(); ++q) {
+    const int h = schedule_[q];
+    const GroupState& hg = c_.groups[h];
+    window += hg.spec.numel;
+    if (window > c_.opts.prefetch_bucket_elems) break;
+    if (slots_[h].state != State::Released) continue;
+    // A persistent group's buffer is counted among the homes, but its first gather still
+    // passes its shard through the device.
+    const uint64_t bytes = hg.persistent ? 0 : hg.padded * c_.wb;
+    const uint64_t shards = gathering_shard_bytes_ + hg.shard * c_.wb;
+    const uint64_t passing = shards > shard_in_working ? shards - shard_in_working : 0;
+    // Decided from sizes and the schedule alone, so every rank gathers in the same order.
+    if (live_full_bytes_ + passing + bytes > c_.resolved.prefetch_room) break;
+    if ((live_full_bytes_ + bytes) / c_.wb > c_.opts.max_live_elems) break;
+    start_gather(h, true);
+  }
+}
+
+const void* Gatherer::acquire(int g) {
+  if (g < 0 || g >= static_cast<int>(c_.groups.size()))
+    throw Error("acquire_params: unknown parameter group " + std::to_string(g));
+  GroupState& gr = c_.groups[g];
+  Slot& s = slots_[g];
+  recording_.push_back(g);
+  const size_t here = pos_;
+  if (!departed_ && !schedule_.empty()) {
+    if (pos_ < schedule_.size() && schedule_[pos_] == g) {
+      ++pos_;
+    } else {
+      // The model left the known order: fetch on demand for the rest of this
+      // micro-step, and learn the new order from it.
+      departed_ = true;
+      ++c_.stats.trace_departures;
+      log::debug("acquire order departed from the schedule at group " + gr.spec.name);
+    }
+  }
+  if (!departed_ && !schedule_.empty()) c_.store.set_position(here);
+  if (c_.opts.stage == 3) {
+    start_gather(g, false);
+    if (!departed_ && !schedule_.empty()) prefetch_after(here);
+    wait_gathered(g);
+  } else {
+    const double t0 = c_.device.now();
+    Acquired f = c_.store.acquire(gr.gathered, Tier::Device);
+    f.ready.wait();
+    c_.waited(t0, "wait params", &gr);
+    s.data = f.data;
+  }
+  ++s.holders;
+  return s.data;
+}
+
+void Gatherer::drop(int g) {
+  Slot& s = slots_[g];
+  if (s.state != State::Ready || s.holders > 0) return;
+  const GroupState& gr = c_.groups[g];
+  c_.store.discard(gr.gathered);
+  s.state = State::Released;
+  s.data = nullptr;
+  live_full_bytes_ -= gr.persistent ? 0 : gr.padded * c_.wb;
+}
+
+void Gatherer::release(int g) {
+  const GroupState& gr = c_.groups.at(g);
+  Slot& s = slots_[g];
+  if (s.holders <= 0) throw Error("release_params: group '" + gr.spec.name + "' is not acquired");
+  --s.holders;
+  if (c_.opts.stage < 3) {
+    c_.store.release(gr.gathered, Tier::Device);
+    return;
+  }
+  if (s.holders > 0 || gr.persistent) return;
+  // Keep the gathered parameters when they are needed again soon, room permitting.
+  const size_t here = pos_ == 0 ? 0 : pos_ - 1;
+  if (reuse_distance(g, here) <= c_.opts.max_reuse_distance_elems && live_full_bytes_ <= c_.resolved.prefetch_room)
+    return;
+  drop(g);
+}
+
+void Gatherer::refresh() {
+  if (c_.opts.stage == 3) {
+    for (size_t g = 0; g < c_.groups.size(); ++g) drop(static_cast<int>(g));
+    return;
+  }
+  // Replicated parameters: every rank updated its slice; gather the rest.
+  for (GroupState& gr : c_.groups) {
+    Acquired f = c_.store.acquire(gr.gathered, Tier::Device);
+    const void* mine = at(f.data, static_cast<uint64_t>(c_.rank) * gr.shard, c_.wb);
+    Event ev = c_.comm.all_gather(view(mine, gr.shard, c_.work_t), view_mut(f.data, gr.padded, c_.work_t), f.ready);
+    ev.wait();
+    c_.store.release(gr.gathered, Tier::Device, Access::Write);
+  }
+}
+
+const void* Gatherer::acquire_for_host(int g) {
+  GroupState& gr = c_.groups.at(g);
+  Slot& s = slots_[g];
+  if (c_.opts.stage == 3) {
+    s.kept_for_host = s.state != State::Released;
+    start_gather(g, false);
+    wait_gathered(g);
+    return s.data;
+  }
+  Acquired f = c_.store.acquire(gr.gathered, Tier::Device);
+  f.ready.wait();
+  return f.data;
+}
+
+void Gatherer::release_for_host(int g) {
+  const GroupState& gr = c_.groups[g];
+  if (c_.opts.stage != 3) {
+    c_.store.release(gr.gathered, Tier::Device);
+    return;
+  }
+  if (!slots_[g].kept_for_host && !gr.persistent) drop(g);
+}
+
+}  // namespace strata::engine
