@@ -100,8 +100,8 @@ struct PresetCase {
 
 // The speculative optimizer with its states on NVMe: each group's first sub-group's states
 // start towards pinned memory as its gradient completes, a group of backward before the
-// update reads them (ZeroEngine::prefetch_first_states). With the speculative updates on
-// the model's thread (EngineOptions::speculation_lane false) what they wait for is
+// update reads them (the speculation's prefetch_first_states). With the speculative updates on
+// the model's thread (EngineAblation::speculation_lane false) what they wait for is
 // exposed: with the states fetched a group ahead they wait less and the step is shorter
 // than with each fetch issued when its update starts (early_state_fetch false).
 // Simulated (deterministic): -6% and -8% here. (Where the step is compute-bound, gpt-1.3b
@@ -117,11 +117,11 @@ TEST(Plan, SpeculationFetchesTheOptimizerStatesAGroupAhead) {
     SCOPED_TRACE(k.label);
     Plan early_lane = make_plan(k.shape, find_cluster_preset(k.cluster), k.st);
     ASSERT_TRUE(early_lane.fits);
-    ASSERT_TRUE(early_lane.engine.early_state_fetch);
+    ASSERT_TRUE(early_lane.ablation.early_state_fetch);
     Plan late_lane = early_lane;
-    late_lane.engine.early_state_fetch = false;
+    late_lane.ablation.early_state_fetch = false;
     Plan early = early_lane, late = late_lane;
-    early.engine.speculation_lane = late.engine.speculation_lane = false;
+    early.ablation.speculation_lane = late.ablation.speculation_lane = false;
     const SimulateReport a = simulate_plan(early, 3), b = simulate_plan(late, 3);
     const SimulateReport al = simulate_plan(early_lane, 3), bl = simulate_plan(late_lane, 3);
     std::cout << "[ figures  ] " << k.label << ", optimizer on NVMe, speculative on the model's thread: step "
@@ -135,7 +135,7 @@ TEST(Plan, SpeculationFetchesTheOptimizerStatesAGroupAhead) {
   }
 }
 
-// The speculative updates of stage 3 run on the optimizer lane (EngineOptions::
+// The speculative updates of stage 3 run on the optimizer lane (EngineAblation::
 // speculation_lane), a host worker of their own, while the model's thread goes on with the
 // backward pass; on the model's thread they held it up between blocks, the GPU idle
 // meanwhile. Simulated (deterministic), against the same speculation on the model's
@@ -150,9 +150,9 @@ TEST(Plan, TheOptimizerLaneOverlapsTheSpeculativeUpdatesWithBackward) {
     SCOPED_TRACE(k.label);
     Plan lane = make_plan(k.shape, find_cluster_preset(k.cluster), k.st);
     ASSERT_TRUE(lane.fits);
-    ASSERT_TRUE(lane.engine.speculation_lane);
+    ASSERT_TRUE(lane.ablation.speculation_lane);
     Plan inline_plan = lane;
-    inline_plan.engine.speculation_lane = false;
+    inline_plan.ablation.speculation_lane = false;
     Strategy plain_st = k.st;
     plain_st.speculative = false;
     const Plan plain = make_plan(k.shape, find_cluster_preset(k.cluster), plain_st);

@@ -101,27 +101,73 @@ std::vector<std::vector<uint64_t>> plan_parts(const GptShape& shape, const Strat
   return gpt_parts(shape, st.part_elems > 0 ? st.part_elems : UINT64_MAX, st.tile_factor, st.tile_size);
 }
 
-ShardLayout gpt_shard_layout(const GptShape& shape, const Strategy& st, int world, bool gpu) {
+namespace {
+
+// The engine's options for a plan, as strata train would set them for this strategy on
+// this cluster: the device budget is the HBM less what the runtime cannot use and less
+// the activations the model holds itself (the checkpoints are the engine's); the pinned
+// budget is the node's pinned memory per rank. NVMe, where the strategy offloads there,
+// is a placeholder path sized from the layout (nothing is written: the planner and the
+// simulator never touch it).
+EngineOptions plan_engine_options(const Plan& p, const Strategy& st, const std::vector<GroupSize>& sizes) {
+  const GptShape& s = p.shape;
+  const ClusterSpec& cl = p.cluster;
+  EngineOptions e;
+  e.stage = st.stage;
+  e.param_home = home_tier(st.offload_param);
+  e.optimizer_home = home_tier(st.offload_optimizer);
+  // The cluster's GPUs step states kept on them (the GPU optimizer); the simulator's
+  // device is host-addressable, so the choice is made here rather than from the device.
+  e.optimizer_on_stream = !cl.cpu_backend && (e.optimizer_home == Tier::Device || st.optimizer_ratio < 1.0);
+  e.optimizer_ratio = st.optimizer_ratio;
+  e.gradient_accumulation_steps = st.grad_accum;
+  uint64_t max_numel = 0;
+  for (const GroupSize& g : sizes) max_numel = std::max(max_numel, g.numel);
+  e.prefetch_bucket_elems = std::max<uint64_t>(1, uint64_t(st.prefetch_groups) * max_numel);
+  e.max_live_elems = uint64_t{1} << 62;
+  e.persistence_threshold_elems = 0;
+  e.max_reuse_distance_elems = 0;
+  e.sub_group_elems = st.sub_group_elems;
+  e.shard_align_elems = st.shard_align_elems;
+  e.precision = st.precision;
+  e.prefetch = st.prefetch_groups > 0;
+  e.speculative = st.speculative;
+  if (st.checkpointing) {
+    e.checkpoints = {checkpoint_count(s), static_cast<uint64_t>(checkpoint_bytes(s, st.micro_batch)),
+                     home_tier(st.checkpoints)};
+    e.cpu_checkpointing = e.checkpoints.home != Tier::Device;
+  }
+  e.first_gradient_held = s.tied();
+  const double dev_budget = cl.hbm - cl.device_reserve - p.model_activations;
+  e.store.device_budget = dev_budget > 0 ? static_cast<uint64_t>(dev_budget) : 0;
+  e.store.pinned_budget = static_cast<uint64_t>(cl.pinned_per_rank());
+  if (e.optimizer_home == Tier::Nvme || (e.stage == 3 && e.param_home == Tier::Nvme) ||
+      e.checkpoints.home == Tier::Nvme)
+    e.store.nvme.paths = {"(simulated nvme)"};
+  return e;
+}
+
+// The activations the model holds itself on a device (not the engine's checkpoints).
+double model_activation_bytes(const GptShape& s, const ClusterSpec& cl, const Strategy& st) {
+  double a = activation_bytes(s, st.micro_batch, st.checkpointing, st.precision);
+  // On a GPU the cuda model's attention also holds its scratch of [T, T] scores
+  // (strata/model/attention_plan.hpp; up to 256 MiB, whatever the batch).
+  if (!cl.cpu_backend) a += double(attention_gemm_scratch_bytes(s.seq_len, s.heads, st.precision));
+  return a;
+}
+
+}  // namespace
+
+ResolvedLayout resolve_plan(Plan& p, const Strategy& st) {
   std::vector<GroupSize> sizes;  // the engine's groups, as strata train cuts them
-  for (const GroupSpec& g : gpt_group_specs(shape, plan_parts(shape, st))) sizes.push_back({g.name, g.numel});
-  ShardStrategy ss;
-  ss.world = world;
-  ss.stage = st.stage;
-  ss.param_home = home_tier(st.offload_param);
-  ss.optimizer_home = home_tier(st.offload_optimizer);
-  ss.rules.align_elems = st.shard_align_elems;
-  ss.rules.sub_group_elems = st.sub_group_elems;
-  ss.working = st.precision;
-  ss.grads = grads_dtype(st.precision, st.grad_accum);
-  // Every sub-group: make_shard_layout caps it at the count.
-  ss.speculative_sub_groups = st.speculative ? std::numeric_limits<uint64_t>::max() : 0;
-  ss.device_states_staged = gpu && ss.optimizer_home == Tier::Device;  // the GPU optimizer
-  ss.optimizer_ratio = st.optimizer_ratio;
-  ss.first_gradient_held = shape.tied();
-  if (st.checkpointing)
-    ss.checkpoints = {checkpoint_count(shape), static_cast<uint64_t>(checkpoint_bytes(shape, st.micro_batch)),
-                      home_tier(st.checkpoints)};
-  return make_shard_layout(sizes, ss);
+  for (const GroupSpec& g : gpt_group_specs(p.shape, plan_parts(p.shape, st))) sizes.push_back({g.name, g.numel});
+  p.model_activations = model_activation_bytes(p.shape, p.cluster, st);
+  p.engine = plan_engine_options(p, st, sizes);
+  p.resolved = try_resolve(p.engine, p.ablation, sizes, p.world, DeviceTraits{});
+  p.engine = p.resolved.options;  // as the engine runs them (the simulator starts from these)
+  // The strategy as planned says where the checkpoints went (plan --search's rows name it).
+  if (p.resolved.checkpoints_moved_to_nvme) p.strategy.checkpoints = OffloadDevice::Nvme;
+  return p.resolved;
 }
 
 std::vector<GroupTimes> group_times(const GptShape& s, const ClusterSpec& c, const Strategy& st) {
@@ -179,7 +225,7 @@ struct Lane {
 class Planner {
  public:
   Planner(Plan& p, const Strategy& st)
-      : p_(p), st_(st), cl_(p.cluster), s_(p.shape), L_(gpt_shard_layout(p.shape, st, p.world, !p.cluster.cpu_backend)) {
+      : p_(p), st_(st), cl_(p.cluster), s_(p.shape), R_(resolve_plan(p, st)), L_(R_.layout) {
     w_ = p.world;
     A_ = st.grad_accum;
     G_ = static_cast<int>(L_.groups.size());
@@ -209,6 +255,7 @@ class Planner {
   void count_bytes();        // p.tiers, their problems, p.fits
   void set_engine();         // p.cost and p.engine: what simulate_plan runs
   void micro_step_lanes();   // forward and backward of one micro-step, per lane
+  void checkpoint_lanes();   // of which the activation checkpoints' moves off the device
   void boundary_lanes();     // stage 1's reduction, the optimizer, the refresh
   void step_time();          // p.*_s, tokens, MFU
   void link_loads();         // p.links
@@ -222,7 +269,8 @@ class Planner {
   const Strategy& st_;
   const ClusterSpec& cl_;
   const GptShape& s_;
-  const ShardLayout L_;
+  const ResolvedLayout R_;  // what the engine would run (resolve.hpp)
+  const ShardLayout& L_;    // R_.layout
   int w_ = 1, A_ = 1, G_ = 0, M_ = 0;  // layout groups (parts), model groups
   std::vector<int> model_of_;          // per layout group: its model group
   bool s3_ = false, params_move_ = false, grads_move_ = false;
@@ -269,11 +317,7 @@ void Planner::count_bytes() {
   const double lookahead = s3_ ? st_.prefetch_groups * mp4_ : 0.0;
   p_.lookahead_bytes = lookahead;
   dev.buffers = double(L_.device_working) + lookahead + cl_.device_reserve;
-  p_.model_activations = activation_bytes(s_, st_.micro_batch, st_.checkpointing, st_.precision);
-  // On a GPU the cuda model's attention also holds its scratch of [T, T] scores
-  // (strata/model/attention_plan.hpp; up to 256 MiB, whatever the batch).
-  if (!cl_.cpu_backend) p_.model_activations += double(attention_gemm_scratch_bytes(s_.seq_len, s_.heads, st_.precision));
-  dev.activations += p_.model_activations;
+  dev.activations += p_.model_activations;  // resolve_plan's
   // Pinned staging: the optimizer's sub-groups passing through (as the engine reserves
   // it) and parameter shards on their way from NVMe.
   pin.buffers = double(L_.pinned_staging) + (param_home_ == Tier::Nvme ? (st_.prefetch_groups + 1) * ms4_ : 0.0);
@@ -288,6 +332,9 @@ void Planner::count_bytes() {
   if (cl_.cpu_backend && dev.total() + pin.total() > cl_.host_ram * 0.9)
     p_.problems.push_back("device arena and pinned pool together need " + gib(dev.total() + pin.total()) +
                           " of this machine's " + gib(cl_.host_ram) + " RAM: offload to nvme or shrink the model");
+  // The engine's own checks (resolve.hpp) are looser than the planner's; where even they
+  // fail, the engine would refuse to start.
+  if (!R_.unfit.empty() && p_.problems.empty()) p_.problems.push_back("the engine would refuse it: " + R_.unfit);
   p_.fits = p_.problems.empty();
 }
 
@@ -338,46 +385,16 @@ void Planner::set_engine() {
   ring_ = w_ > 1 ? (w_ - 1.0) / w_ : 0.0;
   cbw_ = c.collective_bandwidth;
   clat_ = w_ > 1 ? c.collective_latency : 0.0;
-  EngineOptions& e = p_.engine;
-  e.stage = st_.stage;
-  e.param_home = param_home_;
-  e.optimizer_home = opt_home_;
-  e.optimizer_on_stream = gpu_opt_;
-  e.optimizer_ratio = st_.optimizer_ratio;
-  e.gradient_accumulation_steps = A_;
-  e.prefetch_bucket_elems = std::max<uint64_t>(1, uint64_t(st_.prefetch_groups) * L_.max_numel);
-  e.max_live_elems = uint64_t{1} << 62;
-  e.persistence_threshold_elems = 0;
-  e.max_reuse_distance_elems = 0;
-  e.sub_group_elems = L_.sub_group;
-  e.shard_align_elems = st_.shard_align_elems;
-  e.precision = st_.precision;
-  e.prefetch = st_.prefetch_groups > 0;
-  e.speculative = st_.speculative;
-  e.checkpoints = L_.strategy.checkpoints;
-  e.cpu_checkpointing = L_.strategy.checkpoints.count > 0 && L_.strategy.checkpoints.home != Tier::Device;
-  e.first_gradient_held = L_.strategy.first_gradient_held;
-  // What the engine may use on the device: the HBM less what the runtime cannot use and
-  // less the activations the model holds itself (the checkpoints are the engine's).
+  // The engine's options are resolve_plan's; its device budget is this.
   dev_budget_ = cl_.hbm - cl_.device_reserve - p_.model_activations;
-  e.store.device_budget = dev_budget_ > 0 ? static_cast<uint64_t>(dev_budget_) : 0;
-  e.store.pinned_budget = static_cast<uint64_t>(cl_.pinned_per_rank());
 }
 
 void Planner::micro_step_lanes() {
   const SimCostModel& c = p_.cost;
   const std::vector<GroupTimes> gt = group_times(s_, cl_, st_);
-  // Free room for caches: what the engine's budgets leave after homes and working sets.
-  // Accumulating gradients kept on the device between micro-steps, ZeroEngine's rule: where
-  // the room beyond the plan holds all of them and two of the largest gathered groups;
-  // the room is theirs then.
-  double kept = 0;
-  if (A_ > 1 && st_.stage >= 2) {
-    for (const GroupLayout& lg : L_.groups)
-      if (lg.optimizer_home != Tier::Device)
-        for (const SubGroup& sg : lg.sub_groups) kept += double(tier_allocation_bytes(uint64_t(gb_) * sg.n));
-    if (!(kept > 0 && dev_budget_ - home_[0] - double(L_.device_working) >= kept + 2 * mp4_)) kept = 0;
-  }
+  // Free room for caches: what the engine's budgets leave after homes and working sets,
+  // less the accumulating gradients the resolved layout keeps on the device.
+  const double kept = double(R_.kept_grad_bytes);
   const double dev_room =
       std::max(0.0, dev_budget_ - home_[0] - double(L_.device_working) - kept - st_.prefetch_groups * mp4_);
   const double pin_room = std::max(0.0, p_.tiers[1].budget - home_[1] - p_.tiers[1].need.buffers);
@@ -449,19 +466,7 @@ void Planner::micro_step_lanes() {
     shard_cache_ = std::max(0.0, pin_room - (S4 - grad_spill_));
   }
 
-  // Checkpoints off the device: each block's input but the last goes home after its
-  // forward and comes back one block ahead of its backward (TieredActivationStore).
-  if (const auto& cps = L_.strategy.checkpoints; cps.count > 0 && cps.home != Tier::Device) {
-    const double moved = double(cps.bytes), n = std::max(0, cps.count - 2);
-    for (int i = 0; i < n; ++i) {
-      f_d2h_.add(moved, c.d2h_bandwidth, c.pcie_latency);
-      b_h2d_.add(moved, c.h2d_bandwidth, c.pcie_latency);
-      if (cps.home == Tier::Nvme) {
-        f_nvw_.add(moved, c.nvme_write_bandwidth, c.nvme_latency);
-        b_nvr_.add(moved, c.nvme_read_bandwidth, c.nvme_latency);
-      }
-    }
-  }
+  checkpoint_lanes();
 
   // What cannot overlap: the first group of every micro-step (nothing is fetched across
   // the step boundary) and the last reduction before the optimizer starts.
@@ -476,6 +481,23 @@ void Planner::micro_step_lanes() {
   // write-back: backward's NVMe reads and writes take turns instead of overlapping.
   const double b_nvme = grad_spill_ > 0 ? b_nvr_.time + b_nvw_.time : std::max(b_nvr_.time, b_nvw_.time);
   bwd_ = std::max({bwd_compute_, b_coll_.time, b_h2d_.time, b_d2h_.time, b_nvme});
+}
+
+void Planner::checkpoint_lanes() {
+  const SimCostModel& c = p_.cost;
+  // Checkpoints off the device: each block's input but the last goes home after its
+  // forward and comes back one block ahead of its backward (TieredActivationStore).
+  if (const auto& cps = L_.strategy.checkpoints; cps.count > 0 && cps.home != Tier::Device) {
+    const double moved = double(cps.bytes), n = std::max(0, cps.count - 2);
+    for (int i = 0; i < n; ++i) {
+      f_d2h_.add(moved, c.d2h_bandwidth, c.pcie_latency);
+      b_h2d_.add(moved, c.h2d_bandwidth, c.pcie_latency);
+      if (cps.home == Tier::Nvme) {
+        f_nvw_.add(moved, c.nvme_write_bandwidth, c.nvme_latency);
+        b_nvr_.add(moved, c.nvme_read_bandwidth, c.nvme_latency);
+      }
+    }
+  }
 }
 
 void Planner::boundary_lanes() {
@@ -552,12 +574,16 @@ void Planner::step_time() {
     std::vector<int> last;
     for (auto it = order.rbegin(); it != order.rend() && last.size() < 2; ++it)
       if (std::find(last.begin(), last.end(), *it) == last.end()) last.push_back(*it);
-    double late = 0;
-    for (int g : last) late += double(L_.groups[g].shard);
-    const double f = std::clamp(1.0 - late / double(L_.shard_total), 0.0, 1.0);
+    // Of the shard, the sub-groups that speculate (those with a Next set in the resolved
+    // layout) outside the last two groups.
+    double early = 0;
+    for (int g = 0; g < G_; ++g)
+      if (std::find(last.begin(), last.end(), model_of_[g]) == last.end())
+        for (const SubGroup& sg : L_.groups[g].sub_groups) early += sg.speculative ? double(sg.n) : 0.0;
+    const double f = std::clamp(early / double(L_.shard_total), 0.0, 1.0);
     const double b_nvme_r = b_nvr_.time + f * o_nvr_.time, b_nvme_w = b_nvw_.time + f * o_nvw_.time;
     const double speculated = f * (opt_compute_ + opt_serial_);
-    const bool lane = s3_;  // EngineOptions::speculation_lane, on by default
+    const bool lane = R_.lane;
     const double compute = lane ? bwd_compute_ : bwd_compute_ + speculated;
     const double b_nvme = grad_spill_ > 0 ? b_nvme_r + b_nvme_w : std::max(b_nvme_r, b_nvme_w);
     const double last_bwd =
@@ -665,16 +691,7 @@ Plan make_plan(const GptShape& model_in, const ClusterSpec& cluster, const Strat
     planner.explain();
     return p;
   };
-  Plan p = plan_with(st);
-  // cpu_checkpointing: pinned memory while it has room for the checkpoints, NVMe otherwise
-  // where the run has an NVMe tier (as the engine places them when its pinned budget is short).
-  if (st.checkpointing && st.checkpoints == OffloadDevice::Cpu && !p.tiers[1].fits() &&
-      (st.offload_optimizer == OffloadDevice::Nvme || (st.stage == 3 && st.offload_param == OffloadDevice::Nvme))) {
-    Strategy to_nvme = st;
-    to_nvme.checkpoints = OffloadDevice::Nvme;
-    p = plan_with(to_nvme);
-  }
-  return p;
+  return plan_with(st);
 }
 
 }  // namespace strata::plan

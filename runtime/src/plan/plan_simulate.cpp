@@ -148,7 +148,7 @@ SimulateReport simulate_plan(const Plan& plan, int steps) {
     auto comm = coll::make_sim_communicator(0, plan.world, plan.cost);
     auto compute = device->create_stream("compute");
     GptDriver net(times, plan.shape.tied(), plan.cost.device_flops, *compute, parted, plan.strategy.checkpointing);
-    ZeroEngine engine(*device, *comm, *comm, eo, specs);
+    ZeroEngine engine(*device, *comm, *comm, eo, specs, plan.ablation);
     if (!parted) engine.set_schedule(order);  // parts: the engine learns their order in the first step
     PartedSource source(engine, std::move(parts));
     r.device = device->description();

@@ -198,6 +198,8 @@ struct Plan {
   std::string bottleneck;           // in words
   // How the engine is set for this plan (simulate_plan uses exactly these).
   EngineOptions engine;
+  EngineAblation ablation;  // all on; the planner's tests turn one off to measure it
+  ResolvedLayout resolved;  // what the engine would run: resolve(engine, ablation, the groups, world)
   double model_activations = 0;     // of the device's activations, what the model holds (not the engine)
   double lookahead_bytes = 0;       // of the device's buffers, the look-ahead's (prefetch_groups gathered groups)
   SimCostModel cost;

@@ -8,16 +8,17 @@
 #include <vector>
 
 #include "strata/runtime/plan/plan.hpp"
+#include "strata/runtime/engine/resolve.hpp"
 #include "strata/runtime/engine/shard_layout.hpp"
 
 namespace strata::plan {
 
-// The engine's layout of a GPT under a strategy (shard_layout.hpp): the same function the
-// engine calls, over the GPT's groups.
-// gpu: the cluster's GPUs step states kept on them (the GPU optimizer, offload_optimizer none).
-ShardLayout gpt_shard_layout(const GptShape& shape, const Strategy& st, int world, bool gpu = false);
+// What the engine would run for the plan's strategy on its cluster (resolve.hpp, the
+// function the engine calls, over the GPT's groups as strata train cuts them): sets
+// p.engine and p.model_activations, and returns (and keeps in p.resolved) the resolution.
+ResolvedLayout resolve_plan(Plan& p, const Strategy& st);
 // The parts the engine would gather (gpt_parts with the strategy's bucket and tile factor);
-// gpt_shard_layout's groups are these parts, in order.
+// the resolved layout's groups are these parts, in order.
 std::vector<std::vector<uint64_t>> plan_parts(const GptShape& shape, const Strategy& st);
 
 // Kernel seconds of one micro-step, per group.
