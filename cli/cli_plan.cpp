@@ -235,8 +235,8 @@ void print_sim(const plan::SimulateReport& r, const plan::Plan& p) {
               gib(r.peak_rss_bytes).c_str());
 }
 
-int run_plan(const PlanArgs& a) {
-  // Model.
+// The model: a preset with the flags' changes.
+GptShape plan_shape(const PlanArgs& a) {
   GptShape shape = plan::find_model_preset(a.model).shape;
   if (a.layers) shape.layers = *a.layers;
   if (a.d_model) shape.d_model = *a.d_model;
@@ -247,7 +247,11 @@ int run_plan(const PlanArgs& a) {
                          {shape.seq_len, "--seq"}, {shape.vocab, "--vocab"}})
     if (v < 1) throw ConfigError(std::string(flag) + " must be at least 1, not " + std::to_string(v));
   validate(shape);
-  // Cluster.
+  return shape;
+}
+
+// The cluster: a preset, or this machine measured (cpu), with the flags' figures.
+plan::ClusterSpec plan_cluster(const PlanArgs& a, const GptShape& shape) {
   plan::ClusterSpec c = a.cluster == "cpu" ? plan::measure_cpu(shape, a.nvme_dir, a.micro_batch)
                                            : plan::find_cluster_preset(a.cluster, a.nvme_dir);
   if (a.gpus_per_node) c.gpus_per_node = *a.gpus_per_node;
@@ -270,7 +274,11 @@ int run_plan(const PlanArgs& a) {
   }
   if (!a.figures.empty()) c.name += " (with overrides)";
   plan::validate(c);
-  // Strategy.
+  return c;
+}
+
+// The strategy, as the flags give it.
+plan::Strategy plan_strategy(const PlanArgs& a) {
   plan::Strategy st;
   st.stage = a.stage;
   st.offload_param = parse_offload("--offload-param", a.offload_param);
@@ -288,6 +296,13 @@ int run_plan(const PlanArgs& a) {
   st.sub_group_elems = a.sub_group;
   st.precision = parse_precision(a.precision);
   plan::validate(st);
+  return st;
+}
+
+int run_plan(const PlanArgs& a) {
+  const GptShape shape = plan_shape(a);
+  const plan::ClusterSpec c = plan_cluster(a, shape);
+  const plan::Strategy st = plan_strategy(a);
 
   nlohmann::json out;
   plan::Plan chosen;

@@ -161,7 +161,114 @@ struct TokenDataset::Impl {
   [[noreturn]] void fail(const std::string& what, const std::string& fix) const {
     throw ConfigError("data file '" + path + "' " + what + ": " + fix);
   }
+  // The constructor's checks of the file, and what they learn of it.
+  void check_text(bool llmc, int32_t first);
+  void read_llmc_header(const unsigned char* raw);
+  void scan_ids(int vocab);
 };
+
+// A text file: UTF-8 throughout. llmc: it begins with an llm.c magic number (first).
+void TokenDataset::Impl::check_text(bool llmc, int32_t first) {
+  elem = 1;
+  count = file_bytes;
+  // UTF-8 checked chunk by chunk; a character cut by a chunk's end is checked with the next.
+  const char* why = "";
+  uint64_t bad = file_bytes;
+  unsigned char bad_byte = 0;
+  std::vector<unsigned char> buf(4u << 20);
+  for (uint64_t off = 0; off < file_bytes && bad == file_bytes;) {
+    const uint64_t n = std::min<uint64_t>(buf.size(), file_bytes - off);
+    read_at(buf.data(), n, off);
+    const uint64_t at = first_non_text(buf.data(), n, &why);
+    const bool cut = at != n && off + n < file_bytes && at + 4 > n;  // maybe whole in the next chunk
+    if (at != n && !cut) bad = off + at, bad_byte = buf[at];
+    off += cut ? at : n;
+  }
+  if (bad != file_bytes) {
+    if (llmc)
+      fail("is an llm.c token file (it begins with magic " + std::to_string(first) + "), not text",
+           "set strata.data.format to \"tokens\" or \"auto\"");
+    char byte[8];
+    std::snprintf(byte, sizeof byte, "0x%02x", bad_byte);
+    fail("is not text: byte " + std::to_string(bad) + " (" + byte + ") " + why,
+         "byte-level training reads UTF-8 text; convert the file to UTF-8 (iconv -t UTF-8), or give token "
+         "data as an llm.c token file with strata.data.format \"tokens\"");
+  }
+}
+
+// An llm.c token file: its header (raw, the file's first bytes) checked against the file.
+void TokenDataset::Impl::read_llmc_header(const unsigned char* raw) {
+  const uint64_t header = kLlmcHeaderInts * 4;
+  if (file_bytes < header)
+    fail("is " + std::to_string(file_bytes) + " bytes, shorter than an llm.c token file's header (" +
+             std::to_string(header) + " bytes)",
+         "write it with llm.c's write_datafile, or use strata.data.format \"text\" for a text file");
+  int32_t h[3];
+  std::memcpy(h, raw, sizeof h);
+  // Two layouts (llm.c's dev/data/data_common.py): gpt-2, uint16 tokens; llama-3,
+  // uint32 tokens for vocabularies beyond 65536.
+  if (h[0] != kLlmcMagic && h[0] != kLlama3Magic)
+    fail("has magic " + std::to_string(h[0]) + ", not llm.c's " + std::to_string(kLlmcMagic) + " (gpt-2) or " +
+             std::to_string(kLlama3Magic) + " (llama-3)",
+         "it is not an llm.c token file: write it with llm.c's write_datafile, or use strata.data.format "
+         "\"text\" (or \"auto\") for a text file");
+  const bool wide = h[0] == kLlama3Magic;
+  const int32_t want_version = wide ? kLlama3Version : kLlmcVersion;
+  if (h[1] != want_version)
+    fail("has version " + std::to_string(h[1]) + "; Strata reads version " + std::to_string(want_version) +
+             " of magic " + std::to_string(h[0]) + (wide ? " (uint32 tokens)" : " (uint16 tokens)"),
+         std::string("write it with llm.c's write_datafile for ") + (wide ? "llama-3" : "gpt-2"));
+  if (h[2] < 0) fail("has a negative token count " + std::to_string(h[2]), "the header is damaged; write the file again");
+  const int width = wide ? 4 : 2;
+  const uint64_t n = static_cast<uint64_t>(h[2]), want = header + static_cast<uint64_t>(width) * n;
+  if (file_bytes != want)
+    fail("is " + std::to_string(file_bytes) + " bytes but its header promises " + std::to_string(n) +
+             " tokens, " + std::to_string(want) + " bytes" + (file_bytes < want ? " (truncated)" : " (trailing bytes)"),
+         "the file is damaged or incomplete; write it again");
+  if (n == 0) fail("holds no tokens", "give a file with at least seq_len + 1 = " + std::to_string(seq_len + 1) + " tokens");
+  elem = width;
+  data_offset = header;
+  count = n;
+}
+
+// One pass over the tokens for the largest id, which must be below vocab (every id must
+// have an embedding row), and the fingerprint.
+void TokenDataset::Impl::scan_ids(int vocab) {
+  uint32_t max_id = 0;
+  uint64_t max_at = 0;
+  XXH3_state_t* hs = XXH3_createState();
+  XXH3_64bits_reset(hs);
+  const int32_t tag[2] = {seq_len, static_cast<int32_t>(format)};
+  XXH3_64bits_update(hs, tag, sizeof tag);
+  try {
+    scan([&](const unsigned char* p, uint64_t n, uint64_t first_token) {
+      XXH3_64bits_update(hs, p, n);
+      for (uint64_t i = 0; i < n / static_cast<uint64_t>(elem); ++i) {
+        uint32_t t = p[i];
+        if (elem == 2) {
+          uint16_t v;
+          std::memcpy(&v, p + 2 * i, 2);
+          t = v;
+        } else if (elem == 4) {
+          std::memcpy(&t, p + 4 * i, 4);
+        }
+        if (t > max_id) max_id = t, max_at = first_token + i;
+      }
+    });
+  } catch (...) {
+    XXH3_freeState(hs);
+    throw;
+  }
+  fingerprint = XXH3_64bits_digest(hs);
+  XXH3_freeState(hs);
+  if (fingerprint == 0) fingerprint = 1;  // 0 means "no data" in a DataPosition
+  if (max_id >= static_cast<uint32_t>(vocab))
+    fail("has token id " + std::to_string(max_id) + " (token " + std::to_string(max_at) +
+             "), not below the model's vocabulary of " + std::to_string(vocab),
+         "set strata.model.vocab to at least " + std::to_string(max_id + 1) +
+             (format == DataFormat::Text ? " (256 covers every byte)"
+                                          : " (GPT-2's tokenizer needs 50257, Llama 3's 128256)"));
+}
 
 TokenDataset::TokenDataset(const std::string& path, DataFormat format, int seq_len, int vocab, uint64_t seed,
                            double heldout_fraction)
@@ -191,102 +298,11 @@ TokenDataset::TokenDataset(const std::string& path, DataFormat format, int seq_l
 
   if (format == DataFormat::Auto) format = llmc ? DataFormat::Tokens : DataFormat::Text;
   d.format = format;
-  if (format == DataFormat::Text) {
-    d.elem = 1;
-    d.count = d.file_bytes;
-    // UTF-8 checked chunk by chunk; a character cut by a chunk's end is checked with the next.
-    const char* why = "";
-    uint64_t bad = d.file_bytes;
-    unsigned char bad_byte = 0;
-    std::vector<unsigned char> buf(4u << 20);
-    for (uint64_t off = 0; off < d.file_bytes && bad == d.file_bytes;) {
-      const uint64_t n = std::min<uint64_t>(buf.size(), d.file_bytes - off);
-      d.read_at(buf.data(), n, off);
-      const uint64_t at = first_non_text(buf.data(), n, &why);
-      const bool cut = at != n && off + n < d.file_bytes && at + 4 > n;  // maybe whole in the next chunk
-      if (at != n && !cut) bad = off + at, bad_byte = buf[at];
-      off += cut ? at : n;
-    }
-    if (bad != d.file_bytes) {
-      if (llmc)
-        d.fail("is an llm.c token file (it begins with magic " + std::to_string(first) + "), not text",
-               "set strata.data.format to \"tokens\" or \"auto\"");
-      char byte[8];
-      std::snprintf(byte, sizeof byte, "0x%02x", bad_byte);
-      d.fail("is not text: byte " + std::to_string(bad) + " (" + byte + ") " + why,
-             "byte-level training reads UTF-8 text; convert the file to UTF-8 (iconv -t UTF-8), or give token "
-             "data as an llm.c token file with strata.data.format \"tokens\"");
-    }
-  } else {
-    const uint64_t header = kLlmcHeaderInts * 4;
-    if (d.file_bytes < header)
-      d.fail("is " + std::to_string(d.file_bytes) + " bytes, shorter than an llm.c token file's header (" +
-                 std::to_string(header) + " bytes)",
-             "write it with llm.c's write_datafile, or use strata.data.format \"text\" for a text file");
-    int32_t h[3];
-    std::memcpy(h, raw, sizeof h);
-    // Two layouts (llm.c's dev/data/data_common.py): gpt-2, uint16 tokens; llama-3,
-    // uint32 tokens for vocabularies beyond 65536.
-    if (h[0] != kLlmcMagic && h[0] != kLlama3Magic)
-      d.fail("has magic " + std::to_string(h[0]) + ", not llm.c's " + std::to_string(kLlmcMagic) + " (gpt-2) or " +
-                 std::to_string(kLlama3Magic) + " (llama-3)",
-             "it is not an llm.c token file: write it with llm.c's write_datafile, or use strata.data.format "
-             "\"text\" (or \"auto\") for a text file");
-    const bool wide = h[0] == kLlama3Magic;
-    const int32_t want_version = wide ? kLlama3Version : kLlmcVersion;
-    if (h[1] != want_version)
-      d.fail("has version " + std::to_string(h[1]) + "; Strata reads version " + std::to_string(want_version) +
-                 " of magic " + std::to_string(h[0]) + (wide ? " (uint32 tokens)" : " (uint16 tokens)"),
-             std::string("write it with llm.c's write_datafile for ") + (wide ? "llama-3" : "gpt-2"));
-    if (h[2] < 0) d.fail("has a negative token count " + std::to_string(h[2]), "the header is damaged; write the file again");
-    const int elem = wide ? 4 : 2;
-    const uint64_t n = static_cast<uint64_t>(h[2]), want = header + static_cast<uint64_t>(elem) * n;
-    if (d.file_bytes != want)
-      d.fail("is " + std::to_string(d.file_bytes) + " bytes but its header promises " + std::to_string(n) +
-                 " tokens, " + std::to_string(want) + " bytes" + (d.file_bytes < want ? " (truncated)" : " (trailing bytes)"),
-             "the file is damaged or incomplete; write it again");
-    if (n == 0) d.fail("holds no tokens", "give a file with at least seq_len + 1 = " + std::to_string(seq_len + 1) + " tokens");
-    d.elem = elem;
-    d.data_offset = header;
-    d.count = n;
-  }
-
-  // Every id must have an embedding row.
-  // One pass over the tokens for the largest id and the fingerprint.
-  uint32_t max_id = 0;
-  uint64_t max_at = 0;
-  XXH3_state_t* hs = XXH3_createState();
-  XXH3_64bits_reset(hs);
-  const int32_t tag[2] = {seq_len, static_cast<int32_t>(format)};
-  XXH3_64bits_update(hs, tag, sizeof tag);
-  try {
-    d.scan([&](const unsigned char* p, uint64_t n, uint64_t first_token) {
-      XXH3_64bits_update(hs, p, n);
-      for (uint64_t i = 0; i < n / static_cast<uint64_t>(d.elem); ++i) {
-        uint32_t t = p[i];
-        if (d.elem == 2) {
-          uint16_t v;
-          std::memcpy(&v, p + 2 * i, 2);
-          t = v;
-        } else if (d.elem == 4) {
-          std::memcpy(&t, p + 4 * i, 4);
-        }
-        if (t > max_id) max_id = t, max_at = first_token + i;
-      }
-    });
-  } catch (...) {
-    XXH3_freeState(hs);
-    throw;
-  }
-  d.fingerprint = XXH3_64bits_digest(hs);
-  XXH3_freeState(hs);
-  if (d.fingerprint == 0) d.fingerprint = 1;  // 0 means "no data" in a DataPosition
-  if (max_id >= static_cast<uint32_t>(vocab))
-    d.fail("has token id " + std::to_string(max_id) + " (token " + std::to_string(max_at) +
-               "), not below the model's vocabulary of " + std::to_string(vocab),
-           "set strata.model.vocab to at least " + std::to_string(max_id + 1) +
-               (format == DataFormat::Text ? " (256 covers every byte)"
-                                            : " (GPT-2's tokenizer needs 50257, Llama 3's 128256)"));
+  if (format == DataFormat::Text)
+    d.check_text(llmc, first);
+  else
+    d.read_llmc_header(raw);
+  d.scan_ids(vocab);
 
   if (d.count < static_cast<uint64_t>(seq_len) + 1)
     d.fail("has " + std::to_string(d.count) + " tokens; one sample needs seq_len + 1 = " + std::to_string(seq_len + 1),
@@ -294,7 +310,6 @@ TokenDataset::TokenDataset(const std::string& path, DataFormat format, int seq_l
   const uint64_t windows = (d.count - 1) / static_cast<uint64_t>(seq_len);
   d.heldout = static_cast<uint64_t>(static_cast<double>(windows) * heldout_fraction);
   d.train = windows - d.heldout;  // >= 1: the fraction is below 1 and rounds down
-
 }
 
 TokenDataset::~TokenDataset() = default;

@@ -1,7 +1,7 @@
-// GptCuda: gpt.cpp's model on the cuda backend (see gpt_cuda.hpp). The host side lives in
+// GptCuda: the cpu model (Gpt) on the cuda backend (see gpt_cuda.hpp). The host side lives in
 // this C++20 file (it needs gpt_layout.hpp, which CUDA sources kept to C++17 cannot
 // include); the kernels are in kernels_cuda.cu and attention_cuda.cu behind plain
-// launchers. Every step mirrors Gpt::Impl in gpt.cpp, buffer for buffer.
+// launchers. Every step mirrors Gpt::Impl (gpt_cpu.hpp), buffer for buffer.
 //
 // Precision (GptOptions::precision, docs/mixed-precision.md): in fp32 the matmuls are
 // cuBLAS sgemm without TF32, as they always were. In bf16 and fp16 they are cublasGemmEx
@@ -16,7 +16,7 @@
 // which need no scratch.
 //
 // Compiled and linked in CI, never run there (no GPU). fp32 was checked on an H100, and
-// fp32, bf16 and fp16, GPT-2 and Llama (its blocks below mirror gpt.cpp's
+// fp32, bf16 and fp16, GPT-2 and Llama (its blocks below mirror gpt_cpu_blocks.cpp's
 // llama_block_forward / _backward) on an H200 (docs/training.md, docs/mixed-precision.md).
 #include "strata/model/gpt_cuda.hpp"
 
@@ -134,7 +134,7 @@ struct GptCuda::Impl {
                                            // and Llama's q, k, v projection in forward; Llama's dbig is
                                            // [BT, max(2 ffn, d + 2 kvd)])
   float* dmid = nullptr;                   // Llama: [BT, ffn] gradient of SwiGLU's output
-  float *rope_cos = nullptr, *rope_sin = nullptr;  // Llama: [seq_len, head_dim / 2], as gpt.cpp's
+  float *rope_cos = nullptr, *rope_sin = nullptr;  // Llama: [seq_len, head_dim / 2], as gpt_cpu.hpp's
   float* logits;                           // [chunk rows, V] (in fp32 also the head's gradient, in place)
   float* dot;                              // [B, H, T] attention backward scratch
   cu::AttentionKernels attention;          // from STRATA_ATTENTION, at construction
@@ -479,7 +479,7 @@ struct GptCuda::Impl {
     wrote_vecs(g, {lay.ln1_w, lay.ln1_b}, d);
   }
 
-  // gpt.cpp's llama_block_forward: x [BT, d] -> a's activations; out = x + block(x) when
+  // gpt_cpu_blocks.cpp's llama_block_forward: x [BT, d] -> a's activations; out = x + block(x) when
   // out is not null. dqkv holds the q, k, v projection (fp32) before rotation.
   void llama_block_forward(detail::ParamView& w, const float* x, BlockActsCuda& a, float* out, int B, int T) {
     const int d = s.d_model, ff = s.ffn_dim(), pw = d + 2 * s.kv_dim();
@@ -501,7 +501,7 @@ struct GptCuda::Impl {
     cu::add_into(out, a.x2, bt * d, stream);
   }
 
-  // gpt.cpp's llama_block_backward: dres in (the output's gradient), out (the input's).
+  // gpt_cpu_blocks.cpp's llama_block_backward: dres in (the output's gradient), out (the input's).
   void llama_block_backward(detail::ParamView& w, const float* x, BlockActsCuda& a, detail::GradView& g, int B,
                             int T) {
     const int d = s.d_model, ff = s.ffn_dim(), pw = d + 2 * s.kv_dim();

@@ -77,6 +77,84 @@ std::string out_of_space(const std::string& dir, uint64_t need, uint64_t avail, 
          " (swap files of running Strata jobs have no name; `lsof +L1 " + dir + "` lists them)";
 }
 
+// Every path is an existing, writable directory; returns the device of each.
+std::vector<dev_t> check_swap_dirs(const std::vector<std::string>& paths) {
+  std::vector<dev_t> devs;
+  for (const auto& p : paths) {
+    struct stat st {};
+    if (stat(p.c_str(), &st) != 0) {
+      int e = errno;
+      throw ConfigError("nvme path '" + p + "': " + std::strerror(e) +
+                        "; create the directory or point nvme_path at an existing one");
+    }
+    if (!S_ISDIR(st.st_mode)) throw ConfigError("nvme path '" + p + "' is not a directory; nvme_path lists directories");
+    if (access(p.c_str(), W_OK | X_OK) != 0)
+      throw ConfigError("nvme path '" + p + "' is not writable by this process; fix its permissions or pick another");
+    devs.push_back(st.st_dev);
+  }
+  return devs;
+}
+
+// Free space for per_file bytes in every path, before anything is created: paths on one
+// file system (devs) share it.
+void check_free_space(const NvmeStoreOptions& opts, const std::vector<dev_t>& devs, uint64_t per_file,
+                      const std::vector<StaleSwapFiles>& stale) {
+  const auto& paths = opts.paths;
+  const uint64_t n = paths.size();
+  std::map<dev_t, uint64_t> need;
+  for (size_t i = 0; i < paths.size(); ++i) need[devs[i]] += per_file;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    auto it = need.find(devs[i]);
+    if (it == need.end()) continue;  // already checked through another path on this device
+    struct statvfs vs {};
+    if (statvfs(paths[i].c_str(), &vs) != 0) {
+      int e = errno;
+      throw ConfigError("nvme path '" + paths[i] + "': statvfs failed: " + std::strerror(e));
+    }
+    const uint64_t avail = static_cast<uint64_t>(vs.f_bavail) * vs.f_frsize;
+    if (it->second > avail)
+      throw OutOfBudget("nvme store (" + std::string(opts.capacity_automatic ? "automatic NVMe budget " : "strata.nvme_budget ") +
+                        format_bytes(opts.capacity) + " over " + std::to_string(n) +
+                        " path(s)): " + out_of_space(paths[i], it->second, avail, stale[i], opts.capacity_automatic));
+    need.erase(it);
+  }
+}
+
+// Creates a swap file in every path, preallocated to per_file bytes, into files.
+void create_swap_files(const NvmeStoreOptions& opts, uint64_t per_file, const std::vector<StaleSwapFiles>& stale,
+                       OpenFiles& files) {
+  const auto& paths = opts.paths;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    const std::string& p = paths[i];
+    const int fd = open_unnamed_swap_file(p);
+    const std::string path = "/proc/self/fd/" + std::to_string(fd);
+    const std::string label = path + " (unnamed swap file in " + p + ")";
+    files.fds.push_back(fd);
+    files.paths.push_back(path);
+    files.labels.push_back(label);
+    if (fallocate(fd, 0, 0, static_cast<off_t>(per_file)) != 0) {
+      int e = errno;
+      if (e == ENOSPC || e == EDQUOT) {
+        struct statvfs vs {};
+        uint64_t avail = statvfs(p.c_str(), &vs) == 0 ? static_cast<uint64_t>(vs.f_bavail) * vs.f_frsize : 0;
+        throw OutOfBudget("nvme store: preallocating " + format_bytes(per_file) + " for " + label +
+                          " failed: " + std::strerror(e) + "; " + out_of_space(p, per_file, avail, stale[i], opts.capacity_automatic));
+      }
+      if (e == EOPNOTSUPP) {
+        log::warn_once("nvme-fallocate", "nvme store: the file system at '" + p +
+                                             "' cannot preallocate; the swap file is sparse and a full disk will "
+                                             "show up as write errors later");
+        if (ftruncate(fd, static_cast<off_t>(per_file)) != 0) {
+          int e2 = errno;
+          throw IoError("sizing swap file failed", label, 0, per_file, e2, "free space on it or point nvme_path at a disk with room");
+        }
+      } else {
+        throw IoError("preallocating swap file failed", label, 0, per_file, e, "free space on it or point nvme_path at a disk with room");
+      }
+    }
+  }
+}
+
 class SwapFiles final : public SwapSpace {
  public:
   explicit SwapFiles(const NvmeStoreOptions& opts);
@@ -106,19 +184,7 @@ class SwapFiles final : public SwapSpace {
 SwapFiles::SwapFiles(const NvmeStoreOptions& opts) : checksums_(opts.checksums) {
   const auto& paths = opts.paths;
   // 1. Every path is an existing, writable directory.
-  std::vector<dev_t> devs;
-  for (const auto& p : paths) {
-    struct stat st {};
-    if (stat(p.c_str(), &st) != 0) {
-      int e = errno;
-      throw ConfigError("nvme path '" + p + "': " + std::strerror(e) +
-                        "; create the directory or point nvme_path at an existing one");
-    }
-    if (!S_ISDIR(st.st_mode)) throw ConfigError("nvme path '" + p + "' is not a directory; nvme_path lists directories");
-    if (access(p.c_str(), W_OK | X_OK) != 0)
-      throw ConfigError("nvme path '" + p + "' is not writable by this process; fix its permissions or pick another");
-    devs.push_back(st.st_dev);
-  }
+  const std::vector<dev_t> devs = check_swap_dirs(paths);
   // Before the free space is counted: stale files of dead runs would be counted as used.
   std::vector<StaleSwapFiles> stale;
   for (const auto& p : paths) stale.push_back(reclaim_stale_swap_files(p));
@@ -136,54 +202,10 @@ SwapFiles::SwapFiles(const NvmeStoreOptions& opts) : checksums_(opts.checksums) 
                       format_bytes(n * kMinExtentGrain));
 
   // 3. Free space, before anything is created: paths on one file system share it.
-  std::map<dev_t, uint64_t> need;
-  for (size_t i = 0; i < paths.size(); ++i) need[devs[i]] += per_file;
-  for (size_t i = 0; i < paths.size(); ++i) {
-    auto it = need.find(devs[i]);
-    if (it == need.end()) continue;  // already checked through another path on this device
-    struct statvfs vs {};
-    if (statvfs(paths[i].c_str(), &vs) != 0) {
-      int e = errno;
-      throw ConfigError("nvme path '" + paths[i] + "': statvfs failed: " + std::strerror(e));
-    }
-    const uint64_t avail = static_cast<uint64_t>(vs.f_bavail) * vs.f_frsize;
-    if (it->second > avail)
-      throw OutOfBudget("nvme store (" + std::string(opts.capacity_automatic ? "automatic NVMe budget " : "strata.nvme_budget ") +
-                        format_bytes(opts.capacity) + " over " + std::to_string(n) +
-                        " path(s)): " + out_of_space(paths[i], it->second, avail, stale[i], opts.capacity_automatic));
-    need.erase(it);
-  }
+  check_free_space(opts, devs, per_file, stale);
 
   // 4. Create and preallocate. files_ closes whatever was opened if a later step throws.
-  for (size_t i = 0; i < paths.size(); ++i) {
-    const std::string& p = paths[i];
-    const int fd = open_unnamed_swap_file(p);
-    const std::string path = "/proc/self/fd/" + std::to_string(fd);
-    const std::string label = path + " (unnamed swap file in " + p + ")";
-    files_.fds.push_back(fd);
-    files_.paths.push_back(path);
-    files_.labels.push_back(label);
-    if (fallocate(fd, 0, 0, static_cast<off_t>(per_file)) != 0) {
-      int e = errno;
-      if (e == ENOSPC || e == EDQUOT) {
-        struct statvfs vs {};
-        uint64_t avail = statvfs(p.c_str(), &vs) == 0 ? static_cast<uint64_t>(vs.f_bavail) * vs.f_frsize : 0;
-        throw OutOfBudget("nvme store: preallocating " + format_bytes(per_file) + " for " + label +
-                          " failed: " + std::strerror(e) + "; " + out_of_space(p, per_file, avail, stale[i], opts.capacity_automatic));
-      }
-      if (e == EOPNOTSUPP) {
-        log::warn_once("nvme-fallocate", "nvme store: the file system at '" + p +
-                                             "' cannot preallocate; the swap file is sparse and a full disk will "
-                                             "show up as write errors later");
-        if (ftruncate(fd, static_cast<off_t>(per_file)) != 0) {
-          int e2 = errno;
-          throw IoError("sizing swap file failed", label, 0, per_file, e2, "free space on it or point nvme_path at a disk with room");
-        }
-      } else {
-        throw IoError("preallocating swap file failed", label, 0, per_file, e, "free space on it or point nvme_path at a disk with room");
-      }
-    }
-  }
+  create_swap_files(opts, per_file, stale, files_);
 
   // 5. Alignment, from the files themselves (statx reports it for regular files only).
   uint64_t a = 512;

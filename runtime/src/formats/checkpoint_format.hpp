@@ -1,5 +1,6 @@
-// The on-disk format of a checkpoint, shared by checkpoint.cpp (saving, loading, reading
-// shards) and checkpoint_manifest.cpp (the manifest's text, which the fuzz target
+// The on-disk format of a checkpoint, shared by checkpoint.cpp (saving), checkpoint_load.cpp
+// (loading, reading shards), checkpoint_dirs.cpp (finding checkpoints) and
+// checkpoint_manifest.cpp (the manifest's text, which the fuzz target
 // tests/fuzz/fuzz_manifest.cpp also builds alone). Private to runtime/.
 #pragma once
 

@@ -316,6 +316,51 @@ json llama_hf_config(const GptShape& s, const char* torch_dtype, const Checkpoin
           {"strata_step", info.step}};
 }
 
+// GPT2Config's keys for this shape, as save_pretrained writes them.
+json gpt2_hf_config(const GptShape& s, const char* torch_dtype, const CheckpointInfo& info) {
+  return {{"architectures", {"GPT2LMHeadModel"}},
+          {"model_type", "gpt2"},
+          {"n_layer", s.layers},
+          {"n_embd", s.d_model},
+          {"n_head", s.heads},
+          {"n_positions", s.seq_len},
+          {"n_ctx", s.seq_len},
+          {"vocab_size", s.vocab},
+          {"n_inner", nullptr},
+          {"activation_function", "gelu_new"},
+          {"layer_norm_epsilon", 1e-5},
+          {"tie_word_embeddings", true},
+          {"scale_attn_weights", true},
+          {"resid_pdrop", 0.0},
+          {"embd_pdrop", 0.0},
+          {"attn_pdrop", 0.0},
+          {"torch_dtype", torch_dtype},
+          {"strata_checkpoint", info.dir},
+          {"strata_step", info.step}};
+}
+
+// An existing --out (dirp): an empty directory, or (with --force) an earlier export, which
+// holds nothing but what an export writes. Anything else is never replaced. Returns
+// whether dirp holds an earlier export to replace.
+bool check_hf_out(const std::string& out, const fs::path& dirp, bool overwrite) {
+  std::error_code ec;
+  if (!fs::exists(dirp, ec)) return false;
+  if (!fs::is_directory(dirp, ec)) throw ConfigError("--out '" + out + "' exists and is not a directory");
+  bool empty = true, ours = fs::exists(dirp / "config.json", ec);
+  for (const auto& e : fs::directory_iterator(dirp, ec)) {
+    empty = false;
+    const std::string n = e.path().filename().string();
+    if (!(n == "config.json" || n == "model.safetensors.index.json" ||
+          (n.rfind("model", 0) == 0 && n.ends_with(".safetensors"))))
+      ours = false;
+  }
+  if (!empty && !(overwrite && ours))
+    throw ConfigError("--out '" + out + "' is not empty" +
+                      (ours ? std::string(": pass --force to replace the earlier export in it")
+                            : ": it holds files an export does not write, which are never replaced; give a new directory"));
+  return !empty;
+}
+
 }  // namespace
 
 ExportSummary export_hf(const std::string& checkpoint, const std::string& out, bool overwrite,
@@ -328,25 +373,7 @@ ExportSummary export_hf(const std::string& checkpoint, const std::string& out, b
   const fs::path dirp = outp.filename().empty() ? outp.parent_path() : outp;
   if (const std::string ck = enclosing_checkpoint(dirp.string()); !ck.empty())
     throw ConfigError("--out '" + out + "' lies inside checkpoint directory '" + ck + "': write it outside");
-  // An existing --out: an empty directory, or (with --force) an earlier export, which
-  // holds nothing but what an export writes. Anything else is never replaced.
-  bool replace = false;
-  if (fs::exists(dirp, ec)) {
-    if (!fs::is_directory(dirp, ec)) throw ConfigError("--out '" + out + "' exists and is not a directory");
-    bool empty = true, ours = fs::exists(dirp / "config.json", ec);
-    for (const auto& e : fs::directory_iterator(dirp, ec)) {
-      empty = false;
-      const std::string n = e.path().filename().string();
-      if (!(n == "config.json" || n == "model.safetensors.index.json" ||
-            (n.rfind("model", 0) == 0 && n.ends_with(".safetensors"))))
-        ours = false;
-    }
-    if (!empty && !(overwrite && ours))
-      throw ConfigError("--out '" + out + "' is not empty" +
-                        (ours ? std::string(": pass --force to replace the earlier export in it")
-                              : ": it holds files an export does not write, which are never replaced; give a new directory"));
-    replace = !empty;
-  }
+  const bool replace = check_hf_out(out, dirp, overwrite);
   const fs::path parent = dirp.parent_path();
   if (!fs::is_directory(parent, ec))
     throw ConfigError("--out '" + out + "': directory '" + parent.string() + "' does not exist; create it first");
@@ -383,25 +410,8 @@ ExportSummary export_hf(const std::string& checkpoint, const std::string& out, b
       std::ofstream(tmp / "model.safetensors.index.json") << idx;
     }
     const char* torch_dtype = type == DType::BF16 ? "bfloat16" : type == DType::F16 ? "float16" : "float32";
-    const json config = shape.llama() ? llama_hf_config(shape, torch_dtype, info) : json{{"architectures", {"GPT2LMHeadModel"}},
-                         {"model_type", "gpt2"},
-                         {"n_layer", shape.layers},
-                         {"n_embd", shape.d_model},
-                         {"n_head", shape.heads},
-                         {"n_positions", shape.seq_len},
-                         {"n_ctx", shape.seq_len},
-                         {"vocab_size", shape.vocab},
-                         {"n_inner", nullptr},
-                         {"activation_function", "gelu_new"},
-                         {"layer_norm_epsilon", 1e-5},
-                         {"tie_word_embeddings", true},
-                         {"scale_attn_weights", true},
-                         {"resid_pdrop", 0.0},
-                         {"embd_pdrop", 0.0},
-                         {"attn_pdrop", 0.0},
-                         {"torch_dtype", torch_dtype},
-                         {"strata_checkpoint", info.dir},
-                         {"strata_step", info.step}};
+    const json config =
+        shape.llama() ? llama_hf_config(shape, torch_dtype, info) : gpt2_hf_config(shape, torch_dtype, info);
     std::ofstream cf(tmp / "config.json");
     cf << config.dump(2) << "\n";
     cf.close();

@@ -107,22 +107,9 @@ DType tensor_dtype(const SafetensorsTensor& t, const std::string& where) {
   throw ConfigError(where + ": tensor '" + t.name + "' is " + t.dtype + "; Strata imports F32, BF16 and F16 weights");
 }
 
-}  // namespace
-
-ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::optional<DType> precision,
-                        coll::Communicator* host) {
-  const fs::path dir(hf_dir);
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec))
-    throw ConfigError("--hf '" + hf_dir + "' is not a directory: give a Hugging Face model directory (config.json "
-                      "and model.safetensors)");
-  const fs::path cfg_path = dir / "config.json";
-  if (!fs::exists(cfg_path, ec))
-    throw ConfigError("--hf '" + hf_dir + "' has no config.json: give a Hugging Face model directory");
-  const json cfg = read_json(cfg_path, "config.json");
-  const std::string cfg_name = "config.json of '" + hf_dir + "'";
-
-  // The architecture.
+// The architecture config.json names: "LlamaForCausalLM" or "GPT2LMHeadModel"; any other
+// is refused.
+std::string hf_architecture(const json& cfg, const std::string& cfg_name) {
   std::string arch = cfg.contains("architectures") && cfg["architectures"].is_array() &&
                              !cfg["architectures"].empty() && cfg["architectures"][0].is_string()
                          ? cfg["architectures"][0].get<std::string>()
@@ -136,23 +123,25 @@ ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::
                       (model_type.empty() ? "" : " (model_type '" + model_type + "')") +
                       ", which Strata does not import: it imports GPT2LMHeadModel (model_type gpt2) and "
                       "LlamaForCausalLM (model_type llama)");
-  arch = llama ? "LlamaForCausalLM" : "GPT2LMHeadModel";
+  return llama ? "LlamaForCausalLM" : "GPT2LMHeadModel";
+}
 
-  // The shape, and what this model computes as Hugging Face's does.
+// The shape, and what this model computes as Hugging Face's does.
+GptShape hf_shape(const json& cfg, const std::string& cfg_name, bool llama) {
   GptShape shape = llama ? llama_shape(cfg, cfg_name) : GptShape{};
   if (!llama) {
-  shape.layers = int_key(cfg, cfg_name, {"n_layer", "num_hidden_layers"});
-  shape.d_model = int_key(cfg, cfg_name, {"n_embd", "hidden_size"});
-  shape.heads = int_key(cfg, cfg_name, {"n_head", "num_attention_heads"});
-  shape.seq_len = int_key(cfg, cfg_name, {"n_positions", "n_ctx", "max_position_embeddings"});
-  shape.vocab = int_key(cfg, cfg_name, {"vocab_size"});
+    shape.layers = int_key(cfg, cfg_name, {"n_layer", "num_hidden_layers"});
+    shape.d_model = int_key(cfg, cfg_name, {"n_embd", "hidden_size"});
+    shape.heads = int_key(cfg, cfg_name, {"n_head", "num_attention_heads"});
+    shape.seq_len = int_key(cfg, cfg_name, {"n_positions", "n_ctx", "max_position_embeddings"});
+    shape.vocab = int_key(cfg, cfg_name, {"vocab_size"});
   }
   try {
     validate(shape);
   } catch (const ConfigError& e) {
     throw ConfigError(cfg_name + ": " + e.what());
   }
-  if (!llama) {
+  if (llama) return shape;
   auto refuse = [&](const std::string& key, const std::string& why) {
     throw ConfigError(cfg_name + ": " + key + " = " + cfg[key].dump() + ", " + why);
   };
@@ -170,11 +159,27 @@ ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::
     refuse("scale_attn_weights", "but Strata scales attention by 1/sqrt(head_dim)");
   if (cfg.contains("scale_attn_by_inverse_layer_idx") && cfg["scale_attn_by_inverse_layer_idx"] != false)
     refuse("scale_attn_by_inverse_layer_idx", "which Strata's attention does not do");
-  }
+  return shape;
+}
 
-  // The files: one model.safetensors, or the shards of an index.
-  std::map<std::string, std::string> file_of;  // tensor name -> file name
+// A model directory: its config.json's architecture and shape, and its safetensors files
+// with their headers.
+struct HfModel {
+  fs::path dir;
+  std::string hf_dir;  // as given
+  std::string arch;
+  bool llama = false;
+  GptShape shape;
   std::vector<std::string> files;
+  std::map<std::string, std::string> file_of;  // tensor name -> file name
+  std::map<std::string, std::unique_ptr<Shard>> shards;  // by file name
+};
+
+// The files: one model.safetensors, or the shards of an index (which fills m.file_of).
+void list_weight_files(HfModel& m) {
+  const fs::path& dir = m.dir;
+  const std::string& hf_dir = m.hf_dir;
+  std::error_code ec;
   const fs::path index_path = dir / "model.safetensors.index.json";
   if (fs::exists(index_path, ec)) {
     const json idx = read_json(index_path, "model.safetensors.index.json");
@@ -185,23 +190,28 @@ ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::
       if (!item.value().is_string() || item.value().get<std::string>().find('/') != std::string::npos)
         throw ConfigError("'" + index_path.string() + "': tensor '" + item.key() + "' maps to " +
                           item.value().dump() + ", not a file name in the directory");
-      file_of[item.key()] = item.value().get<std::string>();
-      if (seen.insert(item.value().get<std::string>()).second) files.push_back(item.value().get<std::string>());
+      m.file_of[item.key()] = item.value().get<std::string>();
+      if (seen.insert(item.value().get<std::string>()).second) m.files.push_back(item.value().get<std::string>());
     }
   } else if (fs::exists(dir / "model.safetensors", ec)) {
-    files.push_back("model.safetensors");
+    m.files.push_back("model.safetensors");
   } else {
     throw ConfigError("--hf '" + hf_dir + "' has neither model.safetensors nor model.safetensors.index.json (" +
                       "PyTorch .bin weights are not read: save the model with safe_serialization=True)");
   }
-  ImportSummary sum;
-  std::map<std::string, std::unique_ptr<Shard>> shards;
-  for (const std::string& f : files) {
+}
+
+// Each file's header read and the file opened, in the order listed (sum.files_read); a
+// single file's tensors go into m.file_of.
+void open_shards(HfModel& m, ImportSummary& sum) {
+  const fs::path& dir = m.dir;
+  std::error_code ec;
+  for (const std::string& f : m.files) {
     const fs::path p = dir / f;
     if (!fs::exists(p, ec))
       throw ConfigError("shard '" + p.string() + "' is missing: " +
-                        (file_of.empty() ? std::string("the model directory is incomplete")
-                                         : "model.safetensors.index.json lists it; download the model again"));
+                        (m.file_of.empty() ? std::string("the model directory is incomplete")
+                                           : "model.safetensors.index.json lists it; download the model again"));
     auto s = std::make_unique<Shard>();
     s->path = p.string();
     s->index = static_cast<int>(sum.files_read.size());
@@ -209,13 +219,15 @@ ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::
     s->header = read_safetensors_header(s->path);
     struct stat st {};
     s->fd = open_input_file(s->path, "safetensors file", &st);
-    if (file_of.empty())
-      for (const auto& t : s->header.tensors) file_of[t.name] = f;
-    shards[f] = std::move(s);
+    if (m.file_of.empty())
+      for (const auto& t : s->header.tensors) m.file_of[t.name] = f;
+    m.shards[f] = std::move(s);
   }
+}
 
-  // Every tensor of the file must be one this GPT has, a tied head, or a mask buffer.
-  const std::vector<GptGroup> groups = gpt_groups(shape);
+// Every tensor of the files must be one this GPT has, a tied head, or a mask buffer.
+void check_no_unknown_tensors(const HfModel& m, const std::vector<GptGroup>& groups) {
+  const bool llama = m.llama;
   std::set<std::string> wanted;
   for (const auto& g : groups)
     for (const auto& t : g.tensors) wanted.insert(t.name);
@@ -225,45 +237,53 @@ ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::
   // Skipped: a tied head (the embedding is the head), GPT-2's attention-mask buffers and
   // older Llama checkpoints' rotary inv_freq buffers (Strata computes them).
   auto skipped = [&](const std::string& n) {
-    if (llama) return (shape.tied_head && n == "lm_head.weight") || n.ends_with(".rotary_emb.inv_freq");
+    if (llama) return (m.shape.tied_head && n == "lm_head.weight") || n.ends_with(".rotary_emb.inv_freq");
     return n == "lm_head.weight" || n.ends_with(".attn.bias") || n.ends_with(".attn.masked_bias");
   };
   std::vector<std::string> unknown;
-  for (const auto& [name, f] : file_of)
+  for (const auto& [name, f] : m.file_of)
     if (!wanted.count(strip(name)) && !skipped(strip(name))) unknown.push_back(name);
   if (!unknown.empty())
-    throw ConfigError("--hf '" + hf_dir + "' holds " + std::to_string(unknown.size()) + " tensor(s) " + arch +
+    throw ConfigError("--hf '" + m.hf_dir + "' holds " + std::to_string(unknown.size()) + " tensor(s) " + m.arch +
                       " of this config.json does not have (" + unknown[0] + (unknown.size() > 1 ? ", ..." : "") +
-                      "): it is not a plain " + arch + " of the shape config.json gives");
+                      "): it is not a plain " + m.arch + " of the shape config.json gives");
+}
 
-  sum.architecture = arch;
-  sum.shape = shape;
-  sum.files = static_cast<int>(files.size());
-  std::optional<DType> seen_dtype;
+// Where each tensor of a group is: its file, its header entry and its type.
+struct Found {
+  const Shard* shard;
+  const SafetensorsTensor* st;
+  DType dt;
+};
+
+// Every tensor, by group, looked up and its type and shape checked; dtype: the last
+// tensor's type, mixed: whether they differ.
+struct FoundTensors {
+  std::vector<std::vector<Found>> by_group;
+  std::optional<DType> dtype;
   bool mixed = false;
-  // Every tensor is looked up and its type and shape checked on every rank (the headers
-  // are read whole); only this rank's shard of each group is read from the files.
-  struct Found {
-    const Shard* shard;
-    const SafetensorsTensor* st;
-    DType dt;
-  };
-  std::vector<std::vector<Found>> found(groups.size());
+};
+
+FoundTensors find_tensors(const HfModel& m, const std::vector<GptGroup>& groups) {
+  const bool llama = m.llama;
+  FoundTensors out;
+  std::vector<std::vector<Found>>& found = out.by_group;
+  found.resize(groups.size());
   for (size_t gi = 0; gi < groups.size(); ++gi)
     for (const GptTensor& t : groups[gi].tensors) {
       std::string key = t.name;
-      if (!file_of.count(key) && !llama) key = "transformer." + t.name;
-      if (!file_of.count(key))
-        throw ConfigError("--hf '" + hf_dir + "' has no tensor '" + t.name + "'" +
+      if (!m.file_of.count(key) && !llama) key = "transformer." + t.name;
+      if (!m.file_of.count(key))
+        throw ConfigError("--hf '" + m.hf_dir + "' has no tensor '" + t.name + "'" +
                           (llama ? std::string() : " (nor 'transformer." + t.name + "')") +
-                          ": the model directory is incomplete or not " + arch + "'s");
-      const Shard& s = *shards.at(file_of.at(key));
+                          ": the model directory is incomplete or not " + m.arch + "'s");
+      const Shard& s = *m.shards.at(m.file_of.at(key));
       const SafetensorsTensor* st = s.header.find(key);
       if (!st)
         throw ConfigError("'" + s.path + "' has no tensor '" + key + "', which model.safetensors.index.json puts there");
       const DType dt = tensor_dtype(*st, "'" + s.path + "'");
-      if (seen_dtype && *seen_dtype != dt) mixed = true;
-      seen_dtype = dt;
+      if (out.dtype && *out.dtype != dt) out.mixed = true;
+      out.dtype = dt;
       const std::vector<int64_t> want = gpt2_shape(t);
       const std::vector<int64_t> got(st->shape.begin(), st->shape.end());
       if (got != want) {
@@ -273,17 +293,19 @@ ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::
           return s + "]";
         };
         throw ConfigError("tensor '" + key + "' in '" + s.path + "' is " + text(got) + ", but config.json (" +
-                          describe(shape) + ") makes it " + text(want) +
+                          describe(m.shape) + ") makes it " + text(want) +
                           ": the weights and config.json are of different models");
       }
       found[gi].push_back({&s, st, dt});
     }
+  return out;
+}
 
-  InitialCheckpointWriter writer(out, host);
-  std::vector<float> buf, tmp;
+// Reads a tensor's bytes from its file into raw: counted, and recorded in sum.reads.
+struct TensorReader {
+  ImportSummary& sum;
   std::vector<std::byte> raw;
-  // Reads `bytes` at `offset` of a tensor's file: counted, and recorded in sum.reads.
-  auto read = [&](const Found& f, uint64_t offset, uint64_t bytes) {
+  void read(const Found& f, uint64_t offset, uint64_t bytes) {
     raw.resize(bytes);
     uint64_t done = 0;
     while (done < bytes) {
@@ -296,7 +318,88 @@ ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::
     }
     sum.bytes_read += bytes;
     sum.reads.push_back({f.shard->index, offset, bytes});
+  }
+};
+
+// The elements [lo, hi) of a group's flat layout that its tensor t holds, as fp32 into buf
+// (element 0 of buf: lo). tmp: scratch.
+void read_tensor_range(TensorReader& reader, const GptTensor& t, const Found& f, uint64_t lo, uint64_t hi,
+                       std::vector<float>& buf, std::vector<float>& tmp) {
+  const std::vector<std::byte>& raw = reader.raw;
+  const uint64_t es = dtype_size(f.dt);
+  // The tensor's elements (in Strata's layout, from its start) in [lo, hi): [a, b).
+  const uint64_t first = std::max(lo, t.offset), last = std::min(hi, t.offset + t.numel());
+  if (first >= last) return;
+  const uint64_t a = first - t.offset, b = last - t.offset;
+  float* dst = buf.data() + (first - lo);
+  if (!t.transposed_in_gpt2) {
+    reader.read(f, f.st->offset + a * es, (b - a) * es);
+    convert_to_f32(dst, raw.data(), f.dt, b - a);
+    return;
+  }
+  // Conv1D [in, out] in the file, [out, in] here: element (o, i) here is o * in + i,
+  // in the file i * out + o. The whole tensor (one process) is one read; a part of it
+  // is one read per file row i, of the contiguous run of o the range needs.
+  const uint64_t in = static_cast<uint64_t>(t.shape[1]), outs = static_cast<uint64_t>(t.shape[0]);
+  auto scatter = [&](uint64_t i, uint64_t o0, uint64_t o1, const float* row) {
+    for (uint64_t o = o0; o < o1; ++o) buf[t.offset + o * in + i - lo] = row[o - o0];
   };
+  if (a == 0 && b == t.numel()) {
+    reader.read(f, f.st->offset, t.numel() * es);
+    tmp.resize(t.numel());
+    convert_to_f32(tmp.data(), raw.data(), f.dt, t.numel());
+    for (uint64_t i = 0; i < in; ++i) scatter(i, 0, outs, tmp.data() + i * outs);
+    return;
+  }
+  auto ceil_div = [](uint64_t x, uint64_t y) { return (x + y - 1) / y; };
+  for (uint64_t i = 0; i < in; ++i) {
+    const uint64_t o0 = a > i ? ceil_div(a - i, in) : 0, o1 = std::min(outs, b > i ? ceil_div(b - i, in) : 0);
+    if (o1 <= o0) continue;
+    reader.read(f, f.st->offset + (i * outs + o0) * es, (o1 - o0) * es);
+    tmp.resize(o1 - o0);
+    convert_to_f32(tmp.data(), raw.data(), f.dt, o1 - o0);
+    scatter(i, o0, o1, tmp.data());
+  }
+}
+
+}  // namespace
+
+ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::optional<DType> precision,
+                        coll::Communicator* host) {
+  HfModel m;
+  m.dir = fs::path(hf_dir);
+  m.hf_dir = hf_dir;
+  const fs::path& dir = m.dir;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    throw ConfigError("--hf '" + hf_dir + "' is not a directory: give a Hugging Face model directory (config.json "
+                      "and model.safetensors)");
+  const fs::path cfg_path = dir / "config.json";
+  if (!fs::exists(cfg_path, ec))
+    throw ConfigError("--hf '" + hf_dir + "' has no config.json: give a Hugging Face model directory");
+  const json cfg = read_json(cfg_path, "config.json");
+  const std::string cfg_name = "config.json of '" + hf_dir + "'";
+  m.arch = hf_architecture(cfg, cfg_name);
+  m.llama = m.arch == "LlamaForCausalLM";
+  m.shape = hf_shape(cfg, cfg_name, m.llama);
+  list_weight_files(m);
+  ImportSummary sum;
+  open_shards(m, sum);
+  const std::vector<GptGroup> groups = gpt_groups(m.shape);
+  check_no_unknown_tensors(m, groups);
+
+  const std::string& arch = m.arch;
+  const GptShape& shape = m.shape;
+  sum.architecture = arch;
+  sum.shape = shape;
+  sum.files = static_cast<int>(m.files.size());
+  // Every tensor is looked up and its type and shape checked on every rank (the headers
+  // are read whole); only this rank's shard of each group is read from the files.
+  const FoundTensors found = find_tensors(m, groups);
+
+  InitialCheckpointWriter writer(out, host);
+  std::vector<float> buf, tmp;
+  TensorReader reader{sum, {}};
   std::exception_ptr failed;
   try {
     for (size_t gi = 0; gi < groups.size(); ++gi) {
@@ -305,44 +408,8 @@ ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::
       const uint64_t n = writer.shard_size(g.numel), lo = writer.shard_begin(g.numel),
                      hi = std::min(lo + n, g.numel);
       buf.assign(n, 0.0f);
-      for (size_t ti = 0; ti < g.tensors.size(); ++ti) {
-        const GptTensor& t = g.tensors[ti];
-        const Found& f = found[gi][ti];
-        const uint64_t es = dtype_size(f.dt);
-        // The tensor's elements (in Strata's layout, from its start) in [lo, hi): [a, b).
-        const uint64_t first = std::max(lo, t.offset), last = std::min(hi, t.offset + t.numel());
-        if (first >= last) continue;
-        const uint64_t a = first - t.offset, b = last - t.offset;
-        float* dst = buf.data() + (first - lo);
-        if (!t.transposed_in_gpt2) {
-          read(f, f.st->offset + a * es, (b - a) * es);
-          convert_to_f32(dst, raw.data(), f.dt, b - a);
-          continue;
-        }
-        // Conv1D [in, out] in the file, [out, in] here: element (o, i) here is o * in + i,
-        // in the file i * out + o. The whole tensor (one process) is one read; a part of it
-        // is one read per file row i, of the contiguous run of o the range needs.
-        const uint64_t in = static_cast<uint64_t>(t.shape[1]), outs = static_cast<uint64_t>(t.shape[0]);
-        auto scatter = [&](uint64_t i, uint64_t o0, uint64_t o1, const float* row) {
-          for (uint64_t o = o0; o < o1; ++o) buf[t.offset + o * in + i - lo] = row[o - o0];
-        };
-        if (a == 0 && b == t.numel()) {
-          read(f, f.st->offset, t.numel() * es);
-          tmp.resize(t.numel());
-          convert_to_f32(tmp.data(), raw.data(), f.dt, t.numel());
-          for (uint64_t i = 0; i < in; ++i) scatter(i, 0, outs, tmp.data() + i * outs);
-          continue;
-        }
-        auto ceil_div = [](uint64_t x, uint64_t y) { return (x + y - 1) / y; };
-        for (uint64_t i = 0; i < in; ++i) {
-          const uint64_t o0 = a > i ? ceil_div(a - i, in) : 0, o1 = std::min(outs, b > i ? ceil_div(b - i, in) : 0);
-          if (o1 <= o0) continue;
-          read(f, f.st->offset + (i * outs + o0) * es, (o1 - o0) * es);
-          tmp.resize(o1 - o0);
-          convert_to_f32(tmp.data(), raw.data(), f.dt, o1 - o0);
-          scatter(i, o0, o1, tmp.data());
-        }
-      }
+      for (size_t ti = 0; ti < g.tensors.size(); ++ti)
+        read_tensor_range(reader, g.tensors[ti], found.by_group[gi][ti], lo, hi, buf, tmp);
       writer.add_group(g.name, buf.data(), g.numel);
       sum.tensors += static_cast<int>(g.tensors.size());
       sum.parameters += g.numel;
@@ -350,7 +417,7 @@ ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::
   } catch (...) {
     failed = std::current_exception();
   }
-  const DType prec = precision ? *precision : (!mixed && seen_dtype ? *seen_dtype : DType::F32);
+  const DType prec = precision ? *precision : (!found.mixed && found.dtype ? *found.dtype : DType::F32);
   sum.precision = precision_name(prec);
   json config = {{"strata", {{"model", model_json(shape)}}}};
   if (prec == DType::BF16) config["bf16"] = {{"enabled", true}};

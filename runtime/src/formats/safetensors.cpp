@@ -36,6 +36,97 @@ std::string printable(std::string_view s) {
   return s.size() > 80 ? out + "..." : out;
 }
 
+// The header's JSON text as an object, refused when damaged: invalid, too deep, or naming
+// a key twice.
+json parse_header_json(std::string_view text, const std::string& where, const std::string& damaged) {
+  // Duplicate keys: which one wins would be the parser's choice, so none is taken.
+  std::vector<std::set<std::string>> keys;
+  std::string duplicate;
+  json::parser_callback_t on_event = [&](int, json::parse_event_t ev, json& parsed) {
+    if (ev == json::parse_event_t::object_start) keys.emplace_back();
+    if (ev == json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
+    if (ev == json::parse_event_t::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second &&
+        duplicate.empty())
+      duplicate = parsed.get<std::string>();
+    return true;
+  };
+  json j;
+  if (json_nesting_depth(text, kMaxJsonDepth) > kMaxJsonDepth)
+    throw CorruptionError(where + ": its header nests deeper than " + std::to_string(kMaxJsonDepth) + damaged);
+  try {
+    j = json::parse(text, on_event);
+  } catch (const json::exception& e) {
+    throw CorruptionError(where + ": its header is not valid JSON (" + e.what() + ")" + damaged);
+  }
+  if (!duplicate.empty())
+    throw CorruptionError(where + ": its header names '" + printable(duplicate) + "' twice" + damaged);
+  if (!j.is_object()) throw CorruptionError(where + ": its header is not a JSON object" + damaged);
+  return j;
+}
+
+// Tensor `name`'s entry v: its dtype, shape and data_offsets checked, the offsets within
+// the `buffer` bytes of tensor data that start at data_start.
+SafetensorsTensor parse_tensor(const std::string& name, const json& v, uint64_t data_start, uint64_t buffer,
+                               const std::string& where, const std::string& damaged) {
+  const std::string tensor = where + ": tensor '" + printable(name) + "'";
+  if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets") ||
+      v.size() != 3)
+    throw CorruptionError(tensor + " is not {\"dtype\", \"shape\", \"data_offsets\"}" + damaged);
+  SafetensorsTensor t;
+  t.name = name;
+  if (!v["dtype"].is_string()) throw CorruptionError(tensor + " has a dtype that is not a string" + damaged);
+  t.dtype = v["dtype"].get<std::string>();
+  t.element_bytes = element_bytes_of(t.dtype);
+  if (t.element_bytes == 0)
+    throw CorruptionError(tensor + " has dtype '" + printable(t.dtype) +
+                          "', which Strata does not read (BOOL, U8, I8, F8_E5M2, F8_E4M3, I16, U16, F16, BF16, "
+                          "I32, U32, F32, F64, I64, U64)");
+  if (!v["shape"].is_array()) throw CorruptionError(tensor + " has a shape that is not a list" + damaged);
+  t.numel = 1;
+  for (const auto& d : v["shape"]) {
+    if (!d.is_number_unsigned())
+      throw CorruptionError(tensor + " has a shape entry " + printable(d.dump()) +
+                            " that is not a non-negative integer" + damaged);
+    const uint64_t dim = d.get<uint64_t>();
+    t.shape.push_back(dim);
+    if (__builtin_mul_overflow(t.numel, dim, &t.numel))
+      throw CorruptionError(tensor + " has a shape whose element count overflows 64 bits" + damaged);
+  }
+  const json& off = v["data_offsets"];
+  if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+    throw CorruptionError(tensor + " has data_offsets " + printable(off.dump()) + ", not [begin, end]" + damaged);
+  const uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
+  if (begin > end || end > buffer)
+    throw CorruptionError(tensor + " has data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+                          "] outside the file's " + std::to_string(buffer) + " bytes of tensor data" + damaged);
+  if (__builtin_mul_overflow(t.numel, uint64_t{t.element_bytes}, &t.bytes) || t.bytes != end - begin)
+    throw CorruptionError(tensor + " is " + t.dtype + " of " + std::to_string(t.numel) + " elements but spans " +
+                          std::to_string(end - begin) + " bytes" + damaged);
+  t.offset = data_start + begin;
+  return t;
+}
+
+// Sorts h's tensors by offset; they must tile the data, which must end where the file does.
+void check_tiling(SafetensorsHeader& h, uint64_t file_bytes, const std::string& where, const std::string& damaged) {
+  // The tensors tile the buffer: sorted by offset (empty ones first where they share
+  // one), each begins where the last ended.
+  std::sort(h.tensors.begin(), h.tensors.end(), [](const SafetensorsTensor& a, const SafetensorsTensor& b) {
+    return a.offset != b.offset ? a.offset < b.offset : a.bytes != b.bytes ? a.bytes < b.bytes : a.name < b.name;
+  });
+  uint64_t at = h.data_start;
+  for (const auto& t : h.tensors) {
+    if (t.offset != at)
+      throw CorruptionError(where + ": tensor '" + printable(t.name) + "' begins at byte " +
+                            std::to_string(t.offset - h.data_start) + " of the data, " +
+                            (t.offset < at ? "inside the tensor before it" : "leaving a gap after the one before it") +
+                            " (at " + std::to_string(at - h.data_start) + ")" + damaged);
+    at += t.bytes;
+  }
+  if (at != file_bytes)
+    throw CorruptionError(where + ": its tensors end at byte " + std::to_string(at) + " but the file has " +
+                          std::to_string(file_bytes) + damaged);
+}
+
 }  // namespace
 
 const SafetensorsTensor* SafetensorsHeader::find(std::string_view name) const {
@@ -62,28 +153,7 @@ SafetensorsHeader parse_safetensors_header(std::string_view head, uint64_t file_
   if (text.empty() || text[0] != '{')
     throw CorruptionError(where + ": its header does not begin with '{'" + damaged);
 
-  // Duplicate keys: which one wins would be the parser's choice, so none is taken.
-  std::vector<std::set<std::string>> keys;
-  std::string duplicate;
-  json::parser_callback_t on_event = [&](int, json::parse_event_t ev, json& parsed) {
-    if (ev == json::parse_event_t::object_start) keys.emplace_back();
-    if (ev == json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
-    if (ev == json::parse_event_t::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second &&
-        duplicate.empty())
-      duplicate = parsed.get<std::string>();
-    return true;
-  };
-  json j;
-  if (json_nesting_depth(text, kMaxJsonDepth) > kMaxJsonDepth)
-    throw CorruptionError(where + ": its header nests deeper than " + std::to_string(kMaxJsonDepth) + damaged);
-  try {
-    j = json::parse(text, on_event);
-  } catch (const json::exception& e) {
-    throw CorruptionError(where + ": its header is not valid JSON (" + e.what() + ")" + damaged);
-  }
-  if (!duplicate.empty())
-    throw CorruptionError(where + ": its header names '" + printable(duplicate) + "' twice" + damaged);
-  if (!j.is_object()) throw CorruptionError(where + ": its header is not a JSON object" + damaged);
+  const json j = parse_header_json(text, where, damaged);
 
   SafetensorsHeader h;
   h.file_bytes = file_bytes;
@@ -92,7 +162,6 @@ SafetensorsHeader parse_safetensors_header(std::string_view head, uint64_t file_
   for (const auto& item : j.items()) {
     const std::string& name = item.key();
     const json& v = item.value();
-    const std::string tensor = where + ": tensor '" + printable(name) + "'";
     if (name == "__metadata__") {
       if (!v.is_object()) throw CorruptionError(where + ": __metadata__ is not an object of strings" + damaged);
       for (const auto& m : v.items()) {
@@ -102,59 +171,9 @@ SafetensorsHeader parse_safetensors_header(std::string_view head, uint64_t file_
       }
       continue;
     }
-    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets") ||
-        v.size() != 3)
-      throw CorruptionError(tensor + " is not {\"dtype\", \"shape\", \"data_offsets\"}" + damaged);
-    SafetensorsTensor t;
-    t.name = name;
-    if (!v["dtype"].is_string()) throw CorruptionError(tensor + " has a dtype that is not a string" + damaged);
-    t.dtype = v["dtype"].get<std::string>();
-    t.element_bytes = element_bytes_of(t.dtype);
-    if (t.element_bytes == 0)
-      throw CorruptionError(tensor + " has dtype '" + printable(t.dtype) +
-                            "', which Strata does not read (BOOL, U8, I8, F8_E5M2, F8_E4M3, I16, U16, F16, BF16, "
-                            "I32, U32, F32, F64, I64, U64)");
-    if (!v["shape"].is_array()) throw CorruptionError(tensor + " has a shape that is not a list" + damaged);
-    t.numel = 1;
-    for (const auto& d : v["shape"]) {
-      if (!d.is_number_unsigned())
-        throw CorruptionError(tensor + " has a shape entry " + printable(d.dump()) +
-                              " that is not a non-negative integer" + damaged);
-      const uint64_t dim = d.get<uint64_t>();
-      t.shape.push_back(dim);
-      if (__builtin_mul_overflow(t.numel, dim, &t.numel))
-        throw CorruptionError(tensor + " has a shape whose element count overflows 64 bits" + damaged);
-    }
-    const json& off = v["data_offsets"];
-    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
-      throw CorruptionError(tensor + " has data_offsets " + printable(off.dump()) + ", not [begin, end]" + damaged);
-    const uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
-    if (begin > end || end > buffer)
-      throw CorruptionError(tensor + " has data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
-                            "] outside the file's " + std::to_string(buffer) + " bytes of tensor data" + damaged);
-    if (__builtin_mul_overflow(t.numel, uint64_t{t.element_bytes}, &t.bytes) || t.bytes != end - begin)
-      throw CorruptionError(tensor + " is " + t.dtype + " of " + std::to_string(t.numel) + " elements but spans " +
-                            std::to_string(end - begin) + " bytes" + damaged);
-    t.offset = h.data_start + begin;
-    h.tensors.push_back(std::move(t));
+    h.tensors.push_back(parse_tensor(name, v, h.data_start, buffer, where, damaged));
   }
-  // The tensors tile the buffer: sorted by offset (empty ones first where they share
-  // one), each begins where the last ended.
-  std::sort(h.tensors.begin(), h.tensors.end(), [](const SafetensorsTensor& a, const SafetensorsTensor& b) {
-    return a.offset != b.offset ? a.offset < b.offset : a.bytes != b.bytes ? a.bytes < b.bytes : a.name < b.name;
-  });
-  uint64_t at = h.data_start;
-  for (const auto& t : h.tensors) {
-    if (t.offset != at)
-      throw CorruptionError(where + ": tensor '" + printable(t.name) + "' begins at byte " +
-                            std::to_string(t.offset - h.data_start) + " of the data, " +
-                            (t.offset < at ? "inside the tensor before it" : "leaving a gap after the one before it") +
-                            " (at " + std::to_string(at - h.data_start) + ")" + damaged);
-    at += t.bytes;
-  }
-  if (at != file_bytes)
-    throw CorruptionError(where + ": its tensors end at byte " + std::to_string(at) + " but the file has " +
-                          std::to_string(file_bytes) + damaged);
+  check_tiling(h, file_bytes, where, damaged);
   return h;
 }
 

@@ -112,7 +112,7 @@ class CheckpointDirLock {
   void release();  // unlocks now (idempotent)
 
  private:
-  friend struct CheckpointDirLockAccess;  // checkpoint.cpp
+  friend struct CheckpointDirLockAccess;  // checkpoint_dirs.hpp
   int fd_ = -1;
   uint64_t dev_ = 0, ino_ = 0;  // the directory's identity, for this process's saves
 };
