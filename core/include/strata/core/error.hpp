@@ -109,3 +109,7 @@ STRATA_DEFINE_CALL_CHECK(check_neg_errno_call, "io_uring", long, code >= 0,
 #define STRATA_CHECK_ERRNO(expr) ::strata::detail::check_errno_call((expr), #expr, __FILE__, __LINE__)
 #define STRATA_CHECK_NEG_ERRNO(expr) \
   ::strata::detail::check_neg_errno_call((expr), #expr, __FILE__, __LINE__)
+// For a result already in hand (a call retried in a loop, or one of several calls made on
+// one line): `call` names the call in the message, as the expression would.
+#define STRATA_CHECK_NEG_ERRNO_OF(code, call) \
+  ::strata::detail::check_neg_errno_call((code), (call), __FILE__, __LINE__)
