@@ -1,4 +1,4 @@
-// Errors in Strata take one of two paths (STYLE.md, habit 2):
+// Errors in Strata take one of two paths:
 //  - A broken invariant is a bug: STRATA_CHECK aborts with the statement, file, line
 //    and rank.
 //  - A failure the caller can act on (a full tier, a full disk, an I/O error, a bad
@@ -89,7 +89,8 @@ std::string format_bytes(uint64_t bytes, ByteStyle style = ByteStyle::Full);
       ::strata::fatal(__FILE__, __LINE__, std::string("check failed: " #cond ": ") + (msg)); \
   } while (0)
 
-// One template for checking library calls (STYLE.md, habit 3). Each family supplies
+// One template for checking library calls, so a failed call of any library reads the
+// same way: the call, what the code means, and where. Each family supplies
 // how to tell success and how to describe the code; the macro reports the failing call
 // and where. Recoverable families (io_uring) throw from their own call sites instead.
 #define STRATA_DEFINE_CALL_CHECK(NAME, KIND, CODE_T, IS_OK, DESCRIBE)               \

@@ -1,4 +1,5 @@
-// Fault injection under the I/O engine (DESIGN.md, "How we know it works": faults).
+// Fault injection under the I/O engine, so that tests reach the failures a healthy disk
+// never gives (EIO, ENOSPC, EAGAIN, short transfers, refused io_uring calls).
 // A FaultPlan is a list of rules; the fault backend (a decorator of the raw backend,
 // io_engine.hpp) asks it about every op before the op reaches the real backend:
 //  - Fail: the op never reaches the disk and completes with -error (EIO, ENOSPC, or
