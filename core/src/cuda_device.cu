@@ -1,4 +1,4 @@
-// The cuda backend (run on an H100, 2026-11-22, and an H200, 2026-11-24: docs/training.md).
+// The cuda backend (run on an H100 and an H200; docs/training.md lists the tests that passed).
 // Device memory comes from cudaMalloc (memory/DeviceArena takes one region up front
 // and sub-allocates it, which is the caching allocator), pinned memory is registered
 // with cudaHostRegister, streams and events are CUDA streams and events.

@@ -1,5 +1,5 @@
 /* libstrata: the C API that lets another trainer use Strata's tiered store and ZeRO-3
- * partitioner as its memory backend (DESIGN.md, "Who uses it"; docs/embedding.md).
+ * partitioner as its memory backend (docs/embedding.md).
  *
  * The caller registers parameter groups (one flat tensor each, e.g. a transformer
  * block), then per micro-batch: acquires a group's full parameters before computing

@@ -7,13 +7,13 @@
 // feed a matmul (layer-norm outputs, qkv, the attention output, GELU's output; rounded to
 // nearest even when stored, docs/mixed-precision.md). `float*` pointers are fp32 whatever
 // t is: the residual stream, statistics, fc, and the gradients of activations. All math
-// is fp32 in registers. With t = F32 every kernel computes what it did before 16-bit
-// training existed (the conversions are the identity).
+// is fp32 in registers. With t = F32 the conversions are the identity, so fp32 training
+// computes exactly what kernels without them would.
 //
 // Compiled and linked in CI, where they never run (no GPU): tests/model/test_gpt_cuda.cpp
 // compares them against the cpu model where a GPU is present and skips otherwise (the
-// fp32 kernels ran and passed on an H100, 2026-11-22, and all of them, 16-bit and Llama's
-// included, on an H200, 2026-11-24; docs/training.md, docs/mixed-precision.md).
+// fp32 kernels have passed on an H100, and all of them, 16-bit and Llama's included, on
+// an H200; docs/training.md, docs/mixed-precision.md).
 //
 // This header is included from C++20 (gpt_cuda.cpp) and C++17 CUDA sources alike, so it
 // holds plain declarations and small inline helpers only.

@@ -63,6 +63,24 @@ FaultDecision FaultPlan::decide(const FaultOpInfo& op) {
   return d;
 }
 
+FaultPlan& FaultPlan::fail_uring_call(UringCall call, uint64_t first, uint64_t count, int error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  uring_rules_.push_back(UringRule{call, first, count, error});
+  return *this;
+}
+
+int FaultPlan::uring_call_error(UringCall call) {
+  std::lock_guard<std::mutex> lock(mu_);
+  int err = 0;
+  for (auto& r : uring_rules_) {
+    if (r.call != call) continue;
+    uint64_t idx = r.seen++;
+    if (!err && idx >= r.first && idx - r.first < r.count) err = r.error;
+  }
+  if (err) ++injected_;
+  return err;
+}
+
 uint64_t FaultPlan::ops_seen() const {
   std::lock_guard<std::mutex> lock(mu_);
   return ops_;
@@ -84,9 +102,11 @@ class FaultBackend final : public IoBackend {
 
   const char* name() const override { return inner_->name(); }
   bool sqpoll() const override { return inner_->sqpoll(); }
-  void set_files(const std::vector<int>& fds) override { inner_->set_files(fds); }
+  void set_files(const std::vector<int>& fds, std::vector<std::string>* notes) override {
+    inner_->set_files(fds, notes);
+  }
   unsigned buffer_slots() const override { return inner_->buffer_slots(); }
-  bool set_buffer(unsigned slot, void* base, uint64_t bytes) override { return inner_->set_buffer(slot, base, bytes); }
+  int set_buffer(unsigned slot, void* base, uint64_t bytes) override { return inner_->set_buffer(slot, base, bytes); }
 
   void queue(const RawOp& op) override {
     FaultDecision d = plan_->decide(FaultOpInfo{op.dir, op.file, op.offset, op.len});

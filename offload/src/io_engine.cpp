@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <future>
@@ -154,7 +155,7 @@ class Ring {
       backend_ = make(&notes_);
       std::vector<int> fds;
       for (const auto& f : opts_.files) fds.push_back(f.fd);
-      backend_->set_files(fds);
+      backend_->set_files(fds, &notes_);
       name_ = backend_->name();
       slots_ = backend_->buffer_slots();
       sqpoll_ = backend_->sqpoll();
@@ -446,7 +447,7 @@ IoEngine::IoEngine(IoEngineOptions opts) : impl_(std::make_unique<Impl>()) {
         b = make_threadpool_backend(aio.queue_depth);
       } else {
         if (faults && faults->refuse_uring) throw Unavailable("io_uring setup refused (injected by the fault plan)");
-        b = make_uring_backend(aio.queue_depth, aio.use_sqpoll, notes);
+        b = make_uring_backend(aio.queue_depth, aio.use_sqpoll, notes, faults);
       }
       if (faults) b = make_fault_backend(std::move(b), faults);
       return b;
@@ -578,10 +579,11 @@ void IoEngine::register_buffer(void* base, uint64_t bytes) {
     char* sb = p + off;
     for (auto& ring : m.rings) {
       ring->run_task([&](IoBackend& b, std::vector<Region>& regions) {
-        if (!b.set_buffer(slot, sb, len)) {
+        if (int r = b.set_buffer(slot, sb, len); r < 0) {
           log::warn_once("io-uring-register-buffer",
-                         "I/O engine: the kernel refused to register a " + format_bytes(len) +
-                             " buffer (locked-memory limit?); it will use unregistered I/O");
+                         "I/O engine: the kernel refused to register a " + format_bytes(len) + " buffer: " +
+                             std::strerror(-r) + (r == -ENOMEM ? " (locked-memory limit?)" : "") +
+                             "; it will use unregistered I/O");
           return;
         }
         Region r{sb, len, slot};
@@ -602,8 +604,13 @@ void IoEngine::unregister_buffer(void* base) {
   for (unsigned slot : it->second) {
     for (auto& ring : m.rings) {
       ring->run_task([&](IoBackend& b, std::vector<Region>& regions) {
-        std::erase_if(regions, [&](const Region& r) { return r.slot == slot; });
-        b.set_buffer(slot, nullptr, 0);
+        const bool held = std::erase_if(regions, [&](const Region& r) { return r.slot == slot; }) > 0;
+        // No op names the slot any more, so a refusal costs only memory: the kernel keeps
+        // the old pages pinned until the slot is registered again or the ring is closed.
+        if (int r = held ? b.set_buffer(slot, nullptr, 0) : 0; r < 0)
+          log::warn_once("io-uring-unregister-buffer", "I/O engine: the kernel refused to clear registered-buffer slot " +
+                                                           std::to_string(slot) + ": " + std::strerror(-r) +
+                                                           "; its pages stay pinned until the slot is reused");
       });
     }
     m.slot_taken[slot] = false;

@@ -37,9 +37,9 @@ class ThreadPoolBackend final : public IoBackend {
 
   const char* name() const override { return "threadpool"; }
   bool sqpoll() const override { return false; }
-  void set_files(const std::vector<int>& fds) override { fds_ = fds; }
+  void set_files(const std::vector<int>& fds, std::vector<std::string>*) override { fds_ = fds; }
   unsigned buffer_slots() const override { return 0; }
-  bool set_buffer(unsigned, void*, uint64_t) override { return false; }
+  int set_buffer(unsigned, void*, uint64_t) override { return -EOPNOTSUPP; }  // no slots to set
 
   void queue(const RawOp& op) override { queued_.push_back(op); }
 

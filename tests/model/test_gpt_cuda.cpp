@@ -11,9 +11,9 @@
 //
 // Needs a GPU: skips with the reason where there is none, or where Strata was built
 // without the cuda backend (CI: compiled, linked and skipped; run on an H100 by hand,
-// docs/training.md says when). The bf16, fp16 and Llama cases first ran on an H200
-// (2026-11-24): their tolerances came from the rounding argument below and were then
-// tightened from the errors measured there (the figures are beside the constants).
+// docs/training.md says when). The bf16, fp16 and Llama cases have run on an H200: their
+// tolerances come from the rounding argument below, tightened towards the errors measured
+// there (the figures are beside the constants).
 //
 // Tolerances, per quantity (loss relative; logits and each gradient tensor max|diff| <=
 // tol * max|cpu|, since entries near zero lose relative precision; no tensor all zeros):
@@ -176,7 +176,7 @@ struct Tolerance {
   float logits;  // max|diff| / max|cpu|
   float grads;   // the same, for each gradient tensor
 };
-// Measured on an H200 (2026-11-24, the largest over the cases of each; each test prints
+// Measured on an H200 (the largest over the cases of each; each test prints
 // its own): fp32 loss 6.3e-9, logits 2.1e-6, gradients 2.7e-6; bf16 1.5e-5, 3.4e-3,
 // 7.7e-3; fp16 5.6e-6, 4.0e-4, 8.5e-4; bf16 against fp32 6.8e-5, 3.8e-3, 7.3e-3. The
 // tolerances below are the argument's where that is within about 3x of the measurement,

@@ -421,3 +421,107 @@ TEST(IoEngineDeathTest, MisalignedRequestIsABug) {
       },
       "misaligned write");
 }
+
+// The io_uring backend's own calls (submit, the wait after EAGAIN/EBUSY, registrations),
+// failed by the fault plan in place of the kernel: every answer is read, and either
+// retried, noted, or fatal naming the call.
+namespace {
+// Writes then reads back `n` bytes at offset 0; the transfers must complete, byte-exact.
+void round_trip(IoEngine& eng, uint64_t n, uint64_t seed, void* region = nullptr) {
+  AlignedBuf own(region ? 0 : 2 * n);
+  auto* src = static_cast<uint8_t*>(region ? region : own.p);
+  uint8_t* dst = src + n;
+  fill_random(src, n, seed);
+  std::memset(dst, 0xEE, n);
+  eng.write(0, 0, src, n).wait();
+  eng.read(0, 0, dst, n).wait();
+  EXPECT_EQ(first_mismatch(src, dst, n), -1);
+}
+
+bool has_note(const IoEngine& eng, const std::string& text) {
+  for (const auto& n : eng.notes())
+    if (n.find(text) != std::string::npos) return true;
+  return false;
+}
+}  // namespace
+
+TEST(IoUringCalls, SubmitsInterruptedOrRefusedForNowAreRetried) {
+  ScratchFile f(kFileBytes);
+  auto plan = std::make_shared<FaultPlan>();
+  plan->fail_uring_call(UringCall::Submit, 0, 3, EINTR)
+      .fail_uring_call(UringCall::Submit, 5, 4, EAGAIN)
+      .fail_uring_call(UringCall::Submit, 12, 4, EBUSY)
+      .fail_uring_call(UringCall::WaitCqe, 1, 2, EINTR);  // the bounded wait after EAGAIN/EBUSY
+  IoEngine eng(options(f, IoEngineKind::Uring, 64 << 10, 4, plan));
+  for (int round = 0; round < 4; ++round) round_trip(eng, 1 << 20, 30 + round);
+  EXPECT_EQ(plan->injected(), 13u) << "every injected answer was reached";
+  EXPECT_EQ(eng.stats().failed_transfers, 0u);
+}
+
+TEST(IoUringCalls, RefusedRegistrationsAreNotedAndIoGoesOnUnregistered) {
+  ScratchFile f(kFileBytes);
+  auto plan = std::make_shared<FaultPlan>();
+  plan->fail_uring_call(UringCall::RegisterFiles, 0, 1, EMFILE)
+      .fail_uring_call(UringCall::RegisterRingFd, 0, 1, EINVAL)
+      .fail_uring_call(UringCall::RegisterBuffer, 0, 1, ENOMEM);
+  IoEngine eng(options(f, IoEngineKind::Uring, 64 << 10, 4, plan));
+  EXPECT_TRUE(has_note(eng, "registered files refused: Too many open files (errno 24)"));
+  EXPECT_TRUE(has_note(eng, "ring fd registration refused: Invalid argument (errno 22)"));
+  const uint64_t n = 1 << 20;
+  void* region = std::aligned_alloc(4096, 2 * n);
+  ASSERT_NE(region, nullptr);
+  eng.register_buffer(region, 2 * n);  // refused by the kernel (as the plan has it): used unregistered
+  round_trip(eng, n, 40, region);
+  EXPECT_EQ(eng.stats().fixed_requests, 0u);
+  eng.unregister_buffer(region);  // nothing was registered: nothing to clear
+  std::free(region);
+  if (eng.fixed_buffers()) {
+    EXPECT_EQ(plan->injected(), 3u);
+  }
+}
+
+TEST(IoUringCallsDeathTest, SubmitAndWaitErrorsAreFatalNamingTheCallAndErrno) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  ScratchFile f(1 << 20);
+  AlignedBuf buf(64 << 10);
+  EXPECT_DEATH(
+      {
+        auto plan = std::make_shared<FaultPlan>();
+        plan->fail_uring_call(UringCall::Submit, 0, FaultRule::kEveryOp, EINVAL);
+        IoEngine eng(options(f, IoEngineKind::Uring, 64 << 10, 2, plan));
+        eng.write(0, 0, buf.p, 64 << 10).wait();
+      },
+      "io_uring_submit[a-z_]* failed: Invalid argument \\(io_uring code -22\\)");
+  EXPECT_DEATH(
+      {
+        auto plan = std::make_shared<FaultPlan>();
+        plan->fail_uring_call(UringCall::Submit, 0, FaultRule::kEveryOp, EAGAIN)
+            .fail_uring_call(UringCall::WaitCqe, 0, 1, EFAULT);
+        IoEngine eng(options(f, IoEngineKind::Uring, 64 << 10, 2, plan));
+        eng.write(0, 0, buf.p, 64 << 10).wait();
+      },
+      "io_uring_wait_cqe_timeout failed: Bad address \\(io_uring code -14\\)");
+}
+
+// A real refusal by the kernel, no injection: a ring driven from a thread other than the
+// one that set it up (its registered ring fd is that thread's; a single-issuer ring is
+// that thread's alone) fails the submit, which names the call rather than hanging.
+TEST(IoUringCallsDeathTest, RingDrivenFromAnotherThreadIsFatalNamingTheCall) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  std::vector<std::string> notes;
+  auto probe = make_uring_backend(2, false, &notes);
+  bool ring_fd = true, single_issuer = true;
+  for (const auto& n : notes) {
+    if (n.find("ring fd registration refused") != std::string::npos) ring_fd = false;
+    if (n.find("single issuer + deferred task running refused") != std::string::npos) single_issuer = false;
+  }
+  probe.reset();
+  if (!ring_fd && !single_issuer) GTEST_SKIP() << "the kernel ties this ring to no thread";
+  EXPECT_DEATH(
+      {
+        auto b = make_uring_backend(2, false, nullptr);
+        std::thread other([&] { b->submit(1); });
+        other.join();
+      },
+      "io_uring_submit_and_wait failed: .* \\(io_uring code -[0-9]+\\)");
+}

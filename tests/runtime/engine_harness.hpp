@@ -15,7 +15,7 @@
 #include "strata/collectives/communicator.hpp"
 #include "strata/core/convert.hpp"
 #include "strata/core/device.hpp"
-#include "strata/model/mlp.hpp"
+#include "support/residual_mlp.hpp"
 #include "strata/runtime/engine/zero_engine.hpp"
 
 namespace strata::testing_engine {

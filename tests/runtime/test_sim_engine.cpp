@@ -1,5 +1,5 @@
-// The ZeRO engine's schedule on the sim backend (DESIGN.md, "How we know it works":
-// scheduling). The real engine, tiered store and prefetcher run a synthetic model whose
+// The ZeRO engine's schedule on the sim backend (docs/architecture.md, "The sim backend
+// and the trace"). The real engine, tiered store and prefetcher run a synthetic model whose
 // operations take the cost model's time on a virtual clock, so the tests assert what a
 // step's time must be from first principles, deterministically:
 //  - with ample bandwidth, transfers hide behind compute: step time = compute time;

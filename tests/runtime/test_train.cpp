@@ -590,7 +590,7 @@ TEST(Train, CudaBackendMatchesTheCpuBackend) {
 // the tensor cores), Llama in fp32 and bf16 (RMSNorm, rotary, grouped-query attention,
 // SwiGLU kernels), and the speculative optimizer on cuda against the plain step on cuda
 // with a schedule and clipping. Tolerances: fp32 as above; bf16 5e-4 relative, about 13x
-// the worst difference measured on an H200 (3.7e-5 for GPT-2, 1.5e-5 for Llama, 2026-11-24:
+// the worst difference measured on an H200 (3.7e-5 for GPT-2, 1.5e-5 for Llama:
 // both backends round at the same points, so only sums that land on opposite sides of a
 // bf16 step differ). Speculation on cuda gave the plain step's losses bit for bit there
 // (20 steps, 12 commits, 8 rollbacks); it is held to 1e-4, as the embedding gradient's
@@ -724,8 +724,8 @@ TEST(Train, CudaGpuOptimizerMatchesCpuAdam) {
 // goes back to the engine. Against the cpu backend with the same parts and settings (tiles
 // of 2, a gather per tensor or tile, activation checkpoints in pinned memory): GPT-2 and
 // Llama, fp32 and bf16, the tolerances of the whole-block tests above; the loss falls; and
-// the run gathers more often than the cuda run with whole blocks, every part. Needs a GPU:
-// written on 2026-11-25 without one, not yet run on a GPU (docs/training.md).
+// the run gathers more often than the cuda run with whole blocks, every part. Needs a GPU;
+// it has not been run on one (docs/training.md).
 TEST(Train, CudaPerTensorGathersAndTilesMatchTheCpuBackend) {
   std::string why;
   if (!cuda_available(&why)) GTEST_SKIP() << "no cuda backend here: " << why;

@@ -575,7 +575,9 @@ const ConfigSection kStrata = {
     .keys = {
         {.name = "backend", .type = KeyType::Text,
          .choices = {{"cpu", int(Backend::Cpu)}, {"cuda", int(Backend::Cuda)}, {"sim", int(Backend::Sim)}},
-         .help = "Device backend (DESIGN.md, Backends).", .field = STRATA_CONFIG_FIELD(Config, strata.backend)},
+         .help = "Device backend: cpu (host memory and threads), cuda (one NVIDIA GPU per process) or sim "
+                 "(simulated time from a cost model, no data).",
+         .field = STRATA_CONFIG_FIELD(Config, strata.backend)},
         {.name = "device_budget", .type = KeyType::Bytes, .help = "Bytes of device memory the engine may hold.",
          .field = STRATA_CONFIG_FIELD(Config, strata.device_budget)},
         {.name = "pinned_budget", .type = KeyType::Bytes, .help = "Bytes of pinned host memory.",

@@ -1,8 +1,8 @@
-// Communicator: the one interface for collectives between ranks (DESIGN.md,
-// "Collectives"). Backends: `self` (one process, no launcher), `mpi` (host buffers,
-// mpi_backend.hpp), `nccl` (device buffers, nccl.hpp) and `sim` (simulated time, no
-// data; sim_communicator.hpp). Callers never branch on which one they hold (STYLE.md,
-// habit 1).
+// Communicator: the one interface for collectives between ranks. Backends: `self` (one
+// process, no launcher), `mpi` (host buffers, mpi_backend.hpp), `nccl` (device buffers,
+// nccl.hpp) and `sim` (simulated time, no data; sim_communicator.hpp). Callers never
+// branch on which one they hold, so the engine runs the same code in one process, under
+// mpirun, on GPUs and in simulation.
 //
 // Every operation is asynchronous: it returns a strata::Event that completes when the
 // result is in place, or fails with a CollectiveError (or with the error of the

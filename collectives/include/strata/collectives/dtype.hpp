@@ -1,7 +1,7 @@
 // Element types a collective can carry, and the map from C++ types to them.
 //
 // Collectives take typed views (communicator.hpp) whose element type fixes both the
-// count and the datatype, so bytes and elements cannot be confused (STYLE.md, habit 4).
+// count and the datatype, so bytes and elements cannot be confused.
 // 16-bit floats need care: raw uint16_t storage says nothing about whether the bits are
 // bf16 or fp16, and summing them as integers would be silently wrong. So uint16_t has
 // no datatype; 16-bit floats travel as the tag types Bf16 and Fp16 (two bytes of

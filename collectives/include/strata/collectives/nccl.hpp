@@ -1,5 +1,5 @@
 // The nccl backend: collectives on device buffers, one NCCL communicator per process
-// and device (DESIGN.md: one process per device).
+// and device (Strata runs one process per GPU, so a process drives exactly one).
 //
 // NOTE: compiled and linked in CI; it has not yet run on a GPU.
 //

@@ -1,6 +1,6 @@
 // The device interface: one small set of concepts (Device, Stream, Event) that the cpu,
-// cuda and sim backends implement. Callers never branch on which backend they have
-// (STYLE.md, habit 1).
+// cuda and sim backends implement. Callers never branch on which backend they have, so
+// the engine, the tiered store and their tests run the same code on all three.
 //
 //  - Device memory is raw bytes from the backend; budgets and sub-allocation live in
 //    memory/ (DeviceArena), which asks for one region up front.

@@ -1,4 +1,4 @@
-// Errors in Strata take one of two paths (STYLE.md, habit 2):
+// Errors in Strata take one of two paths:
 //  - A broken invariant is a bug: STRATA_CHECK aborts with the statement, file, line
 //    and rank.
 //  - A failure the caller can act on (a full tier, a full disk, an I/O error, a bad
@@ -89,7 +89,8 @@ std::string format_bytes(uint64_t bytes, ByteStyle style = ByteStyle::Full);
       ::strata::fatal(__FILE__, __LINE__, std::string("check failed: " #cond ": ") + (msg)); \
   } while (0)
 
-// One template for checking library calls (STYLE.md, habit 3). Each family supplies
+// One template for checking library calls, so a failed call of any library reads the
+// same way: the call, what the code means, and where. Each family supplies
 // how to tell success and how to describe the code; the macro reports the failing call
 // and where. Recoverable families (io_uring) throw from their own call sites instead.
 #define STRATA_DEFINE_CALL_CHECK(NAME, KIND, CODE_T, IS_OK, DESCRIBE)               \
@@ -109,3 +110,7 @@ STRATA_DEFINE_CALL_CHECK(check_neg_errno_call, "io_uring", long, code >= 0,
 #define STRATA_CHECK_ERRNO(expr) ::strata::detail::check_errno_call((expr), #expr, __FILE__, __LINE__)
 #define STRATA_CHECK_NEG_ERRNO(expr) \
   ::strata::detail::check_neg_errno_call((expr), #expr, __FILE__, __LINE__)
+// For a result already in hand (a call retried in a loop, or one of several calls made on
+// one line): `call` names the call in the message, as the expression would.
+#define STRATA_CHECK_NEG_ERRNO_OF(code, call) \
+  ::strata::detail::check_neg_errno_call((code), (call), __FILE__, __LINE__)

@@ -1,6 +1,7 @@
 // Events: the one way asynchronous work reports completion. Readers wait on events,
-// never poll (DESIGN.md, memory manager contract). An event that completes with an
-// error rethrows it from wait(), so a failed read can never be mistaken for good data.
+// never poll: a wait costs no CPU, and on the sim backend waiting is what moves a
+// thread's virtual clock (sim.hpp). An event that completes with an error rethrows it
+// from wait(), so a failed read can never be mistaken for good data.
 #pragma once
 
 #include <condition_variable>

@@ -1,4 +1,4 @@
-// One logger with levels (STYLE.md, habit 6). Level from STRATA_LOG
+// One logger with levels, so every message passes one filter. Level from STRATA_LOG
 // (error, warn, info, debug; default info). The hot path does not log.
 #pragma once
 

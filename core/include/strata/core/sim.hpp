@@ -1,4 +1,5 @@
-// The sim backend's clock and cost model (DESIGN.md, "Backends").
+// The sim backend's clock and cost model (docs/architecture.md, "The sim backend and the
+// trace").
 //
 // On the sim backend tensors have sizes but no bytes, and every operation takes the time
 // the cost model gives it on a virtual clock. The real engine, memory manager and

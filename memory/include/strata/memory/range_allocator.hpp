@@ -34,7 +34,6 @@ class RangeAllocator {
   uint64_t largest_free() const;                   // bytes
   uint64_t size_of(uint64_t offset) const;         // bytes of a live allocation
   uint64_t round(uint64_t bytes) const { return (bytes + alignment_ - 1) / alignment_ * alignment_; }
-  size_t live_count() const { return live_.size(); }
 
  private:
   void insert_free(uint64_t off, uint64_t len);

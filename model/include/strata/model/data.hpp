@@ -1,5 +1,5 @@
 // Training data for the GPT: a file of tokens cut into sample windows, shuffled by seed,
-// each rank reading its own slice of every global batch (DESIGN.md, model/).
+// each rank reading its own slice of every global batch.
 //
 // Formats (strata.data.format):
 //   "text"    any UTF-8 text file, one token per byte (vocabulary 256). A file with a NUL

@@ -1,5 +1,5 @@
 // What a model asks of whoever holds its weights. The model knows nothing of sharding
-// or tiers (DESIGN.md, Layout): before it computes with a parameter group it asks for
+// or tiers: before it computes with a parameter group it asks for
 // the group's full parameters, and after backward it hands back the group's gradient.
 // The ZeRO engine (runtime/) implements this; so can another trainer's store.
 //

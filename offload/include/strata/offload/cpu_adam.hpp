@@ -1,4 +1,4 @@
-// The CPU optimizer: fused Adam/AdamW over fp32 shards (DESIGN.md, offload/).
+// The CPU optimizer: fused Adam/AdamW over fp32 shards.
 //
 // One pass over memory per step: for each element it reads the master weight, the
 // gradient and both moments, writes the weight and moments back, and, when asked,

@@ -1,4 +1,5 @@
-// Fault injection under the I/O engine (DESIGN.md, "How we know it works": faults).
+// Fault injection under the I/O engine, so that tests reach the failures a healthy disk
+// never gives (EIO, ENOSPC, EAGAIN, short transfers, refused io_uring calls).
 // A FaultPlan is a list of rules; the fault backend (a decorator of the raw backend,
 // io_engine.hpp) asks it about every op before the op reaches the real backend:
 //  - Fail: the op never reaches the disk and completes with -error (EIO, ENOSPC, or
@@ -49,6 +50,17 @@ struct FaultDecision {
   uint32_t bytes = 0;   // Short: bytes to really move
 };
 
+// The io_uring backend's own calls a plan can fail. The call is not made; the backend
+// sees -error as the kernel's answer, so its retries, fall-backs and fatal errors for
+// each answer are what gets tested.
+enum class UringCall : uint8_t {
+  Submit,          // the submit call of IoBackend::submit (io_uring_submit*)
+  WaitCqe,         // the bounded wait after the kernel answered EAGAIN/EBUSY to a submit
+  RegisterFiles,   // io_uring_register_files
+  RegisterBuffer,  // io_uring_register_buffers_update_tag (registering or clearing a slot)
+  RegisterRingFd,  // io_uring_register_ring_fd
+};
+
 struct FaultPlan {
   // The nth matching op (0-based) fails with `error`.
   FaultPlan& fail_nth(FaultTarget t, uint64_t n, int error = EIO);
@@ -59,13 +71,17 @@ struct FaultPlan {
   // The nth matching op moves only `fraction` of its bytes.
   FaultPlan& short_nth(FaultTarget t, uint64_t n, double fraction = 0.5);
   FaultPlan& add(FaultRule rule);
+  // Calls `call` number first..first+count-1 (0-based, per call kind, every ring of the
+  // engine counted together) return -error without being made.
+  FaultPlan& fail_uring_call(UringCall call, uint64_t first, uint64_t count, int error);
 
   // Makes io_uring setup fail as if the kernel refused it (tests the fallback).
   bool refuse_uring = false;
 
   FaultDecision decide(const FaultOpInfo& op);  // called by the fault backend per op
+  int uring_call_error(UringCall call);          // called by the io_uring backend: 0 or the errno
   uint64_t ops_seen() const;   // ops decided on
-  uint64_t injected() const;   // ops failed or shortened
+  uint64_t injected() const;   // ops failed or shortened, and io_uring calls failed
 
  private:
   struct Live {
@@ -74,6 +90,13 @@ struct FaultPlan {
   };
   mutable std::mutex mu_;
   std::vector<Live> rules_;
+  struct UringRule {
+    UringCall call;
+    uint64_t first, count;
+    int error;
+    uint64_t seen = 0;  // calls of this kind so far
+  };
+  std::vector<UringRule> uring_rules_;
   uint64_t ops_ = 0;
   uint64_t injected_ = 0;
 };

@@ -63,13 +63,14 @@ class IoBackend {
  public:
   virtual ~IoBackend() = default;
   virtual const char* name() const = 0;
-  // The files ops refer to by index. io_uring registers them (fixed files) when it can.
-  virtual void set_files(const std::vector<int>& fds) = 0;
+  // The files ops refer to by index. io_uring registers them (fixed files) when it can,
+  // noting in `notes` (may be null) why it could not.
+  virtual void set_files(const std::vector<int>& fds, std::vector<std::string>* notes) = 0;
   // Registered-buffer slots; 0 when the backend has none (ops then go with buf_index -1).
   virtual unsigned buffer_slots() const = 0;
   // Registers [base, base+bytes) (at most 1 GiB) in `slot`; bytes == 0 clears the slot.
-  // Returns false when the kernel refuses (the region is then used unregistered).
-  virtual bool set_buffer(unsigned slot, void* base, uint64_t bytes) = 0;
+  // Returns 0, or -errno when the kernel refuses (the region is then used unregistered).
+  virtual int set_buffer(unsigned slot, void* base, uint64_t bytes) = 0;
   // Prepares one op. The caller keeps at most `depth` ops outstanding (queued or in flight).
   virtual void queue(const RawOp& op) = 0;
   // Hands every queued op over, then waits until at least `wait_for` completions are
@@ -88,8 +89,13 @@ class IoBackend {
 // (SQPOLL, single-issuer/deferred task running, registered files or buffers), noting
 // each in `notes`, which are for people: code asks the backend what it kept (sqpoll(),
 // buffer_slots()). Throws Unavailable with the kernel's reason when io_uring itself is
-// refused. Must be called on the thread that will drive it.
-std::unique_ptr<IoBackend> make_uring_backend(unsigned depth, bool sqpoll, std::vector<std::string>* notes);
+// refused. Must be called on the thread that will drive it. A submit or wait the kernel
+// refuses for any reason but EINTR/EAGAIN/EBUSY is fatal, naming the call and errno: the
+// ring's ops (and the callers' buffers) may still be in the kernel's hands, so failing
+// their transfers would let callers reuse memory the kernel can still write. `faults`
+// (tests) may fail the backend's own calls (FaultPlan::fail_uring_call).
+std::unique_ptr<IoBackend> make_uring_backend(unsigned depth, bool sqpoll, std::vector<std::string>* notes,
+                                              std::shared_ptr<FaultPlan> faults = nullptr);
 // pread/pwrite on min(depth, 64) worker threads.
 std::unique_ptr<IoBackend> make_threadpool_backend(unsigned depth);
 // Decorator: consults `plan` for every op queued and fails or shortens the chosen ones.

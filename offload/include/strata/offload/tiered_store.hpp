@@ -2,7 +2,7 @@
 // memory, pinned host memory and NVMe, moves tensors between tiers asynchronously, and
 // never lets a tier exceed its budget.
 //
-// Model (DESIGN.md, "Memory manager contract"):
+// Model (the contract every caller of the store relies on):
 //  - Every tensor has a home tier. Its home copy is reserved when the tensor is added
 //    and is never evicted; copies in other tiers are caches.
 //  - A copy is Absent (no valid data: not allocated, reserved but out of date, or

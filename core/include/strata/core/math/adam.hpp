@@ -1,6 +1,5 @@
 // The Adam/AdamW update of one element, written once for host and device code
-// (DESIGN.md: element-wise math shared by the cpu and cuda backends, so the CPU tests
-// check the math the GPU runs).
+// (shared by the cpu and cuda backends, so the CPU tests check the math the GPU runs).
 //
 // The order of operations, and which of them are fused multiply-adds, is the one
 // PyTorch's CPU kernels use for torch.optim.Adam / AdamW (foreach=False, 1.13) when

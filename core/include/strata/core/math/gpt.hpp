@@ -1,7 +1,7 @@
-// Element-wise math of the GPT, written once for host and device code (DESIGN.md,
-// "Backends"): GELU (GPT-2's tanh approximation) and layer normalisation of one row,
-// forward and backward; Llama's RMSNorm and SiLU. The cpu backend's model calls these; the cuda kernels call the
-// same functions, so the CPU tests check the math the GPU runs.
+// Element-wise math of the GPT, written once for host and device code: GELU (GPT-2's
+// tanh approximation) and layer normalisation of one row, forward and backward; Llama's
+// RMSNorm and SiLU. The cpu backend's model calls these; the cuda kernels call the same
+// functions, so the CPU tests check the math the GPU runs.
 #pragma once
 
 #include <cmath>

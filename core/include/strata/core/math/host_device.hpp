@@ -1,5 +1,5 @@
-// Qualifiers for element-wise math shared by host and device code (DESIGN.md: written
-// once, so the CPU tests check the math the GPU runs).
+// Qualifiers for element-wise math shared by host and device code (written once, so the
+// CPU tests check the math the GPU runs).
 #pragma once
 
 #if defined(__CUDACC__)

@@ -1,4 +1,4 @@
-// Sharded checkpoints of a ZeroEngine (DESIGN.md, "How we know it works": faults).
+// Sharded checkpoints of a ZeroEngine (for users: docs/checkpoints.md).
 //
 // Layout of one checkpoint, <root>/step-<N>/ (N zero-padded to 8 digits):
 //   rank-<r>.bin    this rank's optimizer shards of every group, wherever they live

@@ -1,4 +1,5 @@
-// A small residual MLP: the engine's test model. Block b maps h to
+// A small residual MLP: the engine tests' model (test support; no part of the Strata
+// libraries). Block b maps h to
 //   h + tanh(h W_b^T + c_b),   W_b [width, width], c_b [width], fp32,
 // so parameter group b holds width*width + width elements (W row-major, then c).
 // Loss: 0.5 * mean over the batch and features of (h_L - y)^2.

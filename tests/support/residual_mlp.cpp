@@ -1,4 +1,4 @@
-#include "strata/model/mlp.hpp"
+#include "support/residual_mlp.hpp"
 
 #include <cmath>
 
