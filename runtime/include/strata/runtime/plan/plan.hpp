@@ -1,4 +1,4 @@
-// The planner behind `strata plan` (DESIGN.md, "Who uses it"): given a model, a cluster
+// The planner behind `strata plan` (docs/plan.md): given a model, a cluster
 // and a strategy (ZeRO stage, offload targets, micro-batch, sequence, activation
 // checkpointing), it says how many bytes each rank holds in each tier, whether that fits,
 // which link must carry how much, and how long a step takes, before anyone spends a
