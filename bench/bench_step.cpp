@@ -41,6 +41,7 @@
 #include "strata/model/gpt.hpp"
 #include "strata/runtime/train/train.hpp"
 #include "strata/runtime/engine/zero_engine.hpp"
+#include "strata/runtime/train/step_driver.hpp"
 
 #ifndef STRATA_TORCH_GPT_STEP_SCRIPT
 #define STRATA_TORCH_GPT_STEP_SCRIPT "bench/ref/torch_gpt_step.py"
@@ -101,130 +102,173 @@ uint64_t nvme_bytes(const StoreStats& st, bool read) {
   return b;
 }
 
-int run_step(const StepArgs& a) {
+// What a run of bench step holds beside the arguments: the machine, the precisions and
+// their peaks, the configurations. Members are destroyed in the reverse of this order: the
+// models after the engines that drive them, the device after everything on it.
+struct Bench {
+  explicit Bench(const StepArgs& args) : a(args) {}
+  const StepArgs& a;
+  std::filesystem::path swap;  // the NVMe configurations' swap files
+  Backend backend = Backend::Cpu;
+  bool cuda = false;
+  DType precision = DType::F32;  // --precision
+  bool sixteen = false;          // 16 bits asked for
+  std::unique_ptr<Device> device;
+  std::unique_ptr<coll::Communicator> comm;
+  std::unique_ptr<coll::Communicator> nccl;  // device buffers on cuda are GPU memory
+  Progress progress{"bench step"};
+  std::unique_ptr<ReferenceProcess> torch;
+  unsigned threads = 1;
+  std::vector<DType> precisions;  // fp32, and the 16-bit precision beside it when asked for
+  std::vector<double> peaks;      // matmul peak of each precision, FLOP/s
+  uint64_t params = 0;
+  std::vector<GroupSpec> specs;
+  std::vector<GroupSize> sizes;
+  std::string memory_label;
+  std::vector<Setup> setups;
+  std::vector<std::unique_ptr<GptModel>> models;  // one per precision
+  trace::Recorder* recorder = nullptr;            // the traced engine's
+  uint64_t tokens = 0;                            // per optimizer step
+
+  coll::Communicator& dev_comm() { return nccl ? *nccl : *comm; }
+  double peak_of(DType p) const { return peaks[p == precisions.front() ? 0 : 1]; }
+  // The setup a row is compared with: same configuration in memory (offload cost), and
+  // the same configuration in fp32 (what the precision buys).
+  const Setup* find(bool nvme, DType p, bool speculative = false, bool gpu_optimizer = false, double ratio = 1.0,
+                    bool cpu_ckpt = false) const {
+    for (const Setup& s : setups)
+      if (s.engine && s.nvme == nvme && s.precision == p && s.speculative == speculative &&
+          s.gpu_optimizer == gpu_optimizer && s.ratio == ratio && s.cpu_checkpointing == cpu_ckpt)
+        return &s;
+    return nullptr;
+  }
+};
+
+// The arguments, before minutes of work.
+void check_args(const StepArgs& a) {
   check_output_options(a.out);
   validate(a.shape);
-  namespace fs = std::filesystem;
   std::error_code ec;
-  if (!fs::is_directory(a.dir, ec))
+  if (!std::filesystem::is_directory(a.dir, ec))
     throw ConfigError("--dir '" + a.dir + "' is not a directory; give an existing directory on the NVMe drive");
-  if (!a.trace.empty()) {  // before minutes of work, not after
+  if (!a.trace.empty()) {
     check_output_path(a.trace, "--trace");
     check_output_writable(a.trace, "--trace");
   }
-  const fs::path swap = fs::path(a.dir) / ("strata-bench-step-" + std::to_string(::getpid()));
-  fs::create_directories(swap);
-  struct Cleanup {
-    fs::path p;
-    ~Cleanup() {
-      std::error_code e;
-      fs::remove_all(p, e);
-    }
-  } cleanup{swap};
-
-  const Backend backend = a.backend == "cuda" ? Backend::Cuda : Backend::Cpu;
-  const bool cuda = backend == Backend::Cuda;
-  const DType precision = parse_precision(a.precision);
-  const bool sixteen = precision != DType::F32;
+  const bool sixteen = parse_precision(a.precision) != DType::F32;
   if (a.cpu_checkpointing && !a.checkpointing)
     throw ConfigError("bench step: --cpu-checkpointing moves the checkpoints of --checkpointing: give both");
   if (a.speculation_inline && !a.speculative)
     throw ConfigError("bench step: --speculation-inline says where the speculative optimizer steps: give --speculative too");
-  if (a.gpu_optimizer && !cuda)
+  if (a.gpu_optimizer && a.backend != "cuda")
     throw ConfigError("bench step: --gpu-optimizer needs --backend cuda (the cpu backend's optimizer is CpuAdam)");
   if (!a.f32_beside && !sixteen)
     throw ConfigError("bench step: --no-f32 leaves out the fp32 configurations beside the 16-bit ones: give --precision "
                       "bf16 or fp16 too");
-  auto device = make_device({backend, 0});
-  auto comm = coll::make_host_communicator(coll::HostBackend::Self);
-  std::unique_ptr<coll::Communicator> nccl;  // device buffers on cuda are GPU memory
-  if (cuda) nccl = coll::make_nccl_communicator(*comm, 0);
-  coll::Communicator& dev_comm = nccl ? *nccl : *comm;
-  Progress progress("bench step");
+}
+
+// The device and communicators, the PyTorch reference, and the matmul peak of each precision.
+void open_machine(Bench& b) {
+  const StepArgs& a = b.a;
+  b.backend = a.backend == "cuda" ? Backend::Cuda : Backend::Cpu;
+  b.cuda = b.backend == Backend::Cuda;
+  b.precision = parse_precision(a.precision);
+  b.sixteen = b.precision != DType::F32;
+  b.device = make_device({b.backend, 0});
+  b.comm = coll::make_host_communicator(coll::HostBackend::Self);
+  if (b.cuda) b.nccl = coll::make_nccl_communicator(*b.comm, 0);
 
   // The PyTorch reference: on the cpu backend in the 16-bit precision asked for; on cuda
   // in that precision too, fp32 included (the whole step on the GPU).
-  std::unique_ptr<ReferenceProcess> torch;
-  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
-  if (a.torch && (sixteen || cuda)) {
-    progress.show("starting the PyTorch reference");
-    torch = std::make_unique<ReferenceProcess>(
+  b.threads = std::max(1u, std::thread::hardware_concurrency());
+  if (a.torch && (b.sixteen || b.cuda)) {
+    b.progress.show("starting the PyTorch reference");
+    b.torch = std::make_unique<ReferenceProcess>(
         std::vector<std::string>{a.python, a.torch_script, "--layers", std::to_string(a.shape.layers),
                                  "--d-model", std::to_string(a.shape.d_model), "--heads", std::to_string(a.shape.heads),
                                  "--seq", std::to_string(a.shape.seq_len), "--vocab", std::to_string(a.shape.vocab),
                                  "--micro-batch", std::to_string(a.micro_batch), "--accum", std::to_string(a.accum),
-                                 "--threads", std::to_string(threads), "--precision", precision_name(precision),
-                                 "--device", cuda ? "cuda" : "cpu"},
+                                 "--threads", std::to_string(b.threads), "--precision", precision_name(b.precision),
+                                 "--device", b.cuda ? "cuda" : "cpu"},
         "bench step: the PyTorch reference",
         "it needs a Python with torch: --python names another Python; --no-torch measures without it");
   }
 
   // fp32, and the 16-bit precision beside it when asked for (alone with --no-f32).
-  std::vector<DType> precisions;
-  if (!sixteen || a.f32_beside) precisions.push_back(DType::F32);
-  if (sixteen) precisions.push_back(precision);
-  std::vector<double> peaks;
-  for (DType p : precisions) {
-    progress.show(std::string("measuring the ") + precision_name(p) + " matmul peak");
-    peaks.push_back(measure_matmul_peak(backend, p, 0.5));
+  if (!b.sixteen || a.f32_beside) b.precisions.push_back(DType::F32);
+  if (b.sixteen) b.precisions.push_back(b.precision);
+  for (DType p : b.precisions) {
+    b.progress.show(std::string("measuring the ") + precision_name(p) + " matmul peak");
+    b.peaks.push_back(measure_matmul_peak(b.backend, p, 0.5));
   }
-  auto peak_of = [&](DType p) { return peaks[p == precisions.front() ? 0 : 1]; };
+}
 
-  const uint64_t params = gpt_param_count(a.shape);
-  const auto specs = gpt_group_specs(a.shape);
-  std::vector<GroupSize> sizes;
-  for (const GroupSpec& g : specs) sizes.push_back({g.name, g.numel});
-  auto options = [&](bool offload, DType p, bool speculative, bool gpu_optimizer, double ratio, bool cpu_ckpt) {
-    EngineOptions o;
-    if (a.checkpointing) {  // the engine holds the checkpoints, as strata train has it
-      o.checkpoints = {a.shape.layers + 1,
-                       static_cast<uint64_t>(a.micro_batch) * a.shape.seq_len * a.shape.d_model * sizeof(float)};
-      o.cpu_checkpointing = cpu_ckpt;
-    }
-    // One configuration writes the trace: the NVMe one (the in-memory one with CPU Adam
-    // under --no-nvme) of the last precision, speculative where asked.
-    const bool traced = p == precisions.back() && speculative == a.speculative && !cpu_ckpt &&
-                        (a.nvme ? offload : !gpu_optimizer && ratio >= 1);
-    o.trace_path = traced ? a.trace : "";
-    o.stage = 3;
-    o.optimizer_threads = a.optimizer_threads;
-    o.speculative = speculative;
-    o.precision = p;
-    o.optimizer = {OptimizerKind::AdamW, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f};
-    o.gradient_accumulation_steps = a.accum;
-    o.persistence_threshold_elems = 0;
-    o.prefetch_bucket_elems = 60'000'000;
-    o.sub_group_elems = 16'000'000;
-    if (offload) {
-      o.param_home = o.optimizer_home = Tier::Nvme;
-      o.store.device_budget = parse_size("--device-budget", a.device_budget);
-      o.store.pinned_budget = parse_size("--pinned-budget", a.pinned_budget);
-      o.store.nvme.paths = {swap.string()};
-    } else if (gpu_optimizer || ratio < 1) {
-      // Everything on the GPU, or the 1 - ratio share of the states (the rest pinned, CPU
-      // Adam's): the budgets are what the engine's layout needs on each tier (every
-      // sub-group with its speculative Next set where asked), with room to prefetch.
-      o.optimizer_home = gpu_optimizer ? Tier::Device : Tier::Pinned;
-      o.optimizer_ratio = gpu_optimizer ? 1.0 : ratio;
-      o.optimizer_on_stream = true;  // as the engine sets it on cuda
-      ShardStrategy st = o.shard_strategy(1);
-      if (speculative) st.speculative_sub_groups = std::numeric_limits<uint64_t>::max();
-      const ShardLayout L = make_shard_layout(sizes, st);
-      o.store.device_budget = std::max<uint64_t>(parse_size("--memory-budget", a.memory_budget),
-                                       L.need[static_cast<int>(Tier::Device)].homes() + L.device_working + (2ull << 30));
-      o.store.pinned_budget = L.need[static_cast<int>(Tier::Pinned)].homes() + L.pinned_staging + (1ull << 30);
-    } else if (cuda) {
-      // The CPU optimizer: master weights, moments and gradient shards in pinned memory.
-      o.optimizer_home = Tier::Pinned;
-      o.store.device_budget = parse_size("--memory-budget", a.memory_budget);
-      o.store.pinned_budget = params * (speculative ? 28 : 16) + (1ull << 30);  // + the Next sets
-    } else {
-      o.store.device_budget = parse_size("--memory-budget", a.memory_budget);
-      o.store.pinned_budget = 512ull << 20;  // staging for the CPU optimizer's sub-groups
-    }
-    return o;
-  };
-  const std::string memory_label = cuda ? "params on GPU, optimizer pinned" : "in memory";
+// The engine's options of one configuration: budgets and tiers.
+EngineOptions engine_options(const Bench& b, bool offload, DType p, bool speculative, bool gpu_optimizer, double ratio,
+                             bool cpu_ckpt) {
+  const StepArgs& a = b.a;
+  const std::vector<DType>& precisions = b.precisions;
+  const std::vector<GroupSize>& sizes = b.sizes;
+  const std::filesystem::path& swap = b.swap;
+  const uint64_t params = b.params;
+  const bool cuda = b.cuda;
+  EngineOptions o;
+  if (a.checkpointing) {  // the engine holds the checkpoints, as strata train has it
+    o.checkpoints = {a.shape.layers + 1,
+                     static_cast<uint64_t>(a.micro_batch) * a.shape.seq_len * a.shape.d_model * sizeof(float)};
+    o.cpu_checkpointing = cpu_ckpt;
+  }
+  // One configuration writes the trace: the NVMe one (the in-memory one with CPU Adam
+  // under --no-nvme) of the last precision, speculative where asked.
+  const bool traced = p == precisions.back() && speculative == a.speculative && !cpu_ckpt &&
+                      (a.nvme ? offload : !gpu_optimizer && ratio >= 1);
+  o.trace_path = traced ? a.trace : "";
+  o.stage = 3;
+  o.optimizer_threads = a.optimizer_threads;
+  o.speculative = speculative;
+  o.precision = p;
+  o.optimizer = {OptimizerKind::AdamW, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f};
+  o.gradient_accumulation_steps = a.accum;
+  o.persistence_threshold_elems = 0;
+  o.prefetch_bucket_elems = 60'000'000;
+  o.sub_group_elems = 16'000'000;
+  if (offload) {
+    o.param_home = o.optimizer_home = Tier::Nvme;
+    o.store.device_budget = parse_size("--device-budget", a.device_budget);
+    o.store.pinned_budget = parse_size("--pinned-budget", a.pinned_budget);
+    o.store.nvme.paths = {swap.string()};
+  } else if (gpu_optimizer || ratio < 1) {
+    // Everything on the GPU, or the 1 - ratio share of the states (the rest pinned, CPU
+    // Adam's): the budgets are what the engine's layout needs on each tier (every
+    // sub-group with its speculative Next set where asked), with room to prefetch.
+    o.optimizer_home = gpu_optimizer ? Tier::Device : Tier::Pinned;
+    o.optimizer_ratio = gpu_optimizer ? 1.0 : ratio;
+    o.optimizer_on_stream = true;  // as the engine sets it on cuda
+    ShardStrategy st = o.shard_strategy(1);
+    if (speculative) st.speculative_sub_groups = std::numeric_limits<uint64_t>::max();
+    const ShardLayout L = make_shard_layout(sizes, st);
+    o.store.device_budget = std::max<uint64_t>(parse_size("--memory-budget", a.memory_budget),
+                                     L.need[static_cast<int>(Tier::Device)].homes() + L.device_working + (2ull << 30));
+    o.store.pinned_budget = L.need[static_cast<int>(Tier::Pinned)].homes() + L.pinned_staging + (1ull << 30);
+  } else if (cuda) {
+    // The CPU optimizer: master weights, moments and gradient shards in pinned memory.
+    o.optimizer_home = Tier::Pinned;
+    o.store.device_budget = parse_size("--memory-budget", a.memory_budget);
+    o.store.pinned_budget = params * (speculative ? 28 : 16) + (1ull << 30);  // + the Next sets
+  } else {
+    o.store.device_budget = parse_size("--memory-budget", a.memory_budget);
+    o.store.pinned_budget = 512ull << 20;  // staging for the CPU optimizer's sub-groups
+  }
+  return o;
+}
+
+// Every configuration, in the order they run and are reported.
+std::vector<Setup> make_setups(const Bench& bench) {
+  const StepArgs& a = bench.a;
+  const std::vector<DType>& precisions = bench.precisions;
+  const std::string& memory_label = bench.memory_label;
+  const bool sixteen = bench.sixteen, cuda = bench.cuda;
+  const DType precision = bench.precision;
   std::vector<Setup> setups;
   for (int offload = 0; offload < (a.nvme ? 2 : 1); ++offload)
     for (DType p : precisions) {
@@ -260,7 +304,7 @@ int run_step(const StepArgs& a) {
         }
       }
     }
-  if (torch) {
+  if (bench.torch) {
     Setup s;
     s.label = std::string(cuda ? "PyTorch on the GPU, " : "PyTorch, ") +
               (sixteen ? std::string("autocast ") + precision_name(precision) : std::string("fp32"));
@@ -268,80 +312,95 @@ int run_step(const StepArgs& a) {
     s.torch = true;
     setups.push_back(std::move(s));
   }
-  std::vector<std::unique_ptr<GptModel>> models;
-  for (DType p : precisions)
-    models.push_back(make_gpt(backend, a.shape,
-                              {a.micro_batch, a.checkpointing ? ActivationCheckpointing::PerBlock : ActivationCheckpointing::None, p,
-                               a.checkpointing}));
+  return setups;
+}
+
+// A model per precision, and each configuration's engine.
+void build_engines(Bench& b) {
+  const StepArgs& a = b.a;
+  for (DType p : b.precisions)
+    b.models.push_back(make_gpt(b.backend, a.shape,
+                                {a.micro_batch, a.checkpointing ? ActivationCheckpointing::PerBlock : ActivationCheckpointing::None, p,
+                                 a.checkpointing}));
   // The traced engine's recorder is the process's active one from its construction on;
   // the other configurations' steps, run in between, are kept out of it.
-  trace::Recorder* recorder = nullptr;
-  for (Setup& s : setups) {
+  for (Setup& s : b.setups) {
     if (s.torch) continue;
-    progress.show("building " + s.label);
-    const EngineOptions o = options(s.nvme, s.precision, s.speculative, s.gpu_optimizer, s.ratio, s.cpu_checkpointing);
+    b.progress.show("building " + s.label);
+    const EngineOptions o = engine_options(b, s.nvme, s.precision, s.speculative, s.gpu_optimizer, s.ratio, s.cpu_checkpointing);
     s.traced = !o.trace_path.empty();
     EngineAblation ablation;
-    ablation.speculation_lane = !a.speculation_inline;
-    s.engine = std::make_unique<ZeroEngine>(*device, dev_comm, *comm, o, specs, ablation);
-    if (s.traced) recorder = trace::active();
+    ablation.speculation_lane = !b.a.speculation_inline;
+    s.engine = std::make_unique<ZeroEngine>(*b.device, b.dev_comm(), *b.comm, o, b.specs, ablation);
+    if (s.traced) b.recorder = trace::active();
     s.engine->set_schedule(gpt_schedule(a.shape));
-    s.model = models[s.precision == precisions.front() ? 0 : 1].get();
+    s.model = b.models[s.precision == b.precisions.front() ? 0 : 1].get();
   }
-  const size_t n = static_cast<size_t>(a.micro_batch) * a.shape.seq_len;
-  std::vector<int32_t> x(n), y(n);
-  std::mt19937 rng(1);
-  const uint64_t tokens = static_cast<uint64_t>(n) * a.accum;
+}
 
-  auto one_step = [&](Setup& s) {
-    for (int m = 0; m < a.accum; ++m) {
-      for (size_t i = 0; i < n; ++i) x[i] = static_cast<int32_t>(rng() % a.shape.vocab);
-      for (size_t i = 0; i < n; ++i) y[i] = static_cast<int32_t>(rng() % a.shape.vocab);
-      s.engine->begin_micro_step();
-      s.model->forward_backward(*s.engine, x.data(), y.data(), static_cast<float>(s.engine->loss_scale()));
+// One configuration's timed step (after its lead-in), or the PyTorch reference's.
+void time_one(Bench& b, Setup& s, bool warmup, const std::string& what, TokenBatches& batches) {
+  const StepArgs& a = b.a;
+  if (s.torch) {
+    const nlohmann::json got = b.torch->command("step");
+    if (!got.contains("seconds")) throw Unavailable("bench step: the PyTorch reference failed: " + got.dump());
+    if (!warmup) s.seconds.push_back(got["seconds"].get<double>());
+    return;
+  }
+  trace::set_active(s.traced ? b.recorder : nullptr);
+  if (!warmup)
+    for (int k = 0; k < a.lead_in; ++k) {
+      b.progress.show(what + " (lead-in " + std::to_string(k + 1) + "/" + std::to_string(a.lead_in) + ")");
+      run_step(*s.engine, *s.model, *s.engine, batches);
     }
-    s.engine->step();
-  };
-  // The configurations alternate, rep by rep, so a drift of the machine falls on all alike.
-  // Each timed step follows --lead-in untimed steps of its own configuration, so it starts
-  // as a step in training does: its predecessor's write-backs still landing, its tiers as a
-  // step of its own left them. Its own write-backs then land in the next configuration's
-  // untimed steps, not in that one's timed step.
+  const double cpu0 = process_cpu_seconds();
+  const StepResult r = run_step(*s.engine, *s.model, *s.engine, batches);
+  const double cpu = process_cpu_seconds() - cpu0;
+  if (warmup) return;
+  s.seconds.push_back(r.seconds);
+  s.cpu.push_back(cpu);
+  s.exposed.push_back(r.exposed_s());
+  s.optimizer.push_back(r.after.optimizer_s);
+  s.nvme_read.push_back(static_cast<double>(nvme_bytes(r.after.store, true) - nvme_bytes(r.before.store, true)));
+  s.nvme_written.push_back(static_cast<double>(nvme_bytes(r.after.store, false) - nvme_bytes(r.before.store, false)));
+}
+
+// The configurations alternate, rep by rep, so a drift of the machine falls on all alike.
+// Each timed step follows --lead-in untimed steps of its own configuration, so it starts
+// as a step in training does: its predecessor's write-backs still landing, its tiers as a
+// step of its own left them. Its own write-backs then land in the next configuration's
+// untimed steps, not in that one's timed step.
+void time_setups(Bench& b) {
+  const StepArgs& a = b.a;
+  std::mt19937 rng(1);
+  // Random tokens, the same sequence for every configuration in turn.
+  TokenBatches batches(*b.models.front(), a.accum, [&](int, int32_t* x, int32_t* y) {
+    const size_t n = static_cast<size_t>(a.micro_batch) * a.shape.seq_len;
+    for (size_t i = 0; i < n; ++i) x[i] = static_cast<int32_t>(rng() % a.shape.vocab);
+    for (size_t i = 0; i < n; ++i) y[i] = static_cast<int32_t>(rng() % a.shape.vocab);
+  });
+  b.tokens = static_cast<uint64_t>(batches.inputs.size()) * a.accum;
   for (int r = 0; r < a.warmup + a.reps; ++r)
-    for (Setup& s : setups) {
+    for (Setup& s : b.setups) {
       const std::string what = (r < a.warmup ? "warm-up, " : "rep " + std::to_string(r - a.warmup + 1) + "/" +
                                                                  std::to_string(a.reps) + ", ") +
                                s.label;
-      progress.show(what);
-      if (s.torch) {
-        const nlohmann::json got = torch->command("step");
-        if (!got.contains("seconds")) throw Unavailable("bench step: the PyTorch reference failed: " + got.dump());
-        if (r >= a.warmup) s.seconds.push_back(got["seconds"].get<double>());
-        continue;
-      }
-      trace::set_active(s.traced ? recorder : nullptr);
-      if (r >= a.warmup)
-        for (int k = 0; k < a.lead_in; ++k) {
-          progress.show(what + " (lead-in " + std::to_string(k + 1) + "/" + std::to_string(a.lead_in) + ")");
-          one_step(s);
-        }
-      const EngineStats before = s.engine->stats();
-      const double t0 = steady_seconds(), cpu0 = process_cpu_seconds();
-      one_step(s);
-      const double dt = steady_seconds() - t0, cpu = process_cpu_seconds() - cpu0;
-      const EngineStats after = s.engine->stats();
-      if (r < a.warmup) continue;
-      s.seconds.push_back(dt);
-      s.cpu.push_back(cpu);
-      s.exposed.push_back(after.exposed_wait_s - before.exposed_wait_s + after.optimizer_wait_s +
-                          after.speculation_wait_s);
-      s.optimizer.push_back(after.optimizer_s);
-      s.nvme_read.push_back(static_cast<double>(nvme_bytes(after.store, true) - nvme_bytes(before.store, true)));
-      s.nvme_written.push_back(static_cast<double>(nvme_bytes(after.store, false) - nvme_bytes(before.store, false)));
+      b.progress.show(what);
+      time_one(b, s, r < a.warmup, what, batches);
     }
-  trace::set_active(recorder);  // as the traced engine left it: it hands the outer one back when it goes
-  progress.done();
+  trace::set_active(b.recorder);  // as the traced engine left it: it hands the outer one back when it goes
+  b.progress.done();
+}
 
+// The title, the run's configuration and the table's columns.
+Report report_head(const Bench& b) {
+  const StepArgs& a = b.a;
+  const uint64_t params = b.params, tokens = b.tokens;
+  const bool sixteen = b.sixteen;
+  const DType precision = b.precision;
+  const auto& device = b.device;
+  const unsigned threads = b.threads;
+  auto peak_of = [&b](DType p) { return b.peak_of(p); };
   Report rep;
   rep.benchmark = "step";
   rep.title = "strata bench step: one training step of a " + std::to_string(params / 1'000'000) + "M-parameter GPT, " +
@@ -371,17 +430,17 @@ int run_step(const StepArgs& a) {
     rep.table.columns.push_back({"ratio_to_memory", "x in-memory", "%.3f"});
   }
   if (sixteen && a.f32_beside) rep.table.columns.push_back({"speedup_over_f32", "tokens/s x f32", "%.2f"});
-  const double flops = gpt_flops_per_token(a.shape) * static_cast<double>(tokens);
-  // The setup a row is compared with: same configuration in memory (offload cost), and
-  // the same configuration in fp32 (what the precision buys).
-  auto find = [&](bool nvme, DType p, bool speculative = false, bool gpu_optimizer = false, double ratio = 1.0,
-                  bool cpu_ckpt = false) -> const Setup* {
-    for (const Setup& s : setups)
-      if (s.engine && s.nvme == nvme && s.precision == p && s.speculative == speculative &&
-          s.gpu_optimizer == gpu_optimizer && s.ratio == ratio && s.cpu_checkpointing == cpu_ckpt)
-        return &s;
-    return nullptr;
-  };
+  return rep;
+}
+
+// A row per configuration.
+void report_rows(const Bench& b, Report& rep) {
+  const bool sixteen = b.sixteen;
+  const double flops = gpt_flops_per_token(b.a.shape) * static_cast<double>(b.tokens);
+  const uint64_t tokens = b.tokens;
+  const std::vector<Setup>& setups = b.setups;
+  auto find = [&b](auto... args) { return b.find(args...); };
+  auto peak_of = [&b](DType p) { return b.peak_of(p); };
   for (const Setup& s : setups) {
     const Summary t = summarize(s.seconds);
     nlohmann::json row = {{"label", s.label},
@@ -413,6 +472,14 @@ int run_step(const StepArgs& a) {
     }
     rep.table.rows.push_back(std::move(row));
   }
+}
+
+// What MFU, exposed and CPU s are measured against.
+void report_measures(const Bench& b, Report& rep) {
+  const StepArgs& a = b.a;
+  const bool sixteen = b.sixteen, cuda = b.cuda;
+  const DType precision = b.precision;
+  auto peak_of = [&b](DType p) { return b.peak_of(p); };
   const std::string peak_f32 = cuda ? "cuBLAS sgemm (fp32, no TF32)" : cpu_sgemm_choice().name;
   std::string mfu_note = "MFU: model FLOPs (6 x matmul parameters + causal attention, no recompute) per second over the "
                          "measured matmul peak of the row's precision";
@@ -427,6 +494,14 @@ int run_step(const StepArgs& a) {
                       "for states from their tier (the speculative updates' during backward too); the rest of the step is compute (model and CPU Adam).");
   rep.notes.push_back("CPU s: CPU seconds of every thread of the process per step (the copy and I/O threads and the optimizer lane "
                       "included); against step s times the cores, it says how busy the cores were and what the offloaded step costs them.");
+}
+
+// The comparisons each option asks for: checkpoints pinned, the GPU optimizer, speculation.
+void report_options(const Bench& b, Report& rep) {
+  const StepArgs& a = b.a;
+  const std::vector<DType>& precisions = b.precisions;
+  const std::vector<Setup>& setups = b.setups;
+  auto find = [&b](auto... args) { return b.find(args...); };
   if (a.cpu_checkpointing) {
     std::string line = "checkpoints in pinned memory (cpu_checkpointing) against on the device, step time:";
     for (int nvme = 0; nvme < (a.nvme ? 2 : 1); ++nvme)
@@ -477,6 +552,17 @@ int run_step(const StepArgs& a) {
     rep.notes.push_back(line);
     rep.extra["optimizer_moved_into_backward"] = hidden;
   }
+}
+
+// PyTorch's step and the 16-bit step against fp32 and PyTorch.
+void report_ratios(const Bench& b, Report& rep) {
+  const StepArgs& a = b.a;
+  const bool sixteen = b.sixteen, cuda = b.cuda;
+  const DType precision = b.precision;
+  const auto& torch = b.torch;
+  const std::vector<Setup>& setups = b.setups;
+  const std::string& memory_label = b.memory_label;
+  auto find = [&b](auto... args) { return b.find(args...); };
   // Strata's step in memory in the reference's precision against PyTorch's.
   auto torch_ratio = [&] { return summarize(setups.back().seconds).median / summarize(find(false, precision)->seconds).median; };
   if (torch) {
@@ -538,6 +624,37 @@ int run_step(const StepArgs& a) {
   } else if (a.torch && !cuda) {
     rep.notes.push_back("fp32 only: --precision bf16 runs the 16-bit step beside it, and PyTorch autocast beside both.");
   }
+}
+
+int run_bench_step(const StepArgs& a) {
+  check_args(a);
+  namespace fs = std::filesystem;
+  const fs::path swap = fs::path(a.dir) / ("strata-bench-step-" + std::to_string(::getpid()));
+  fs::create_directories(swap);
+  struct Cleanup {
+    fs::path p;
+    ~Cleanup() {
+      std::error_code e;
+      fs::remove_all(p, e);
+    }
+  } cleanup{swap};
+
+  Bench b(a);
+  b.swap = swap;
+  open_machine(b);
+  b.params = gpt_param_count(a.shape);
+  b.specs = gpt_group_specs(a.shape);
+  for (const GroupSpec& g : b.specs) b.sizes.push_back({g.name, g.numel});
+  b.memory_label = b.cuda ? "params on GPU, optimizer pinned" : "in memory";
+  b.setups = make_setups(b);
+  build_engines(b);
+  time_setups(b);
+
+  Report rep = report_head(b);
+  report_rows(b, rep);
+  report_measures(b, rep);
+  report_options(b, rep);
+  report_ratios(b, rep);
   emit(rep, a.out);
   return 0;
 }
@@ -604,7 +721,7 @@ void add_step(CLI::App& bench, Runner& run) {
   s->add_option("--python", a.python, "Python with torch, for the PyTorch reference")->capture_default_str();
   s->add_option("--torch-script", a.torch_script, "The PyTorch reference script")->capture_default_str();
   add_output_options(*s, a.out, "step time of each configuration, split into compute and exposed transfer");
-  s->callback([&run] { run = [] { return run_step(a); }; });
+  s->callback([&run] { run = [] { return run_bench_step(a); }; });
 }
 
 }  // namespace strata::bench

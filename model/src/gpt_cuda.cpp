@@ -30,10 +30,10 @@
 #include <string>
 #include <vector>
 
-#include "gpt_driver.hpp"
 #include "kernels_cuda.hpp"
 #include "strata/core/convert.hpp"
 #include "strata/core/error.hpp"
+#include "strata/model/gpt_driver.hpp"
 
 namespace strata {
 

@@ -259,9 +259,10 @@ std::string ResolvedLayout::describe() const {
        << "\n";
   os << "  device: " << format_bytes(L.need[int(Tier::Device)].homes()) << " homes + "
      << format_bytes(L.device_working) << " working set + " << format_bytes(prefetch_room) << " prefetch room of "
-     << format_bytes(o.store.device_budget) << "\n";
+     << format_bytes(o.store.device_budget) << " (" << o.store.device_budget << " B)\n";
   os << "  pinned: " << format_bytes(L.need[int(Tier::Pinned)].homes()) << " homes + "
-     << format_bytes(L.pinned_staging) << " staging of " << format_bytes(o.store.pinned_budget) << "\n";
+     << format_bytes(L.pinned_staging) << " staging of " << format_bytes(o.store.pinned_budget) << " ("
+     << o.store.pinned_budget << " B)\n";
   if (L.need[int(Tier::Nvme)].homes() > 0)
     os << "  nvme: " << format_bytes(L.need[int(Tier::Nvme)].homes()) << " homes in "
        << format_bytes(o.store.nvme.capacity) << "\n";

@@ -24,6 +24,7 @@
 #include "strata/runtime/train/lr_schedule.hpp"
 #include "strata/runtime/engine/parted_source.hpp"
 #include "strata/runtime/train/rank.hpp"
+#include "strata/runtime/train/step_driver.hpp"
 
 namespace strata {
 
@@ -363,6 +364,80 @@ class StepLog {
   std::ofstream metrics_;
 };
 
+// The model's options, and the engine's share of them: with checkpointing the engine
+// holds the checkpoints (block inputs and the final residual), so its device budget counts
+// them and cpu_checkpointing moves them off the device between forward and backward.
+GptOptions model_options(const Config& cfg, EngineOptions& eo) {
+  const GptShape& shape = cfg.strata.model;
+  const int micro = cfg.train_micro_batch_size_per_gpu;
+  GptOptions mo{micro,
+                cfg.activation_checkpointing.enabled ? ActivationCheckpointing::PerBlock : ActivationCheckpointing::None,
+                cfg.precision()};
+  if (cfg.activation_checkpointing.enabled) {
+    mo.checkpoints_from_source = true;
+    eo.checkpoints.count = shape.layers + 1;
+    eo.checkpoints.bytes = static_cast<uint64_t>(micro) * shape.seq_len * shape.d_model * sizeof(float);
+  }
+  return mo;
+}
+
+// What the step loop works with, built by train() in the order it needs.
+struct TrainLoop {
+  const Config& cfg;
+  coll::Communicator& comm;
+  ZeroEngine& engine;
+  GptModel& model;
+  WeightSource& source;  // the engine, seen in the model's groups (PartedSource)
+  const LrSchedule& lr_schedule;
+  const StepCost& cost;
+  const std::vector<std::string>& group_names;  // for checkpoints
+  StepLog& log;
+};
+
+// The steps from res.first_step to strata.steps, or to a stop signal: each timed,
+// reported, and checkpointed where due. batches' fill advances `pos` through the data.
+void run_steps(const TrainLoop& t, TrainResult& res, TokenBatches& batches, const DataPosition& pos) {
+  const Config& cfg = t.cfg;
+  EngineStats prev = t.engine.stats();  // running totals after the previous step
+  int64_t saved_step = res.first_step;  // the checkpoint resumed from, if any
+  for (int64_t step = res.first_step; step < cfg.strata.steps; ++step) {
+    const bool last_step = step + 1 == cfg.strata.steps;
+    const double t0 = steady_seconds();
+    // The learning rate the schedule gives this optimizer step, set before the backward
+    // pass (the speculative optimizer steps during it).
+    StepRecord rec;
+    rec.lr = t.lr_schedule.lr_at(t.engine.optimizer_steps());
+    t.engine.set_learning_rate(rec.lr);
+    // Forward and backward over the micro-batches (the engine accumulates the gradients),
+    // the loss averaged over every rank's, then the optimizer step.
+    const StepResult r = run_step(t.engine, t.model, t.source, batches, &t.comm);
+    rec.loss = r.loss;
+    rec.stepped = r.stepped;
+    rec.step = t.engine.iterations();
+    const double seconds = steady_seconds() - t0;
+    const EngineStats& st = r.after;
+    time_step(rec, seconds, t.cost, st, prev);
+    res.steps.push_back(rec);
+    if (!std::isfinite(rec.loss))
+      throw Error("step " + std::to_string(step + 1) + ": the loss is " + std::to_string(rec.loss) +
+                  "; lower the learning rate or set gradient_clipping");
+    t.log.step(rec, last_step, st, prev);
+    prev = st;
+
+    res.stop_signal = agreed_stop_signal(t.comm);
+    if (should_checkpoint(cfg.strata, rec.step, last_step, saved_step, res.stop_signal != 0)) {
+      saved_step = rec.step;
+      const nlohmann::json extra = {{"data", pos.to_json()}, {"loss", rec.loss}};
+      res.last_checkpoint = save_checkpoint(t.engine, t.comm, cfg.strata.checkpoint_dir, cfg.raw, extra, t.group_names);
+      t.log.saved(res.last_checkpoint);
+    }
+    if (res.stop_signal) {
+      t.log.stopped(res.stop_signal, rec.step, cfg.strata.checkpoint_dir, res.last_checkpoint);
+      break;
+    }
+  }
+}
+
 }  // namespace
 
 TrainResult train(const Config& cfg, const TrainOptions& topts) {
@@ -397,17 +472,7 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
   EngineOptions eo = EngineOptions::from_config(cfg);
   eo.trace_path = with_rank(cfg.strata.trace, rank, world);
   const int micro = cfg.train_micro_batch_size_per_gpu, accum = cfg.gradient_accumulation_steps;
-  GptOptions mo{micro,
-                cfg.activation_checkpointing.enabled ? ActivationCheckpointing::PerBlock : ActivationCheckpointing::None,
-                cfg.precision()};
-  // With checkpointing the engine holds the checkpoints (block inputs and the final
-  // residual): its device budget counts them, and cpu_checkpointing moves them off the
-  // device between forward and backward.
-  if (cfg.activation_checkpointing.enabled) {
-    mo.checkpoints_from_source = true;
-    eo.checkpoints.count = shape.layers + 1;
-    eo.checkpoints.bytes = static_cast<uint64_t>(micro) * shape.seq_len * shape.d_model * sizeof(float);
-  }
+  const GptOptions mo = model_options(cfg, eo);
   // The model first: its activations (device memory on cuda) are allocated beside the
   // engine's device budget, so a budget too large for the GPU fails in the engine's
   // allocation, which names strata.device_budget.
@@ -435,55 +500,15 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
   step_log.header(shape, world, *ctx.device, eo, *engine, *model, mo, cost);
 
   const StopSignals stop_signals;
-  const size_t local = static_cast<size_t>(micro) * shape.seq_len;
-  std::vector<int32_t> x(local), y(local);
-  EngineStats prev = engine->stats();  // running totals after the previous step
-  int64_t saved_step = res.first_step;  // the checkpoint resumed from, if any
-  for (int64_t step = res.first_step; step < cfg.strata.steps; ++step) {
-    const bool last_step = step + 1 == cfg.strata.steps;
-    const double t0 = steady_seconds();
-    // The learning rate the schedule gives this optimizer step, set before the backward
-    // pass (the speculative optimizer steps during it).
-    StepRecord rec;
-    rec.lr = lr_schedule.lr_at(engine->optimizer_steps());
-    engine->set_learning_rate(rec.lr);
-    // Forward and backward over the micro-batches; the engine accumulates the gradients.
-    double loss = 0;
-    for (int m = 0; m < accum; ++m) {
-      data.batch(pos, rank, world, micro, x.data(), y.data());
-      pos = data.advance(pos, world * micro);
-      engine->begin_micro_step();
-      loss += model->forward_backward(source, x.data(), y.data(), static_cast<float>(engine->loss_scale()));
-    }
-    comm->all_reduce(std::span<double>(&loss, 1)).wait();
-    rec.loss = loss / static_cast<double>(world * accum);
-    rec.stepped = engine->step();
-    rec.step = engine->iterations();
-    const double seconds = steady_seconds() - t0;
-    const EngineStats st = engine->stats();
-    time_step(rec, seconds, cost, st, prev);
-    res.steps.push_back(rec);
-    if (!std::isfinite(rec.loss))
-      throw Error("step " + std::to_string(step + 1) + ": the loss is " + std::to_string(rec.loss) +
-                  "; lower the learning rate or set gradient_clipping");
-    step_log.step(rec, last_step, st, prev);
-    prev = st;
-
-    res.stop_signal = agreed_stop_signal(*comm);
-    if (should_checkpoint(cfg.strata, rec.step, last_step, saved_step, res.stop_signal != 0)) {
-      saved_step = rec.step;
-      const nlohmann::json extra = {{"data", pos.to_json()}, {"loss", rec.loss}};
-      res.last_checkpoint = save_checkpoint(*engine, *comm, cfg.strata.checkpoint_dir, cfg.raw, extra, group_names);
-      step_log.saved(res.last_checkpoint);
-    }
-    if (res.stop_signal) {
-      step_log.stopped(res.stop_signal, rec.step, cfg.strata.checkpoint_dir, res.last_checkpoint);
-      break;
-    }
-  }
+  // Each micro-batch's tokens: this rank's share of the next world x micro sequences.
+  TokenBatches batches(*model, accum, [&](int, int32_t* x, int32_t* y) {
+    data.batch(pos, rank, world, micro, x, y);
+    pos = data.advance(pos, world * micro);
+  });
+  run_steps({cfg, *comm, *engine, *model, source, lr_schedule, cost, group_names, step_log}, res, batches, pos);
 
   if (topts.eval_batches > 0 && !res.stop_signal) {
-    res.eval_loss = heldout_loss(*model, source, data, *comm, topts.eval_batches, micro, x, y);
+    res.eval_loss = heldout_loss(*model, source, data, *comm, topts.eval_batches, micro, batches.inputs, batches.targets);
     step_log.heldout(res.eval_loss);
   }
   res.stats = engine->stats();

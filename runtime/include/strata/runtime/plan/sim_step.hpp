@@ -1,8 +1,9 @@
 // Simulated training steps: the real ZeroEngine, TieredStore and prefetcher on the sim
 // backend (core/sim.hpp), driven by a synthetic model that has sizes and FLOPs but no
-// math. This is what `strata plan --simulate` runs: a configuration's step time, how much
-// transfer time is exposed, and the peak bytes per tier, in seconds of host time even
-// for a trillion-parameter model (no byte is ever allocated or moved).
+// math: a configuration's step time, how much transfer time is exposed, and the peak
+// bytes per tier, in seconds of host time even for a trillion-parameter model (no byte is
+// ever allocated or moved). `strata plan --simulate` runs the same path with the GPT's
+// own order (plan.hpp's simulate_plan).
 #pragma once
 
 #include <array>
@@ -23,34 +24,15 @@ struct SimGroup {
   double forward_flops = 0;    // FLOPs of one micro-batch's forward; backward takes twice this
 };
 
-// A model without math: it calls its WeightSource exactly as a real model does, and its
-// kernels are Stream::compute of the group's FLOPs on one compute stream, which its
-// thread waits for (as the cpu backend's model does).
-//   forward,  g = 0..G-1:  acquire_params, compute, release_params
-//   backward, g = G-1..0:  acquire_params, gradient_buffer, compute (2x), release_params,
-//                          grads_ready
-class SyntheticModel {
- public:
-  SyntheticModel(std::vector<SimGroup> groups, Stream& compute);
-  const std::vector<SimGroup>& groups() const { return groups_; }
-  std::vector<GroupSpec> group_specs() const;  // for the engine
-  std::vector<int> schedule() const;           // the acquire order of one micro-step
-  // One micro-batch, forward then backward. Returns the FLOPs it issued.
-  double forward_backward(WeightSource& ws);
-
- private:
-  double run_group(double flops);
-  std::vector<SimGroup> groups_;
-  Stream& compute_;
-};
-
 struct SimRunOptions {
   int steps = 3;                // optimizer steps
   int rank = 0, world = 1;      // this process plays rank `rank` of a symmetric group
   SimCostModel cost;
   // Stage, tiers, budgets, prefetch, sub-groups, accumulation, trace_path. NVMe paths are
-  // never touched (one placeholder is set when a tier lives on NVMe and none is given).
+  // never touched (one placeholder is set when a home is on NVMe, activation checkpoints
+  // included, and none is given).
   EngineOptions engine;
+  EngineAblation ablation;      // all on; tests turn one off to measure what it gives
   bool give_schedule = true;    // else the engine learns the order from the first micro-step
 };
 
@@ -74,7 +56,10 @@ struct SimRunResult {
   std::string device;                         // the sim device's description
 };
 
-// Runs opts.steps optimizer steps of `model` on a fresh sim device. Deterministic: the
+// Runs opts.steps optimizer steps of `model` on a fresh sim device: each micro-batch
+// acquires, computes with and releases groups 0..G-1 forward (FLOPs forward_flops), then
+// G-1..0 backward with its gradient buffer (twice the FLOPs), gradients handed back after
+// each group. Deterministic: the
 // same arguments give bit-identical times. Throws what the engine throws at start-up
 // (ConfigError, OutOfBudget) when the configuration cannot work.
 SimRunResult simulate_training(const std::vector<SimGroup>& model, const SimRunOptions& opts);

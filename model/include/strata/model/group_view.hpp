@@ -74,6 +74,9 @@ class ParamView {
 
   int group() const { return g_; }
   int parts() const { return t_.count(); }
+  // Part p's elements of the group, [part_begin, part_end).
+  uint64_t part_begin(int p) const { return t_.begin(p); }
+  uint64_t part_end(int p) const { return t_.end(p); }
   // Element `off` of the group, its part acquired if it is not yet.
   const void* at(uint64_t off) {
     const int p = t_.find(off);
