@@ -74,6 +74,7 @@ struct StepArgs {
   unsigned optimizer_threads = 0;  // CPU Adam's threads (EngineOptions::optimizer_threads); 0: every core
   double ratio = 0.5;             // with gpu_optimizer: also offload_optimizer.ratio this (CPU share), concurrently
   bool torch = true;              // the PyTorch reference (cpu backend, 16 bits)
+  bool layout = false;            // print each configuration's resolved layout; time nothing
   std::string python = "/usr/bin/python3";
   std::string torch_script = STRATA_TORCH_GPT_STEP_SCRIPT;
   std::string trace;  // Chrome trace of one configuration's engine (see the options lambda)
@@ -181,7 +182,7 @@ void open_machine(Bench& b) {
   // The PyTorch reference: on the cpu backend in the 16-bit precision asked for; on cuda
   // in that precision too, fp32 included (the whole step on the GPU).
   b.threads = std::max(1u, std::thread::hardware_concurrency());
-  if (a.torch && (b.sixteen || b.cuda)) {
+  if (a.torch && !a.layout && (b.sixteen || b.cuda)) {
     b.progress.show("starting the PyTorch reference");
     b.torch = std::make_unique<ReferenceProcess>(
         std::vector<std::string>{a.python, a.torch_script, "--layers", std::to_string(a.shape.layers),
@@ -198,6 +199,7 @@ void open_machine(Bench& b) {
   if (!b.sixteen || a.f32_beside) b.precisions.push_back(DType::F32);
   if (b.sixteen) b.precisions.push_back(b.precision);
   for (DType p : b.precisions) {
+    if (a.layout) break;  // nothing is timed
     b.progress.show(std::string("measuring the ") + precision_name(p) + " matmul peak");
     b.peaks.push_back(measure_matmul_peak(b.backend, p, 0.5));
   }
@@ -224,6 +226,7 @@ EngineOptions engine_options(const Bench& b, bool offload, DType p, bool specula
                       (a.nvme ? offload : !gpu_optimizer && ratio >= 1);
   o.trace_path = traced ? a.trace : "";
   o.stage = 3;
+  o.first_gradient_held = a.shape.tied();  // the tied head's gradient, held through backward, as in strata train
   o.optimizer_threads = a.optimizer_threads;
   o.speculative = speculative;
   o.precision = p;
@@ -244,9 +247,11 @@ EngineOptions engine_options(const Bench& b, bool offload, DType p, bool specula
     o.optimizer_home = gpu_optimizer ? Tier::Device : Tier::Pinned;
     o.optimizer_ratio = gpu_optimizer ? 1.0 : ratio;
     o.optimizer_on_stream = true;  // as the engine sets it on cuda
-    ShardStrategy st = o.shard_strategy(1);
-    if (speculative) st.speculative_sub_groups = std::numeric_limits<uint64_t>::max();
-    const ShardLayout L = make_shard_layout(sizes, st);
+    // What the resolved layout needs with room to spare on both tiers (every sub-group
+    // then has its Next set where speculation is asked for).
+    EngineOptions roomy = o;
+    roomy.store.device_budget = roomy.store.pinned_budget = uint64_t{1} << 60;
+    const ShardLayout L = try_resolve(roomy, {}, sizes, 1, device_traits(*b.device)).layout;
     o.store.device_budget = std::max<uint64_t>(parse_size("--memory-budget", a.memory_budget),
                                      L.need[static_cast<int>(Tier::Device)].homes() + L.device_working + (2ull << 30));
     o.store.pinned_budget = L.need[static_cast<int>(Tier::Pinned)].homes() + L.pinned_staging + (1ull << 30);
@@ -315,6 +320,23 @@ std::vector<Setup> make_setups(const Bench& bench) {
   return setups;
 }
 
+EngineAblation ablation_of(const StepArgs& a) {
+  EngineAblation ablation;
+  ablation.speculation_lane = !a.speculation_inline;
+  return ablation;
+}
+
+// --layout: each configuration's resolved layout (resolve.hpp), the decisions its engine
+// would run by, in the form strata plan prints them; nothing is built or timed.
+void print_layouts(const Bench& b) {
+  for (const Setup& s : b.setups) {
+    if (s.torch) continue;
+    const EngineOptions o = engine_options(b, s.nvme, s.precision, s.speculative, s.gpu_optimizer, s.ratio, s.cpu_checkpointing);
+    const ResolvedLayout r = resolve(o, ablation_of(b.a), b.sizes, 1, device_traits(*b.device));
+    std::printf("configuration: %s\n%s\n", s.label.c_str(), r.describe().c_str());
+  }
+}
+
 // A model per precision, and each configuration's engine.
 void build_engines(Bench& b) {
   const StepArgs& a = b.a;
@@ -329,9 +351,7 @@ void build_engines(Bench& b) {
     b.progress.show("building " + s.label);
     const EngineOptions o = engine_options(b, s.nvme, s.precision, s.speculative, s.gpu_optimizer, s.ratio, s.cpu_checkpointing);
     s.traced = !o.trace_path.empty();
-    EngineAblation ablation;
-    ablation.speculation_lane = !b.a.speculation_inline;
-    s.engine = std::make_unique<ZeroEngine>(*b.device, b.dev_comm(), *b.comm, o, b.specs, ablation);
+    s.engine = std::make_unique<ZeroEngine>(*b.device, b.dev_comm(), *b.comm, o, b.specs, ablation_of(a));
     if (s.traced) b.recorder = trace::active();
     s.engine->set_schedule(gpt_schedule(a.shape));
     s.model = b.models[s.precision == b.precisions.front() ? 0 : 1].get();
@@ -647,6 +667,10 @@ int run_bench_step(const StepArgs& a) {
   for (const GroupSpec& g : b.specs) b.sizes.push_back({g.name, g.numel});
   b.memory_label = b.cuda ? "params on GPU, optimizer pinned" : "in memory";
   b.setups = make_setups(b);
+  if (a.layout) {
+    print_layouts(b);
+    return 0;
+  }
   build_engines(b);
   time_setups(b);
 
@@ -676,7 +700,7 @@ void add_step(CLI::App& bench, Runner& run) {
   s->add_option("--warmup", a.warmup, "Untimed steps per configuration first")->check(cli_checks::at_least(0));
   s->add_option("--lead-in", a.lead_in,
                 "Untimed steps of a configuration right before each of its timed steps, so the timed one starts as in "
-                "training (0: the configurations alternate step by step, as before 2026-11-25)")
+                "training (0: the configurations alternate step by step)")
       ->capture_default_str()
       ->check(cli_checks::at_least(0));
   s->add_flag("--checkpointing", a.checkpointing,
@@ -718,6 +742,9 @@ void add_step(CLI::App& bench, Runner& run) {
       ->check(CLI::Range(0u, 4096u))
       ->capture_default_str();
   s->add_flag("!--no-torch", a.torch, "Without the PyTorch reference");
+  s->add_flag("--layout", a.layout,
+              "Print each configuration's resolved layout (every tier, speculating sub-group, checkpoint home and "
+              "budget decision its engine would run by, as strata plan prints it) and time nothing");
   s->add_option("--python", a.python, "Python with torch, for the PyTorch reference")->capture_default_str();
   s->add_option("--torch-script", a.torch_script, "The PyTorch reference script")->capture_default_str();
   add_output_options(*s, a.out, "step time of each configuration, split into compute and exposed transfer");

@@ -156,6 +156,7 @@ nlohmann::json plan_json(const plan::Plan& p) {
     j["links"].push_back({{"name", l.name}, {"bytes", l.bytes}, {"bandwidth", l.bandwidth}, {"busy_s", l.busy_s},
                           {"window_s", l.window_s}, {"needed", l.needed}});
   j["bottleneck"] = p.bottleneck;
+  j["resolved_layout"] = p.resolved.describe();  // the engine's decisions, as bench step prints them
   return j;
 }
 
@@ -192,6 +193,8 @@ void print_plan(const plan::Plan& p) {
   std::printf("  compute %s, exposed transfers %s\n", secs(p.compute_s).c_str(), secs(p.exposed_s).c_str());
   std::printf("  %.4g tokens/step, %.4g tokens/s, MFU %.1f%%\n", p.tokens_per_step, p.tokens_per_s, 100 * p.mfu);
   std::printf("bottleneck: %s\n", p.bottleneck.c_str());
+  // What the engine would run (resolve.hpp), in the form bench step prints it too.
+  std::printf("\n%s", p.resolved.describe().c_str());
 }
 
 nlohmann::json sim_json(const plan::SimulateReport& r, const plan::Plan& p) {

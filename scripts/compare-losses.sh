@@ -15,7 +15,9 @@ import random; random.seed(1); open('data.txt','w').write(''.join(random.choice(
 
 config() {  # stage param optimizer precision speculative accum checkpointing
   local stage=$1 param=$2 opt=$3 prec=$4 spec=$5 accum=$6 ckpt=$7
-  local bf16=false fp16=false
+  local bf16=false fp16=false s3=""
+  [[ $stage == 3 ]] && s3="\"stage3_param_persistence_threshold\": 0, \"offload_param\": {\"device\": \"$param\", \"nvme_path\": \"swap\"},"
+
   [[ $prec == bf16 ]] && bf16=true
   [[ $prec == fp16 ]] && fp16=true
   cat <<EOF
@@ -24,9 +26,8 @@ config() {  # stage param optimizer precision speculative accum checkpointing
   "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.01}},
   "bf16": {"enabled": $bf16}, "fp16": {"enabled": $fp16, "initial_scale_power": 8},
   "activation_checkpointing": {"enabled": $ckpt, "cpu_checkpointing": $ckpt},
-  "zero_optimization": {"stage": $stage, "offload_param": {"device": "$param", "nvme_path": "swap"},
-    "offload_optimizer": {"device": "$opt", "nvme_path": "swap"}, "stage3_param_persistence_threshold": 0,
-    "sub_group_size": 40000},
+  "zero_optimization": {"stage": $stage,
+    "offload_optimizer": {"device": "$opt", "nvme_path": "swap"}, $s3 "sub_group_size": 40000},
   "strata": {"backend": "cpu", "device_budget": "64MiB", "pinned_budget": "64MiB", "seed": 7,
     "speculative_optimizer": $spec, "model": {"layers": 2, "d_model": 64, "heads": 4, "seq_len": 32, "vocab": 256},
     "data": {"path": "data.txt", "format": "text"}, "steps": 6}

@@ -32,7 +32,7 @@ bool all_digits(std::string_view s) {
   return true;
 }
 
-// The names runtime/checkpoint.cpp gives checkpoints: step-%08lld, and .step-%08lld.tmp
+// The names runtime/src/formats/checkpoint.cpp gives checkpoints: step-%08lld, and .step-%08lld.tmp
 // while one is written.
 bool checkpoint_name(const std::string& name) {
   if (name.starts_with("step-")) return name.size() >= 13 && all_digits(std::string_view(name).substr(5));

@@ -17,7 +17,7 @@
 #include "attention16_cpu.hpp"
 #include "gemm_cpu.hpp"
 #include "gpt_cpu.hpp"
-#include "gpt_driver.hpp"
+#include "strata/model/gpt_driver.hpp"
 #include "parallel.hpp"
 #include "strata/core/error.hpp"
 #include "strata/model/cpu_sgemm.hpp"

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "gemm_cpu.hpp"
-#include "group_view.hpp"
+#include "strata/model/group_view.hpp"
 #include "parallel.hpp"
 #include "strata/core/convert.hpp"
 #include "strata/model/gpt.hpp"

@@ -333,3 +333,51 @@ TEST(BenchOptimizer, AdamsBytesWithoutArithmeticBesideCpuAdam) {
     fs::remove(out);
   }
 }
+
+namespace {
+// The "resolved layout:" block (resolve.hpp's describe()) after `from` in a command's output.
+std::string layout_block(const std::string& out, size_t from = 0) {
+  const size_t b = out.find("resolved layout:", from);
+  if (b == std::string::npos) return "";
+  size_t e = out.find('\n', b);
+  while (e != std::string::npos && out.compare(e + 1, 2, "  ") == 0) e = out.find('\n', e + 1);
+  return out.substr(b, e == std::string::npos ? std::string::npos : e + 1 - b);
+}
+// The exact byte count of a budget line ("  device: ... of 1.00 GiB (1073741824 B)").
+std::string budget_bytes(const std::string& block, const std::string& tier) {
+  const size_t line = block.find("  " + tier + ": ");
+  if (line == std::string::npos) return "";
+  const size_t open = block.find(" (", block.find(" of ", line)), close = block.find(" B)", open);
+  return open == std::string::npos || close == std::string::npos ? "" : block.substr(open + 2, close - open - 2);
+}
+}  // namespace
+
+// strata plan and bench step print the engine's decisions from the same function
+// (resolve.hpp): for the same model, strategy and budgets, the same resolved layout, to
+// the byte. The planner derives the engine's budgets from its cluster; bench step is given
+// those budgets. Accumulation with the optimizer on NVMe exercises the kept-gradient
+// decision, speculation the Next sets, a tied GPT the held first gradient.
+TEST(BenchStep, PrintsTheResolvedLayoutThePlannerPrints) {
+  Scratch s;
+  const std::string model = "--layers 2 --d-model 64 --heads 4 --seq 32 --vocab 256 --micro-batch 2";
+  const Result plan = run("plan --cluster cpu " + model +
+                          " --grad-accum 2 --stage 3 --offload-param nvme --offload-optimizer nvme --no-checkpointing "
+                          "--speculative --sub-group 16000000 --nvme-capacity 10GB --nvme-read-bw 1GB/s "
+                          "--nvme-write-bw 1GB/s --hbm 64MiB --host-ram 200MiB");
+  ASSERT_EQ(plan.status, 0) << plan.out;
+  const std::string planned = layout_block(plan.out);
+  ASSERT_FALSE(planned.empty()) << plan.out;
+  const std::string device = budget_bytes(planned, "device"), pinned = budget_bytes(planned, "pinned");
+  ASSERT_FALSE(device.empty()) << planned;
+  ASSERT_FALSE(pinned.empty()) << planned;
+  EXPECT_NE(planned.find("speculation:"), std::string::npos) << planned;
+  EXPECT_NE(planned.find("accumulating gradients:"), std::string::npos) << planned;
+
+  const Result bench = run("bench step " + model + " --accum 2 --speculative --no-torch --layout --dir " +
+                           s.path.string() + " --device-budget " + device + " --pinned-budget " + pinned);
+  ASSERT_EQ(bench.status, 0) << bench.out;
+  const size_t at = bench.out.find("configuration: params+optimizer on NVMe, speculative\n");
+  ASSERT_NE(at, std::string::npos) << bench.out;
+  EXPECT_EQ(layout_block(bench.out, at), planned) << "strata plan printed:\n" << plan.out << "\nbench step printed:\n"
+                                                  << bench.out;
+}

@@ -20,6 +20,8 @@ using engine::GroupState;
 using engine::SubGroupState;
 using engine::Update;
 
+DeviceTraits device_traits(const Device& d) { return {d.host_addressable(), to_string(d.backend())}; }
+
 std::vector<GroupSize> group_sizes(const std::vector<GroupSpec>& groups) {
   std::vector<GroupSize> sizes;
   for (const GroupSpec& g : groups) sizes.push_back({g.name, g.numel});
@@ -36,8 +38,6 @@ void EngineCore::waited(double since, const char* what, const GroupState* g) con
 }  // namespace engine
 
 namespace {
-
-DeviceTraits traits_of(const Device& d) { return {d.host_addressable(), to_string(d.backend())}; }
 
 std::unique_ptr<CpuAdam> make_adam(const EngineOptions& o) {
   CpuAdamOptions ao;
@@ -57,7 +57,7 @@ std::unique_ptr<CpuAdam> make_adam(const EngineOptions& o) {
 ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communicator& host_comm, EngineOptions opts,
                        std::vector<GroupSpec> groups, EngineAblation ablation)
     : device_(device), comm_(comm), host_comm_(host_comm),
-      resolved_(resolve(opts, ablation, group_sizes(groups), comm.size(), traits_of(device))),
+      resolved_(resolve(opts, ablation, group_sizes(groups), comm.size(), device_traits(device))),
       opts_(resolved_.options) {
   if (comm_.rank() == 0 && resolved_.checkpoints_moved_to_nvme)
     log::info("activation_checkpointing.cpu_checkpointing: the pinned budget has no room for the " +

@@ -1,5 +1,5 @@
 // The order in which a GPT asks its WeightSource for each group, computes with it and
-// hands it back: one copy for every backend (gpt.cpp's Gpt::Impl on the cpu, gpt_cuda.cpp's
+// hands it back: one copy for every backend (gpt_cpu.hpp's Gpt::Impl on the cpu, gpt_cuda.cpp's
 // GptCuda::Impl on cuda) and for the simulator (runtime's SimGpt, whose kernels only take
 // the planner's times on the sim backend), so the sequence the engine sees is the one the
 // cpu tests check and the one the plan's simulation times. Public for that reason: the

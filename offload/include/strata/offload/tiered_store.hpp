@@ -10,7 +10,7 @@
 //    it; the slot has its event), Valid, or Failed (the move filling it failed while it
 //    was acquired or being read from; it is freed once let go, or filled again by the
 //    next fetch). A home copy whose fill fails goes back to Absent: its space stays
-//    reserved. The copy states are Slot::State in tiered_store.cpp.
+//    reserved. The copy states are Slot::State in tiered_store_records.hpp.
 //    When a copy is written (release with Access::Write) every other copy becomes stale:
 //    non-home copies are freed, the home copy is marked out of date until written back.
 //  - Moves return events. Readers wait on events; nothing polls.

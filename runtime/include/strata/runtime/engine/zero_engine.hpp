@@ -64,6 +64,8 @@ class Speculation;
 
 // The model's groups as the layout sees them (names and sizes).
 std::vector<GroupSize> group_sizes(const std::vector<GroupSpec>& groups);
+// What resolve() needs to know of a device.
+DeviceTraits device_traits(const Device& d);
 
 class ZeroEngine final : public WeightSource {
  public:
