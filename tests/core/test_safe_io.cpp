@@ -92,7 +92,7 @@ TEST(SafeIo, OutputsThatCannotBeWrittenAreRefusedLeavingNothing) {
 
 TEST(SafeIo, NothingIsWrittenInsideACheckpoint) {
   TempDir dir;
-  // A checkpoint as runtime/checkpoint.cpp lays it out: root/step-<8 digits>/{manifest.json, rank-0.bin}.
+  // A checkpoint as runtime/src/formats/checkpoint.cpp lays it out: root/step-<8 digits>/{manifest.json, rank-0.bin}.
   const fs::path step = dir.path / "ckpt" / "step-00000010";
   dir.file(step / "manifest.json", "{}");
   dir.file(step / "rank-0.bin");

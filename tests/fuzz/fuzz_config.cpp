@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "fuzz_common.hpp"
-#include "strata/runtime/train/config.hpp"
+#include "strata/runtime/config/config.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view in = strata::fuzz::bytes(data, size);

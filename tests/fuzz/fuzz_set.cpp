@@ -5,7 +5,7 @@
 #include <string>
 
 #include "fuzz_common.hpp"
-#include "strata/runtime/train/config.hpp"
+#include "strata/runtime/config/config.hpp"
 
 namespace {
 const char* kBase = R"({

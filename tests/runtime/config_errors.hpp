@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "strata/core/error.hpp"
-#include "strata/runtime/train/config.hpp"
+#include "strata/runtime/config/config.hpp"
 
 namespace strata::test {
 

@@ -9,8 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "strata/core/error.hpp"
-#include "strata/runtime/train/config.hpp"
-#include "strata/runtime/train/lr_schedule.hpp"
+#include "strata/runtime/config/config.hpp"
+#include "strata/runtime/config/lr_schedule.hpp"
 
 using namespace strata;
 using nlohmann::json;

@@ -14,7 +14,7 @@
 
 #include "strata/core/config_keys.hpp"
 #include "strata/core/error.hpp"
-#include "strata/runtime/train/config.hpp"
+#include "strata/runtime/config/config.hpp"
 #include "strata/runtime/engine/zero_engine.hpp"
 #include "config_errors.hpp"
 
@@ -625,7 +625,7 @@ TEST(Config, TheDocsKeyListsAreTheTables) {
     ASSERT_NE(end, std::string::npos) << "no " << close << " after " << open << section;
     const std::string expected = config_keys_markdown(section);
     EXPECT_EQ(doc.substr(body, end - body), expected)
-        << "docs/configuration.md's keys of '" << section << "' differ from the tables (runtime/src/train/"
+        << "docs/configuration.md's keys of '" << section << "' differ from the tables (runtime/src/config/"
         << "config_table.cpp); STRATA_UPDATE_DOCS=1 ./build/tests/runtime/test_config "
         << "--gtest_filter='*DocsKeyLists*' rewrites them";
     regenerated += doc.substr(pos, body - pos) + expected;

@@ -14,7 +14,7 @@
 #include "strata/core/device.hpp"
 #include "strata/model/gpt_layout.hpp"
 #include "strata/runtime/formats/checkpoint.hpp"
-#include "strata/runtime/train/config.hpp"
+#include "strata/runtime/config/config.hpp"
 
 using namespace strata;
 

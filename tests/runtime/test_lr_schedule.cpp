@@ -17,8 +17,8 @@
 #include "strata/collectives/communicator.hpp"
 #include "strata/core/device.hpp"
 #include "strata/core/error.hpp"
-#include "strata/runtime/train/config.hpp"
-#include "strata/runtime/train/lr_schedule.hpp"
+#include "strata/runtime/config/config.hpp"
+#include "strata/runtime/config/lr_schedule.hpp"
 #include "strata/runtime/engine/zero_engine.hpp"
 #include "config_errors.hpp"
 

@@ -11,7 +11,7 @@
 #include "strata/core/safe_io.hpp"
 #include "strata/runtime/formats/checkpoint.hpp"
 #include "strata/runtime/engine/loss_scaler.hpp"
-#include "strata/runtime/train/lr_schedule.hpp"
+#include "strata/runtime/config/lr_schedule.hpp"
 #include "strata/runtime/train/rank.hpp"
 
 namespace strata::capi {

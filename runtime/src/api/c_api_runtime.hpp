@@ -16,7 +16,7 @@
 #include "strata/collectives/communicator.hpp"
 #include "strata/core/device.hpp"
 #include "strata/core/error.hpp"
-#include "strata/runtime/train/config.hpp"
+#include "strata/runtime/config/config.hpp"
 #include "strata/runtime/engine/zero_engine.hpp"
 #include "strata/strata.h"
 

@@ -44,4 +44,16 @@ int PartedSource::whole(int g, const char* what) const {
   return inner(g, 0);
 }
 
+PartName parse_part_name(const std::string& name) {
+  const size_t at = name.rfind('@');
+  if (at == std::string::npos || at + 1 == name.size()) return {name, 0};
+  uint64_t off = 0;
+  for (size_t i = at + 1; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9' || off > (UINT64_MAX - 9) / 10) return {name, 0};
+    off = off * 10 + static_cast<uint64_t>(name[i] - '0');
+  }
+  return {name.substr(0, at), off};
+}
+
+
 }  // namespace strata

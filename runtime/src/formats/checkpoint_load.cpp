@@ -16,8 +16,8 @@
 #include "strata/core/error.hpp"
 #include "strata/core/log.hpp"
 #include "strata/core/safe_io.hpp"
+#include "strata/runtime/engine/parted_source.hpp"
 #include "strata/runtime/formats/checkpoint.hpp"
-#include "strata/runtime/train/train.hpp"
 
 namespace strata {
 

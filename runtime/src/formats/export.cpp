@@ -11,7 +11,7 @@
 #include "strata/core/convert.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/safe_io.hpp"
-#include "strata/runtime/train/config.hpp"
+#include "strata/runtime/config/config.hpp"
 
 namespace strata {
 

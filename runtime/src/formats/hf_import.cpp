@@ -21,7 +21,7 @@
 #include "strata/core/error.hpp"
 #include "strata/core/safe_io.hpp"
 #include "strata/runtime/formats/checkpoint.hpp"
-#include "strata/runtime/train/config.hpp"
+#include "strata/runtime/config/config.hpp"
 #include "strata/runtime/formats/export.hpp"
 #include "strata/runtime/formats/safetensors.hpp"
 

@@ -21,7 +21,7 @@
 #include "strata/model/gpt.hpp"
 #include "strata/runtime/formats/checkpoint.hpp"
 #include "strata/runtime/formats/export.hpp"
-#include "strata/runtime/train/lr_schedule.hpp"
+#include "strata/runtime/config/lr_schedule.hpp"
 #include "strata/runtime/engine/parted_source.hpp"
 #include "strata/runtime/train/rank.hpp"
 #include "strata/runtime/train/step_driver.hpp"

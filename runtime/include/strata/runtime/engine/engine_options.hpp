@@ -12,7 +12,7 @@
 #include "strata/offload/tiered_store.hpp"
 #include "strata/runtime/engine/loss_scaler.hpp"
 #include "strata/runtime/engine/shard_layout.hpp"
-#include "strata/runtime/train/config.hpp"
+#include "strata/runtime/config/config.hpp"
 
 namespace strata {
 

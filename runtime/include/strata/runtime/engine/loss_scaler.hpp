@@ -16,7 +16,7 @@
 
 #include <cstdint>
 
-#include "strata/runtime/train/config.hpp"
+#include "strata/runtime/config/config.hpp"
 
 namespace strata {
 

@@ -13,6 +13,15 @@
 
 namespace strata {
 
+// An engine group's name for a part of a model group: "block.3@1536" is part of "block.3"
+// from element 1536; a name without '@' is a whole group (offset 0). Checkpoints merge
+// parts back into model groups by it.
+struct PartName {
+  std::string group;
+  uint64_t offset = 0;
+};
+PartName parse_part_name(const std::string& name);
+
 class PartedSource final : public WeightSource {
  public:
   // parts[g]: the first element of each part of model group g (gpt_parts); the inner

@@ -25,7 +25,7 @@
 #include "strata/core/sim.hpp"
 #include "strata/memory/tier.hpp"
 #include "strata/model/gpt_layout.hpp"
-#include "strata/runtime/train/config.hpp"
+#include "strata/runtime/config/config.hpp"
 #include "strata/runtime/engine/zero_engine.hpp"
 
 namespace strata::plan {

@@ -8,7 +8,7 @@
 
 #include "strata/collectives/communicator.hpp"
 #include "strata/core/device.hpp"
-#include "strata/runtime/train/config.hpp"
+#include "strata/runtime/config/config.hpp"
 
 namespace strata {
 

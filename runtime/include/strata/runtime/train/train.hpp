@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "strata/model/gpt_layout.hpp"
-#include "strata/runtime/train/config.hpp"
+#include "strata/runtime/config/config.hpp"
 #include "strata/runtime/engine/zero_engine.hpp"
 
 namespace strata {
@@ -21,13 +21,6 @@ std::vector<GroupSpec> gpt_group_specs(const GptShape& shape, float init_std = 0
 // element>" when a group has several), each initialised as its elements of the whole.
 std::vector<GroupSpec> gpt_group_specs(const GptShape& shape, const std::vector<std::vector<uint64_t>>& parts,
                                        float init_std = 0.02f);
-// A group name "block.3@1536" is part of "block.3" from element 1536; a name without '@'
-// is a whole group (offset 0).
-struct PartName {
-  std::string group;
-  uint64_t offset = 0;
-};
-PartName parse_part_name(const std::string& name);
 
 struct TrainOptions {
   bool resume = false;            // continue from the latest complete checkpoint

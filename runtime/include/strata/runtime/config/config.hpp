@@ -1,6 +1,6 @@
 // The run configuration: a JSON file whose keys follow DeepSpeed's names where the
 // concept is the same, plus a `strata` section for what DeepSpeed lacks. Every key is
-// one row of a table (runtime/src/train/config_table.cpp):
+// one row of a table (runtime/src/config/config_table.cpp):
 // unknown keys are an error naming the key and the nearest valid one, DeepSpeed keys
 // with no meaning here are accepted with one warning each, and the listing of
 // `strata train --list-keys` and docs/configuration.md come from the same rows.
@@ -21,7 +21,7 @@
 #include "strata/memory/tier.hpp"
 #include "strata/model/gpt_layout.hpp"
 #include "strata/offload/aio_config.hpp"
-#include "strata/runtime/train/lr_schedule.hpp"
+#include "strata/runtime/config/lr_schedule.hpp"
 
 namespace strata {
 

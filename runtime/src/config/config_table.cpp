@@ -8,7 +8,7 @@
 // NoEffect: type-checked, then one warning says why it changes nothing. A switch whose
 // value Strata cannot change is Fixed (the other value warns) or, when the other value
 // asks for something Strata does not do yet, Refused.
-#include "strata/runtime/train/config.hpp"
+#include "strata/runtime/config/config.hpp"
 
 #include <sys/stat.h>
 #include <unistd.h>

@@ -2,7 +2,7 @@
 // overrides, and the checks that need the world size. The keys themselves, with their
 // types, ranges and checks across keys, are the tables of config_table.cpp, read by
 // core/config_keys.hpp's parser.
-#include "strata/runtime/train/config.hpp"
+#include "strata/runtime/config/config.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>

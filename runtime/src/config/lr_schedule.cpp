@@ -2,7 +2,7 @@
 // deepspeed/runtime/lr_schedules.py operation for operation (same operands, same
 // order), so that the results agree with DeepSpeed's to rounding of the last bit;
 // tests/runtime/test_lr_schedule.py compares them with DeepSpeed's own classes.
-#include "strata/runtime/train/lr_schedule.hpp"
+#include "strata/runtime/config/lr_schedule.hpp"
 
 #include <algorithm>
 #include <cmath>
