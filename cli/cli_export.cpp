@@ -10,7 +10,7 @@
 #include "strata/collectives/communicator.hpp"
 #include "strata/core/config_keys.hpp"
 #include "strata/core/convert.hpp"
-#include "strata/runtime/train/config.hpp"
+#include "strata/runtime/config/config.hpp"
 #include "strata/runtime/formats/export.hpp"
 #include "strata/runtime/formats/hf_import.hpp"
 

@@ -15,7 +15,7 @@
 #include "strata/model/gpt.hpp"
 #include "strata/runtime/formats/checkpoint.hpp"
 #include "cli.hpp"
-#include "strata/runtime/train/config.hpp"
+#include "strata/runtime/config/config.hpp"
 #include "strata/runtime/formats/export.hpp"
 #include "strata/runtime/train/train.hpp"
 

@@ -6,7 +6,7 @@
 // keys), the listing of `strata train --list-keys`, and docs/configuration.md's key
 // lists (a test compares the page with keys_markdown). No key is spelled twice.
 //
-// The tables live beside the structs they fill (runtime/src/train/config_table.cpp for the run
+// The tables live beside the structs they fill (runtime/src/config/config_table.cpp for the run
 // configuration, offload/src/aio_config.cpp for `aio`); this file is what they share, so
 // that a whole number is read the same way in every section (5e7 is one wherever a
 // count is taken). Defaults are the structs' own initialisers: the listing reads them

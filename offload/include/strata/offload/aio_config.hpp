@@ -25,7 +25,7 @@ struct AioConfig {
 };
 
 // The table of the `aio` section; its target is an AioConfig. The run configuration's
-// table (runtime/src/train/config_table.cpp) nests it under "aio".
+// table (runtime/src/config/config_table.cpp) nests it under "aio".
 const ConfigSection& aio_config_section();
 
 // Parses an `aio` JSON object. Unknown keys and bad values throw ConfigError naming the
