@@ -61,7 +61,7 @@ Acquired TieredStore::acquire_for_overwrite(TensorId id, Tier tier) {
   }
 }
 
-void TieredStore::release(TensorId id, Tier tier, Access access, Event written) {
+void TieredStore::release(TensorId id, Tier tier, Access access, Event after) {
   std::unique_lock<std::mutex> lock(mu_);
   reap_locked();
   Record& r = rec(id);
@@ -71,9 +71,9 @@ void TieredStore::release(TensorId id, Tier tier, Access access, Event written) 
                 " tier, which is not acquired (double release?)");
   settle(r, tier);
   if (access == Access::Write) {
-    // Filling is allowed when the caller's own device work (`written`) follows the fill
-    // in stream order: the new event then supersedes the old one.
-    if ((s.state == Slot::State::Filling && written.impl() == nullptr) || s.state == Slot::State::Failed)
+    // Filling is allowed when the caller's own work (`after`) follows the fill in stream
+    // order: the new event then supersedes the old one.
+    if ((s.state == Slot::State::Filling && after.impl() == nullptr) || s.state == Slot::State::Failed)
       throw Error("tiered store: '" + r.spec.name + "' released as written in the " + to_string(tier) +
                   " tier, but its copy there never became valid (wait on acquire's event)");
     // A move still filling this copy reads from another one, which is about to go:
@@ -89,19 +89,21 @@ void TieredStore::release(TensorId id, Tier tier, Access access, Event written) 
       throw;
     }
     s.state = Slot::State::Valid;
-    s.ready = written;  // the caller waited for acquire's event before writing
-    if (written.impl() != nullptr) {
+    s.ready = after;  // the caller waited for acquire's event before writing
+    if (after.impl() != nullptr) {
       auto m = std::make_shared<Move>();
       m->id = r.id;
       m->from = m->to = tier;
       m->external = true;
-      m->ev = written;
+      m->ev = after;
       s.state = Slot::State::Filling;
       s.filling = m;
       enqueue(m->ev, [this, m] { finish_move(m, m->ev.result()); });
     }
   } else {
     --s.pins;
+    // Work still reading the copy: whoever writes this memory next waits for it (idle()).
+    if (after.impl() != nullptr) s.last_read = when_all({s.last_read, when_done(after)});
     if (s.pins == 0 && s.sources == 0 && tier != r.spec.home &&
         (s.state == Slot::State::Failed || (s.state == Slot::State::Absent && s.allocated())))
       free_slot(r, tier);

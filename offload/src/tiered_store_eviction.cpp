@@ -43,33 +43,16 @@ bool TieredStore::allocate_slot(std::unique_lock<std::mutex>& lock, Record& r, T
     }
     if (evict_one(lock, t, r, !hint)) continue;
     if (hint) return false;
-    // Nothing evictable now. Moves in flight will unpin their sources when they finish;
-    // wait for one if there are any. Else the room maker may release pins; else no room
-    // will appear.
+    // Nothing evictable now. Moves in flight, and work writing copies it was handed
+    // (release with Access::Write and an event), unpin or complete their copies when they
+    // finish: wait for one if there are any. Else no room will appear.
     bool moving;
     {
       std::lock_guard<std::mutex> cq(cq_mu_);
       moving = in_flight_ != 0;
     }
-    if (moving) {
-      changed_.wait(lock);
-      continue;
-    }
-    if (!room_maker_ || making_room_) throw_no_room(r, t);
-    making_room_ = true;
-    const std::function<bool()> maker = room_maker_;
-    lock.unlock();
-    bool made = false;
-    try {
-      made = maker();
-    } catch (...) {
-      lock.lock();
-      making_room_ = false;
-      throw;
-    }
-    lock.lock();
-    making_room_ = false;
-    if (!made) throw_no_room(r, t);
+    if (!moving) throw_no_room(r, t);
+    changed_.wait(lock);
   }
 }
 
@@ -115,6 +98,7 @@ bool TieredStore::evict_one(std::unique_lock<std::mutex>& lock, Tier t, const Re
   }
   if (!victim) return false;
   if (valid_elsewhere(*victim, t)) {
+    if (still_read(victim->at(t))) ++stats_.evictions_behind_readers;
     free_slot(*victim, t);
     ++stats_.evictions;
     return true;
@@ -140,11 +124,6 @@ bool TieredStore::evict_one(std::unique_lock<std::mutex>& lock, Tier t, const Re
   reap_locked();
   if (auto it = records_.find(vid); it != records_.end()) settle(*it->second, vhome);
   return true;
-}
-
-void TieredStore::set_room_maker(std::function<bool()> fn) {
-  std::lock_guard<std::mutex> lock(mu_);
-  room_maker_ = std::move(fn);
 }
 
 void TieredStore::throw_no_room(const Record& r, Tier t) const {
@@ -197,6 +176,13 @@ void TieredStore::invalidate_others(Record& r, Tier keep) {
     else
       free_slot(r, t);
   }
+}
+
+bool TieredStore::still_read(const Slot& s) const {
+  detail::EventImpl* e = s.last_read.impl();
+  if (e == nullptr) return false;
+  const double vt = e->virtual_time();
+  return vt >= 0 ? vt > device_.now() : !e->ready();
 }
 
 bool TieredStore::valid_elsewhere(const Record& r, Tier t) {

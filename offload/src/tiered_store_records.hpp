@@ -24,10 +24,10 @@ struct TieredStore::Slot {
   int pins = 0;         // acquire() holders
   int sources = 0;      // in-flight moves reading from this copy
   std::shared_ptr<Move> filling;  // the move writing this copy, while Filling
-  // Order of uses of this memory (complete on real backends by the time anyone looks;
-  // on sim they carry the virtual times):
+  // Order of uses of this memory (on sim they carry the virtual times; on real backends
+  // all but last_read are complete by the time anyone looks):
   Event ready;      // the write that put the current contents here
-  Event last_read;  // moves that read this copy, joined
+  Event last_read;  // moves that read this copy, and work reading it after a release, joined
   Event reuse;      // the memory's previous users are done (from the allocator)
   bool allocated() const { return ptr != nullptr || extent.valid(); }
 };

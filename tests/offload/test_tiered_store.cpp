@@ -532,3 +532,49 @@ TEST(TieredStore, ScratchTensorsTakeRoomOnlyWhileFilled) {
   write_version(s, b, Tier::Device, 2);
   EXPECT_THROW(write_version(s, a, Tier::Device, 3), OutOfBudget);
 }
+
+// A holder whose reads run beside the caller (the engine's optimizer lane) releases a copy
+// behind the work that reads it (release with Access::Read and that work's event) instead
+// of keeping its pin. The copy can then be evicted at once, and nothing writes its memory
+// until the work is done: the next tensor placed there is handed out with a ready event
+// that waits for it. Work writing a copy it was handed (Access::Write and an event) keeps
+// the copy from eviction until it is done; a placement that needs that room waits on the
+// store's own queue, not on the holder.
+TEST(TieredStore, ACopyReleasedBehindItsReaderIsNotOverwrittenUntilTheReadEnds) {
+  auto dev = make_device({});
+  // The device tier holds one 64 KiB tensor.
+  TieredStore s(*dev, options(64 << 10, 1 << 20, 0, ""));
+  TensorId a = s.add({.name = "a", .bytes = 64 << 10, .home = Tier::Pinned});
+  TensorId b = s.add({.name = "b", .bytes = 64 << 10, .home = Tier::Pinned});
+  write_version(s, a, Tier::Pinned, 1);
+  write_version(s, b, Tier::Pinned, 2);
+  for (int trial = 0; trial < 3; ++trial) {
+    Acquired got = s.acquire(a, Tier::Device);
+    got.ready.wait();
+    auto [reading, read_done] = HostEvent::make();
+    s.release(a, Tier::Device, Access::Read, reading);
+    const std::vector<unsigned char> before(static_cast<unsigned char*>(got.data),
+                                            static_cast<unsigned char*>(got.data) + (64 << 10));
+    // b needs a's room: a's copy goes (its home copy is valid), its memory is b's next.
+    const Event b_ready = s.fetch(b, Tier::Device);
+    EXPECT_FALSE(s.is_valid(a, Tier::Device)) << "trial " << trial;
+    EXPECT_FALSE(b_ready.ready()) << "b was copied over a's memory while a was still read (trial " << trial << ")";
+    EXPECT_EQ(std::memcmp(got.data, before.data(), before.size()), 0) << "a's memory changed under its reader";
+    read_done->complete(nullptr);
+    b_ready.wait();
+    expect_version(s, b, Tier::Device, 2);
+    EXPECT_EQ(s.stats().evictions_behind_readers, static_cast<uint64_t>(trial + 1));
+    s.drop(b, Tier::Device).wait();
+  }
+  // Written behind the caller: not evicted while the write runs; a placement waits for it.
+  Acquired w = s.acquire_for_overwrite(a, Tier::Device);
+  w.ready.wait();
+  fill(w.data, 64 << 10, a, 3);
+  auto [writing, write_done] = HostEvent::make();
+  s.release(a, Tier::Device, Access::Write, writing);
+  std::thread finisher([done = write_done] { done->complete(nullptr); });
+  s.fetch(b, Tier::Device).wait();  // waits for the write, then writes a home and takes its room
+  finisher.join();
+  expect_version(s, a, Tier::Pinned, 3);
+  expect_version(s, b, Tier::Device, 2);
+}

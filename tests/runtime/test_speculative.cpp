@@ -106,12 +106,14 @@ static RunSpec nvme_at_the_smallest_pinned_budget() {
   return base;
 }
 
-// The optimizer lane holds a sub-group's tensors pinned until it has stepped it, while the
-// model's thread goes on. At the smallest pinned budget the layout plans for (states and
-// parameters on NVMe: everything passes through pinned staging), the lane's pins fill the
-// tier; the model's thread then waits for the lane to let them go
-// (TieredStore::set_room_maker) instead of failing, and the bits and the budget hold.
-TEST(SpeculativeOptimizer, TheLaneGivesBackItsPinsWhenATierIsFull) {
+// The optimizer lane holds no pins while the model's thread goes on: a sub-group's tensors
+// are released behind its update as it is queued (TieredStore::release with the update's
+// event). At the smallest pinned budget the layout plans for (states and parameters on
+// NVMe: everything passes through pinned staging) the tier fills with the lane's copies;
+// the store then evicts those the lane still reads (their memory's next user waits for
+// the update) and waits on its own queue for those it writes, instead of failing or
+// asking the lane, and the bits and the budget hold.
+TEST(SpeculativeOptimizer, AFullTierTakesRoomFromTheLanesCopiesBehindItsUpdates) {
   TempDir dir("spec-lane-room");
   auto comm = self();
   const RunSpec base = nvme_at_the_smallest_pinned_budget();
@@ -119,12 +121,19 @@ TEST(SpeculativeOptimizer, TheLaneGivesBackItsPinsWhenATierIsFull) {
   RunSpec spec = base;
   spec.speculative = true;
   RunResult got = train(*comm, *comm, spec, 20, dir.path);
-  std::printf("[ figures  ] pinned budget %llu bytes: %llu sub-groups on the lane, %llu waits for room\n",
+  std::printf("[ figures  ] pinned budget %llu bytes: %llu sub-groups on the lane, %llu evictions, %llu behind "
+              "the lane's reads\n",
               static_cast<unsigned long long>(base.pinned_budget),
               static_cast<unsigned long long>(got.stats.lane_sub_groups),
-              static_cast<unsigned long long>(got.stats.lane_waits_for_room));
+              static_cast<unsigned long long>(got.stats.store.evictions),
+              static_cast<unsigned long long>(got.stats.store.evictions_behind_readers));
   EXPECT_GT(got.stats.lane_sub_groups, 0u);
-  EXPECT_GT(got.stats.lane_waits_for_room, 0u) << "the budget did not make the lane give back its pins";
+  // The tier is full (evictions happen only then) while the lane runs: where the lane
+  // kept its pins it failed here a step in. How many of the copies taken the lane was
+  // still reading depends on the two threads' timing (5-20 a run on the 2-core VM), so it
+  // is printed, not asserted; the mechanism is asserted deterministically in
+  // TieredStore.ACopyReleasedBehindItsReaderIsNotOverwrittenUntilTheReadEnds.
+  EXPECT_GT(got.stats.store.evictions, 0u) << "the pinned tier never filled: the test no longer tests a full tier";
   EXPECT_EQ(got.stats.speculation_fallback_sub_groups, 0u);
   ASSERT_NO_FATAL_FAILURE(expect_same_states(got, plain, 20, "lane at the smallest pinned budget"));
   for (int t = 0; t < kTierCount; ++t)

@@ -17,15 +17,9 @@ bool done_by_now(const Event& e, const Device& d) {
 }  // namespace
 
 OptimizerLane::OptimizerLane(EngineCore& core, double& waited)
-    : c_(core), waited_(waited), stream_(core.device.create_host_stream("optimizer lane")),
-      owner_(std::this_thread::get_id()) {
-  c_.store.set_room_maker([this] { return make_room(); });
-}
+    : c_(core), waited_(waited), stream_(core.device.create_host_stream("optimizer lane")) {}
 
-OptimizerLane::~OptimizerLane() {
-  c_.store.set_room_maker(nullptr);
-  synchronize();
-}
+OptimizerLane::~OptimizerLane() { synchronize(); }
 
 void OptimizerLane::synchronize() {
   try {
@@ -48,44 +42,39 @@ void OptimizerLane::pump() {
 }
 
 void OptimizerLane::open_group(GroupState& gr, bool whole) {
-  const Tier t = c_.resolved.optimizer_compute_tier;
   close_group();
-  // Overwritten whole only the first time: a group reopened (after its shard was let go
-  // for room) keeps what the lane wrote into it. Where the shard is the master weights
-  // the lane writes the group's next shard and reads the shard.
+  // Overwritten whole only the first time: a group reopened keeps what the lane wrote
+  // into it. Where the shard is the master weights the lane writes the group's next shard
+  // and reads the shard.
   const bool reopened = std::find(opened_.begin(), opened_.end(), &gr) != opened_.end();
-  const TensorId written = gr.master_in_shard ? gr.next_param_shard : gr.param_shard;
-  params_ = whole && !reopened ? c_.store.acquire_for_overwrite(written, t) : c_.store.acquire(written, t);
-  masters_ = gr.master_in_shard ? c_.store.acquire(gr.param_shard, t) : Acquired{};
+  overwrite_ = whole && !reopened;
   open_ = &gr;
   if (!reopened) opened_.push_back(&gr);
-  stream_->wait(params_.ready);
-  if (gr.master_in_shard) stream_->wait(masters_.ready);
 }
 
 void OptimizerLane::submit(const Item& it) {
   GroupState& gr = *it.u.group;
   SubGroupState& sg = *it.u.sub;
   const Tier t = c_.resolved.optimizer_compute_tier;
-  submitting_ = true;  // the open group's shard stays while its tensors are acquired
-  struct Done {
-    bool& flag;
-    ~Done() { flag = false; }
-  } done_submitting{submitting_};
   if (open_ != &gr) open_group(gr, it.whole);
   // The next one's states start on their way while this one is stepped.
   if (!backlog_.empty()) fetch_update_states(c_, *backlog_.front().u.group, *backlog_.front().u.sub, t);
   UpdateTensors u = acquire_for_update(c_, sg, t, true);
+  const TensorId written = gr.master_in_shard ? gr.next_param_shard : gr.param_shard;
+  Acquired params = overwrite_ ? c_.store.acquire_for_overwrite(written, t) : c_.store.acquire(written, t);
+  overwrite_ = false;  // the rest of it is written in place, range by range
+  Acquired masters = gr.master_in_shard ? c_.store.acquire(gr.param_shard, t) : Acquired{};
   if (gr.master_in_shard) {
-    u.m.data = at(masters_.data, sg.offset, 4);
-    u.out[0].data = at(params_.data, sg.offset, 4);
+    u.m.data = at(masters.data, sg.offset, 4);
+    u.out[0].data = at(params.data, sg.offset, 4);
   }
-  for (const Acquired* x : {&u.m, &u.a, &u.v, &u.gd, &u.out[0], &u.out[1], &u.out[2]}) stream_->wait(x->ready);
+  for (const Acquired* x : {&u.m, &u.a, &u.v, &u.gd, &u.out[0], &u.out[1], &u.out[2], &params, &masters})
+    stream_->wait(x->ready);
   const HalfKind kind = half_kind(c_.work_t);
   // The working copy goes straight into the parameter shard: in 16 bits from the fused
   // pass, in fp32 copied after it; none where the shard is the master weights (the Next
   // set becomes it at the commit).
-  void* working = gr.master_in_shard ? nullptr : at(params_.data, sg.offset, c_.wb);
+  void* working = gr.master_in_shard ? nullptr : at(params.data, sg.offset, c_.wb);
   const AdamGrads g{u.gd.data, c_.grad_t, it.grad_scale};
   EngineCore& c = c_;
   stream_->host_task([&c, m = u.m.data, a = u.a.data, v = u.v.data, mo = u.out[0].data, ao = u.out[1].data,
@@ -103,10 +92,13 @@ void OptimizerLane::submit(const Item& it) {
                     std::to_string(sg.offset + sg.n) + ")",
                 t0, c.device.now());
   });
-  inflight_.push_back({&gr, &sg, stream_->record()});
+  const Event done = stream_->record();
+  release_behind(c_, sg, t, done);
+  c_.store.release(written, t, Access::Write, done);
+  if (gr.master_in_shard) c_.store.release(gr.param_shard, t, Access::Read, done);
+  inflight_.push_back({&gr, &sg, done});
   ++running_;
   ++c_.stats.lane_sub_groups;
-  sg.speculated = true;  // its Next set is being written; step() validates it
   last_ = &gr;
 }
 
@@ -129,15 +121,10 @@ void OptimizerLane::retire_one() {
   GroupState& gr = *r.group;
   if (r.sub) {
     --running_;
-    release_stepped(c_, gr, *r.sub, t, true);  // marks it speculated, as submit already did
-  } else if (gr.master_in_shard) {
-    c_.store.release(gr.next_param_shard, t, Access::Write);
-    c_.store.release(gr.param_shard, t);
-    for (TensorId id : {gr.next_param_shard, gr.param_shard})
-      if (c_.opts.param_home != t) c_.store.drop(id, t);
-  } else {
-    c_.store.release(gr.param_shard, t, Access::Write);
-    if (c_.opts.param_home != t) c_.store.drop(gr.param_shard, t);
+    drop_speculated(c_, gr, *r.sub, t);
+  } else if (c_.opts.param_home != t) {
+    if (gr.master_in_shard) c_.store.drop(gr.next_param_shard, t);
+    c_.store.drop(gr.param_shard, t);
   }
 }
 
@@ -156,16 +143,6 @@ void OptimizerLane::finish() {
   while (!inflight_.empty()) retire_one();
   last_ = nullptr;
   opened_.clear();
-}
-
-bool OptimizerLane::make_room() {
-  // Only the model's thread touches the lane's records; another thread's placement fails
-  // as it would have.
-  if (std::this_thread::get_id() != owner_ || (inflight_.empty() && (!open_ || submitting_))) return false;
-  ++c_.stats.lane_waits_for_room;
-  if (!submitting_) close_group();
-  while (!inflight_.empty()) retire_one();
-  return true;
 }
 
 }  // namespace strata::engine

@@ -1,15 +1,17 @@
 // The optimizer lane: stage 3's speculative CPU Adam updates run on a host worker of their
 // own (Device::create_host_stream) while the model's thread goes on with the backward
 // pass. The model's thread does all the store's work (the store is used from it alone):
-// it acquires a sub-group's tensors, queues the update on the lane, and releases the
-// tensors once the update is done; at most kDepth updates are queued at a time, the rest
-// wait in a backlog. A group's parameter shard (or, where it is the master weights, its
-// next shard) is held from its first sub-group to its last.
+// it acquires a sub-group's tensors, queues the update on the lane and at once releases
+// them behind it (TieredStore::release with the update's event: what the update reads
+// may be evicted but its memory is not reused until the update is done; what it writes
+// counts as being filled until then). So the lane holds no pins while the model's thread
+// works: a full tier waits on the store's own queue, never on the lane. Once an update
+// is done its copies away from their home go back (drop). At most kDepth updates are
+// queued at a time, the rest wait in a backlog.
 #pragma once
 
 #include <deque>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #include "engine_state.hpp"
@@ -48,9 +50,8 @@ class OptimizerLane {
   static constexpr size_t kDepth = 8;
   void submit(const Item& it);
   void open_group(GroupState& gr, bool whole);
-  void close_group();  // the open group's parameter shard goes when the lane gets there
-  void retire_one();   // waits for the oldest record and releases its tensors
-  bool make_room();    // TieredStore's room maker
+  void close_group();  // the open group's parameter shard goes home when the lane gets there
+  void retire_one();   // waits for the oldest record; its copies away from home go back
 
   EngineCore& c_;
   double& waited_;
@@ -58,13 +59,10 @@ class OptimizerLane {
   std::deque<Item> backlog_;
   std::deque<Record> inflight_;
   size_t running_ = 0;            // sub-group records in inflight_
-  GroupState* open_ = nullptr;    // whose parameter shard the lane holds (params_)
-  Acquired params_{};
-  Acquired masters_{};            // master_in_shard: open_'s shard, read (params_ its next)
+  GroupState* open_ = nullptr;    // whose parameter shard the lane writes
+  bool overwrite_ = false;        // open_'s shard is next written whole: no fetch of the old one
   GroupState* last_ = nullptr;    // the group of the last sub-group submitted
-  bool submitting_ = false;       // in submit: open_'s shard is in use
   std::vector<const GroupState*> opened_;  // groups opened this step (reopened: not for overwrite)
-  std::thread::id owner_;         // the model's thread
 };
 
 }  // namespace strata::engine

@@ -58,4 +58,20 @@ void release_stepped(EngineCore& c, const GroupState& gr, SubGroupState& sg, Tie
   }
 }
 
+void release_behind(EngineCore& c, SubGroupState& sg, Tier t, const Event& update) {
+  for (TensorId id : {sg.master, sg.exp_avg, sg.exp_avg_sq, sg.grad})
+    if (id != 0) c.store.release(id, t, Access::Read, update);
+  for (TensorId id : {sg.next_master, sg.next_exp_avg, sg.next_exp_avg_sq})
+    if (id != 0) c.store.release(id, t, Access::Write, update);
+  sg.speculated = true;  // its Next set is being written; step() validates it
+}
+
+void drop_speculated(EngineCore& c, const GroupState& gr, const SubGroupState& sg, Tier t) {
+  if (t == gr.optimizer_home) return;
+  // The committed set was only read: dropping its copy writes nothing. The gradient is
+  // kept until step() validates (it is stepped again if the speculation is undone).
+  for (TensorId id : {sg.master, sg.exp_avg, sg.exp_avg_sq, sg.next_master, sg.next_exp_avg, sg.next_exp_avg_sq})
+    if (id != 0) c.store.drop(id, t);
+}
+
 }  // namespace strata::engine

@@ -21,5 +21,10 @@ double update_bytes(const EngineCore& c, const GroupState& gr, const SubGroupSta
 // Unpins a stepped sub-group's states and gradient in tier t (dropped towards their home
 // when t is not it); speculative: the Next set was written, the gradient is kept.
 void release_stepped(EngineCore& c, const GroupState& gr, SubGroupState& sg, Tier t, bool speculative);
+// The optimizer lane's speculative update, queued and not waited for: its tensors in tier
+// t are unpinned behind `update` (the work that reads the states and gradient and writes
+// the Next set), and once it is done, drop_speculated sends the copies away from home back.
+void release_behind(EngineCore& c, SubGroupState& sg, Tier t, const Event& update);
+void drop_speculated(EngineCore& c, const GroupState& gr, const SubGroupState& sg, Tier t);
 
 }  // namespace strata::engine

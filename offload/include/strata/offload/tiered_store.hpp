@@ -98,6 +98,9 @@ struct StoreStats {
   std::map<std::string, std::array<std::array<uint64_t, kTierCount>, kTierCount>> bytes_moved_by_owner;
   uint64_t evictions = 0;
   uint64_t writebacks = 0;                  // evictions that wrote the only copy home first
+  // Evictions of a copy that work released behind it (release with Access::Read and an
+  // event) was still reading: its memory went to the next user, who waits for that work.
+  uint64_t evictions_behind_readers = 0;
   uint64_t failed_moves = 0;
 };
 
@@ -122,8 +125,8 @@ class TieredStore {
   Event fetch(TensorId id, Tier to);
   // fetch() as a hint: only into room the tier has, or can make by freeing cache copies
   // that hold nothing new (a valid copy is elsewhere). It never writes a copy home to
-  // make room, never waits for a move in flight and never asks the room maker: where it
-  // would have to, it places nothing and returns false. Data a later step may find dead
+  // make room and never waits for a move in flight: where it would have to, it places
+  // nothing and returns false. Data a later step may find dead
   // (a gradient kept for a rollback) is then not written out only to be thrown away.
   bool prefetch(TensorId id, Tier to);
   // Pins a copy in a memory tier (Device or Pinned) against eviction, fetching it if
@@ -133,10 +136,17 @@ class TieredStore {
   // Pins space in `tier` whose contents the caller will overwrite entirely; no fetch.
   // Write it only after ready: the memory's previous users are done then.
   Acquired acquire_for_overwrite(TensorId id, Tier tier);
-  // Unpins. Access::Write: this copy now holds the only valid data. `written`, when
-  // given, is the event of the (device) work that writes it: until it completes, the
-  // copy counts as being filled, and moves from it wait for it.
-  void release(TensorId id, Tier tier, Access access = Access::Read, Event written = {});
+  // Unpins. Access::Write: this copy now holds the only valid data. `after`, when given,
+  // is the event of the work still using the copy once it is unpinned (work the holder
+  // queued, on a device or a host stream, and does not wait for):
+  //  - Access::Write: the work that writes it. Until it completes the copy counts as being
+  //    filled: moves from it wait for it, and it is not evicted.
+  //  - Access::Read: the work that reads it. The copy may be evicted, dropped or replaced
+  //    at once, but its memory is not written (by a move into it, or by whoever is given
+  //    it next) until that work is done, as for a move reading from it. So a holder whose
+  //    reads run beside the caller need not keep its pins, and the store never waits on
+  //    anyone but its own queue to make room.
+  void release(TensorId id, Tier tier, Access access = Access::Read, Event after = {});
   // Frees the copy in a non-home tier. When it is the only valid copy it first moves one
   // tier down: to its home, or to pinned memory on the way to an NVMe home (drop that
   // one in turn to reach NVMe). A copy still being filled by a stream copy or by device
@@ -171,14 +181,6 @@ class TieredStore {
   // they were delivered through the moves' events).
   void quiesce();
 
-  // Whom to ask for room before throwing OutOfBudget, when a placement finds nothing it
-  // can evict and no move in flight: work that holds pins and finishes without the caller
-  // (the engine's speculative optimizer lane), so that what fits with that work done in
-  // line also fits with it running beside the caller. Called with the store unlocked, on
-  // the thread that needs the room; returns true when it released pins (the placement is
-  // tried again), false when it had none to give. Never called while it runs.
-  void set_room_maker(std::function<bool()> fn);
-
  private:
   struct Slot;
   struct Record;
@@ -189,6 +191,8 @@ class TieredStore {
   static Event idle(const Slot& s);
   // Whether r has a valid copy in a tier other than t (its copy in t holds nothing new).
   static bool valid_elsewhere(const Record& r, Tier t);
+  // Whether work released behind the copy (or a move) may still be reading it now.
+  bool still_read(const Slot& s) const;
   Record& rec(TensorId id);
   const Record& rec(TensorId id) const;
   // With `refused` given, prefetch()'s rules: where they place nothing, *refused is set.
@@ -253,8 +257,6 @@ class TieredStore {
   std::list<std::shared_ptr<Completion>> completions_;
   uint64_t in_flight_ = 0;
   bool stopping_ = false;
-  std::function<bool()> room_maker_;  // set_room_maker (guarded by mu_)
-  bool making_room_ = false;
   std::vector<std::thread> completers_;
 };
 

@@ -157,10 +157,8 @@ struct EngineStats {
   // their time waiting for parameter shards and optimizer states (exposed, as the model
   // waits meanwhile).
   double speculation_wait_s = 0;
-  // The optimizer lane (EngineAblation::speculation_lane): sub-groups it stepped, and the
-  // times the model's thread waited for it to release pins because a tier was full.
+  // The optimizer lane (EngineAblation::speculation_lane): sub-groups it stepped.
   uint64_t lane_sub_groups = 0;
-  uint64_t lane_waits_for_room = 0;
   StoreStats store;
 };
 
