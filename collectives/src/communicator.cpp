@@ -1,6 +1,8 @@
 // The checks every backend shares, the backend choice, and launcher detection.
 #include "strata/collectives/communicator.hpp"
 
+#include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <sstream>
@@ -9,6 +11,19 @@
 #include "self_communicator.hpp"
 
 namespace strata::coll {
+
+namespace {
+std::atomic<double> g_collective_timeout{kDefaultCollectiveTimeout};
+}  // namespace
+
+void set_collective_timeout(double seconds) {
+  if (!(seconds >= 0) || !std::isfinite(seconds))
+    throw CollectiveUsageError("collective timeout " + std::to_string(seconds) +
+                               " s: give a number of seconds >= 0 (0 turns the watchdog off)");
+  g_collective_timeout.store(seconds);
+}
+
+double collective_timeout() { return g_collective_timeout.load(); }
 
 const char* to_string(ReduceOp op) { return op == ReduceOp::Sum ? "sum" : "max"; }
 

@@ -36,6 +36,9 @@ constexpr auto kMinSleep = std::chrono::microseconds(5);
 constexpr auto kMaxSleep = std::chrono::microseconds(100);
 constexpr auto kLongWait = std::chrono::milliseconds(10);
 constexpr auto kMaxSleepLong = std::chrono::microseconds(1000);
+// With nothing in flight the thread still wakes this often to answer the watchdog's
+// queries of other ranks (where the world has more than one rank).
+constexpr auto kIdleWatch = std::chrono::milliseconds(100);
 
 // Reductions of 16-bit floats: MPI has no such type, so the backend registers two
 // 2-byte datatypes and these operations for them, which widen to float and round back.
@@ -209,9 +212,11 @@ void MpiProgress::init_mpi() {
   g_fp16 = fp16_;
   STRATA_CHECK_MPI(MPI_Op_create(&sum16, 1, &sum16_));
   STRATA_CHECK_MPI(MPI_Op_create(&max16, 1, &max16_));
+  watchdog_.start(world_.rank, world_.size);
 }
 
 void MpiProgress::finalize_mpi() {
+  watchdog_.stop();
   STRATA_CHECK_MPI(MPI_Op_free(&sum16_));
   STRATA_CHECK_MPI(MPI_Op_free(&max16_));
   STRATA_CHECK_MPI(MPI_Type_free(&bf16_));
@@ -244,6 +249,8 @@ bool MpiProgress::post_ready(std::deque<Pending>& pending, std::vector<MPI_Reque
     }
     MPI_Request req = MPI_REQUEST_NULL;
     int rc = MPI_SUCCESS;
+    // Numbered whether or not it completes at once: every rank numbers the same ops.
+    const WatchedOp watched = watchdog_.posted(p.op.order, p.op.desc);
     try {
       rc = p.op.post(&req);
     } catch (...) {
@@ -256,7 +263,7 @@ bool MpiProgress::post_ready(std::deque<Pending>& pending, std::vector<MPI_Reque
       p.done->complete(dep_error);
     } else {
       reqs.push_back(req);
-      active.push_back(Active{std::move(p.done), p.op.desc, dep_error, p.op.bytes});
+      active.push_back(Active{std::move(p.done), p.op.desc, dep_error, p.op.bytes, watched});
     }
   }
   return posted;
@@ -307,6 +314,15 @@ bool MpiProgress::test_active(std::vector<MPI_Request>& reqs, std::vector<Active
   return !finished.empty();
 }
 
+void MpiProgress::watch(const std::vector<Active>& active) {
+  if (!watchdog_.active()) return;
+  const Active* oldest = nullptr;
+  for (const Active& a : active)
+    if (oldest == nullptr || a.watched.since < oldest->watched.since) oldest = &a;
+  watchdog_.serve(oldest ? &oldest->watched : nullptr, oldest ? &oldest->desc : nullptr);
+  watchdog_.check(oldest ? &oldest->watched : nullptr, oldest ? &oldest->desc : nullptr);
+}
+
 void MpiProgress::thread_main() {
   try {
     init_mpi();
@@ -345,11 +361,16 @@ void MpiProgress::thread_main() {
       sleep = kMinSleep;
       continue;
     }
+    watch(active);
     std::unique_lock<std::mutex> lock(mu_);
     if (!incoming_.empty() || kick_) continue;
     if (pending.empty() && active.empty()) {
       if (stop_) break;
-      cv_.wait(lock, [&] { return !incoming_.empty() || kick_ || stop_; });
+      // The watchdog answers other ranks' queries while this rank has nothing in flight.
+      if (watchdog_.active())
+        cv_.wait_for(lock, kIdleWatch, [&] { return !incoming_.empty() || kick_ || stop_; });
+      else
+        cv_.wait(lock, [&] { return !incoming_.empty() || kick_ || stop_; });
       continue;
     }
     size_t bytes = 0;

@@ -17,6 +17,7 @@
 #include "strata/collectives/communicator.hpp"
 #include "strata/collectives/mpi_backend.hpp"
 #include "strata/core/event.hpp"
+#include "mpi_watchdog.hpp"
 
 namespace strata::coll::detail {
 // MPI_Error_string of code.
@@ -80,6 +81,7 @@ class MpiProgress {
     OpDesc desc;
     std::exception_ptr dependency_error;
     size_t bytes;
+    WatchedOp watched;
   };
 
   void thread_main();
@@ -87,6 +89,9 @@ class MpiProgress {
   void finalize_mpi();
   bool post_ready(std::deque<Pending>& pending, std::vector<MPI_Request>& reqs, std::vector<Active>& active);
   bool test_active(std::vector<MPI_Request>& reqs, std::vector<Active>& active);
+  // The watchdog's turn, when the thread is not busy: answers the other ranks' queries
+  // and checks the collective waited in longest against the timeout.
+  void watch(const std::vector<Active>& active);
   void wake();
   std::exception_ptr error_for(const OpDesc& d, int code) const;
 
@@ -104,6 +109,7 @@ class MpiProgress {
   MpiInfo info_;
   MPI_Datatype bf16_ = MPI_DATATYPE_NULL, fp16_ = MPI_DATATYPE_NULL;
   MPI_Op sum16_ = MPI_OP_NULL, max16_ = MPI_OP_NULL;
+  MpiWatchdog watchdog_;  // used on the MPI thread only
 };
 
 }  // namespace strata::coll::detail

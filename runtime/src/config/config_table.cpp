@@ -617,6 +617,12 @@ const ConfigSection kStrata = {
          .field = STRATA_CONFIG_FIELD(Config, strata.checkpoint_every)},
         {.name = "checkpoint_dir", .type = KeyType::Text, .help = "Where checkpoints go.",
          .field = STRATA_CONFIG_FIELD(Config, strata.checkpoint_dir)},
+        {.name = "collective_timeout", .type = KeyType::Double, .lo = 0, .note = "0 turns the watchdog off",
+         .help = "Seconds a collective (mpi backend) may wait for the other ranks. Past it, every rank that can "
+                 "prints which collective, on which communicator, how long, and which ranks have not arrived (or did "
+                 "not answer: stopped, hung or gone), then exits with code 6; checkpoints saved before stay "
+                 "complete. The default is DeepSpeed's process-group timeout, 30 minutes.",
+         .field = STRATA_CONFIG_FIELD(Config, strata.collective_timeout)},
         {.name = "model", .type = KeyType::Section, .section = &kModel},
         {.name = "data", .type = KeyType::Section, .section = &kData},
     },

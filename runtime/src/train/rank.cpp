@@ -12,6 +12,7 @@ void RankContext::reset() {
 
 RankContext open_rank(const Config& config) {
   RankContext r;
+  coll::set_collective_timeout(config.strata.collective_timeout);
   r.host_comm = coll::make_host_communicator(coll::HostBackend::Auto);
   validate_for_world(config, r.host_comm->size());
   DeviceOptions d;

@@ -180,6 +180,20 @@ class Communicator {
   CommBackend backend_;
 };
 
+// The collective watchdog (the mpi backend; the self and sim backends cannot stall, and
+// NCCL's device-side collectives are not watched). When one of this process's collectives
+// has waited longer than the timeout for the other ranks, the rank asks every other rank
+// where it is, prints which collective (operation, size, its number on which
+// communicator), how long it waited and which ranks have not arrived (and which did not
+// answer at all: stopped, hung or gone), and exits the process with
+// kCollectiveTimeoutExitCode. Checkpoints already saved stay complete (they are renamed
+// into place whole). Seconds; 0 turns the watchdog off. Process-wide; the default is
+// kDefaultCollectiveTimeout (DeepSpeed's default process-group timeout).
+inline constexpr double kDefaultCollectiveTimeout = 1800;
+inline constexpr int kCollectiveTimeoutExitCode = 6;
+void set_collective_timeout(double seconds);
+double collective_timeout();
+
 // Which host backend make_host_communicator builds.
 enum class HostBackend {
   Auto,  // Mpi when a launcher started this process (or MPI is already initialized), else Self

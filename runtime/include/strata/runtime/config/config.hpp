@@ -88,6 +88,9 @@ struct StrataSection {
   int steps = 100;
   int checkpoint_every = 0;              // steps; 0 = off
   std::string checkpoint_dir;
+  // Seconds a collective may wait for the other ranks before every rank that can says
+  // which collective and which ranks, and exits (coll::set_collective_timeout); 0: off.
+  double collective_timeout = 1800;
 };
 
 // DeepSpeed's `fp16` section: fp16 training with loss scaling (runtime/loss_scaler.hpp).
