@@ -97,6 +97,22 @@ GptShape checkpoint_gpt_shape(const CheckpointInfo& info) {
   return shape;
 }
 
+void check_checkpoint_model(const CheckpointInfo& info, const GptShape& here, const std::string& flag) {
+  const json& c = info.config;
+  const bool has_model = c.is_object() && c.contains("strata") && c["strata"].is_object() && c["strata"].contains("model");
+  const GptShape saved = has_model ? checkpoint_gpt_shape(info) : parse_config(json::object()).strata.model;
+  const std::vector<ModelDifference> diffs = model_differences(saved, here);
+  if (diffs.empty()) return;
+  std::string list;
+  for (const ModelDifference& d : diffs)
+    list += (list.empty() ? "" : "; ") + d.field + " is " + d.first + " in the checkpoint, " + d.second + " here";
+  throw ConfigError(flag + ": the model in checkpoint '" + info.dir +
+                    "' is not this run's strata.model (its shape and every setting that changes what it computes "
+                    "must match): " + list + ". Set strata.model to the checkpoint's (" + describe(saved) +
+                    "; its manifest.json holds it under config.strata.model)" +
+                    (flag == "--init-from" ? "" : ", or start a new run with another strata.checkpoint_dir"));
+}
+
 namespace {
 
 // A checkpoint's GPT tensors, planned into safetensors files: each tensor's file, name

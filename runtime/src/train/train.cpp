@@ -125,11 +125,7 @@ std::string init_checkpoint(const std::string& from, const GptShape& shape) {
   std::string dir = from;
   if (std::filesystem::is_directory(dir, ec) && !std::filesystem::exists(std::filesystem::path(dir) / "manifest.json", ec))
     if (auto latest = latest_checkpoint(dir)) dir = *latest;
-  const CheckpointInfo info = read_checkpoint_info(dir);
-  const GptShape have = checkpoint_gpt_shape(info);
-  if (!(have == shape))
-    throw ConfigError("--init-from " + dir + " holds " + describe(have) + "; this run's strata.model is " +
-                      describe(shape) + ": set strata.model to the checkpoint's (its manifest.json holds it under config.strata.model)");
+  check_checkpoint_model(read_checkpoint_info(dir), shape, "--init-from");
   return dir;
 }
 
@@ -467,6 +463,8 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
   if (!cfg.strata.checkpoint_dir.empty()) dir_lock = lock_checkpoint_dir(*comm, cfg.strata.checkpoint_dir);
   const std::string start_dir =
       choose_start_checkpoint(*comm, cfg.strata.checkpoint_dir, topts.resume, topts.resume_from);
+  if (!start_dir.empty())
+    check_checkpoint_model(read_checkpoint_info(start_dir), shape, topts.resume ? "--resume" : "--resume-from");
   const std::string init_dir = init_checkpoint(topts.init_from, shape);
 
   EngineOptions eo = EngineOptions::from_config(cfg);

@@ -46,6 +46,15 @@ struct ExportSummary {
 // (strata.model), checked against its parameter groups. Throws ConfigError when the
 // checkpoint is not of a GPT (e.g. another model's groups) or its config is unreadable.
 GptShape checkpoint_gpt_shape(const CheckpointInfo& info);
+// The rule by which a run takes a checkpoint's model as its own, one for --resume,
+// --resume-from and --init-from (sample, eval and export compute the model the checkpoint
+// holds, read by checkpoint_gpt_shape above): model_differences (model/gpt_layout.hpp)
+// between the checkpoint's strata.model and `here` must be empty; the same parameter
+// counts are not enough (heads, rope_theta, norm_eps change what the weights compute).
+// Otherwise a ConfigError that begins with `flag` ("--resume"), names every field that
+// differs with both values, and says to set strata.model to the checkpoint's. A
+// checkpoint whose config has no strata.model was saved by a run of the default model.
+void check_checkpoint_model(const CheckpointInfo& info, const GptShape& here, const std::string& flag);
 // GPT-2's shape of a tensor as its checkpoints store it: Conv1D weights [in, out].
 std::vector<int64_t> gpt2_shape(const GptTensor& t);
 
