@@ -627,6 +627,35 @@ TEST(Train, ResumeAndInitFromRefuseAnotherModelNamingEveryField) {
   EXPECT_EQ(train(config(d, data, longer, 1), o).steps.size(), 1u);
 }
 
+// A loss that goes non-finite (here: a learning rate of 1e30) says what to lower, and,
+// with NVMe offload and checksums off, that damaged swap data looks the same and how to
+// turn checksums on; with checksums on, or without NVMe, it does not.
+TEST(Train, ANonFiniteLossWithNvmeAndNoChecksumsNamesCorruptedOffloadData) {
+  Dir d("nonfinite-loss");
+  const std::string data = write_file(d.p / "corpus.txt", corpus(300));
+  struct Case {
+    bool nvme, checksums, hint;
+  };
+  for (const Case k : {Case{true, false, true}, Case{true, true, false}, Case{false, false, false}}) {
+    for (float lr : {1e30f, 1e35f}) {
+      Config c = config(d, data, small_shape(), 4);
+      c.optimizer.lr = lr;
+      c.scheduler.optimizer_lr = lr;  // as parse_config sets both
+      c.strata.checksums = k.checksums;
+      if (!k.nvme) {
+        c.zero.offload_param.device = OffloadDevice::None;
+        c.zero.offload_optimizer.device = OffloadDevice::None;
+      }
+      const std::string m = test::error_of<Error>([&] { train(c, quiet()); });
+      const std::string what = std::string(k.nvme ? "nvme" : "in memory") + (k.checksums ? ", checksums" : "");
+      EXPECT_NE(m.find("the loss is"), std::string::npos) << what << ": " << m;
+      EXPECT_NE(m.find("lower the learning rate"), std::string::npos) << what << ": " << m;
+      EXPECT_EQ(m.find("corrupted offload data") != std::string::npos, k.hint) << what << ": " << m;
+      EXPECT_EQ(m.find("--set strata.checksums=true") != std::string::npos, k.hint) << what << ": " << m;
+    }
+  }
+}
+
 // `strata train` on the cuda backend (GptCuda, NCCL over one GPU, device buffers from the
 // engine) against the cpu backend on the same data, seed and configuration: the losses of
 // 10 steps agree to fp32 rounding carried through AdamW (relative 2e-3 per step: summation
