@@ -614,7 +614,7 @@ TEST(Train, ResumeAndInitFromRefuseAnotherModelNamingEveryField) {
       const std::string msg = test::error_of<ConfigError>([&] { train(c, o); });
       EXPECT_EQ(msg.rfind(how, 0), 0u) << other.dump() << ": " << msg;
       for (const std::string& n : ch.named) EXPECT_NE(msg.find(n), std::string::npos) << other.dump() << ": " << msg;
-      EXPECT_NE(msg.find("Set strata.model to the checkpoint's"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("Fix: set strata.model to the checkpoint's"), std::string::npos) << msg;
     }
     EXPECT_EQ(snapshot(dir), before) << other.dump();
   }

@@ -109,7 +109,7 @@ void check_checkpoint_model(const CheckpointInfo& info, const GptShape& here, co
     list += (list.empty() ? "" : "; ") + d.field + " is " + d.first + " in the checkpoint, " + d.second + " here";
   throw ConfigError(flag + ": the model in checkpoint '" + info.dir +
                     "' is not this run's strata.model (its shape and every setting that changes what it computes "
-                    "must match): " + list + ". Set strata.model to the checkpoint's (" + describe(saved) +
+                    "must match): " + list + ". Fix: set strata.model to the checkpoint's (" + describe(saved) +
                     "; its manifest.json holds it under config.strata.model)" +
                     (flag == "--init-from" ? "" : ", or start a new run with another strata.checkpoint_dir"));
 }
