@@ -68,6 +68,7 @@ struct StepArgs {
   std::string precision = "f32";  // 16 bits: beside fp32, and beside PyTorch autocast
   bool f32_beside = true;         // with 16 bits: the fp32 configurations too
   bool nvme = true;               // the NVMe configuration too
+  bool checksums = false;         // xxHash of every NVMe extent, verified on read (strata.checksums)
   bool speculative = false;       // each engine configuration also with the speculative optimizer
   bool speculation_inline = false;  // its updates on the model's thread, not the optimizer lane
   bool gpu_optimizer = false;     // cuda: also parameters and optimizer states on the GPU (the GPU optimizer)
@@ -240,6 +241,7 @@ EngineOptions engine_options(const Bench& b, bool offload, DType p, bool specula
     o.store.device_budget = parse_size("--device-budget", a.device_budget);
     o.store.pinned_budget = parse_size("--pinned-budget", a.pinned_budget);
     o.store.nvme.paths = {swap.string()};
+    o.store.nvme.checksums = a.checksums;
   } else if (gpu_optimizer || ratio < 1) {
     // Everything on the GPU, or the 1 - ratio share of the states (the rest pinned, CPU
     // Adam's): the budgets are what the engine's layout needs on each tier (every
@@ -522,6 +524,9 @@ void report_options(const Bench& b, Report& rep) {
   const std::vector<DType>& precisions = b.precisions;
   const std::vector<Setup>& setups = b.setups;
   auto find = [&b](auto... args) { return b.find(args...); };
+  if (a.checksums && a.nvme)
+    rep.notes.push_back("the NVMe configuration ran with strata.checksums on: every extent hashed (xxh3) when "
+                        "written and verified when read");
   if (a.cpu_checkpointing) {
     std::string line = "checkpoints in pinned memory (cpu_checkpointing) against on the device, step time:";
     for (int nvme = 0; nvme < (a.nvme ? 2 : 1); ++nvme)
@@ -724,6 +729,9 @@ void add_step(CLI::App& bench, Runner& run) {
               "With --precision bf16/fp16: only the 16-bit configurations, not fp32 beside them (a model that fits "
               "the GPU once, not twice)");
   s->add_flag("!--no-nvme", a.nvme, "Only the in-memory configuration");
+  s->add_flag("--checksums", a.checksums,
+              "The NVMe configuration with strata.checksums on: an xxHash of every extent written, verified on every "
+              "read (run with and without it to see what checksums cost)");
   s->add_flag("--speculative", a.speculative,
               "Each configuration also with the speculative optimizer (strata.speculative_optimizer)");
   s->add_flag("--speculation-inline", a.speculation_inline,

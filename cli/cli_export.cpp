@@ -24,11 +24,13 @@ struct ExportArgs {
   std::string dtype;  // "": what the run trained in
   std::string format = "safetensors";
   std::string shard_size = "5GB";
+  bool clamp = false;  // a weight beyond --dtype's range: clamped, not refused
 };
 struct ImportArgs {
   std::string hf;
   std::string out;
   std::string precision;  // "": the tensors'
+  bool clamp = false;      // a weight beyond --precision's range: clamped, not refused
 };
 }  // namespace
 
@@ -49,14 +51,19 @@ void add_export(CLI::App& app) {
       ->capture_default_str();
   e->add_flag("--force", a->force, "replace --out when it exists");
   e->add_option("--dtype", a->dtype, "bf16, fp16 or f32 tensors (default: the precision the run trained in)");
+  e->add_flag("--clamp", a->clamp,
+              "a weight beyond --dtype's range (fp16: 65504) becomes the largest finite value of its sign instead of "
+              "an error");
   e->callback([a] {
     selected() = [a] {
       std::optional<DType> dtype;
       if (!a->dtype.empty()) dtype = parse_precision(a->dtype);
+      const OutOfRange out_of_range = a->clamp ? OutOfRange::Clamp : OutOfRange::Refuse;
       const ExportSummary s =
           a->format == "hf"
-              ? export_hf(a->checkpoint, a->out, a->force, dtype, parse_bytes(nlohmann::json(a->shard_size), "--shard-size"))
-              : export_safetensors(a->checkpoint, a->out, a->force, dtype);
+              ? export_hf(a->checkpoint, a->out, a->force, dtype, parse_bytes(nlohmann::json(a->shard_size), "--shard-size"),
+                          out_of_range)
+              : export_safetensors(a->checkpoint, a->out, a->force, dtype, out_of_range);
       std::printf("exported %s (step %lld; %s) to %s: %d %s tensors, %llu parameters, %llu bytes in %d file(s)\n",
                   s.checkpoint.c_str(), static_cast<long long>(s.step), describe(s.shape).c_str(), s.out.c_str(),
                   s.tensors, precision_name(s.dtype),
@@ -72,13 +79,17 @@ void add_export(CLI::App& app) {
   i->add_option("--out", b->out, "a new directory; the checkpoint is written as its step-00000000")->required();
   i->add_option("--precision", b->precision,
                 "bf16, fp16 or f32: what training continues in by default (default: the tensors' type)");
+  i->add_flag("--clamp", b->clamp,
+              "a weight beyond --precision's range (fp16: 65504) becomes the largest finite value of its sign instead "
+              "of an error");
   i->callback([b] {
     selected() = [b] {
       std::optional<DType> precision;
       if (!b->precision.empty()) precision = parse_precision(b->precision);
       // Under mpirun every rank reads its own shard of the weights and writes its rank file.
       const auto host = coll::make_host_communicator(coll::HostBackend::Auto);
-      const ImportSummary s = import_hf(b->hf, b->out, precision, host.get());
+      const ImportSummary s =
+          import_hf(b->hf, b->out, precision, host.get(), b->clamp ? OutOfRange::Clamp : OutOfRange::Refuse);
       // Test hook: STRATA_IMPORT_READ_LOG=PATH writes each rank's reads to PATH.<rank>, one
       // "file offset bytes" line each (test_import_mpi.py checks they are disjoint).
       if (const char* log = std::getenv("STRATA_IMPORT_READ_LOG")) {

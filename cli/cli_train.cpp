@@ -97,21 +97,25 @@ struct LoadedCheckpoint {
   std::string dir;
   CheckpointInfo info;
   GptShape shape;
+  DType precision = DType::F32;  // what the model computes in
   std::vector<std::vector<float>> groups;
 };
 
-LoadedCheckpoint load_weights(const std::string& path) {
+// precision: f32, bf16 or fp16, or "" for the one the run trained in. The weights are
+// checked to be finite and to fit it (read_checkpoint_group).
+LoadedCheckpoint load_weights(const std::string& path, const std::string& precision) {
   LoadedCheckpoint c;
   c.dir = resolve_checkpoint(path);
   c.info = read_checkpoint_info(c.dir);
   c.shape = checkpoint_gpt_shape(c.info);
+  c.precision = parse_precision(precision.empty() ? c.info.precision : precision);
   for (int g = 0; g < static_cast<int>(gpt_groups(c.shape).size()); ++g)
-    c.groups.push_back(read_checkpoint_group(c.info, g));
+    c.groups.push_back(read_checkpoint_group(c.info, g, c.precision));
   return c;
 }
 
 int run_sample() {
-  LoadedCheckpoint ck = load_weights(g_sample.checkpoint);
+  LoadedCheckpoint ck = load_weights(g_sample.checkpoint, "f32");
   const std::string& dir = ck.dir;
   const CheckpointInfo& info = ck.info;
   const GptShape shape = ck.shape;
@@ -185,7 +189,8 @@ int run_sample() {
 // PyTorch's GPT-2 does for a shorter input. It computes in the precision the run trained in
 // (the weights its masters rounded to it, 16-bit activations as in training), or --precision.
 int run_eval() {
-  LoadedCheckpoint ck = load_weights(g_eval.checkpoint);
+  // The trained precision by default, as --eval-batches evaluates and export writes.
+  LoadedCheckpoint ck = load_weights(g_eval.checkpoint, g_eval.precision);
   GptShape shape = ck.shape;
   const int seq = g_eval.seq > 0 ? g_eval.seq : shape.seq_len;
   if (seq > shape.seq_len)
@@ -197,8 +202,7 @@ int run_eval() {
   shape.seq_len = seq;
   if (!shape.llama())
     ck.groups[0].resize(static_cast<size_t>(shape.vocab + seq) * static_cast<size_t>(shape.d_model));
-  // The trained precision by default, as --eval-batches evaluates and export writes.
-  const DType precision = parse_precision(g_eval.precision.empty() ? ck.info.precision : g_eval.precision);
+  const DType precision = ck.precision;
   HostWeights w(std::move(ck.groups), precision);
   const TokenDataset data(g_eval.data, parse_data_format(g_eval.format), seq, shape.vocab, /*seed=*/0, 0.0);
   const uint64_t windows =

@@ -18,6 +18,11 @@
  * out); a step whose gradients overflowed is skipped and the scale lowered
  * (strata_step's *stepped is 0). Nothing is converted silently: a buffer of another
  * dtype is refused with STRATA_ERR_DTYPE, except where a call says it takes F32 too.
+ * Nor does a value overflow silently: an initial value (init_value, init_std's largest
+ * draw) or a loaded master weight beyond the 16-bit range (fp16: 65504) is refused, naming
+ * it, unless the configuration sets "strata": {"out_of_range": "clamp"}, which clamps it
+ * to the largest finite value of its sign. NaN or inf weights (STRATA_INIT_DATA data, a
+ * loaded checkpoint) are refused in every precision.
  *
  * Trace-driven prefetch: the order of acquires in the first micro-step is recorded;
  * later micro-steps prefetch by it. A micro-step that departs from it fetches on demand

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <numeric>
+#include <type_traits>
 
 #include "strata/core/error.hpp"
 
@@ -39,6 +41,44 @@ std::string describe(const GptShape& s) {
   if (s.llama())
     d += ", rope_theta " + num(s.rope_theta) + ", norm_eps " + num(s.norm_eps) + (s.tied_head ? ", tied head" : ", untied head");
   return d;
+}
+
+std::vector<ModelDifference> model_differences(const GptShape& a, const GptShape& b) {
+  // The shortest text that reads back as x: 1e-05, not 1.0000000000000001e-05; and two
+  // values that differ never print alike.
+  auto num = [](double x) {
+    char buf[32];
+    for (int digits = 6; digits <= 17; ++digits) {
+      std::snprintf(buf, sizeof buf, "%.*g", digits, x);
+      if (std::strtod(buf, nullptr) == x) break;
+    }
+    return std::string(buf);
+  };
+  std::vector<ModelDifference> out;
+  auto field = [&](const char* name, auto x, auto y) {
+    if (x == y) return;
+    if constexpr (std::is_same_v<decltype(x), double>)
+      out.push_back({name, num(x), num(y)});
+    else
+      out.push_back({name, std::to_string(x), std::to_string(y)});
+  };
+  if (a.arch != b.arch) out.push_back({"arch", arch_name(a.arch), arch_name(b.arch)});
+  field("layers", a.layers, b.layers);
+  field("d_model", a.d_model, b.d_model);
+  field("heads", a.heads, b.heads);
+  if (a.heads > 0 && b.heads > 0) field("head_dim", a.head_dim(), b.head_dim());
+  if (a.llama() || b.llama()) field("kv_heads", a.kv(), b.kv());
+  field("ffn", a.ffn_dim(), b.ffn_dim());
+  field("vocab", a.vocab, b.vocab);
+  if (!a.llama() || !b.llama()) field("seq_len", a.seq_len, b.seq_len);
+  // GPT-2's LayerNorm has neither (validate keeps them at their defaults there).
+  if (a.llama() || b.llama()) {
+    field("rope_theta", a.rope_theta, b.rope_theta);
+    field("norm_eps", a.norm_eps, b.norm_eps);
+  }
+  if (a.tied() != b.tied())
+    out.push_back({"tied_head", a.tied() ? "true" : "false", b.tied() ? "true" : "false"});
+  return out;
 }
 
 LlamaBlockLayout llama_block_layout(const GptShape& s) {

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "capi_precision.hpp"
 
@@ -401,4 +403,124 @@ TEST(CApiPrecision, AnOverflowAtTheMinimumScaleIsAnErrorThatEndsTheStep) {
   int32_t stepped = -1;
   ASSERT_STRATA_OK(strata_step(h.rt, &stepped));
   EXPECT_EQ(stepped, 1);
+}
+
+namespace {
+
+// config16(t) with "strata": {"out_of_range": "clamp"}.
+std::string clamping(const std::string& json) {
+  const std::string key = "\"checksums\": true";
+  std::string j = json;
+  j.replace(j.find(key), key.size(), key + ", \"out_of_range\": \"clamp\"");
+  return j;
+}
+
+// Group "w" [4, 8]: its values after start, as fp32.
+std::vector<float> started_values(strata_runtime rt) {
+  EXPECT_STRATA_OK(strata_start(rt));
+  std::vector<float> v(32, NAN);
+  EXPECT_STRATA_OK(strata_read_params(rt, 0, v.data(), STRATA_F32, v.size()));
+  return v;
+}
+
+}  // namespace
+
+// A 16-bit runtime rounds its initial values to its dtype: a constant, or an init_std whose
+// largest draw, beyond the range would give inf. Refused at registration naming the group
+// and the limit; clamped under strata.out_of_range = "clamp".
+TEST(CApiPrecision, InitialValuesBeyondTheRangeAreRefusedOrClampedOnRequest) {
+  struct Case {
+    strata_dtype t;
+    strata_init_kind init;
+    float value;  // init_value or init_std
+    const char* limit;
+  };
+  const std::vector<int64_t> shape = {4, 8};
+  for (const Case& c : {Case{STRATA_F16, STRATA_INIT_CONSTANT, 7e4f, "65504"},
+                        Case{STRATA_F16, STRATA_INIT_CONSTANT, -1e6f, "65504"},
+                        Case{STRATA_F16, STRATA_INIT_CONSTANT, 65520.0f, "65504"},
+                        Case{STRATA_BF16, STRATA_INIT_CONSTANT, 3.4e38f, "3.38953e+38"},
+                        Case{STRATA_F16, STRATA_INIT_NORMAL, 1e6f, "65504"},
+                        Case{STRATA_BF16, STRATA_INIT_NORMAL, 1e38f, "3.38953e+38"}}) {
+    SCOPED_TRACE(std::string(name16(c.t)) + (c.init == STRATA_INIT_NORMAL ? " init_std " : " init_value ") +
+                 std::to_string(c.value));
+    strata_group_desc d = group_desc("w", shape, c.t, c.init, c.value);
+    d.init_value = c.value;
+    {
+      RuntimeHandle h(config16(c.t));
+      int32_t id = -1;
+      EXPECT_STRATA_FAILS(strata_register_group(h.rt, &d, &id), STRATA_ERR_INVALID_ARGUMENT, c.limit);
+      EXPECT_NE(std::string(strata_last_error()).find("group 'w'"), std::string::npos) << strata_last_error();
+    }
+    RuntimeHandle h(clamping(config16(c.t)));
+    int32_t id = -1;
+    ASSERT_STRATA_OK(strata_register_group(h.rt, &d, &id));
+    const float max = c.t == STRATA_F16 ? 65504.0f : bf16_value(0x7f7f);
+    float largest = 0;
+    for (float v : started_values(h.rt)) {
+      EXPECT_TRUE(std::isfinite(v)) << v;
+      largest = std::max(largest, std::fabs(v));
+    }
+    if (c.init == STRATA_INIT_CONSTANT)
+      EXPECT_EQ(largest, max);
+    else
+      EXPECT_LE(largest, max);
+  }
+  // Within the range (and in fp32 any finite value) registers as before.
+  RuntimeHandle h(config16(STRATA_F16));
+  strata_group_desc d = group_desc("w", shape, STRATA_F16, STRATA_INIT_CONSTANT, 0.0f);
+  d.init_value = 65504.0f;
+  int32_t id = -1;
+  EXPECT_STRATA_OK(strata_register_group(h.rt, &d, &id));
+}
+
+// NaN and inf initial data are refused in every precision, naming the group and index.
+TEST(CApiPrecision, NonFiniteInitialDataIsRefused) {
+  const std::vector<int64_t> shape = {4, 8};
+  for (const size_t at : {size_t{0}, size_t{17}, size_t{31}}) {
+    std::vector<float> data(32, 0.5f);
+    data[at] = at == 17 ? INFINITY : NAN;
+    RuntimeHandle h(config_json({}));
+    strata_group_desc d = group_desc("w", shape, STRATA_F32, STRATA_INIT_DATA, 0.0f);
+    d.data = data.data();
+    int32_t id = -1;
+    EXPECT_STRATA_FAILS(strata_register_group(h.rt, &d, &id), STRATA_ERR_INVALID_ARGUMENT,
+                        "at flat index " + std::to_string(at));
+  }
+}
+
+// A checkpoint of an fp32 runtime whose weights fp16 cannot hold, loaded into an fp16
+// runtime: refused naming the group, or clamped under strata.out_of_range = "clamp".
+TEST(CApiPrecision, LoadingWeightsBeyondFp16IsRefusedOrClampedOnRequest) {
+  const std::vector<int64_t> shape = {4, 8};
+  for (const float big : {1e6f, -7e4f, 3e38f}) {
+    SCOPED_TRACE(big);
+    TempDir root("load-range");
+    char dir[4096] = {0};
+    {
+      RuntimeHandle h(config_json({}));
+      strata_group_desc d = group_desc("w", shape, STRATA_F32, STRATA_INIT_CONSTANT, 0.0f);
+      d.init_value = big;
+      int32_t id = -1;
+      ASSERT_STRATA_OK(strata_register_group(h.rt, &d, &id));
+      ASSERT_STRATA_OK(strata_start(h.rt));
+      ASSERT_STRATA_OK(strata_save_checkpoint(h.rt, root.path.c_str(), nullptr, dir, sizeof dir));
+    }
+    for (const bool clamp : {false, true}) {
+      RuntimeHandle h(clamp ? clamping(config16(STRATA_F16)) : config16(STRATA_F16));
+      strata_group_desc d = group_desc("w", shape, STRATA_F16, STRATA_INIT_ZEROS, 0.0f);
+      int32_t id = -1;
+      ASSERT_STRATA_OK(strata_register_group(h.rt, &d, &id));
+      if (!clamp) {
+        EXPECT_STRATA_FAILS(strata_load_checkpoint(h.rt, dir, nullptr, 0), STRATA_ERR_CONFIG, "group 'w'");
+        EXPECT_NE(std::string(strata_last_error()).find("fp16's largest finite value 65504"), std::string::npos)
+            << strata_last_error();
+        continue;
+      }
+      ASSERT_STRATA_OK(strata_load_checkpoint(h.rt, dir, nullptr, 0));
+      std::vector<float> v(32, NAN);
+      ASSERT_STRATA_OK(strata_read_params(h.rt, 0, v.data(), STRATA_F32, v.size()));
+      for (float x : v) EXPECT_EQ(x, std::copysign(65504.0f, big));
+    }
+  }
 }

@@ -555,6 +555,107 @@ TEST(Train, ResumingWithAnotherModelShapeIsRefusedAndTouchesNothing) {
   EXPECT_EQ(snapshot(d.p / "ckpt"), before);
 }
 
+// One rule for --resume, --resume-from and --init-from: every field that changes what the
+// model computes must match, and each that differs is named with both values. Most
+// changes below keep every parameter count (heads with d_model fixed, rope_theta,
+// norm_eps), which a check of group sizes cannot see. Llama's context is no such field:
+// its rotary positions hold no weights, so a longer one starts from the checkpoint.
+TEST(Train, ResumeAndInitFromRefuseAnotherModelNamingEveryField) {
+  Dir d("identity");
+  const std::string data = write_file(d.p / "corpus.txt", corpus(300));
+  nlohmann::json llama = small_shape();
+  llama["arch"] = "llama";
+  llama["kv_heads"] = 2;  // = heads: heads 4 with kv_heads 4 keeps every size
+  struct Change {
+    nlohmann::json base;
+    std::vector<std::pair<const char*, nlohmann::json>> set;  // null: the key removed
+    std::vector<std::string> named;  // every one must be in the message
+  };
+  const std::vector<Change> changes = {
+      {small_shape(), {{"heads", 4}}, {"heads is 2 in the checkpoint, 4 here", "head_dim is 16 in the checkpoint, 8 here"}},
+      {small_shape(), {{"heads", 8}, {"vocab", 300}}, {"heads is 2 in the checkpoint, 8 here", "vocab is 256 in the checkpoint, 300 here"}},
+      {small_shape(), {{"seq_len", 16}}, {"seq_len is 32 in the checkpoint, 16 here"}},
+      {llama, {{"heads", 4}, {"kv_heads", 4}}, {"heads is 2 in the checkpoint, 4 here", "kv_heads is 2 in the checkpoint, 4 here"}},
+      {llama, {{"rope_theta", 5e5}}, {"rope_theta is 10000 in the checkpoint, 500000 here"}},
+      {llama, {{"norm_eps", 0.1}}, {"norm_eps is 1e-05 in the checkpoint, 0.1 here"}},
+      {llama, {{"tied_head", true}}, {"tied_head is false in the checkpoint, true here"}},
+      {llama, {{"arch", "gpt2"}, {"kv_heads", nullptr}}, {"arch is llama in the checkpoint, gpt2 here"}},
+  };
+  std::map<std::string, std::string> saved;  // base model's dump -> its checkpoint_dir
+  for (const nlohmann::json& base : {small_shape(), llama}) {
+    Config c = config(d, data, base, 1);
+    c.strata.checkpoint_every = 1;
+    c.strata.checkpoint_dir = (d.p / ("ckpt-" + std::to_string(saved.size()))).string();
+    train(c, quiet());
+    saved[base.dump()] = c.strata.checkpoint_dir;
+  }
+  for (const Change& ch : changes) {
+    nlohmann::json other = ch.base;
+    for (const auto& [k, v] : ch.set) {
+      if (v.is_null())
+        other.erase(k);
+      else
+        other[k] = v;
+    }
+    const std::string dir = saved.at(ch.base.dump());
+    const auto before = snapshot(dir);
+    for (const char* how : {"--resume", "--resume-from", "--init-from"}) {
+      Config c = config(d, data, other, 2);
+      c.strata.checkpoint_every = 1;
+      TrainOptions o = quiet();
+      if (std::string(how) == "--resume") {
+        c.strata.checkpoint_dir = dir;
+        o.resume = true;
+      } else if (std::string(how) == "--resume-from") {
+        o.resume_from = (fs::path(dir) / "step-00000001").string();
+      } else {
+        o.init_from = dir;
+      }
+      const std::string msg = test::error_of<ConfigError>([&] { train(c, o); });
+      EXPECT_EQ(msg.rfind(how, 0), 0u) << other.dump() << ": " << msg;
+      for (const std::string& n : ch.named) EXPECT_NE(msg.find(n), std::string::npos) << other.dump() << ": " << msg;
+      EXPECT_NE(msg.find("Fix: set strata.model to the checkpoint's"), std::string::npos) << msg;
+    }
+    EXPECT_EQ(snapshot(dir), before) << other.dump();
+  }
+  // Llama with a longer context: the same function on the positions both have, so its
+  // weights start the run (--resume would refuse the data position: its windows changed).
+  nlohmann::json longer = llama;
+  longer["seq_len"] = 64;
+  TrainOptions o = quiet();
+  o.init_from = saved.at(llama.dump());
+  EXPECT_EQ(train(config(d, data, longer, 1), o).steps.size(), 1u);
+}
+
+// A loss that goes non-finite (here: a learning rate of 1e30) says what to lower, and,
+// with NVMe offload and checksums off, that damaged swap data looks the same and how to
+// turn checksums on; with checksums on, or without NVMe, it does not.
+TEST(Train, ANonFiniteLossWithNvmeAndNoChecksumsNamesCorruptedOffloadData) {
+  Dir d("nonfinite-loss");
+  const std::string data = write_file(d.p / "corpus.txt", corpus(300));
+  struct Case {
+    bool nvme, checksums, hint;
+  };
+  for (const Case k : {Case{true, false, true}, Case{true, true, false}, Case{false, false, false}}) {
+    for (float lr : {1e30f, 1e35f}) {
+      Config c = config(d, data, small_shape(), 4);
+      c.optimizer.lr = lr;
+      c.scheduler.optimizer_lr = lr;  // as parse_config sets both
+      c.strata.checksums = k.checksums;
+      if (!k.nvme) {
+        c.zero.offload_param.device = OffloadDevice::None;
+        c.zero.offload_optimizer.device = OffloadDevice::None;
+      }
+      const std::string m = test::error_of<Error>([&] { train(c, quiet()); });
+      const std::string what = std::string(k.nvme ? "nvme" : "in memory") + (k.checksums ? ", checksums" : "");
+      EXPECT_NE(m.find("the loss is"), std::string::npos) << what << ": " << m;
+      EXPECT_NE(m.find("lower the learning rate"), std::string::npos) << what << ": " << m;
+      EXPECT_EQ(m.find("corrupted offload data") != std::string::npos, k.hint) << what << ": " << m;
+      EXPECT_EQ(m.find("--set strata.checksums=true") != std::string::npos, k.hint) << what << ": " << m;
+    }
+  }
+}
+
 // `strata train` on the cuda backend (GptCuda, NCCL over one GPU, device buffers from the
 // engine) against the cpu backend on the same data, seed and configuration: the losses of
 // 10 steps agree to fp32 rounding carried through AdamW (relative 2e-3 per step: summation

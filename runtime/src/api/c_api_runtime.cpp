@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -9,6 +10,7 @@
 
 #include "strata/core/convert.hpp"
 #include "strata/core/safe_io.hpp"
+#include "strata/core/value_checks.hpp"
 #include "strata/runtime/formats/checkpoint.hpp"
 #include "strata/runtime/engine/loss_scaler.hpp"
 #include "strata/runtime/config/lr_schedule.hpp"
@@ -98,6 +100,35 @@ Runtime::Group& Runtime::group(int32_t g, const char* call) {
   return groups_[static_cast<size_t>(g)];
 }
 
+// A 16-bit runtime's working copy is its initial values rounded: one beyond the range
+// would be inf. Refused here, where every rank refuses alike (the engine clamps under
+// strata.out_of_range = "clamp").
+void Runtime::check_initial_range(const strata_group_desc& d, Group& gr) const {
+  const std::string& name = gr.name;
+  if (d.init == STRATA_INIT_CONSTANT) {
+    try {
+      check_range(&gr.spec.constants.back().value, 1, precision_, config_.strata.out_of_range,
+                  "group '" + name + "': init_value",
+                  "give a value the runtime's dtype holds, or set strata.out_of_range to \"clamp\" in the "
+                  "configuration to clamp it");
+    } catch (const ConfigError& e) {
+      throw ApiError(STRATA_ERR_INVALID_ARGUMENT, e.what());
+    }
+  }
+  if (d.init == STRATA_INIT_NORMAL && config_.strata.out_of_range == OutOfRange::Refuse &&
+      d.init_std * kLargestNormalDraw > largest_finite(precision_)) {
+    char text[200];
+    std::snprintf(text, sizeof text,
+                  "init_std %g gives initial values up to %g in magnitude (%g standard deviations), beyond %s's "
+                  "largest finite value %g",
+                  d.init_std, d.init_std * kLargestNormalDraw, kLargestNormalDraw, precision_name(precision_),
+                  largest_finite(precision_));
+    throw ApiError(STRATA_ERR_INVALID_ARGUMENT, "group '" + name + "': " + text +
+                                                    ": give a smaller init_std, or set strata.out_of_range to "
+                                                    "\"clamp\" in the configuration to clamp them");
+  }
+}
+
 int32_t Runtime::register_group(const strata_group_desc& d) {
   if (d.struct_size < sizeof(strata_group_desc))
     throw ApiError(STRATA_ERR_VERSION, "strata_group_desc.struct_size is " + std::to_string(d.struct_size) +
@@ -163,6 +194,12 @@ int32_t Runtime::register_group(const strata_group_desc& d) {
       // rounded from them at start() is the data again.
       gr.data.resize(numel);
       convert_to_f32(gr.data.data(), d.data, precision_, numel);
+      try {
+        check_finite(gr.data.data(), numel, "group '" + name + "': data",
+                     "a model with a NaN or inf weight computes NaN: pass finite initial values");
+      } catch (const ConfigError& e) {
+        throw ApiError(STRATA_ERR_INVALID_ARGUMENT, e.what());
+      }
       gr.has_data = true;
       gr.spec.init = InitKind::Zeros;  // replaced by the data at start()
       break;
@@ -171,6 +208,7 @@ int32_t Runtime::register_group(const strata_group_desc& d) {
       throw ApiError(STRATA_ERR_INVALID_ARGUMENT, "group '" + name + "': init " + std::to_string(static_cast<int>(d.init)) +
                                                       " is not a strata_init_kind");
   }
+  check_initial_range(d, gr);
   if (d.init != STRATA_INIT_DATA && d.data != nullptr)
     throw ApiError(STRATA_ERR_INVALID_ARGUMENT,
                    "group '" + name + "': data is given but init is not STRATA_INIT_DATA; set init to STRATA_INIT_DATA "

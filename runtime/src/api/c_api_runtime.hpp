@@ -83,6 +83,8 @@ class Runtime {
   // too where widen_ok (read_params widens the working values).
   void check_buffer(const Group& gr, strata_dtype dtype, uint64_t numel, bool widen_ok, const char* call) const;
   void check_same_groups_on_every_rank();
+  // gr's initial values fit the runtime's dtype (16 bits), or are clamped to it.
+  void check_initial_range(const strata_group_desc& d, Group& gr) const;
   void load_initial_data();
   void check_micro_step_complete(const char* call) const;
   void check_between_steps(const char* call) const;

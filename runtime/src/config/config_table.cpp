@@ -586,6 +586,12 @@ const ConfigSection kStrata = {
          .help = "Bytes of NVMe swap space.", .field = STRATA_CONFIG_FIELD(Config, strata.nvme_budget)},
         {.name = "checksums", .type = KeyType::Boolean, .help = "xxHash per NVMe extent, verified on read.",
          .field = STRATA_CONFIG_FIELD(Config, strata.checksums)},
+        {.name = "out_of_range", .type = KeyType::Text,
+         .choices = {{"refuse", int(OutOfRange::Refuse)}, {"clamp", int(OutOfRange::Clamp)}},
+         .help = "A master weight beyond the 16-bit working type's range (fp16: 65504), where initial or loaded "
+                 "weights are rounded to it: refuse names the tensor, its largest magnitude and the limit; clamp "
+                 "makes it the largest finite value of its sign.",
+         .field = STRATA_CONFIG_FIELD(Config, strata.out_of_range)},
         {.name = "speculative_optimizer", .type = KeyType::Boolean,
          .help = "Step each optimizer sub-group during the last micro-step's backward pass, as soon as its "
                  "gradient is reduced, and validate at the step (clipping, non-finite gradients): undone and "

@@ -31,6 +31,7 @@ EngineOptions EngineOptions::from_config(const Config& c) {
   }
   o.store.nvme.aio = c.aio;
   o.store.nvme.checksums = c.strata.checksums;
+  o.out_of_range = c.strata.out_of_range;
   o.trace_path = c.strata.trace;
   o.speculative = c.strata.speculative_optimizer;
   o.optimizer_ratio = c.zero.offload_optimizer.ratio;

@@ -6,6 +6,8 @@
 #include <numbers>
 #include <thread>
 
+#include "strata/core/value_checks.hpp"
+
 namespace strata::engine {
 
 namespace {
@@ -69,6 +71,12 @@ void init_group(EngineCore& c, int g) {
   c.device.host_compute(4.0 * gr.shard, [&] {
     vals.resize(gr.shard);
     fill_initial(vals.data(), gr.shard, gr.spec, c.opts.seed, g, base, c.opts.optimizer_threads);
+    // The working copy is these rounded: an initialiser beyond a 16-bit range would make
+    // it inf (the C API refuses such initialisers when the group is registered).
+    if (c.work_t != DType::F32)
+      check_range(vals.data(), std::min(gr.shard, gr.spec.numel - std::min(gr.spec.numel, base)), c.work_t,
+                  c.opts.out_of_range, "the initial values of group '" + gr.spec.name + "'",
+                  "give initial values the working type can hold, or set strata.out_of_range to \"clamp\"", base);
   });
   for (SubGroupState& sg : gr.sub_groups) {
     // The master weights: the sub-group's own, or (master_in_shard) the shard written below.

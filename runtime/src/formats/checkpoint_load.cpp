@@ -6,6 +6,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -16,8 +17,11 @@
 #include "strata/core/error.hpp"
 #include "strata/core/log.hpp"
 #include "strata/core/safe_io.hpp"
+#include "strata/core/value_checks.hpp"
+#include "strata/model/gpt_layout.hpp"
 #include "strata/runtime/engine/parted_source.hpp"
 #include "strata/runtime/formats/checkpoint.hpp"
+#include "strata/runtime/formats/export.hpp"
 
 namespace strata {
 
@@ -135,6 +139,65 @@ void read_model_range(const CheckpointInfo& info, const ModelGroup& m, uint64_t 
   }
 }
 
+// The tensors of a checkpoint's model groups, for messages about their values: a GPT
+// checkpoint's are the layout's ("h.0.attn.c_attn.weight"); any other's (the C API's)
+// are its groups, a tensor each.
+class TensorNames {
+ public:
+  explicit TensorNames(const CheckpointInfo& info) : dir_(info.dir) {
+    try {
+      gpt_ = gpt_groups(checkpoint_gpt_shape(info));
+    } catch (const ConfigError&) {
+      gpt_.clear();  // not a GPT: named by group
+    }
+  }
+  // fn(what, begin, end, index): for each tensor that elements [lo, hi) of model group mg
+  // (named `group`) reach, its name, its part of the range and the part's first element's
+  // flat index in the tensor.
+  template <class F>
+  void spans(size_t mg, const std::string& group, uint64_t lo, uint64_t hi, F&& fn) const {
+    const std::string in = "checkpoint '" + dir_ + "': ";
+    if (mg >= gpt_.size()) return fn(in + "group '" + group + "'", lo, hi, lo);
+    for (const GptTensor& t : gpt_[mg].tensors) {
+      const uint64_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.numel());
+      if (a >= b) continue;
+      std::string shape;
+      for (int64_t d : t.shape) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+      fn(in + "tensor '" + t.name + "' [" + shape + "]", a, b, a - t.offset);
+    }
+  }
+
+ private:
+  std::string dir_;
+  std::vector<GptGroup> gpt_;  // empty: not a GPT checkpoint
+};
+
+// What a load says of a weight that is NaN or inf, and of one the working type cannot hold.
+constexpr const char* kNonFiniteFix =
+    "a model with it computes NaN (a run that diverged, or weights imported before imports checked them): resume "
+    "or fine-tune from an earlier checkpoint, or import the model again";
+std::string range_fix(DType working) {
+  char limit[32];
+  std::snprintf(limit, sizeof limit, "%g", largest_finite(working));
+  return std::string("use bf16 or f32, whose range holds it (a run's bf16 section instead of fp16, strata eval "
+                     "--precision), or clamp such values to +-") +
+         limit + " (strata.out_of_range = \"clamp\" for a run or a C API runtime)";
+}
+
+// The values a load read, elements [lo, lo + count) of model group mg into outs (null:
+// not read): every state finite, and the master weights within the range of `working`,
+// which they are rounded to (clamped there with OutOfRange::Clamp).
+void check_values(const TensorNames& names, size_t mg, const std::string& group, uint64_t lo, uint64_t count,
+                  float* const outs[kStates], DType working, OutOfRange mode) {
+  names.spans(mg, group, lo, lo + count, [&](const std::string& what, uint64_t a, uint64_t b, uint64_t index) {
+    for (int k = 0; k < kStates; ++k)
+      if (outs[k])
+        check_finite(outs[k] + (a - lo), b - a, k == 0 ? what : "the " + std::string(kStateNames[k]) + " of " + what,
+                     kNonFiniteFix, index);
+    if (working != DType::F32) check_range(outs[0] + (a - lo), b - a, working, mode, what, range_fix(working), index);
+  });
+}
+
 void check_groups(ZeroEngine& engine, const CheckpointInfo& info) {
   const std::string fix =
       "; resume with the model configuration (strata.model) the checkpoint was saved with, or start a new run with "
@@ -169,8 +232,11 @@ CheckpointInfo load_shards(ZeroEngine& engine, coll::Communicator& host, const s
   if (auto f = agree(host, ep)) f->raise(rank);
 
   // Each engine group (a whole group, or a part of one) reads its elements of the model's
-  // group from whichever saved groups hold them: the same cut, or another.
+  // group from whichever saved groups hold them: the same cut, or another. Their values
+  // are checked before the engine holds them (check_values).
   const std::vector<ModelGroup> here = model_groups(engine), saved = model_groups(info);
+  const TensorNames names(info);
+  const OutOfRange out_of_range = engine.resolved().options.out_of_range;
   for (size_t mg = 0; mg < here.size(); ++mg)
     for (size_t i = 0; i < here[mg].parts.size(); ++i) {
       const int g = static_cast<int>(here[mg].parts[i]);
@@ -179,7 +245,10 @@ CheckpointInfo load_shards(ZeroEngine& engine, coll::Communicator& host, const s
       try {
         float* outs[kStates] = {m.data(), weights_only ? nullptr : a.data(), weights_only ? nullptr : v.data()};
         const uint64_t lo = std::min(numel, static_cast<uint64_t>(rank) * n), hi = std::min(numel, lo + n);  // padding: 0
-        if (hi > lo) read_model_range(info, saved[mg], here[mg].offsets[i] + lo, hi - lo, outs);  // these bytes only
+        if (hi > lo) {
+          read_model_range(info, saved[mg], here[mg].offsets[i] + lo, hi - lo, outs);  // these bytes only
+          check_values(names, mg, saved[mg].name, here[mg].offsets[i] + lo, hi - lo, outs, engine.dtype(), out_of_range);
+        }
       } catch (...) {
         ep = std::current_exception();
       }
@@ -235,7 +304,7 @@ CheckpointInfo load_checkpoint_weights(ZeroEngine& engine, coll::Communicator& h
   return load_shards(engine, host, dir, true);
 }
 
-std::vector<float> read_checkpoint_group(const CheckpointInfo& info, int g) {
+std::vector<float> read_checkpoint_group(const CheckpointInfo& info, int g, DType working) {
   const std::vector<ModelGroup> groups = model_groups(info);
   if (g < 0 || static_cast<size_t>(g) >= groups.size())
     throw Error("read_checkpoint_group: group " + std::to_string(g) + " of " + std::to_string(groups.size()));
@@ -243,6 +312,7 @@ std::vector<float> read_checkpoint_group(const CheckpointInfo& info, int g) {
   std::vector<float> out(m.numel);
   float* outs[kStates] = {out.data(), nullptr, nullptr};
   read_model_range(info, m, 0, out.size(), outs);
+  check_values(TensorNames(info), static_cast<size_t>(g), m.name, 0, out.size(), outs, working, OutOfRange::Refuse);
   return out;
 }
 

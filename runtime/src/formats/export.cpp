@@ -11,6 +11,7 @@
 #include "strata/core/convert.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/safe_io.hpp"
+#include "strata/core/value_checks.hpp"
 #include "strata/runtime/config/config.hpp"
 
 namespace strata {
@@ -97,6 +98,22 @@ GptShape checkpoint_gpt_shape(const CheckpointInfo& info) {
   return shape;
 }
 
+void check_checkpoint_model(const CheckpointInfo& info, const GptShape& here, const std::string& flag) {
+  const json& c = info.config;
+  const bool has_model = c.is_object() && c.contains("strata") && c["strata"].is_object() && c["strata"].contains("model");
+  const GptShape saved = has_model ? checkpoint_gpt_shape(info) : parse_config(json::object()).strata.model;
+  const std::vector<ModelDifference> diffs = model_differences(saved, here);
+  if (diffs.empty()) return;
+  std::string list;
+  for (const ModelDifference& d : diffs)
+    list += (list.empty() ? "" : "; ") + d.field + " is " + d.first + " in the checkpoint, " + d.second + " here";
+  throw ConfigError(flag + ": the model in checkpoint '" + info.dir +
+                    "' is not this run's strata.model (its shape and every setting that changes what it computes "
+                    "must match): " + list + ". Fix: set strata.model to the checkpoint's (" + describe(saved) +
+                    "; its manifest.json holds it under config.strata.model)" +
+                    (flag == "--init-from" ? "" : ", or start a new run with another strata.checkpoint_dir"));
+}
+
 namespace {
 
 // A checkpoint's GPT tensors, planned into safetensors files: each tensor's file, name
@@ -130,7 +147,7 @@ std::vector<PlannedTensor> plan_tensors(const std::vector<GptGroup>& groups, uin
 // header, then the tensors' data converted from the checkpoint's fp32 masters (a group is
 // read when first needed; *cache holds the last one read).
 uint64_t write_planned_file(const std::string& path, const std::vector<PlannedTensor>& plan, size_t f, DType type,
-                            const CheckpointInfo& info, const json& metadata,
+                            OutOfRange out_of_range, const CheckpointInfo& info, const json& metadata,
                             std::pair<size_t, std::vector<float>>* cache) {
   const char* st_dtype = type == DType::BF16 ? "BF16" : type == DType::F16 ? "F16" : "F32";
   const uint64_t eb = dtype_size(type);
@@ -155,9 +172,14 @@ uint64_t write_planned_file(const std::string& path, const std::vector<PlannedTe
     w.put(text.data(), text.size());
     std::vector<float> tr;
     std::vector<std::byte> typed;
-    const auto put = [&](const float* src, uint64_t n) {
+    // A 16-bit export narrows: a weight beyond the type's range is refused or clamped.
+    const auto put = [&](const PlannedTensor& p, const float* src, uint64_t n) {
       typed.resize(n * eb);
-      convert_from_f32(typed.data(), type, src, n);
+      char limit[32];
+      std::snprintf(limit, sizeof limit, "%g", largest_finite(type));
+      narrow_from_f32(typed.data(), type, src, n, out_of_range, "tensor '" + p.name + "' of checkpoint '" + info.dir + "'",
+                      std::string("export it in a type whose range holds it (--dtype bf16 or f32), or pass --clamp to "
+                                  "clamp such values to +-") + limit);
       w.put(typed.data(), typed.size());
     };
     for (const PlannedTensor& p : plan) {
@@ -167,7 +189,7 @@ uint64_t write_planned_file(const std::string& path, const std::vector<PlannedTe
       const GptTensor& t = *p.t;
       const float* src = cache->second.data() + t.offset;
       if (!t.transposed_in_gpt2) {
-        put(src, t.numel());
+        put(p, src, t.numel());
         continue;
       }
       // [out, in] -> [in, out]
@@ -175,7 +197,7 @@ uint64_t write_planned_file(const std::string& path, const std::vector<PlannedTe
       tr.resize(rows * cols);
       for (uint64_t r = 0; r < rows; ++r)
         for (uint64_t c = 0; c < cols; ++c) tr[c * rows + r] = src[r * cols + c];
-      put(tr.data(), tr.size());
+      put(p, tr.data(), tr.size());
     }
     w.flush();
     STRATA_CHECK(w.written() == 8 + hlen + data, "export wrote " + std::to_string(w.written()) + " bytes, planned " +
@@ -240,7 +262,7 @@ Source export_source(const std::string& checkpoint, std::optional<DType> dtype) 
 }  // namespace
 
 ExportSummary export_safetensors(const std::string& checkpoint, const std::string& out, bool overwrite,
-                                 std::optional<DType> dtype) {
+                                 std::optional<DType> dtype, OutOfRange out_of_range) {
   if (checkpoint.empty()) throw ConfigError("no checkpoint given: pass --checkpoint DIR (a step-<N> directory)");
   if (out.empty()) throw ConfigError("no output file given: pass --out FILE.safetensors");
   std::error_code ec;
@@ -271,7 +293,7 @@ ExportSummary export_safetensors(const std::string& checkpoint, const std::strin
   std::pair<size_t, std::vector<float>> cache{0, {}};
   uint64_t bytes = 0;
   try {
-    bytes = write_planned_file(tmp.string(), plan, 0, type, info, metadata, &cache);
+    bytes = write_planned_file(tmp.string(), plan, 0, type, out_of_range, info, metadata, &cache);
     check_output_path(out, "--out");  // again: minutes have passed since the first look
   } catch (...) {
     fs::remove(tmp, ec);
@@ -364,7 +386,7 @@ bool check_hf_out(const std::string& out, const fs::path& dirp, bool overwrite) 
 }  // namespace
 
 ExportSummary export_hf(const std::string& checkpoint, const std::string& out, bool overwrite,
-                        std::optional<DType> dtype, uint64_t shard_bytes) {
+                        std::optional<DType> dtype, uint64_t shard_bytes, OutOfRange out_of_range) {
   if (checkpoint.empty()) throw ConfigError("no checkpoint given: pass --checkpoint DIR (a step-<N> directory)");
   if (out.empty()) throw ConfigError("no output directory given: pass --out DIR");
   if (shard_bytes == 0) throw ConfigError("--shard-size is 0: give a size such as 5GB");
@@ -401,7 +423,8 @@ ExportSummary export_hf(const std::string& checkpoint, const std::string& out, b
   try {
     std::pair<size_t, std::vector<float>> cache{0, {}};
     for (size_t f = 0; f < files; ++f)
-      s.bytes += write_planned_file((tmp / file_name(f)).string(), plan, f, type, info, {{"format", "pt"}}, &cache);
+      s.bytes += write_planned_file((tmp / file_name(f)).string(), plan, f, type, out_of_range, info, {{"format", "pt"}},
+                                    &cache);
     if (files > 1) {
       json map = json::object();
       uint64_t total = 0;

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -20,6 +21,7 @@
 #include "strata/core/convert.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/safe_io.hpp"
+#include "strata/core/value_checks.hpp"
 #include "strata/runtime/formats/checkpoint.hpp"
 #include "strata/runtime/config/config.hpp"
 #include "strata/runtime/formats/export.hpp"
@@ -321,10 +323,33 @@ struct TensorReader {
   }
 };
 
+// The checks on weights as they are read (hf_import.hpp): finite, and within the range of
+// the precision training continues in.
+struct WeightChecks {
+  DType precision = DType::F32;
+  OutOfRange out_of_range = OutOfRange::Refuse;
+  // x: n values of f's tensor, from flat index `index` of the file's layout.
+  void operator()(const Found& f, float* x, uint64_t n, uint64_t index) const {
+    const std::string what = "tensor '" + f.st->name + "' in '" + f.shard->path + "'";
+    check_finite(x, n, what,
+                 "a model with a NaN or inf weight computes NaN, so it is not imported: the file is damaged or the "
+                 "model diverged; import a sound copy",
+                 index);
+    if (precision == DType::F32) return;
+    char limit[32];
+    std::snprintf(limit, sizeof limit, "%g", largest_finite(precision));
+    check_range(x, n, precision, out_of_range, what,
+                std::string("import it with --precision bf16 or f32, whose range holds it, or pass --clamp to clamp "
+                            "such values to +-") + limit,
+                index);
+  }
+};
+
 // The elements [lo, hi) of a group's flat layout that its tensor t holds, as fp32 into buf
-// (element 0 of buf: lo). tmp: scratch.
+// (element 0 of buf: lo), each checked (in the file's order, so that indices are the
+// file's). tmp: scratch.
 void read_tensor_range(TensorReader& reader, const GptTensor& t, const Found& f, uint64_t lo, uint64_t hi,
-                       std::vector<float>& buf, std::vector<float>& tmp) {
+                       const WeightChecks& check, std::vector<float>& buf, std::vector<float>& tmp) {
   const std::vector<std::byte>& raw = reader.raw;
   const uint64_t es = dtype_size(f.dt);
   // The tensor's elements (in Strata's layout, from its start) in [lo, hi): [a, b).
@@ -335,6 +360,7 @@ void read_tensor_range(TensorReader& reader, const GptTensor& t, const Found& f,
   if (!t.transposed_in_gpt2) {
     reader.read(f, f.st->offset + a * es, (b - a) * es);
     convert_to_f32(dst, raw.data(), f.dt, b - a);
+    check(f, dst, b - a, a);
     return;
   }
   // Conv1D [in, out] in the file, [out, in] here: element (o, i) here is o * in + i,
@@ -348,6 +374,7 @@ void read_tensor_range(TensorReader& reader, const GptTensor& t, const Found& f,
     reader.read(f, f.st->offset, t.numel() * es);
     tmp.resize(t.numel());
     convert_to_f32(tmp.data(), raw.data(), f.dt, t.numel());
+    check(f, tmp.data(), t.numel(), 0);
     for (uint64_t i = 0; i < in; ++i) scatter(i, 0, outs, tmp.data() + i * outs);
     return;
   }
@@ -358,6 +385,7 @@ void read_tensor_range(TensorReader& reader, const GptTensor& t, const Found& f,
     reader.read(f, f.st->offset + (i * outs + o0) * es, (o1 - o0) * es);
     tmp.resize(o1 - o0);
     convert_to_f32(tmp.data(), raw.data(), f.dt, o1 - o0);
+    check(f, tmp.data(), o1 - o0, i * outs + o0);
     scatter(i, o0, o1, tmp.data());
   }
 }
@@ -365,7 +393,7 @@ void read_tensor_range(TensorReader& reader, const GptTensor& t, const Found& f,
 }  // namespace
 
 ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::optional<DType> precision,
-                        coll::Communicator* host) {
+                        coll::Communicator* host, OutOfRange out_of_range) {
   HfModel m;
   m.dir = fs::path(hf_dir);
   m.hf_dir = hf_dir;
@@ -397,6 +425,9 @@ ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::
   // are read whole); only this rank's shard of each group is read from the files.
   const FoundTensors found = find_tensors(m, groups);
 
+  const DType prec = precision ? *precision : (!found.mixed && found.dtype ? *found.dtype : DType::F32);
+  const WeightChecks check{prec, out_of_range};
+
   InitialCheckpointWriter writer(out, host);
   std::vector<float> buf, tmp;
   TensorReader reader{sum, {}};
@@ -409,7 +440,7 @@ ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::
                      hi = std::min(lo + n, g.numel);
       buf.assign(n, 0.0f);
       for (size_t ti = 0; ti < g.tensors.size(); ++ti)
-        read_tensor_range(reader, g.tensors[ti], found.by_group[gi][ti], lo, hi, buf, tmp);
+        read_tensor_range(reader, g.tensors[ti], found.by_group[gi][ti], lo, hi, check, buf, tmp);
       writer.add_group(g.name, buf.data(), g.numel);
       sum.tensors += static_cast<int>(g.tensors.size());
       sum.parameters += g.numel;
@@ -417,7 +448,6 @@ ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::
   } catch (...) {
     failed = std::current_exception();
   }
-  const DType prec = precision ? *precision : (!found.mixed && found.dtype ? *found.dtype : DType::F32);
   sum.precision = precision_name(prec);
   json config = {{"strata", {{"model", model_json(shape)}}}};
   if (prec == DType::BF16) config["bf16"] = {{"enabled", true}};

@@ -125,11 +125,7 @@ std::string init_checkpoint(const std::string& from, const GptShape& shape) {
   std::string dir = from;
   if (std::filesystem::is_directory(dir, ec) && !std::filesystem::exists(std::filesystem::path(dir) / "manifest.json", ec))
     if (auto latest = latest_checkpoint(dir)) dir = *latest;
-  const CheckpointInfo info = read_checkpoint_info(dir);
-  const GptShape have = checkpoint_gpt_shape(info);
-  if (!(have == shape))
-    throw ConfigError("--init-from " + dir + " holds " + describe(have) + "; this run's strata.model is " +
-                      describe(shape) + ": set strata.model to the checkpoint's (its manifest.json holds it under config.strata.model)");
+  check_checkpoint_model(read_checkpoint_info(dir), shape, "--init-from");
   return dir;
 }
 
@@ -381,6 +377,20 @@ GptOptions model_options(const Config& cfg, EngineOptions& eo) {
   return mo;
 }
 
+// A step whose loss is NaN or inf: most often the learning rate, but with NVMe offload
+// and checksums off (the default) data damaged between the engine and the drive (a swap
+// file overwritten, a failing drive) looks the same, so the message says how to rule
+// that out.
+std::string non_finite_loss_message(const Config& cfg, const ZeroEngine& engine, int64_t step, double loss) {
+  std::string m = "step " + std::to_string(step) + ": the loss is " + std::to_string(loss) +
+                  "; lower the learning rate or set gradient_clipping";
+  if (!cfg.strata.checksums && !engine.resolved().options.store.nvme.paths.empty())
+    m += ". With strata.checksums off (the default) corrupted offload data (a swap file on NVMe overwritten or "
+         "damaged while the run held it) can also cause this: run again with --set strata.checksums=true, which "
+         "verifies every NVMe read and names the file and offset of any damage";
+  return m;
+}
+
 // What the step loop works with, built by train() in the order it needs.
 struct TrainLoop {
   const Config& cfg;
@@ -418,9 +428,7 @@ void run_steps(const TrainLoop& t, TrainResult& res, TokenBatches& batches, cons
     const EngineStats& st = r.after;
     time_step(rec, seconds, t.cost, st, prev);
     res.steps.push_back(rec);
-    if (!std::isfinite(rec.loss))
-      throw Error("step " + std::to_string(step + 1) + ": the loss is " + std::to_string(rec.loss) +
-                  "; lower the learning rate or set gradient_clipping");
+    if (!std::isfinite(rec.loss)) throw Error(non_finite_loss_message(cfg, t.engine, step + 1, rec.loss));
     t.log.step(rec, last_step, st, prev);
     prev = st;
 
@@ -467,6 +475,8 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
   if (!cfg.strata.checkpoint_dir.empty()) dir_lock = lock_checkpoint_dir(*comm, cfg.strata.checkpoint_dir);
   const std::string start_dir =
       choose_start_checkpoint(*comm, cfg.strata.checkpoint_dir, topts.resume, topts.resume_from);
+  if (!start_dir.empty())
+    check_checkpoint_model(read_checkpoint_info(start_dir), shape, topts.resume ? "--resume" : "--resume-from");
   const std::string init_dir = init_checkpoint(topts.init_from, shape);
 
   EngineOptions eo = EngineOptions::from_config(cfg);

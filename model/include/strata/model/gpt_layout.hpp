@@ -66,6 +66,22 @@ struct GptShape {
 // messages that say which model something holds.
 std::string describe(const GptShape& s);
 
+// A field in which two models differ, named as strata.model names it (head_dim: d_model /
+// heads), with the value in each.
+struct ModelDifference {
+  std::string field;
+  std::string first, second;  // the value in a and in b
+};
+
+// The one rule by which a checkpoint's model is the model a run computes (resume,
+// --init-from; runtime/formats/export.hpp: check_checkpoint_model): every field that
+// changes the function, each resolved (kv_heads 0 is heads, ffn 0 its default), in this
+// order: arch, layers, d_model, heads, head_dim, kv_heads, ffn, vocab, seq_len, rope_theta,
+// norm_eps, tied_head. seq_len counts for GPT-2 only, whose wpe has a row per position:
+// Llama's rotary positions hold no weights, so another context computes the same function
+// on the positions both have. Empty: the same model.
+std::vector<ModelDifference> model_differences(const GptShape& a, const GptShape& b);
+
 enum class GptInit { Normal, Zeros, Ones };
 
 struct GptTensor {

@@ -18,6 +18,7 @@
 #include "strata/core/config_keys.hpp"
 #include "strata/core/device.hpp"
 #include "strata/core/dtype.hpp"
+#include "strata/core/value_checks.hpp"
 #include "strata/memory/tier.hpp"
 #include "strata/model/gpt_layout.hpp"
 #include "strata/offload/aio_config.hpp"
@@ -78,6 +79,7 @@ struct StrataSection {
   uint64_t pinned_budget = 1ull << 30;   // bytes
   uint64_t nvme_budget = 0;              // bytes; 0: sized from the plan
   bool checksums = false;                // xxHash per NVMe extent
+  OutOfRange out_of_range = OutOfRange::Refuse;  // masters beyond the 16-bit working type's range
   bool speculative_optimizer = false;    // step sub-groups during backward, validate at step()
   int tile_factor = 1;                   // each block linear in this many tiles (gpt_parts); 1: untiled
   uint64_t tile_size = 0;                // elements: larger block linears tiled to at most this (gpt_parts); 0: off

@@ -18,6 +18,11 @@ namespace strata {
 
 enum class InitKind { Normal, Zeros, Ones };
 
+// The largest magnitude of the Normal initialiser's N(0, 1) draws: Box-Muller over uniform
+// draws of at least 2^-53 gives at most sqrt(-2 ln 2^-53) = 8.5717 (so init_std times this
+// bounds a group's initial values).
+inline constexpr double kLargestNormalDraw = 8.5717;
+
 struct GroupSpec {
   std::string name;          // e.g. "block.3"
   uint64_t numel = 0;        // elements
@@ -84,6 +89,9 @@ struct EngineOptions {
   // and so the start-up minimum, count it. from_config sets it from strata.model.
   bool first_gradient_held = false;
   uint64_t seed = 1234;
+  // A master weight beyond the working type's range (fp16: 65504) where the engine rounds
+  // initial or loaded masters to it (strata.out_of_range; core/value_checks.hpp).
+  OutOfRange out_of_range = OutOfRange::Refuse;
   unsigned optimizer_threads = 0;      // 0: all cores
   TieredStoreOptions store;
   // Chrome trace (core/trace.hpp) written here when the engine is destroyed; "" = off.

@@ -157,6 +157,11 @@ std::string seal_checkpoint_manifest(nlohmann::json body);
 // resumes in any precision: the working copy is the masters rounded to the engine's type.
 // Resuming in another precision than the one saved says so in a warning; an fp16 run
 // resumed in fp16 gets its loss scaler back.
+// Every value loaded is checked as read_checkpoint_group checks it, against the
+// engine's working type (rounding a master weight beyond fp16's range would give inf):
+// refused, or clamped to the largest finite value under strata.out_of_range = "clamp"
+// (EngineOptions::out_of_range). A refusal, like a checksum mismatch, stops the load at
+// that group: load again before training on.
 // The engine's groups must match the checkpoint's (names and numels; otherwise a
 // ConfigError naming the first difference, e.g. "checkpoint is of another model
 // shape"). A checkpoint written by a different world size is re-sharded: each rank
@@ -206,8 +211,10 @@ class InitialCheckpointWriter {
 
 // Reads the full fp32 master weights of the model's group g (unpadded, numel elements;
 // checkpoint_model_groups below counts the groups) from a checkpoint's files, without an engine (export, sample). Verifies the checksums of
-// the segments it reads (CorruptionError).
-std::vector<float> read_checkpoint_group(const CheckpointInfo& info, int g);
+// the segments it reads (CorruptionError), and the values: a NaN or inf, or (working
+// bf16 or fp16: the type a caller rounds them to) a value beyond working's range, is a
+// ConfigError naming the tensor (a GPT checkpoint's, else the group) and flat index.
+std::vector<float> read_checkpoint_group(const CheckpointInfo& info, int g, DType working = DType::F32);
 
 // A checkpoint's groups as the model has them: groups saved in parts ("block.3@1536",
 // gpt_parts: per-tensor gathers and tiles) merged into the group they cut (name and numel;

@@ -25,6 +25,7 @@
 #include <optional>
 #include <string>
 
+#include "strata/core/value_checks.hpp"
 #include "strata/model/gpt_layout.hpp"
 #include "strata/runtime/formats/checkpoint.hpp"
 
@@ -46,6 +47,15 @@ struct ExportSummary {
 // (strata.model), checked against its parameter groups. Throws ConfigError when the
 // checkpoint is not of a GPT (e.g. another model's groups) or its config is unreadable.
 GptShape checkpoint_gpt_shape(const CheckpointInfo& info);
+// The rule by which a run takes a checkpoint's model as its own, one for --resume,
+// --resume-from and --init-from (sample, eval and export compute the model the checkpoint
+// holds, read by checkpoint_gpt_shape above): model_differences (model/gpt_layout.hpp)
+// between the checkpoint's strata.model and `here` must be empty; the same parameter
+// counts are not enough (heads, rope_theta, norm_eps change what the weights compute).
+// Otherwise a ConfigError that begins with `flag` ("--resume"), names every field that
+// differs with both values, and says to set strata.model to the checkpoint's. A
+// checkpoint whose config has no strata.model was saved by a run of the default model.
+void check_checkpoint_model(const CheckpointInfo& info, const GptShape& here, const std::string& flag);
 // GPT-2's shape of a tensor as its checkpoints store it: Conv1D weights [in, out].
 std::vector<int64_t> gpt2_shape(const GptTensor& t);
 
@@ -53,9 +63,13 @@ std::vector<int64_t> gpt2_shape(const GptTensor& t);
 // checkpoint is used). Throws ConfigError (bad arguments, `out` exists and overwrite is
 // false, not a GPT checkpoint), CorruptionError (damaged checkpoint), IoError (writing).
 // dtype: F32, BF16 or F16 tensors (the fp32 master weights, rounded to nearest even);
-// nullopt: the precision the run trained in.
+// nullopt: the precision the run trained in. A weight beyond dtype's range (fp16: 65504)
+// is a ConfigError naming the tensor, its largest magnitude and the limit, and nothing is
+// written; out_of_range Clamp (`--clamp`) writes the largest finite value of its sign
+// instead. A NaN or inf weight is refused (read_checkpoint_group).
 ExportSummary export_safetensors(const std::string& checkpoint, const std::string& out, bool overwrite,
-                                 std::optional<DType> dtype = std::nullopt);
+                                 std::optional<DType> dtype = std::nullopt,
+                                 OutOfRange out_of_range = OutOfRange::Refuse);
 
 // `strata export --format hf`: a Hugging Face GPT2LMHeadModel or LlamaForCausalLM directory
 // that `transformers` loads with from_pretrained(out) and hf_import.hpp reads back:
@@ -63,8 +77,10 @@ ExportSummary export_safetensors(const std::string& checkpoint, const std::strin
 // with model.safetensors.index.json (save_pretrained's names: "transformer." + GPT-2's,
 // Llama's as they are; a tensor is never split). `out` must not exist, or be an empty directory, or with
 // overwrite an earlier export (only config.json, model*.safetensors and the index in it);
-// it is written as a temporary directory beside it and renamed into place.
+// it is written as a temporary directory beside it and renamed into place. dtype and
+// out_of_range as for export_safetensors.
 ExportSummary export_hf(const std::string& checkpoint, const std::string& out, bool overwrite,
-                        std::optional<DType> dtype = std::nullopt, uint64_t shard_bytes = 5'000'000'000ull);
+                        std::optional<DType> dtype = std::nullopt, uint64_t shard_bytes = 5'000'000'000ull,
+                        OutOfRange out_of_range = OutOfRange::Refuse);
 
 }  // namespace strata

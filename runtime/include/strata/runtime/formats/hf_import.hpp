@@ -20,6 +20,7 @@
 
 #include "strata/collectives/communicator.hpp"
 #include "strata/core/dtype.hpp"
+#include "strata/core/value_checks.hpp"
 #include "strata/model/gpt_layout.hpp"
 
 namespace strata {
@@ -52,7 +53,14 @@ struct ImportSummary {
 // each group (ceil(numel / ranks) elements; GPT-2's transposed weights one run per file
 // row), and writes its rank file of the checkpoint. No rank ever holds more than one
 // group's shard; the ranks' reads are disjoint and together cover every tensor once.
+//
+// Every weight read is checked: a NaN or inf is a ConfigError naming the tensor (as the
+// file names it) and its flat index in the file, and no checkpoint is written. With a
+// 16-bit precision, a weight beyond its range (fp16: 65504, where a bf16 or f32 weight
+// may lie) would be inf in training: refused the same way, naming the largest magnitude
+// and the limit, or with out_of_range Clamp (`--clamp`) stored as the largest finite value
+// of its sign.
 ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::optional<DType> precision = {},
-                        coll::Communicator* host = nullptr);
+                        coll::Communicator* host = nullptr, OutOfRange out_of_range = OutOfRange::Refuse);
 
 }  // namespace strata
