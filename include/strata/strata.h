@@ -83,7 +83,7 @@ typedef enum strata_status {
   STRATA_ERR_UNAVAILABLE = 10,     /* a backend or library this asks for is not here */
   STRATA_ERR_COLLECTIVE = 11,      /* a collective between ranks failed or was misused */
   STRATA_ERR_VERSION = 12,         /* the caller was built against an incompatible API */
-  STRATA_ERR_BUFFER_TOO_SMALL = 13, /* an output string did not fit; nothing was written */
+  STRATA_ERR_BUFFER_TOO_SMALL = 13, /* an output string would not fit: the call did nothing */
   STRATA_ERR_NOT_FOUND = 14,       /* no checkpoint under the given directory */
   STRATA_ERR_INTERNAL = 15,        /* a bug in Strata; the message says where */
   STRATA_STATUS_FORCE_INT32_MIN = -0x7fffffff - 1, /* with the next: negative int32s are values too */
@@ -308,12 +308,15 @@ STRATA_API strata_status strata_loss_scale(strata_runtime rt, double* out);
 /* Saves a sharded checkpoint under root (root/step-<N>/), between steps only.
  * extra_json (may be NULL) is stored with it (data position, RNG state). The new
  * directory is written to dir_out (capacity dir_cap bytes, NUL included; may be NULL).
- * Collective. */
+ * A dir_out too small for it, on any rank, is STRATA_ERR_BUFFER_TOO_SMALL before
+ * anything is saved. Collective. */
 STRATA_API strata_status strata_save_checkpoint(strata_runtime rt, const char* root, const char* extra_json,
                                                 char* dir_out, size_t dir_cap);
 /* Loads the checkpoint in dir (a step-<N> directory, or a root: its latest) into the
- * engine, between steps only. Its extra JSON goes to extra_out (may be NULL).
- * Collective. */
+ * engine, between steps only. Its extra JSON goes to extra_out (capacity extra_cap
+ * bytes, NUL included; may be NULL). An extra_out too small for it, on any rank, is
+ * STRATA_ERR_BUFFER_TOO_SMALL before anything is loaded (the manifest holds it, so its
+ * size is known first). Collective. */
 STRATA_API strata_status strata_load_checkpoint(strata_runtime rt, const char* dir, char* extra_out,
                                                 size_t extra_cap);
 /* The complete checkpoint with the highest step under root; STRATA_ERR_NOT_FOUND when

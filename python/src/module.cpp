@@ -314,9 +314,18 @@ class Runtime {
     return dir.data();
   }
   std::string load_checkpoint(const std::string& dir) {
-    std::vector<char> extra(1 << 20);
-    call([&](strata_runtime r) { return strata_load_checkpoint(r, dir.c_str(), extra.data(), extra.size()); });
-    return extra.data();
+    const char* dir_text = dir.c_str();
+    // A buffer too small for the extra JSON is refused before anything is loaded, so a
+    // larger one can be offered until it fits (a manifest is at most 256 MiB).
+    for (size_t cap = size_t{1} << 20;; cap *= 4) {
+      std::vector<char> extra(cap);
+      std::string msg;
+      const strata_status s = try_call(
+          [&](strata_runtime r) { return strata_load_checkpoint(r, dir_text, extra.data(), extra.size()); }, &msg);
+      if (s == STRATA_OK) return extra.data();
+      if (s != STRATA_ERR_BUFFER_TOO_SMALL || cap >= (size_t{256} << 20))
+        throw StatusError(s, std::string(strata_status_name(s)) + ": " + msg);
+    }
   }
   py::dict stats() {
     strata_stats s{};
@@ -385,17 +394,22 @@ class Runtime {
       throw StatusError(STRATA_ERR_INVALID_HANDLE, "STRATA_ERR_INVALID_HANDLE: this Runtime was closed; make a new one");
     return h_->rt;
   }
-  // Runs a C call without the GIL.
+  // Runs a C call without the GIL: its status, and its message in *msg when it failed.
   template <class F>
-  void call(F&& f) {
+  strata_status try_call(F&& f, std::string* msg) {
     const strata_runtime r = rt();
     strata_status s;
-    std::string msg;
     {
       py::gil_scoped_release nogil;
       s = f(r);
-      if (s != STRATA_OK) msg = strata_last_error();  // the same thread, before the GIL returns
+      if (s != STRATA_OK) *msg = strata_last_error();  // the same thread, before the GIL returns
     }
+    return s;
+  }
+  template <class F>
+  void call(F&& f) {
+    std::string msg;
+    const strata_status s = try_call(f, &msg);
     if (s != STRATA_OK) throw StatusError(s, std::string(strata_status_name(s)) + ": " + msg);
   }
 

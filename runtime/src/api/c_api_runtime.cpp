@@ -458,6 +458,31 @@ double Runtime::loss_scale() const {
   return precision_ == DType::F16 ? LossScaler(config_.fp16).scale() : 1.0;
 }
 
+std::string Runtime::next_checkpoint_dir(const std::string& root) const {
+  return checkpoint_dir_for(root, engine_ ? engine_->iterations() : 0);
+}
+
+void Runtime::check_room(const std::string& text, const char* out, size_t cap, const std::string& what,
+                         const std::string& undone) {
+  const uint64_t needed = text.size() + 1;
+  const bool short_here = out != nullptr && cap < needed;
+  bool short_somewhere = short_here;
+  if (host_comm_->size() > 1) {
+    std::vector<double> flag{short_here ? 1.0 : 0.0};
+    host_comm_->all_reduce(coll::MutView(flag), coll::ReduceOp::Max).wait();
+    short_somewhere = flag[0] > 0;
+  }
+  if (short_here)
+    throw ApiError(STRATA_ERR_BUFFER_TOO_SMALL, what + " needs " + std::to_string(needed) +
+                                                    " bytes (its NUL included), the buffer has " + std::to_string(cap) +
+                                                    "; " + undone + ": pass a buffer of at least " +
+                                                    std::to_string(needed) + " bytes");
+  if (short_somewhere)
+    throw ApiError(STRATA_ERR_BUFFER_TOO_SMALL, "another rank's buffer for " + what + " is too small (this rank's holds " +
+                                                    std::to_string(needed) + " bytes); " + undone +
+                                                    ": pass a large enough buffer on every rank");
+}
+
 std::string Runtime::save_checkpoint(const std::string& root, const std::string& extra_json) {
   check_between_steps("strata_save_checkpoint");
   nlohmann::json extra = nlohmann::json::object();
@@ -478,7 +503,7 @@ std::string Runtime::save_checkpoint(const std::string& root, const std::string&
   return strata::save_checkpoint(*engine_, *host_comm_, root, config_.raw, extra, names);
 }
 
-std::string Runtime::load_checkpoint(const std::string& dir) {
+CheckpointInfo Runtime::checkpoint_to_load(const std::string& dir) const {
   check_between_steps("strata_load_checkpoint");
   std::string target = dir;
   if (!std::filesystem::exists(std::filesystem::path(dir) / "manifest.json")) {
@@ -490,9 +515,13 @@ std::string Runtime::load_checkpoint(const std::string& dir) {
                                                "or its root");
     target = *latest;
   }
+  return read_checkpoint_info(target);
+}
+
+void Runtime::load_checkpoint(const CheckpointInfo& target) {
+  check_between_steps("strata_load_checkpoint");
   start();
-  CheckpointInfo info = strata::load_checkpoint(*engine_, *host_comm_, target);
-  return info.extra.dump();
+  strata::load_checkpoint(*engine_, *host_comm_, target.dir);
 }
 
 strata_stats Runtime::stats() const {

@@ -18,6 +18,7 @@
 #include "strata/core/error.hpp"
 #include "strata/runtime/config/config.hpp"
 #include "strata/runtime/engine/zero_engine.hpp"
+#include "strata/runtime/formats/checkpoint.hpp"
 #include "strata/strata.h"
 
 namespace strata::capi {
@@ -61,8 +62,18 @@ class Runtime {
   bool step();
   void read_params(int32_t g, void* dst, strata_dtype dtype, uint64_t numel);
   double loss_scale() const;
+  // Where save_checkpoint(root, ...) saves if called now: known before anything is written.
+  std::string next_checkpoint_dir(const std::string& root) const;
   std::string save_checkpoint(const std::string& root, const std::string& extra_json);
-  std::string load_checkpoint(const std::string& dir);  // returns the extra JSON, dumped
+  // The checkpoint strata_load_checkpoint(dir) loads (dir, or the latest under it), its
+  // manifest read and checked: the extra JSON is known before anything is loaded.
+  CheckpointInfo checkpoint_to_load(const std::string& dir) const;
+  void load_checkpoint(const CheckpointInfo& target);
+  // Collective: STRATA_ERR_BUFFER_TOO_SMALL on every rank when any rank's out[cap] cannot
+  // hold `text` and its NUL (out null asks for nothing), so that a call can refuse before
+  // it acts and its ranks stay together. `undone` says what did not happen.
+  void check_room(const std::string& text, const char* out, size_t cap, const std::string& what,
+                  const std::string& undone);
   strata_stats stats() const;
 
  private:
