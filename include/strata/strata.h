@@ -264,9 +264,17 @@ STRATA_API strata_status strata_begin_micro_step(strata_runtime rt);
  * until the matching strata_release. Of the runtime's dtype: in 16 bits, the rounded
  * working copy the model computes with (the fp32 master weights are the optimizer's).
  * A group may be acquired again while held; each acquire needs its release. Inside a micro-batch only. Collective on stage 3 (the
- * gather), so on several ranks acquire in the same order everywhere. Read-only: writes
- * are not kept. */
+ * gather), so on several ranks acquire in the same order everywhere.
+ * Read-only: it is the engine's own buffer, handed out without a copy, so a write into
+ * it cannot be refused where it happens. Such a write is never taken into the
+ * optimizer's master weights (nor checkpoints), but later acquires and strata_read_params
+ * may see it until a step updates the parameters, or not, by the group's kind (persistent
+ * or not, ZeRO stage). With strata.checksums on, the buffer is hashed here and again at
+ * each strata_release, which finds any write, in every kind of group alike. */
 STRATA_API strata_status strata_acquire(strata_runtime rt, int32_t group, strata_buffer* out);
+/* Gives one acquire's hold back. With strata.checksums on, parameters that were written
+ * while held are STRATA_ERR_STATE naming the group (the release is done all the same):
+ * copy the buffer before changing it. */
 STRATA_API strata_status strata_release(strata_runtime rt, int32_t group);
 /* A writable buffer for the group's gradient of this micro-batch (zero copy), of the
  * runtime's dtype: write all numel elements, then call strata_grad_ready. One

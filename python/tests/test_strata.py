@@ -210,6 +210,23 @@ class Module(unittest.TestCase):
                 self.assertEqual(json.loads(rt.load_checkpoint(root)), {"epoch": 1})
                 np.testing.assert_array_equal(rt.read_params(g), saved)
 
+    def test_writes_into_acquired_parameters_are_found_at_release(self):
+        # strata.checksums: the release names the group, persistent (kept gathered) or not.
+        cfg = config(checksums=True)
+        cfg["zero_optimization"] = {"stage": 3, "stage3_param_persistence_threshold": 100}
+        with strata.Runtime.from_config(cfg) as rt:
+            small = rt.register_group("small", [64], init="ones")
+            large = rt.register_group("large", [4096], init="ones")
+            rt.begin_micro_step()
+            for g, name in ((small, "small"), (large, "large")):
+                torch.from_dlpack(rt.acquire(g))[3] += 1.0
+                with self.assertRaises(strata.StrataError) as e:
+                    rt.release(g)
+                self.assertEqual(e.exception.status, "STRATA_ERR_STATE")
+                self.assertIn(f"group '{name}' were written while acquired", str(e.exception))
+                rt.acquire(g)  # released all the same: a clean acquire and release follow
+                rt.release(g)
+
 
 class SixteenBits(unittest.TestCase):
     """A bf16 or fp16 runtime: bfloat16/float16 DLPack views, 16-bit gradients, the loss scale."""

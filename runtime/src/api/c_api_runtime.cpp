@@ -7,6 +7,8 @@
 #include <functional>
 #include <limits>
 
+#include <xxhash.h>
+
 #include "strata/core/convert.hpp"
 #include "strata/core/safe_io.hpp"
 #include "strata/runtime/formats/checkpoint.hpp"
@@ -329,8 +331,20 @@ strata_buffer Runtime::acquire(int32_t g) {
                                          "' outside a micro-batch; call strata_begin_micro_step first (to read "
                                          "parameters outside training use strata_read_params)");
   const void* p = engine_->acquire_params(g);
-  ++gr.holders;
+  if (gr.holders++ == 0) {
+    gr.held = p;
+    if (config_.strata.checksums) gr.held_hash = held_params_hash(gr);
+  }
   return buffer(gr, const_cast<void*>(p));
+}
+
+uint64_t Runtime::held_params_hash(const Group& gr) const {
+  const size_t bytes = gr.numel * dtype_size(precision_);
+  if (device_->host_addressable()) return XXH3_64bits(gr.held, bytes);
+  std::vector<std::byte> host(bytes);
+  copy_stream_->copy_async(host.data(), gr.held, bytes);
+  copy_stream_->record().wait();
+  return XXH3_64bits(host.data(), bytes);
 }
 
 void Runtime::release(int32_t g) {
@@ -339,8 +353,26 @@ void Runtime::release(int32_t g) {
     throw ApiError(STRATA_ERR_STATE, "strata_release: group '" + gr.name +
                                          "' is not acquired (released twice, or never acquired); each "
                                          "strata_acquire takes exactly one strata_release");
+  // Acquired parameters are the engine's own buffer, handed out without a copy, so a write
+  // into it cannot be refused where it happens. What that write does differs by group
+  // (gone at its release, or seen by later acquires until a step), so with the checks on
+  // it is found here, for every kind of group alike, and named.
+  bool written = false;
+  if (config_.strata.checksums) {
+    const uint64_t now = held_params_hash(gr);
+    written = now != gr.held_hash;
+    gr.held_hash = now;  // a hold still open reports only later writes
+  }
   engine_->release_params(g);
-  --gr.holders;
+  if (--gr.holders == 0) gr.held = nullptr;
+  if (written)
+    throw ApiError(STRATA_ERR_STATE,
+                   "strata_release: the parameters of group '" + gr.name +
+                       "' were written while acquired (their checksum changed between strata_acquire and this "
+                       "release; strata.checksums is on). Acquired parameters are read-only: a write is never "
+                       "taken into the optimizer's master weights, but later acquires and strata_read_params may "
+                       "see it until a step updates them, so this micro-batch computed with values the "
+                       "optimizer does not have. Copy the buffer before changing it. The group is released.");
 }
 
 strata_buffer Runtime::grad_buffer(int32_t g) {

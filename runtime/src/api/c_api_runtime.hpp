@@ -85,6 +85,8 @@ class Runtime {
     std::vector<float> data;  // STRATA_INIT_DATA: the initial values (widened) until start()
     bool has_data = false;
     int holders = 0;          // outstanding acquires
+    const void* held = nullptr;  // the parameters handed out while holders > 0
+    uint64_t held_hash = 0;      // strata.checksums: their xxh3 at the first of those acquires
     bool grad_out = false;    // a gradient buffer is handed out, not yet ready
     bool grad_in = false;     // a gradient was handed in for the open micro-batch
   };
@@ -98,6 +100,8 @@ class Runtime {
   void check_micro_step_complete(const char* call) const;
   void check_between_steps(const char* call) const;
   strata_buffer buffer(const Group& gr, void* data) const;
+  // xxh3 of the parameters gr.held (strata.checksums: a write into them is found at release).
+  uint64_t held_params_hash(const Group& gr) const;
 
   Config config_;
   DType precision_ = DType::F32;     // config_.precision(): every group's and buffer's type
