@@ -138,7 +138,10 @@ typedef enum strata_init_kind {
 
 typedef struct strata_group_desc {
   uint32_t struct_size;   /* sizeof(strata_group_desc) */
-  const char* name;       /* unique within the runtime, non-empty */
+  /* Unique within the runtime, non-empty, UTF-8 with no control characters (checkpoints
+   * keep it as text; messages show it): another is STRATA_ERR_INVALID_ARGUMENT. A binding
+   * whose strings may hold a NUL must refuse those, not pass them cut at the NUL. */
+  const char* name;
   int32_t ndim;           /* 1 .. STRATA_MAX_DIMS */
   const int64_t* shape;   /* [ndim], each >= 1; numel is their product */
   strata_dtype dtype;     /* the runtime's (strata_runtime_info.dtype); another is STRATA_ERR_DTYPE */

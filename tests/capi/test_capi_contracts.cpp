@@ -1,6 +1,6 @@
-// Contracts of the C API that hold for every kind of group (issue #37): a write into
-// acquired (read-only) parameters is found at release with strata.checksums, whatever
-// the group's kind.
+// Contracts of the C API that hold for every kind of group and every input (issue #37):
+// a write into acquired (read-only) parameters is found at release with strata.checksums,
+// whatever the group's kind; a group's name is text a checkpoint can keep.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -89,5 +89,40 @@ TEST(CApiContracts, WithoutChecksumsAWriteIsNotLookedFor) {
     ASSERT_STRATA_OK(strata_acquire(h.rt, g, &b));
     static_cast<float*>(b.data)[0] += 1.0f;
     EXPECT_STRATA_OK(strata_release(h.rt, g));
+  }
+}
+
+TEST(CApiContracts, AGroupNameMustBeTextACheckpointCanKeep) {
+  RuntimeHandle h(config_json({}));
+  std::vector<int64_t> shape{4};
+  int32_t id = -1;
+  struct Bad {
+    std::string name, says;
+  };
+  const std::vector<Bad> bad = {
+      {"\xff", "is not UTF-8 text: its byte 1"},
+      {"block.\xc3", "is not UTF-8 text: its byte 7"},
+      {"a\xed\xa0\x80", "is not UTF-8 text: its byte 2"},  // a surrogate
+      {"tab\tname", "has a control character (0x09) at byte 4"},
+      {"new\nline", "has a control character (0x0a) at byte 4"},
+      {"del\x7f", "has a control character (0x7f) at byte 4"},
+      {"\x1b[31mred", "has a control character (0x1b) at byte 1"},
+  };
+  for (const Bad& b : bad) {
+    strata_group_desc d = group_desc(b.name.c_str(), shape, STRATA_F32, STRATA_INIT_ZEROS, 0.0f);
+    EXPECT_STRATA_FAILS(strata_register_group(h.rt, &d, &id), STRATA_ERR_INVALID_ARGUMENT, b.says);
+    EXPECT_STRATA_FAILS(strata_find_group(h.rt, b.name.c_str(), &id), STRATA_ERR_UNKNOWN_GROUP, "no parameter group");
+  }
+  strata_runtime_info info{};
+  info.struct_size = sizeof info;
+  ASSERT_STRATA_OK(strata_runtime_get_info(h.rt, &info));
+  EXPECT_EQ(info.num_groups, 0) << "a refused name registered a group";
+  // Text beyond ASCII is a name like any other.
+  for (const char* good : {"блок.0", "层.1", "block 2 (tied)"}) {
+    strata_group_desc d = group_desc(good, shape, STRATA_F32, STRATA_INIT_ZEROS, 0.0f);
+    ASSERT_STRATA_OK(strata_register_group(h.rt, &d, &id));
+    int32_t found = -1;
+    ASSERT_STRATA_OK(strata_find_group(h.rt, good, &found));
+    EXPECT_EQ(found, id);
   }
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -43,6 +44,27 @@ const char* precision_source(strata_dtype d) {
     case STRATA_BF16: return "the configuration's bf16.enabled";
     case STRATA_F16: return "the configuration's fp16.enabled";
     default: return "the configuration enables neither bf16 nor fp16";
+  }
+}
+
+// A group's name is kept as JSON text in checkpoints and shown in messages: it must be
+// UTF-8 with no control characters (a C string has no NUL inside by construction; the
+// bindings refuse names that do, rather than pass them cut short).
+void check_group_name(const std::string& name) {
+  const char* why = "";
+  const uint64_t bad = first_non_text(reinterpret_cast<const unsigned char*>(name.data()), name.size(), &why);
+  if (bad != name.size())
+    throw ApiError(STRATA_ERR_INVALID_ARGUMENT, "the group's name '" + name.substr(0, bad) + "...' is not UTF-8 text: its byte " +
+                                                    std::to_string(bad + 1) + " " + why +
+                                                    "; checkpoints keep names as text: give a UTF-8 name");
+  for (size_t i = 0; i < name.size(); ++i) {
+    const auto c = static_cast<unsigned char>(name[i]);
+    if (c >= 0x20 && c != 0x7f) continue;
+    char code[8];
+    std::snprintf(code, sizeof code, "0x%02x", c);
+    throw ApiError(STRATA_ERR_INVALID_ARGUMENT, "the group's name '" + name.substr(0, i) + "...' has a control character (" +
+                                                    code + ") at byte " + std::to_string(i + 1) +
+                                                    "; names appear in messages and checkpoints: give printable text");
   }
 }
 
@@ -111,6 +133,7 @@ int32_t Runtime::register_group(const strata_group_desc& d) {
                                          "': the engine has started (strata_start or the first call that needs "
                                          "it); register every group before that");
   if (name.empty()) throw ApiError(STRATA_ERR_INVALID_ARGUMENT, "the group's name is null or empty; give each group a name");
+  check_group_name(name);
   for (const Group& gr : groups_)
     if (gr.name == name)
       throw ApiError(STRATA_ERR_INVALID_ARGUMENT, "a group named '" + name + "' is registered already; names must be unique");
