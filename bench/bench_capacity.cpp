@@ -101,10 +101,10 @@ struct CapacitySizes {
 
 CapacitySizes check_capacity_options(const CapacityOptions& o) {
   CapacitySizes z;
-  z.tensor = parse_size("--tensor-size", o.tensor_size);
-  z.device_budget = parse_size("--device-budget", o.device_budget);
-  z.pinned_budget = parse_size("--pinned-budget", o.pinned_budget);
-  z.block = parse_size("--block-size", o.block_size);
+  z.tensor = parse_byte_count(o.tensor_size, "--tensor-size");
+  z.device_budget = parse_byte_count(o.device_budget, "--device-budget");
+  z.pinned_budget = parse_byte_count(o.pinned_budget, "--pinned-budget");
+  z.block = parse_byte_count(o.block_size, "--block-size");
   const uint64_t tensor = z.tensor;
   if (tensor < 4096 || tensor % 4096 != 0) throw ConfigError("--tensor-size " + o.tensor_size + " must be a multiple of 4K");
   if (z.block < 4096 || (z.block & (z.block - 1)) != 0) throw ConfigError("--block-size " + o.block_size + " must be a power of two, at least 4K");
@@ -123,7 +123,7 @@ CapacitySizes check_capacity_options(const CapacityOptions& o) {
                       " tensors of " + o.tensor_size + "; staging " + std::to_string(o.lookahead) +
                       " fetches ahead needs " + std::to_string(o.lookahead + 2) + ": raise --pinned-budget");
   for (const auto& w : o.working_sets) {
-    const uint64_t v = parse_size("--working-sets", w);
+    const uint64_t v = parse_byte_count(w, "--working-sets");
     if (v < tensor || v % tensor != 0)
       throw ConfigError("--working-sets: " + w + " must be a positive multiple of --tensor-size " + o.tensor_size);
     if (v / tensor < 2) throw ConfigError("--working-sets: " + w + " holds one tensor; give at least two");
@@ -489,7 +489,7 @@ void add_capacity(CLI::App& bench, Runner& run) {
   auto* cmd = bench.add_subcommand(
       "capacity", "Bandwidth of moving tensors to the device against working-set size, through pinned memory and NVMe");
   auto o = std::make_shared<CapacityOptions>();
-  cmd->add_option("--working-sets", o->working_sets, "Working-set sizes, comma-separated (K/M/G)")
+  cmd->add_option("--working-sets", o->working_sets, std::string("Working-set sizes, comma-separated (") + kByteCountUnits + ")")
       ->delimiter(',')
       ->capture_default_str();
   cmd->add_option("--tensor-size", o->tensor_size, "Bytes per tensor")->capture_default_str();

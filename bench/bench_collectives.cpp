@@ -334,12 +334,22 @@ void add_collectives(CLI::App& bench, Runner& run) {
   cmd->add_option("--backend", opts->backend, "mpi (host buffers) or nccl (device buffers)")
       ->capture_default_str()
       ->check(CLI::IsMember({"mpi", "nccl"}));
-  cmd->add_option("--min-bytes", opts->min_bytes, "smallest whole-buffer size (bytes; K, M, G allowed)")
+  // parse_byte_count, as every size flag: CLI11's AsSizeValue would read "1KB" as 1024.
+  auto bytes = [](const char* flag) {
+    return CLI::Validator(
+        [flag](std::string& s) {
+          s = std::to_string(parse_byte_count(s, flag));
+          return std::string();  // no complaint: parse_byte_count throws its own
+        },
+        "BYTES");
+  };
+  cmd->add_option("--min-bytes", opts->min_bytes,
+                  std::string("smallest whole-buffer size in bytes (") + kByteCountUnits + ")")
       ->capture_default_str()
-      ->transform(CLI::AsSizeValue(false));
-  cmd->add_option("--max-bytes", opts->max_bytes, "largest whole-buffer size (bytes; K, M, G allowed)")
+      ->transform(bytes("--min-bytes"));
+  cmd->add_option("--max-bytes", opts->max_bytes, std::string("largest whole-buffer size in bytes (") + kByteCountUnits + ")")
       ->capture_default_str()
-      ->transform(CLI::AsSizeValue(false));
+      ->transform(bytes("--max-bytes"));
   cmd->add_option("--step-factor", opts->step_factor, "size multiplier between rows")
       ->capture_default_str()
       ->check(CLI::Range(2u, 1024u));

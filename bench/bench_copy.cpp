@@ -77,13 +77,13 @@ struct CopyPlan {
 
 CopyPlan check_copy_options(const CopyOptions& o) {
   CopyPlan z;
-  z.span = parse_size("--span", o.span);
-  z.per_sample = parse_size("--bytes-per-sample", o.bytes_per_sample);
+  z.span = parse_byte_count(o.span, "--span");
+  z.per_sample = parse_byte_count(o.bytes_per_sample, "--bytes-per-sample");
   if (z.span < 4096) throw ConfigError("--span " + o.span + " must be at least 4K");
   if (z.per_sample == 0) throw ConfigError("--bytes-per-sample must be positive");
   if (o.reps < 1) throw ConfigError("--reps must be at least 1");
   for (const auto& s : o.sizes) {
-    const uint64_t v = parse_size("--sizes", s);
+    const uint64_t v = parse_byte_count(s, "--sizes");
     if (v == 0) throw ConfigError("--sizes: " + s + " is zero; give sizes of at least 1 byte");
     if (v > z.span) throw ConfigError("--sizes: " + s + " is larger than --span " + o.span + "; raise --span");
     z.sizes.push_back(v);
@@ -302,7 +302,7 @@ int run_copy(const CopyOptions& o, const std::string& command) {
 void add_copy(CLI::App& bench, Runner& run) {
   auto* cmd = bench.add_subcommand("copy", "Pinned <-> device copies through the copy stream, beside memcpy");
   auto o = std::make_shared<CopyOptions>();
-  cmd->add_option("--sizes", o->sizes, "Copy sizes, comma-separated (K/M/G)")->delimiter(',')->capture_default_str();
+  cmd->add_option("--sizes", o->sizes, std::string("Copy sizes, comma-separated (") + kByteCountUnits + ")")->delimiter(',')->capture_default_str();
   cmd->add_option("--directions", o->directions, "h2d (pinned to device), d2h (device to pinned)")
       ->delimiter(',')
       ->capture_default_str();

@@ -265,14 +265,14 @@ struct IoPlan {
 
 IoPlan check_io_options(const IoBenchOptions& o) {
   IoPlan z;
-  z.file_bytes = parse_size("--size", o.size);
-  z.pinned_bytes = parse_size("--pinned", o.pinned);
-  z.bytes_target = o.bytes.empty() ? 0 : parse_size("--bytes", o.bytes);
+  z.file_bytes = parse_byte_count(o.size, "--size");
+  z.pinned_bytes = parse_byte_count(o.pinned, "--pinned");
+  z.bytes_target = o.bytes.empty() ? 0 : parse_byte_count(o.bytes, "--bytes");
   if (z.file_bytes < (1 << 20) || z.file_bytes % (1 << 20) != 0)
     throw ConfigError("--size " + o.size + " must be a whole number of MiB, at least 1M");
   if (z.pinned_bytes < (1 << 20)) throw ConfigError("--pinned " + o.pinned + " must be at least 1M");
   for (const auto& b : o.block_sizes) {
-    uint64_t v = parse_size("--block-sizes", b);
+    uint64_t v = parse_byte_count(b, "--block-sizes");
     if (v < 4096 || (v & (v - 1)) != 0 || v > (64ull << 20))
       throw ConfigError("--block-sizes: " + b + " must be a power of two from 4K to 64M");
     if (v > z.pinned_bytes) throw ConfigError("--block-sizes: " + b + " is larger than --pinned " + o.pinned);
@@ -642,19 +642,19 @@ void add_io(CLI::App& bench, Runner& run) {
   auto* io = bench.add_subcommand("io", "NVMe read/write bandwidth through the io_uring engine, beside fio");
   auto o = std::make_shared<IoBenchOptions>();
   io->add_option("--dir", o->dir, "Directory for the test file (on the disk to measure)")->capture_default_str();
-  io->add_option("--size", o->size, "Test file size (K/M/G/T); larger than --pinned")->capture_default_str();
+  io->add_option("--size", o->size, std::string("Test file size (") + kByteCountUnits + "); larger than --pinned")->capture_default_str();
   io->add_option("--block-sizes", o->block_sizes, "Block sizes, comma-separated")->delimiter(',')->capture_default_str();
   io->add_option("--depths", o->depths, "Queue depths, comma-separated")->delimiter(',')->capture_default_str();
   io->add_option("--patterns", o->patterns, "read, write, randread, randwrite (comma-separated)")
       ->delimiter(',')
       ->capture_default_str();
   auto* secs = io->add_option("--seconds", o->seconds, "Seconds per run")->capture_default_str();
-  io->add_option("--bytes", o->bytes, "Bytes per run instead of --seconds (K/M/G)")->excludes(secs);
+  io->add_option("--bytes", o->bytes, std::string("Bytes per run instead of --seconds (") + kByteCountUnits + ")")->excludes(secs);
   io->add_option("--reps", o->reps, "Runs per point (default 1, or 3 with --vs-fio)");
   io->add_flag("--vs-fio", o->vs_fio, "Run fio (io_uring, O_DIRECT) on each point too, alternating, and compare");
   io->add_option("--fio", o->fio, "The fio executable")->capture_default_str();
   io->add_option("--fio-extra", o->fio_extra, "Extra arguments for every fio run, e.g. \"--mem=shmhuge\"");
-  io->add_option("--pinned", o->pinned, "Pinned buffer budget (K/M/G)")->capture_default_str();
+  io->add_option("--pinned", o->pinned, std::string("Pinned buffer budget (") + kByteCountUnits + ")")->capture_default_str();
   io->add_option("--engine", o->engine, "auto, io_uring or threadpool")->capture_default_str();
   io->add_flag("--sqpoll", o->sqpoll, "Use SQPOLL (kernel-side submission) on both sides");
   io->add_flag("--hugepages", o->huge_pages,

@@ -238,8 +238,8 @@ EngineOptions engine_options(const Bench& b, bool offload, DType p, bool specula
   o.sub_group_elems = 16'000'000;
   if (offload) {
     o.param_home = o.optimizer_home = Tier::Nvme;
-    o.store.device_budget = parse_size("--device-budget", a.device_budget);
-    o.store.pinned_budget = parse_size("--pinned-budget", a.pinned_budget);
+    o.store.device_budget = parse_byte_count(a.device_budget, "--device-budget");
+    o.store.pinned_budget = parse_byte_count(a.pinned_budget, "--pinned-budget");
     o.store.nvme.paths = {swap.string()};
     o.store.nvme.checksums = a.checksums;
   } else if (gpu_optimizer || ratio < 1) {
@@ -254,16 +254,16 @@ EngineOptions engine_options(const Bench& b, bool offload, DType p, bool specula
     EngineOptions roomy = o;
     roomy.store.device_budget = roomy.store.pinned_budget = uint64_t{1} << 60;
     const ShardLayout L = try_resolve(roomy, {}, sizes, 1, device_traits(*b.device)).layout;
-    o.store.device_budget = std::max<uint64_t>(parse_size("--memory-budget", a.memory_budget),
+    o.store.device_budget = std::max<uint64_t>(parse_byte_count(a.memory_budget, "--memory-budget"),
                                      L.need[static_cast<int>(Tier::Device)].homes() + L.device_working + (2ull << 30));
     o.store.pinned_budget = L.need[static_cast<int>(Tier::Pinned)].homes() + L.pinned_staging + (1ull << 30);
   } else if (cuda) {
     // The CPU optimizer: master weights, moments and gradient shards in pinned memory.
     o.optimizer_home = Tier::Pinned;
-    o.store.device_budget = parse_size("--memory-budget", a.memory_budget);
+    o.store.device_budget = parse_byte_count(a.memory_budget, "--memory-budget");
     o.store.pinned_budget = params * (speculative ? 28 : 16) + (1ull << 30);  // + the Next sets
   } else {
-    o.store.device_budget = parse_size("--memory-budget", a.memory_budget);
+    o.store.device_budget = parse_byte_count(a.memory_budget, "--memory-budget");
     o.store.pinned_budget = 512ull << 20;  // staging for the CPU optimizer's sub-groups
   }
   return o;

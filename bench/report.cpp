@@ -125,28 +125,6 @@ int run_command(const std::string& cmd, std::string* output) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-uint64_t parse_size(const std::string& flag, const std::string& s) {
-  if (s.empty()) throw ConfigError(flag + " is empty: give a size such as 64K, 1M or 1G");
-  if (s[0] == '-') throw ConfigError(flag + " '" + s + "' is negative: give a size such as 64K, 1M or 1G");
-  size_t pos = 0;
-  unsigned long long v = 0;
-  try {
-    v = std::stoull(s, &pos);
-  } catch (...) {
-    throw ConfigError(flag + " '" + s + "' is not a size: use a number with an optional K, M, G or T (powers of 1024)");
-  }
-  const std::string unit = s.substr(pos);
-  unsigned shift = 0;
-  if (unit == "K" || unit == "k" || unit == "KiB") shift = 10;
-  else if (unit == "M" || unit == "m" || unit == "MiB") shift = 20;
-  else if (unit == "G" || unit == "g" || unit == "GiB") shift = 30;
-  else if (unit == "T" || unit == "t" || unit == "TiB") shift = 40;
-  else if (!unit.empty() && unit != "B")
-    throw ConfigError(flag + " '" + s + "': unknown unit '" + unit + "'; use K, M, G or T (powers of 1024)");
-  if (shift && v > (~0ull >> shift)) throw ConfigError(flag + " '" + s + "' is too large");
-  return v << shift;
-}
-
 std::string short_size(uint64_t b) {
   if (b >= (1ull << 40) && b % (1ull << 40) == 0) return std::to_string(b >> 40) + "T";
   if (b >= (1ull << 30) && b % (1ull << 30) == 0) return std::to_string(b >> 30) + "G";

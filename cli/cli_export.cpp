@@ -8,7 +8,7 @@
 
 #include "cli.hpp"
 #include "strata/collectives/communicator.hpp"
-#include "strata/core/config_keys.hpp"
+#include "strata/core/byte_count.hpp"
 #include "strata/core/convert.hpp"
 #include "strata/runtime/config/config.hpp"
 #include "strata/runtime/formats/export.hpp"
@@ -47,7 +47,7 @@ void add_export(CLI::App& app) {
                 "(config.json and safetensors, from_pretrained loads it)")
       ->capture_default_str()
       ->check(CLI::IsMember({"safetensors", "hf"}));
-  e->add_option("--shard-size", a->shard_size, "--format hf: the largest safetensors file (K/M/G units)")
+  e->add_option("--shard-size", a->shard_size, std::string("--format hf: the largest safetensors file, in bytes (") + kByteCountUnits + ")")
       ->capture_default_str();
   e->add_flag("--force", a->force, "replace --out when it exists");
   e->add_option("--dtype", a->dtype, "bf16, fp16 or f32 tensors (default: the precision the run trained in)");
@@ -61,7 +61,7 @@ void add_export(CLI::App& app) {
       const OutOfRange out_of_range = a->clamp ? OutOfRange::Clamp : OutOfRange::Refuse;
       const ExportSummary s =
           a->format == "hf"
-              ? export_hf(a->checkpoint, a->out, a->force, dtype, parse_bytes(nlohmann::json(a->shard_size), "--shard-size"),
+              ? export_hf(a->checkpoint, a->out, a->force, dtype, parse_byte_count(a->shard_size, "--shard-size"),
                           out_of_range)
               : export_safetensors(a->checkpoint, a->out, a->force, dtype, out_of_range);
       std::printf("exported %s (step %lld; %s) to %s: %d %s tensors, %llu parameters, %llu bytes in %d file(s)\n",

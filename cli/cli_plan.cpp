@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "strata/core/byte_count.hpp"
 #include "strata/core/convert.hpp"
 #include "strata/core/error.hpp"
 #include "cli.hpp"
@@ -26,9 +27,11 @@ namespace {
 
 constexpr double GiB = 1024.0 * 1024 * 1024;
 
-// "25GB", "1.5TB", "32GiB", "12e9", "125T", "-3": a number with an optional decimal (K, M,
-// G, T, P) or binary (Ki, Mi, Gi, Ti) multiplier and an optional unit ("B", "B/s",
-// "FLOPS", "FLOP/s"). Negative values pass, so that validate() can name them.
+// Rates and factors: "25GB/s", "125T", "12e9", "0.5", "-3": a number with an optional
+// decimal (K, M, G, T, P) or binary (Ki, Mi, Gi, Ti) multiplier and an optional unit ("B",
+// "B/s", "FLOPS", "FLOP/s"). Negative values pass, so that validate() can name them. The
+// figures that are sizes (--hbm, ...) are byte counts, read by parse_byte_count as every
+// size flag and key is.
 // Element counts are unsigned: CLI11 would wrap "-5" around to 2^64 - 5.
 const CLI::Validator kElements(
     [](std::string& v) {
@@ -59,6 +62,10 @@ double parse_quantity(const std::string& flag, const std::string& text) {
     if (rest == s) return v * m;
   throw ConfigError(flag + " '" + text + "': unknown unit '" + rest + "'; use K, M, G, T, P (powers of 1000) or Ki, Mi, "
                     "Gi, Ti (powers of 1024), optionally followed by B or B/s");
+}
+
+bool is_byte_count_figure(const std::string& flag) {
+  return flag == "--hbm" || flag == "--device-reserve" || flag == "--host-ram" || flag == "--nvme-capacity";
 }
 
 OffloadDevice parse_offload(const std::string& flag, const std::string& v) {
@@ -260,7 +267,8 @@ plan::ClusterSpec plan_cluster(const PlanArgs& a, const GptShape& shape) {
   if (a.gpus_per_node) c.gpus_per_node = *a.gpus_per_node;
   if (a.nodes) c.nodes = *a.nodes;
   for (const auto& [flag, text] : a.figures) {
-    const double v = parse_quantity(flag, text);
+    const double v = is_byte_count_figure(flag) ? static_cast<double>(parse_byte_count(text, flag))
+                                                : parse_quantity(flag, text);
     if (flag == "--hbm") c.hbm = v;
     else if (flag == "--device-reserve") c.device_reserve = v;
     else if (flag == "--hbm-bw") c.hbm_bandwidth = v;
@@ -382,8 +390,10 @@ void add_plan(CLI::App& app) {
                         "--host-bw", "--nvme-capacity", "--nvme-read-bw", "--nvme-write-bw", "--pcie-bw",
                         "--intra-node-bw", "--network-bw"}) {
     const std::string flag = f;
-    p->add_option_function<std::string>(flag, [args, flag](const std::string& v) { args->figures[flag] = v; },
-                                        "cluster figure (e.g. 32GiB, 25GB/s, 125T)");
+    p->add_option_function<std::string>(
+        flag, [args, flag](const std::string& v) { args->figures[flag] = v; },
+        is_byte_count_figure(flag) ? std::string("cluster figure in bytes (e.g. 32GiB; ") + kByteCountUnits + ")"
+                                   : std::string("cluster figure (e.g. 25GB/s, 125T: K, M, G, T, P in powers of 1000; Ki, Mi, Gi, Ti of 1024)"));
   }
   p->add_option("--nvme-dir", args->nvme_dir, "cpu cluster: a directory whose disk is measured as the NVMe tier");
   p->add_option("--stage", args->stage, "ZeRO stage 1, 2 or 3")->capture_default_str();

@@ -27,7 +27,7 @@ while (($#)); do
     *) targets+=("$1"); shift ;;
   esac
 done
-all=(config set manifest safetensors tokens)
+all=(config set manifest safetensors tokens bytes)
 ((${#targets[@]})) || targets=("${all[@]}")
 for t in "${targets[@]}"; do
   [[ " ${all[*]} " == *" $t "* ]] || { echo "fuzz.sh: no target '$t' (${all[*]})" >&2; exit 2; }

@@ -9,6 +9,8 @@
 #include <numeric>
 #include <set>
 
+#include "strata/core/byte_count.hpp"
+
 namespace strata {
 
 using nlohmann::json;
@@ -60,48 +62,6 @@ void throw_bad_value(const std::string& key, const json& v, const std::string& a
 }
 
 namespace {
-
-constexpr const char* kBytesAccepted =
-    "a byte count: a whole number, or a string such as \"512MiB\", \"2GB\", \"1.5GiB\" (units B, KB, MB, GB, TB "
-    "in powers of 1000; KiB, MiB, GiB, TiB in powers of 1024)";
-
-// Bytes from a decimal number with an optional fraction and exponent and an optional
-// unit; nullopt when `s` is not of that form.
-std::optional<uint64_t> bytes_from_string(std::string_view s) {
-  size_t i = 0;
-  auto digits = [&] {
-    size_t start = i;
-    while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i;
-    return i > start;
-  };
-  bool whole = digits();
-  bool frac = false;
-  if (i < s.size() && s[i] == '.') {
-    ++i;
-    frac = digits();
-  }
-  if (!whole && !frac) return std::nullopt;
-  if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
-    ++i;
-    if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
-    if (!digits()) return std::nullopt;
-  }
-  double number = 0;
-  if (std::from_chars(s.data(), s.data() + i, number).ec != std::errc()) return std::nullopt;
-  while (i < s.size() && s[i] == ' ') ++i;
-  std::string unit;
-  for (; i < s.size(); ++i) unit += static_cast<char>(std::tolower(static_cast<unsigned char>(s[i])));
-  static const std::pair<const char*, double> kUnits[] = {
-      {"", 1.0},      {"b", 1.0},           {"kb", 1e3},          {"mb", 1e6},          {"gb", 1e9},
-      {"tb", 1e12},   {"kib", 1024.0},      {"mib", 1048576.0},   {"gib", 1073741824.0}, {"tib", 1099511627776.0}};
-  for (const auto& [name, scale] : kUnits) {
-    if (unit != name) continue;
-    double bytes = std::round(number * scale);
-    if (!(bytes < 18446744073709551616.0)) return std::nullopt;
-    return static_cast<uint64_t>(bytes);
-  }
-  return std::nullopt;
-}
 
 std::string whole_range_text(uint64_t lo, uint64_t hi) {
   if (hi == UINT64_MAX) return "a whole number >= " + std::to_string(lo);
@@ -264,11 +224,12 @@ std::string config_number_text(double x) {
 }
 
 uint64_t parse_bytes(const json& v, const std::string& key) {
-  if (v.is_number()) return read_whole(key, v, 0, UINT64_MAX, whole_range_text(0, UINT64_MAX));
-  if (!v.is_string()) throw_bad_value(key, v, kBytesAccepted);
-  auto bytes = bytes_from_string(v.get_ref<const std::string&>());
-  if (!bytes) throw_bad_value(key, v, kBytesAccepted);
-  return *bytes;
+  // JSON reads 1e30 as a double; past 2^64 it is too large, not malformed.
+  if (v.is_number_float() && v.get<double>() >= 18446744073709551616.0)
+    throw ConfigError(key + " = " + v.dump() + " " + byte_count_too_large_text());
+  if (v.is_number()) return read_whole(key, v, 0, UINT64_MAX, byte_count_forms());
+  if (!v.is_string()) throw_bad_value(key, v, byte_count_forms());
+  return parse_byte_count(v.get_ref<const std::string&>(), key);
 }
 
 std::string accepted_text(const ConfigKey& k) {
@@ -294,7 +255,7 @@ std::string accepted_text(const ConfigKey& k) {
         break;
       }
       case KeyType::Text: s = k.choices.empty() ? "a string" : choices_text(k.choices); break;
-      case KeyType::Bytes: s = kBytesAccepted; break;
+      case KeyType::Bytes: s = byte_count_forms(); break;
       case KeyType::Paths: s = "a directory path or a non-empty list of directory paths"; break;
       case KeyType::Any: s = "any JSON value"; break;
       case KeyType::Section: s = "a JSON object"; break;

@@ -88,7 +88,7 @@ typedef enum strata_status {
   STRATA_ERR_UNAVAILABLE = 10,     /* a backend or library this asks for is not here */
   STRATA_ERR_COLLECTIVE = 11,      /* a collective between ranks failed or was misused */
   STRATA_ERR_VERSION = 12,         /* the caller was built against an incompatible API */
-  STRATA_ERR_BUFFER_TOO_SMALL = 13, /* an output string did not fit; nothing was written */
+  STRATA_ERR_BUFFER_TOO_SMALL = 13, /* an output string would not fit: the call did nothing */
   STRATA_ERR_NOT_FOUND = 14,       /* no checkpoint under the given directory */
   STRATA_ERR_INTERNAL = 15,        /* a bug in Strata; the message says where */
   STRATA_STATUS_FORCE_INT32_MIN = -0x7fffffff - 1, /* with the next: negative int32s are values too */
@@ -143,7 +143,10 @@ typedef enum strata_init_kind {
 
 typedef struct strata_group_desc {
   uint32_t struct_size;   /* sizeof(strata_group_desc) */
-  const char* name;       /* unique within the runtime, non-empty */
+  /* Unique within the runtime, non-empty, UTF-8 with no control characters (checkpoints
+   * keep it as text; messages show it): another is STRATA_ERR_INVALID_ARGUMENT. A binding
+   * whose strings may hold a NUL must refuse those, not pass them cut at the NUL. */
+  const char* name;
   int32_t ndim;           /* 1 .. STRATA_MAX_DIMS */
   const int64_t* shape;   /* [ndim], each >= 1; numel is their product */
   strata_dtype dtype;     /* the runtime's (strata_runtime_info.dtype); another is STRATA_ERR_DTYPE */
@@ -269,9 +272,17 @@ STRATA_API strata_status strata_begin_micro_step(strata_runtime rt);
  * until the matching strata_release. Of the runtime's dtype: in 16 bits, the rounded
  * working copy the model computes with (the fp32 master weights are the optimizer's).
  * A group may be acquired again while held; each acquire needs its release. Inside a micro-batch only. Collective on stage 3 (the
- * gather), so on several ranks acquire in the same order everywhere. Read-only: writes
- * are not kept. */
+ * gather), so on several ranks acquire in the same order everywhere.
+ * Read-only: it is the engine's own buffer, handed out without a copy, so a write into
+ * it cannot be refused where it happens. Such a write is never taken into the
+ * optimizer's master weights (nor checkpoints), but later acquires and strata_read_params
+ * may see it until a step updates the parameters, or not, by the group's kind (persistent
+ * or not, ZeRO stage). With strata.checksums on, the buffer is hashed here and again at
+ * each strata_release, which finds any write, in every kind of group alike. */
 STRATA_API strata_status strata_acquire(strata_runtime rt, int32_t group, strata_buffer* out);
+/* Gives one acquire's hold back. With strata.checksums on, parameters that were written
+ * while held are STRATA_ERR_STATE naming the group (the release is done all the same):
+ * copy the buffer before changing it. */
 STRATA_API strata_status strata_release(strata_runtime rt, int32_t group);
 /* A writable buffer for the group's gradient of this micro-batch (zero copy), of the
  * runtime's dtype: write all numel elements, then call strata_grad_ready. One
@@ -313,12 +324,15 @@ STRATA_API strata_status strata_loss_scale(strata_runtime rt, double* out);
 /* Saves a sharded checkpoint under root (root/step-<N>/), between steps only.
  * extra_json (may be NULL) is stored with it (data position, RNG state). The new
  * directory is written to dir_out (capacity dir_cap bytes, NUL included; may be NULL).
- * Collective. */
+ * A dir_out too small for it, on any rank, is STRATA_ERR_BUFFER_TOO_SMALL before
+ * anything is saved. Collective. */
 STRATA_API strata_status strata_save_checkpoint(strata_runtime rt, const char* root, const char* extra_json,
                                                 char* dir_out, size_t dir_cap);
 /* Loads the checkpoint in dir (a step-<N> directory, or a root: its latest) into the
- * engine, between steps only. Its extra JSON goes to extra_out (may be NULL).
- * Collective. */
+ * engine, between steps only. Its extra JSON goes to extra_out (capacity extra_cap
+ * bytes, NUL included; may be NULL). An extra_out too small for it, on any rank, is
+ * STRATA_ERR_BUFFER_TOO_SMALL before anything is loaded (the manifest holds it, so its
+ * size is known first). Collective. */
 STRATA_API strata_status strata_load_checkpoint(strata_runtime rt, const char* dir, char* extra_out,
                                                 size_t extra_cap);
 /* The complete checkpoint with the highest step under root; STRATA_ERR_NOT_FOUND when

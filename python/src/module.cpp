@@ -39,6 +39,18 @@ void check(strata_status s) {
   if (s != STRATA_OK) throw StatusError(s, std::string(strata_status_name(s)) + ": " + strata_last_error());
 }
 
+// Text the C API takes as a NUL-terminated string. A Python str may hold a NUL, where C
+// would cut it short without a word ('a\0b' registered as 'a'), so such text is refused.
+const char* c_text(const std::string& s, const char* what) {
+  const size_t nul = s.find('\0');
+  if (nul != std::string::npos)
+    throw py::value_error(std::string(what) + " holds a NUL character (its byte " + std::to_string(nul + 1) + " of " +
+                          std::to_string(s.size()) +
+                          "); the C API reads text up to its first NUL, so Strata would see only the " +
+                          std::to_string(nul) + " byte(s) before it: remove the NUL");
+  return s.c_str();
+}
+
 // torch's names for the C API's element types.
 const char* dtype_name(strata_dtype t) {
   switch (t) {
@@ -193,18 +205,20 @@ class Borrowed {
 class Runtime {
  public:
   static Runtime from_json(const std::string& json) {
+    const char* json_text = c_text(json, "the configuration");
     auto h = std::make_shared<Handle>();
     {
       py::gil_scoped_release nogil;
-      check(strata_runtime_create(STRATA_API_VERSION, json.c_str(), &h->rt));
+      check(strata_runtime_create(STRATA_API_VERSION, json_text, &h->rt));
     }
     return Runtime(std::move(h));
   }
   static Runtime from_file(const std::string& path) {
+    const char* path_text = c_text(path, "the configuration path");
     auto h = std::make_shared<Handle>();
     {
       py::gil_scoped_release nogil;
-      check(strata_runtime_create_from_file(STRATA_API_VERSION, path.c_str(), &h->rt));
+      check(strata_runtime_create_from_file(STRATA_API_VERSION, path_text, &h->rt));
     }
     return Runtime(std::move(h));
   }
@@ -217,7 +231,7 @@ class Runtime {
                          float std, float value, py::object data) {
     strata_group_desc d{};
     d.struct_size = sizeof d;
-    d.name = name.c_str();
+    d.name = c_text(name, "the group name");
     d.ndim = static_cast<int32_t>(shape.size());
     d.shape = shape.data();
     d.dtype = runtime_dtype();  // data= passes its own, which the C API checks against it
@@ -255,7 +269,7 @@ class Runtime {
 
   int32_t find_group(const std::string& name) {
     int32_t id = -1;
-    check(strata_find_group(rt(), name.c_str(), &id));
+    check(strata_find_group(rt(), c_text(name, "the group name"), &id));
     return id;
   }
   std::vector<int64_t> group_shape(int32_t g) {
@@ -307,16 +321,25 @@ class Runtime {
   std::string dtype() { return dtype_name(runtime_dtype()); }
   std::string save_checkpoint(const std::string& root, py::object extra_json) {
     std::string extra = extra_json.is_none() ? "" : extra_json.cast<std::string>();
+    const char* root_text = c_text(root, "the checkpoint root");
+    const char* extra_text = extra.empty() ? nullptr : c_text(extra, "extra_json");
     std::vector<char> dir(8192);
-    call([&](strata_runtime r) {
-      return strata_save_checkpoint(r, root.c_str(), extra.empty() ? nullptr : extra.c_str(), dir.data(), dir.size());
-    });
+    call([&](strata_runtime r) { return strata_save_checkpoint(r, root_text, extra_text, dir.data(), dir.size()); });
     return dir.data();
   }
   std::string load_checkpoint(const std::string& dir) {
-    std::vector<char> extra(1 << 20);
-    call([&](strata_runtime r) { return strata_load_checkpoint(r, dir.c_str(), extra.data(), extra.size()); });
-    return extra.data();
+    const char* dir_text = c_text(dir, "the checkpoint directory");
+    // A buffer too small for the extra JSON is refused before anything is loaded, so a
+    // larger one can be offered until it fits (a manifest is at most 256 MiB).
+    for (size_t cap = size_t{1} << 20;; cap *= 4) {
+      std::vector<char> extra(cap);
+      std::string msg;
+      const strata_status s = try_call(
+          [&](strata_runtime r) { return strata_load_checkpoint(r, dir_text, extra.data(), extra.size()); }, &msg);
+      if (s == STRATA_OK) return extra.data();
+      if (s != STRATA_ERR_BUFFER_TOO_SMALL || cap >= (size_t{256} << 20))
+        throw StatusError(s, std::string(strata_status_name(s)) + ": " + msg);
+    }
   }
   py::dict stats() {
     strata_stats s{};
@@ -385,17 +408,22 @@ class Runtime {
       throw StatusError(STRATA_ERR_INVALID_HANDLE, "STRATA_ERR_INVALID_HANDLE: this Runtime was closed; make a new one");
     return h_->rt;
   }
-  // Runs a C call without the GIL.
+  // Runs a C call without the GIL: its status, and its message in *msg when it failed.
   template <class F>
-  void call(F&& f) {
+  strata_status try_call(F&& f, std::string* msg) {
     const strata_runtime r = rt();
     strata_status s;
-    std::string msg;
     {
       py::gil_scoped_release nogil;
       s = f(r);
-      if (s != STRATA_OK) msg = strata_last_error();  // the same thread, before the GIL returns
+      if (s != STRATA_OK) *msg = strata_last_error();  // the same thread, before the GIL returns
     }
+    return s;
+  }
+  template <class F>
+  void call(F&& f) {
+    std::string msg;
+    const strata_status s = try_call(f, &msg);
     if (s != STRATA_OK) throw StatusError(s, std::string(strata_status_name(s)) + ": " + msg);
   }
 
@@ -421,7 +449,7 @@ PYBIND11_MODULE(_strata, m) {
   m.attr("API_VERSION") = STRATA_API_VERSION;
   m.def("latest_checkpoint", [](const std::string& root) -> py::object {
     std::vector<char> dir(8192);
-    strata_status s = strata_latest_checkpoint(root.c_str(), dir.data(), dir.size());
+    strata_status s = strata_latest_checkpoint(c_text(root, "the checkpoint root"), dir.data(), dir.size());
     if (s == STRATA_ERR_NOT_FOUND) return py::none();
     check(s);
     return py::str(dir.data());

@@ -210,6 +210,54 @@ class Module(unittest.TestCase):
                 self.assertEqual(json.loads(rt.load_checkpoint(root)), {"epoch": 1})
                 np.testing.assert_array_equal(rt.read_params(g), saved)
 
+    def test_text_with_a_nul_is_refused_not_cut_short(self):
+        # The C API takes NUL-terminated strings: 'a\0b' used to register a group named 'a'.
+        with tempfile.TemporaryDirectory() as root:
+            with strata.Runtime.from_config(config()) as rt:
+                for name in ("a\0b", "\0", "block.0\0", "\0tail", "блок\0.1"):
+                    with self.assertRaises(ValueError) as e:
+                        rt.register_group(name, [4], init="zeros")
+                    self.assertIn("holds a NUL character", str(e.exception))
+                    self.assertIn("remove the NUL", str(e.exception))
+                    with self.assertRaises(ValueError):
+                        rt.find_group(name)
+                self.assertEqual(rt.info()["num_groups"], 0, "a name with a NUL registered something")
+                g = rt.register_group("a", [4], init="zeros")
+                rt.begin_micro_step()
+                rt.submit_grad(g, torch.zeros(4))
+                rt.step()
+                for bad in (root + "\0x", "\0"):
+                    with self.assertRaises(ValueError):
+                        rt.save_checkpoint(bad)
+                    with self.assertRaises(ValueError):
+                        rt.load_checkpoint(bad)
+                    with self.assertRaises(ValueError):
+                        strata.latest_checkpoint(bad)
+                with self.assertRaises(ValueError):
+                    rt.save_checkpoint(root, '{"epoch": 1}\0{"epoch": 2}')
+                self.assertIsNone(strata.latest_checkpoint(root), "a refused save left a checkpoint")
+            with self.assertRaises(ValueError):
+                strata.Runtime.from_config(json.dumps(config()) + "\0 trailing")
+            with self.assertRaises(ValueError):
+                strata.Runtime.from_file(os.path.join(root, "run.json\0.txt"))
+
+    def test_writes_into_acquired_parameters_are_found_at_release(self):
+        # strata.checksums: the release names the group, persistent (kept gathered) or not.
+        cfg = config(checksums=True)
+        cfg["zero_optimization"] = {"stage": 3, "stage3_param_persistence_threshold": 100}
+        with strata.Runtime.from_config(cfg) as rt:
+            small = rt.register_group("small", [64], init="ones")
+            large = rt.register_group("large", [4096], init="ones")
+            rt.begin_micro_step()
+            for g, name in ((small, "small"), (large, "large")):
+                torch.from_dlpack(rt.acquire(g))[3] += 1.0
+                with self.assertRaises(strata.StrataError) as e:
+                    rt.release(g)
+                self.assertEqual(e.exception.status, "STRATA_ERR_STATE")
+                self.assertIn(f"group '{name}' were written while acquired", str(e.exception))
+                rt.acquire(g)  # released all the same: a clean acquire and release follow
+                rt.release(g)
+
 
 class SixteenBits(unittest.TestCase):
     """A bf16 or fp16 runtime: bfloat16/float16 DLPack views, 16-bit gradients, the loss scale."""

@@ -36,11 +36,12 @@ TEST(CApiCheckpoint, SaveLoadAndResumeMatchesAnUninterruptedRun) {
                         STRATA_ERR_INVALID_ARGUMENT, "extra_json is not valid JSON");
     ASSERT_STRATA_OK(strata_save_checkpoint(h.rt, root.path.c_str(), "{\"data_position\": 3}", dir, sizeof dir));
     EXPECT_NE(std::string(dir).find("step-00000003"), std::string::npos) << dir;
-    EXPECT_STRATA_FAILS(strata_save_checkpoint(h.rt, root.path.c_str(), nullptr, tiny, sizeof tiny), STRATA_ERR_CONFIG,
+    EXPECT_STRATA_FAILS(strata_save_checkpoint(h.rt, root.path.c_str(), nullptr, nullptr, 0), STRATA_ERR_CONFIG,
                         "step-00000003");  // a checkpoint is never overwritten
     train_steps(h.rt, gs, 3, 4);
     EXPECT_STRATA_FAILS(strata_save_checkpoint(h.rt, root.path.c_str(), nullptr, tiny, sizeof tiny),
                         STRATA_ERR_BUFFER_TOO_SMALL, "the buffer has 4");
+    ASSERT_STRATA_OK(strata_save_checkpoint(h.rt, root.path.c_str(), nullptr, nullptr, 0));
   }
   char latest[4096] = {};
   ASSERT_STRATA_OK(strata_latest_checkpoint(root.path.c_str(), latest, sizeof latest));
@@ -68,6 +69,52 @@ TEST(CApiCheckpoint, SaveLoadAndResumeMatchesAnUninterruptedRun) {
     ASSERT_STRATA_OK(strata_get_stats(h.rt, &st));
     EXPECT_EQ(st.optimizer_steps, 4);
   }
+}
+
+// STRATA_ERR_BUFFER_TOO_SMALL says the call did nothing: the buffer is checked before a
+// save writes anything and before a load replaces the parameters.
+TEST(CApiCheckpoint, ABufferTooSmallIsRefusedBeforeAnythingIsSavedOrLoaded) {
+  namespace fs = std::filesystem;
+  TempDir root("ckpt-room");
+  auto gs = toy_groups(2);
+  RuntimeHandle h(config_json({}));
+  register_toy(h.rt, gs);
+  train_steps(h.rt, gs, 0, 1);
+  const std::string expected = (root.path / "step-00000001").string();
+  const char* extra_json = R"({"data_position": 12345, "rng": "pcg64 0x5eed"})";
+  for (size_t cap : {size_t{0}, size_t{1}, size_t{8}, expected.size()}) {
+    std::vector<char> out(cap + 1, 'x');
+    EXPECT_STRATA_FAILS(strata_save_checkpoint(h.rt, root.path.c_str(), extra_json, out.data(), cap),
+                        STRATA_ERR_BUFFER_TOO_SMALL, "nothing was saved");
+    EXPECT_EQ(std::string(out.begin(), out.end()), std::string(cap + 1, 'x')) << "a refused save wrote its buffer";
+    EXPECT_TRUE(fs::is_empty(root.path)) << "a refused save (capacity " << cap << ") left files in the root";
+  }
+  std::vector<char> dir(expected.size() + 1);
+  ASSERT_STRATA_OK(strata_save_checkpoint(h.rt, root.path.c_str(), extra_json, dir.data(), dir.size()));
+  EXPECT_EQ(std::string(dir.data()), expected);
+  const auto saved = read_all(h.rt, gs);
+
+  train_steps(h.rt, gs, 1, 2);
+  const auto moved = read_all(h.rt, gs);
+  ASSERT_NE(moved, saved);
+  const std::string stored = R"({"data_position":12345,"rng":"pcg64 0x5eed"})";
+  for (const char* target : {static_cast<const char*>(dir.data()), root.path.c_str()}) {
+    for (size_t cap : {size_t{0}, size_t{1}, size_t{16}, stored.size()}) {
+      std::vector<char> out(cap + 1, 'x');
+      EXPECT_STRATA_FAILS(strata_load_checkpoint(h.rt, target, out.data(), cap), STRATA_ERR_BUFFER_TOO_SMALL,
+                          "nothing was loaded");
+      EXPECT_EQ(std::string(out.begin(), out.end()), std::string(cap + 1, 'x')) << "a refused load wrote its buffer";
+      EXPECT_EQ(read_all(h.rt, gs), moved) << "a refused load (capacity " << cap << ") replaced the parameters";
+      strata_stats st{};
+      st.struct_size = sizeof st;
+      ASSERT_STRATA_OK(strata_get_stats(h.rt, &st));
+      EXPECT_EQ(st.optimizer_steps, 2) << "a refused load set the step back";
+    }
+  }
+  std::vector<char> extra(stored.size() + 1);
+  ASSERT_STRATA_OK(strata_load_checkpoint(h.rt, dir.data(), extra.data(), extra.size()));
+  EXPECT_EQ(std::string(extra.data()), stored);
+  EXPECT_EQ(read_all(h.rt, gs), saved);
 }
 
 TEST(CApiCheckpoint, Misuse) {

@@ -324,6 +324,8 @@ strata_status strata_save_checkpoint(strata_runtime rt, const char* root, const 
                                      size_t dir_cap) {
   return with_runtime(rt, "strata_save_checkpoint", [&](Runtime& r) {
     need(root, "root");
+    // A too-small buffer is refused before saving, so that the status says what happened.
+    r.check_room(r.next_checkpoint_dir(root), dir_out, dir_cap, "the checkpoint's directory", "nothing was saved");
     const std::string dir = r.save_checkpoint(root, extra_json ? extra_json : "");
     copy_out(dir, dir_out, dir_cap, "the checkpoint's directory");
   });
@@ -332,7 +334,12 @@ strata_status strata_save_checkpoint(strata_runtime rt, const char* root, const 
 strata_status strata_load_checkpoint(strata_runtime rt, const char* dir, char* extra_out, size_t extra_cap) {
   return with_runtime(rt, "strata_load_checkpoint", [&](Runtime& r) {
     need(dir, "dir");
-    const std::string extra = r.load_checkpoint(dir);
+    // Its extra JSON is read with the manifest, before loading: a buffer too small for
+    // it is refused while the parameters are still the caller's.
+    const strata::CheckpointInfo target = r.checkpoint_to_load(dir);
+    const std::string extra = target.extra.dump();
+    r.check_room(extra, extra_out, extra_cap, "the checkpoint's extra JSON", "nothing was loaded");
+    r.load_checkpoint(target);
     copy_out(extra, extra_out, extra_cap, "the checkpoint's extra JSON");
   });
 }

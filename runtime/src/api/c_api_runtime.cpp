@@ -8,6 +8,8 @@
 #include <functional>
 #include <limits>
 
+#include <xxhash.h>
+
 #include "strata/core/convert.hpp"
 #include "strata/core/safe_io.hpp"
 #include "strata/core/value_checks.hpp"
@@ -43,6 +45,27 @@ const char* precision_source(strata_dtype d) {
     case STRATA_BF16: return "the configuration's bf16.enabled";
     case STRATA_F16: return "the configuration's fp16.enabled";
     default: return "the configuration enables neither bf16 nor fp16";
+  }
+}
+
+// A group's name is kept as JSON text in checkpoints and shown in messages: it must be
+// UTF-8 with no control characters (a C string has no NUL inside by construction; the
+// bindings refuse names that do, rather than pass them cut short).
+void check_group_name(const std::string& name) {
+  const char* why = "";
+  const uint64_t bad = first_non_text(reinterpret_cast<const unsigned char*>(name.data()), name.size(), &why);
+  if (bad != name.size())
+    throw ApiError(STRATA_ERR_INVALID_ARGUMENT, "the group's name '" + name.substr(0, bad) + "...' is not UTF-8 text: its byte " +
+                                                    std::to_string(bad + 1) + " " + why +
+                                                    "; checkpoints keep names as text: give a UTF-8 name");
+  for (size_t i = 0; i < name.size(); ++i) {
+    const auto c = static_cast<unsigned char>(name[i]);
+    if (c >= 0x20 && c != 0x7f) continue;
+    char code[8];
+    std::snprintf(code, sizeof code, "0x%02x", c);
+    throw ApiError(STRATA_ERR_INVALID_ARGUMENT, "the group's name '" + name.substr(0, i) + "...' has a control character (" +
+                                                    code + ") at byte " + std::to_string(i + 1) +
+                                                    "; names appear in messages and checkpoints: give printable text");
   }
 }
 
@@ -140,6 +163,7 @@ int32_t Runtime::register_group(const strata_group_desc& d) {
                                          "': the engine has started (strata_start or the first call that needs "
                                          "it); register every group before that");
   if (name.empty()) throw ApiError(STRATA_ERR_INVALID_ARGUMENT, "the group's name is null or empty; give each group a name");
+  check_group_name(name);
   for (const Group& gr : groups_)
     if (gr.name == name)
       throw ApiError(STRATA_ERR_INVALID_ARGUMENT, "a group named '" + name + "' is registered already; names must be unique");
@@ -367,8 +391,20 @@ strata_buffer Runtime::acquire(int32_t g) {
                                          "' outside a micro-batch; call strata_begin_micro_step first (to read "
                                          "parameters outside training use strata_read_params)");
   const void* p = engine_->acquire_params(g);
-  ++gr.holders;
+  if (gr.holders++ == 0) {
+    gr.held = p;
+    if (config_.strata.checksums) gr.held_hash = held_params_hash(gr);
+  }
   return buffer(gr, const_cast<void*>(p));
+}
+
+uint64_t Runtime::held_params_hash(const Group& gr) const {
+  const size_t bytes = gr.numel * dtype_size(precision_);
+  if (device_->host_addressable()) return XXH3_64bits(gr.held, bytes);
+  std::vector<std::byte> host(bytes);
+  copy_stream_->copy_async(host.data(), gr.held, bytes);
+  copy_stream_->record().wait();
+  return XXH3_64bits(host.data(), bytes);
 }
 
 void Runtime::release(int32_t g) {
@@ -377,8 +413,26 @@ void Runtime::release(int32_t g) {
     throw ApiError(STRATA_ERR_STATE, "strata_release: group '" + gr.name +
                                          "' is not acquired (released twice, or never acquired); each "
                                          "strata_acquire takes exactly one strata_release");
+  // Acquired parameters are the engine's own buffer, handed out without a copy, so a write
+  // into it cannot be refused where it happens. What that write does differs by group
+  // (gone at its release, or seen by later acquires until a step), so with the checks on
+  // it is found here, for every kind of group alike, and named.
+  bool written = false;
+  if (config_.strata.checksums) {
+    const uint64_t now = held_params_hash(gr);
+    written = now != gr.held_hash;
+    gr.held_hash = now;  // a hold still open reports only later writes
+  }
   engine_->release_params(g);
-  --gr.holders;
+  if (--gr.holders == 0) gr.held = nullptr;
+  if (written)
+    throw ApiError(STRATA_ERR_STATE,
+                   "strata_release: the parameters of group '" + gr.name +
+                       "' were written while acquired (their checksum changed between strata_acquire and this "
+                       "release; strata.checksums is on). Acquired parameters are read-only: a write is never "
+                       "taken into the optimizer's master weights, but later acquires and strata_read_params may "
+                       "see it until a step updates them, so this micro-batch computed with values the "
+                       "optimizer does not have. Copy the buffer before changing it. The group is released.");
 }
 
 strata_buffer Runtime::grad_buffer(int32_t g) {
@@ -496,6 +550,31 @@ double Runtime::loss_scale() const {
   return precision_ == DType::F16 ? LossScaler(config_.fp16).scale() : 1.0;
 }
 
+std::string Runtime::next_checkpoint_dir(const std::string& root) const {
+  return checkpoint_dir_for(root, engine_ ? engine_->iterations() : 0);
+}
+
+void Runtime::check_room(const std::string& text, const char* out, size_t cap, const std::string& what,
+                         const std::string& undone) {
+  const uint64_t needed = text.size() + 1;
+  const bool short_here = out != nullptr && cap < needed;
+  bool short_somewhere = short_here;
+  if (host_comm_->size() > 1) {
+    std::vector<double> flag{short_here ? 1.0 : 0.0};
+    host_comm_->all_reduce(coll::MutView(flag), coll::ReduceOp::Max).wait();
+    short_somewhere = flag[0] > 0;
+  }
+  if (short_here)
+    throw ApiError(STRATA_ERR_BUFFER_TOO_SMALL, what + " needs " + std::to_string(needed) +
+                                                    " bytes (its NUL included), the buffer has " + std::to_string(cap) +
+                                                    "; " + undone + ": pass a buffer of at least " +
+                                                    std::to_string(needed) + " bytes");
+  if (short_somewhere)
+    throw ApiError(STRATA_ERR_BUFFER_TOO_SMALL, "another rank's buffer for " + what + " is too small (this rank's holds " +
+                                                    std::to_string(needed) + " bytes); " + undone +
+                                                    ": pass a large enough buffer on every rank");
+}
+
 std::string Runtime::save_checkpoint(const std::string& root, const std::string& extra_json) {
   check_between_steps("strata_save_checkpoint");
   nlohmann::json extra = nlohmann::json::object();
@@ -516,7 +595,7 @@ std::string Runtime::save_checkpoint(const std::string& root, const std::string&
   return strata::save_checkpoint(*engine_, *host_comm_, root, config_.raw, extra, names);
 }
 
-std::string Runtime::load_checkpoint(const std::string& dir) {
+CheckpointInfo Runtime::checkpoint_to_load(const std::string& dir) const {
   check_between_steps("strata_load_checkpoint");
   std::string target = dir;
   if (!std::filesystem::exists(std::filesystem::path(dir) / "manifest.json")) {
@@ -528,9 +607,13 @@ std::string Runtime::load_checkpoint(const std::string& dir) {
                                                "or its root");
     target = *latest;
   }
+  return read_checkpoint_info(target);
+}
+
+void Runtime::load_checkpoint(const CheckpointInfo& target) {
+  check_between_steps("strata_load_checkpoint");
   start();
-  CheckpointInfo info = strata::load_checkpoint(*engine_, *host_comm_, target);
-  return info.extra.dump();
+  strata::load_checkpoint(*engine_, *host_comm_, target.dir);
 }
 
 strata_stats Runtime::stats() const {

@@ -18,6 +18,7 @@
 #include "strata/core/error.hpp"
 #include "strata/runtime/config/config.hpp"
 #include "strata/runtime/engine/zero_engine.hpp"
+#include "strata/runtime/formats/checkpoint.hpp"
 #include "strata/strata.h"
 
 namespace strata::capi {
@@ -61,8 +62,18 @@ class Runtime {
   bool step();
   void read_params(int32_t g, void* dst, strata_dtype dtype, uint64_t numel);
   double loss_scale() const;
+  // Where save_checkpoint(root, ...) saves if called now: known before anything is written.
+  std::string next_checkpoint_dir(const std::string& root) const;
   std::string save_checkpoint(const std::string& root, const std::string& extra_json);
-  std::string load_checkpoint(const std::string& dir);  // returns the extra JSON, dumped
+  // The checkpoint strata_load_checkpoint(dir) loads (dir, or the latest under it), its
+  // manifest read and checked: the extra JSON is known before anything is loaded.
+  CheckpointInfo checkpoint_to_load(const std::string& dir) const;
+  void load_checkpoint(const CheckpointInfo& target);
+  // Collective: STRATA_ERR_BUFFER_TOO_SMALL on every rank when any rank's out[cap] cannot
+  // hold `text` and its NUL (out null asks for nothing), so that a call can refuse before
+  // it acts and its ranks stay together. `undone` says what did not happen.
+  void check_room(const std::string& text, const char* out, size_t cap, const std::string& what,
+                  const std::string& undone);
   strata_stats stats() const;
 
  private:
@@ -74,6 +85,8 @@ class Runtime {
     std::vector<float> data;  // STRATA_INIT_DATA: the initial values (widened) until start()
     bool has_data = false;
     int holders = 0;          // outstanding acquires
+    const void* held = nullptr;  // the parameters handed out while holders > 0
+    uint64_t held_hash = 0;      // strata.checksums: their xxh3 at the first of those acquires
     bool grad_out = false;    // a gradient buffer is handed out, not yet ready
     bool grad_in = false;     // a gradient was handed in for the open micro-batch
   };
@@ -89,6 +102,8 @@ class Runtime {
   void check_micro_step_complete(const char* call) const;
   void check_between_steps(const char* call) const;
   strata_buffer buffer(const Group& gr, void* data) const;
+  // xxh3 of the parameters gr.held (strata.checksums: a write into them is found at release).
+  uint64_t held_params_hash(const Group& gr) const;
 
   Config config_;
   DType precision_ = DType::F32;     // config_.precision(): every group's and buffer's type

@@ -584,7 +584,9 @@ const ConfigSection kStrata = {
          .field = STRATA_CONFIG_FIELD(Config, strata.pinned_budget)},
         {.name = "nvme_budget", .type = KeyType::Bytes, .fallback = "unset: sized from the plan",
          .help = "Bytes of NVMe swap space.", .field = STRATA_CONFIG_FIELD(Config, strata.nvme_budget)},
-        {.name = "checksums", .type = KeyType::Boolean, .help = "xxHash per NVMe extent, verified on read.",
+        {.name = "checksums", .type = KeyType::Boolean, .help = "xxHash per NVMe extent, verified on read. Through the C API also the parameters each acquire "
+                 "hands out, hashed again at their release: a write into them (they are read-only) is an error "
+                 "naming the group (docs/embedding.md).",
          .field = STRATA_CONFIG_FIELD(Config, strata.checksums)},
         {.name = "out_of_range", .type = KeyType::Text,
          .choices = {{"refuse", int(OutOfRange::Refuse)}, {"clamp", int(OutOfRange::Clamp)}},

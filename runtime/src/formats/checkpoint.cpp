@@ -110,6 +110,10 @@ std::exception_ptr publish_checkpoint(coll::Communicator& host, CheckpointInfo i
 
 }  // namespace
 
+std::string checkpoint_dir_for(const std::string& root, int64_t step) {
+  return (fs::path(root) / step_name(step)).string();
+}
+
 std::string save_checkpoint(ZeroEngine& engine, coll::Communicator& host, const std::string& root,
                             const json& config, const json& extra, const std::vector<std::string>& group_names) {
   const int rank = host.rank(), world = host.size();
@@ -120,7 +124,7 @@ std::string save_checkpoint(ZeroEngine& engine, coll::Communicator& host, const 
                    std::to_string(engine.num_groups()) + " groups");
   const int64_t step = engine.iterations();
   const fs::path rootp(root);
-  const fs::path final_dir = rootp / step_name(step);
+  const fs::path final_dir = checkpoint_dir_for(root, step);
   const fs::path tmp = rootp / ("." + step_name(step) + ".tmp");
 
   // 1. Rank 0 makes the temporary directory (replacing the leftover of a crashed save),

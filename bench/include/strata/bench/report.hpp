@@ -23,13 +23,15 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "strata/core/byte_count.hpp"
+
 namespace strata::bench {
 
 // ---------------------------------------------------------------------------------------
 // Inputs
 
-// "64K", "1M", "2G", "4096": powers of 1024. Throws ConfigError naming the flag.
-uint64_t parse_size(const std::string& flag, const std::string& text);
+// Sizes given as flags ("64K", "1M", "2GB") are read by parse_byte_count
+// (core/byte_count.hpp), as every flag and key that takes a byte count.
 // 65536 -> "64K", 3<<30 -> "3G"; other values in bytes.
 std::string short_size(uint64_t bytes);
 // 'text' with single quotes escaped, for a /bin/sh command line.

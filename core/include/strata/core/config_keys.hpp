@@ -43,7 +43,8 @@ std::string nearest_key(std::string_view key, const std::vector<std::string>& ca
 // the HuggingFace Trainer's "auto" placeholder.
 [[noreturn]] void throw_bad_value(const std::string& key, const nlohmann::json& v, const std::string& accepted);
 
-// "512MiB", "2GB", "1e9", 4096 -> bytes. Throws ConfigError naming the key.
+// A key's byte count: a JSON whole number, or a string parse_byte_count reads
+// (core/byte_count.hpp: "512MiB", "2GB", "5G", "1e9"). Throws ConfigError naming the key.
 uint64_t parse_bytes(const nlohmann::json& v, const std::string& key);
 
 // The shortest text that reads back as x, or as the float x holds exactly: "0.001",
@@ -58,7 +59,7 @@ enum class KeyType {
   Double,      // a number, kept in double
   NumberPair,  // [a, b], each a number in the row's range, checked as a float
   Text,        // a string; with `choices`, one of them
-  Bytes,       // a whole number of bytes, or a string such as "512MiB" (parse_bytes)
+  Bytes,       // a whole number of bytes, or a string such as "512MiB" (parse_bytes, byte_count.hpp)
   Paths,       // a directory, or a non-empty list of distinct directories
   Any,         // any JSON value, not checked (keys that only have to be accepted)
   Section,     // a JSON object with its own table

@@ -86,6 +86,11 @@ std::string save_checkpoint(ZeroEngine& engine, coll::Communicator& host, const 
                             const nlohmann::json& config, const nlohmann::json& extra,
                             const std::vector<std::string>& group_names = {});
 
+// The directory save_checkpoint writes for an engine at `step` iterations
+// (engine.iterations()): <root>/step-<N>. Known before saving, so a caller that hands the
+// name on (the C API) can check it has room for it before anything is written.
+std::string checkpoint_dir_for(const std::string& root, int64_t step);
+
 // The complete checkpoint with the highest step under root (directories without a
 // valid manifest are ignored, with a warning); nullopt when there is none.
 std::optional<std::string> latest_checkpoint(const std::string& root);
