@@ -10,6 +10,7 @@
 #include "strata/bench/cli_checks.hpp"
 #include "strata/core/convert.hpp"
 #include "strata/core/error.hpp"
+#include "strata/core/output_guard.hpp"
 #include "strata/core/safe_io.hpp"
 #include "strata/model/data.hpp"
 #include "strata/model/gpt.hpp"
@@ -69,6 +70,7 @@ int run_train() {
   o.resume_from = g_train.resume_from;
   o.init_from = g_train.init_from;
   o.metrics_path = g_train.metrics;
+  o.config_path = g_train.config;
   o.eval_batches = g_train.eval_batches;
   o.quiet = g_train.quiet;
   TrainResult r = train(c, o);
@@ -89,6 +91,7 @@ std::string resolve_checkpoint(const std::string& path) {
   }
 }
 
+
 // A checkpoint's fp32 master weights in host memory, for sample and eval. Only the
 // model's shape is read from its config: a checkpoint is complete on its own, so the
 // run's nvme_path, data file and budgets need not exist here (export reads it the same
@@ -100,9 +103,13 @@ struct LoadedCheckpoint {
   std::vector<std::vector<float>> groups;
 };
 
-LoadedCheckpoint load_weights(const std::string& path) {
+// `other_inputs`: what else the command reads, which its standard output must not be.
+LoadedCheckpoint load_weights(const std::string& path, std::vector<RunPath> other_inputs) {
   LoadedCheckpoint c;
   c.dir = resolve_checkpoint(path);
+  for (RunPath& p : files_in(c.dir, "the checkpoint (--checkpoint)")) other_inputs.push_back(std::move(p));
+  other_inputs.push_back({c.dir, "the checkpoint (--checkpoint)"});
+  check_outputs_replace_no_input(other_inputs, {standard_output()});
   c.info = read_checkpoint_info(c.dir);
   c.shape = checkpoint_gpt_shape(c.info);
   for (int g = 0; g < static_cast<int>(gpt_groups(c.shape).size()); ++g)
@@ -111,7 +118,7 @@ LoadedCheckpoint load_weights(const std::string& path) {
 }
 
 int run_sample() {
-  LoadedCheckpoint ck = load_weights(g_sample.checkpoint);
+  LoadedCheckpoint ck = load_weights(g_sample.checkpoint, {});
   const std::string& dir = ck.dir;
   const CheckpointInfo& info = ck.info;
   const GptShape shape = ck.shape;
@@ -185,7 +192,7 @@ int run_sample() {
 // PyTorch's GPT-2 does for a shorter input. It computes in the precision the run trained in
 // (the weights its masters rounded to it, 16-bit activations as in training), or --precision.
 int run_eval() {
-  LoadedCheckpoint ck = load_weights(g_eval.checkpoint);
+  LoadedCheckpoint ck = load_weights(g_eval.checkpoint, {{g_eval.data, "--data"}});
   GptShape shape = ck.shape;
   const int seq = g_eval.seq > 0 ? g_eval.seq : shape.seq_len;
   if (seq > shape.seq_len)

@@ -17,6 +17,7 @@
 #include "strata/core/convert.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/log.hpp"
+#include "strata/core/output_guard.hpp"
 #include "strata/model/data.hpp"
 #include "strata/model/gpt.hpp"
 #include "strata/runtime/formats/checkpoint.hpp"
@@ -438,6 +439,23 @@ void run_steps(const TrainLoop& t, TrainResult& res, TokenBatches& batches, cons
   }
 }
 
+
+// No output of the run replaces one of its inputs or another output (output_guard.hpp),
+// checked on every rank (each writes its own trace) before anything is written.
+void check_run_outputs(const Config& cfg, const TrainOptions& topts, const EngineOptions& eo,
+                       const std::string& start_dir, const std::string& init_dir) {
+  std::vector<RunPath> inputs = {{topts.config_path, "the config file"}, {cfg.strata.data.path, "strata.data.path"}};
+  for (const std::string& p : eo.store.nvme.paths) inputs.push_back({p, "nvme_path"});
+  const std::string resumed = topts.resume_from.empty() ? "the checkpoint --resume reads" : "--resume-from";
+  for (const auto& [dir, what] : {std::pair{start_dir, resumed}, std::pair{init_dir, std::string("--init-from")}}) {
+    if (dir.empty()) continue;
+    inputs.push_back({dir, what});
+    for (RunPath& f : files_in(dir, what)) inputs.push_back(std::move(f));
+  }
+  check_outputs_replace_no_input(
+      inputs, {{topts.metrics_path, "--metrics"}, {eo.trace_path, "strata.trace"}, standard_output()});
+}
+
 }  // namespace
 
 TrainResult train(const Config& cfg, const TrainOptions& topts) {
@@ -456,7 +474,8 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
 
   // Data before the engine: a bad data file fails in a second, before any allocation.
   TokenDataset data(cfg.strata.data, shape.seq_len, shape.vocab, cfg.strata.seed);
-  // The metrics file too: a bad path fails now, not after the model is built.
+  // The metrics file too (opened, nothing written before check_run_outputs): a bad path
+  // fails now, not after the model is built.
   StepLog step_log(cfg, topts, rank);
 
   // The checkpoint directory next, before the model, the engine or any swap file: rank 0
@@ -471,6 +490,7 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
 
   EngineOptions eo = EngineOptions::from_config(cfg);
   eo.trace_path = with_rank(cfg.strata.trace, rank, world);
+  check_run_outputs(cfg, topts, eo, start_dir, init_dir);
   const int micro = cfg.train_micro_batch_size_per_gpu, accum = cfg.gradient_accumulation_steps;
   const GptOptions mo = model_options(cfg, eo);
   // The model first: its activations (device memory on cuda) are allocated beside the

@@ -30,6 +30,7 @@ struct TrainOptions {
   // complete one). Excludes resume and resume_from.
   std::string init_from;
   std::string metrics_path;       // JSONL, one object per step (rank 0); "" = none
+  std::string config_path;        // the config file read, which no output may replace ("" = none)
   bool quiet = false;             // no per-step lines (tests)
   int eval_batches = 0;           // held-out batches evaluated after the last step (0 = none)
 };
@@ -65,7 +66,10 @@ struct TrainResult {
 // the run (lock_checkpoint_dir: a second run into it is refused, naming the holder's pid
 // and host) and the start is decided (choose_start_checkpoint): a checkpoint_dir that is
 // a checkpoint, an unwritable one, and step-<M> directories beyond the step the run
-// starts from are refused then, with no step trained.
+// starts from are refused then, with no step trained. So is an output (metrics, trace,
+// standard output redirected to a file) that is one of the run's inputs (the config
+// file, the data, the checkpoint it starts from, nvme_path) or another output
+// (check_outputs_replace_no_input).
 TrainResult train(const Config& config, const TrainOptions& opts);
 
 }  // namespace strata
