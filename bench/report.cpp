@@ -16,6 +16,7 @@
 
 #include "strata/core/clock.hpp"
 #include "strata/core/error.hpp"
+#include "strata/core/output_file.hpp"
 #include "strata/core/safe_io.hpp"
 #include "strata/memory/topology.hpp"
 
@@ -98,11 +99,9 @@ void write_text(const std::string& flag, const std::string& path, const std::str
     return;
   }
   check_output_path(path, flag);
-  std::ofstream out(path);
-  if (!out) throw ConfigError(flag + ": cannot write '" + path + "'");
-  out << text;
-  out.close();
-  if (!out) throw IoError(flag + ": writing the report failed", path, 0, text.size(), errno);
+  // Whole or not at all: a full disk leaves an earlier report as it was, not a cut one.
+  write_file_replacing(path, text, "the report (" + flag + ")",
+                       "free space on it or give " + flag + " a path on a disk with room");
 }
 
 }  // namespace

@@ -32,6 +32,7 @@ struct TrainArgs {
   std::string resume_from;
   std::string init_from;
   std::string metrics;
+  bool metrics_optional = false;
   int eval_batches = 0;
   bool quiet = false;
 } g_train;
@@ -70,6 +71,7 @@ int run_train() {
   o.resume_from = g_train.resume_from;
   o.init_from = g_train.init_from;
   o.metrics_path = g_train.metrics;
+  o.metrics_optional = g_train.metrics_optional;
   o.config_path = g_train.config;
   o.eval_batches = g_train.eval_batches;
   o.quiet = g_train.quiet;
@@ -260,6 +262,9 @@ void add_train(CLI::App& app) {
       ->excludes(resume)
       ->excludes(resume_from);
   t->add_option("--metrics", g_train.metrics, "Append one JSON object per step to this file (rank 0)");
+  t->add_flag("--metrics-optional", g_train.metrics_optional,
+              "A --metrics write that fails (a full disk) warns once and the run goes on without it, instead of "
+              "stopping the run");
   t->add_option("--eval-batches", g_train.eval_batches, "Held-out batches to evaluate after the last step")
       ->check(cli_checks::at_least(0));
   t->add_flag("--quiet", g_train.quiet, "No per-step lines");

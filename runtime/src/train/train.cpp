@@ -6,8 +6,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 
 #include <unistd.h>
@@ -17,6 +17,7 @@
 #include "strata/core/convert.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/log.hpp"
+#include "strata/core/output_file.hpp"
 #include "strata/core/output_guard.hpp"
 #include "strata/model/data.hpp"
 #include "strata/model/gpt.hpp"
@@ -93,12 +94,18 @@ class StopSignals {
   void (*saved_[3])(int);
 };
 
-// A stop signal on any rank stops every rank after this step (they must agree: the
-// checkpoint save is collective). Returns the signal, 0 for none.
-int agreed_stop_signal(coll::Communicator& comm) {
-  double stop = g_stop_signal;
-  if (comm.size() > 1) comm.all_reduce(std::span<double>(&stop, 1), coll::ReduceOp::Max).wait();
-  return static_cast<int>(stop);
+// Why the run stops after this step, if it does: a stop signal on any rank, or an output
+// rank 0 could not write. Every rank stops (they must agree: the checkpoint save is
+// collective).
+struct StopReason {
+  int signal = 0;              // 0: none
+  bool output_failed = false;  // rank 0's --metrics
+};
+
+StopReason agreed_stop(coll::Communicator& comm, bool output_failed) {
+  double stop[2] = {static_cast<double>(g_stop_signal), output_failed ? 1.0 : 0.0};
+  if (comm.size() > 1) comm.all_reduce(std::span<double>(stop, 2), coll::ReduceOp::Max).wait();
+  return {static_cast<int>(stop[0]), stop[1] > 0};
 }
 
 // What train() checks before it opens anything.
@@ -211,6 +218,9 @@ double heldout_loss(GptModel& model, WeightSource& engine, const TokenDataset& d
   return both[1] > 0 ? both[0] / both[1] : -1;
 }
 
+// What a metrics write that fails asks for (IoError's on_full).
+constexpr const char* kMetricsFull = "free space on it or give --metrics a path on a disk with room";
+
 // Rank 0's account of the run: the lines on stdout (with --quiet only the stop notice)
 // and the metrics file, one JSON object per step. Other ranks hold a silent one.
 class StepLog {
@@ -222,10 +232,9 @@ class StepLog {
         every_(std::max(1, cfg.steps_per_print)),
         loss_scaled_(cfg.fp16.enabled),
         speculative_(cfg.strata.speculative_optimizer) {
-    if (rank0_ && !topts.metrics_path.empty()) {
-      metrics_.open(topts.metrics_path, std::ios::app);
-      if (!metrics_) throw IoError("cannot open the metrics file for appending", topts.metrics_path, 0, 0, errno);
-    }
+    if (rank0_ && !topts.metrics_path.empty())
+      metrics_ = AppendedLines(topts.metrics_path, "the metrics file (--metrics)", kMetricsFull,
+                               topts.metrics_optional ? OnWriteFailure::WarnAndStop : OnWriteFailure::Throw);
   }
 
   // What runs where, the memory it has, and the peak MFU is measured against.
@@ -316,8 +325,7 @@ class StepLog {
         const uint64_t b = st.store.bytes_moved[from][to] - prev.store.bytes_moved[from][to];
         if (b) j["moved"][std::string(to_string(static_cast<Tier>(from))) + "->" + to_string(static_cast<Tier>(to))] = b;
       }
-    metrics_ << j.dump() << "\n";
-    metrics_.flush();
+    record(j, rec.step);
   }
 
   void saved(const std::string& checkpoint) {
@@ -349,6 +357,22 @@ class StepLog {
     if (lines_ && loss >= 0) std::printf("held-out loss %.6f\n", loss);
   }
 
+  // A metrics write failed (rank 0, never with --metrics-optional): the run stops after
+  // this step. Says where it stopped and how to go on, prints the record it could not
+  // write, and throws the write's error.
+  bool output_failed() const { return static_cast<bool>(failure_); }
+  [[noreturn]] void raise_output_failure(int64_t step, const std::string& checkpoint_dir,
+                                         const std::string& checkpoint) {
+    std::printf("stopped after step %lld: --metrics could not be written (the error follows); %s\n", static_cast<long long>(step),
+                checkpoint.empty() ? (checkpoint_dir.empty() ? "no checkpoint was written (strata.checkpoint_dir is not set)"
+                                                             : "no checkpoint was written")
+                                   : ("saved " + checkpoint + ": make room and continue with --resume").c_str());
+    std::fflush(stdout);
+    std::fprintf(stderr, "strata: the metrics record of step %lld, not written: %s\n",
+                 static_cast<long long>(unwritten_step_), unwritten_.c_str());
+    std::rethrow_exception(failure_);
+  }
+
  private:
   static std::string compact(uint64_t bytes) { return format_bytes(bytes, ByteStyle::Compact); }
   static std::string format_scale(double s) {
@@ -362,7 +386,22 @@ class StepLog {
   int every_;    // steps_per_print, at least 1
   bool loss_scaled_ = false;  // fp16: lines and metrics show the loss scale
   bool speculative_ = false;  // strata.speculative_optimizer: its counts in metrics and at the end
-  std::ofstream metrics_;
+  AppendedLines metrics_;
+  std::exception_ptr failure_;  // the metrics write that failed; nothing is written after it
+  std::string unwritten_;       // its record
+  int64_t unwritten_step_ = 0;
+
+  // One record, whole or not at all; a failure is kept for the step's stop agreement.
+  void record(const nlohmann::json& j, int64_t step) {
+    if (failure_) return;
+    try {
+      metrics_.append(j.dump());
+    } catch (const IoError&) {
+      failure_ = std::current_exception();
+      unwritten_ = j.dump();
+      unwritten_step_ = step;
+    }
+  }
 };
 
 // The model's options, and the engine's share of them: with checkpointing the engine
@@ -425,12 +464,18 @@ void run_steps(const TrainLoop& t, TrainResult& res, TokenBatches& batches, cons
     t.log.step(rec, last_step, st, prev);
     prev = st;
 
-    res.stop_signal = agreed_stop_signal(t.comm);
-    if (should_checkpoint(cfg.strata, rec.step, last_step, saved_step, res.stop_signal != 0)) {
+    const StopReason stop = agreed_stop(t.comm, t.log.output_failed());
+    res.stop_signal = stop.signal;
+    if (should_checkpoint(cfg.strata, rec.step, last_step, saved_step, stop.signal != 0 || stop.output_failed)) {
       saved_step = rec.step;
       const nlohmann::json extra = {{"data", pos.to_json()}, {"loss", rec.loss}};
       res.last_checkpoint = save_checkpoint(t.engine, t.comm, cfg.strata.checkpoint_dir, cfg.raw, extra, t.group_names);
       t.log.saved(res.last_checkpoint);
+    }
+    if (stop.output_failed) {
+      if (t.log.output_failed()) t.log.raise_output_failure(rec.step, cfg.strata.checkpoint_dir, res.last_checkpoint);
+      throw Error("stopped after step " + std::to_string(rec.step) +
+                  ": rank 0 could not write --metrics (its message says why)");
     }
     if (res.stop_signal) {
       t.log.stopped(res.stop_signal, rec.step, cfg.strata.checkpoint_dir, res.last_checkpoint);
@@ -438,7 +483,6 @@ void run_steps(const TrainLoop& t, TrainResult& res, TokenBatches& batches, cons
     }
   }
 }
-
 
 // No output of the run replaces one of its inputs or another output (output_guard.hpp),
 // checked on every rank (each writes its own trace) before anything is written.

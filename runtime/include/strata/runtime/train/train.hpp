@@ -30,6 +30,9 @@ struct TrainOptions {
   // complete one). Excludes resume and resume_from.
   std::string init_from;
   std::string metrics_path;       // JSONL, one object per step (rank 0); "" = none
+  // A write to metrics_path that fails (a full disk) warns once and the run goes on
+  // without it; otherwise it stops the run after that step, with a checkpoint.
+  bool metrics_optional = false;
   std::string config_path;        // the config file read, which no output may replace ("" = none)
   bool quiet = false;             // no per-step lines (tests)
   int eval_batches = 0;           // held-out batches evaluated after the last step (0 = none)
@@ -69,7 +72,8 @@ struct TrainResult {
 // starts from are refused then, with no step trained. So is an output (metrics, trace,
 // standard output redirected to a file) that is one of the run's inputs (the config
 // file, the data, the checkpoint it starts from, nvme_path) or another output
-// (check_outputs_replace_no_input).
+// (check_outputs_replace_no_input). A metrics write that fails stops the run after its
+// step, with a checkpoint, and throws the IoError (metrics_optional: a warning).
 TrainResult train(const Config& config, const TrainOptions& opts);
 
 }  // namespace strata
