@@ -54,6 +54,7 @@ struct EvalArgs {
   uint64_t max_windows = 0;  // 0: all
   int batch = 8;
   std::string precision;   // "": what the run trained in
+  bool heldout = false;    // the held-out windows only, as train's --eval-batches
   bool json = false;
 } g_eval;
 
@@ -209,9 +210,17 @@ int run_eval() {
   // The trained precision by default, as --eval-batches evaluates and export writes.
   const DType precision = parse_precision(g_eval.precision.empty() ? ck.info.precision : g_eval.precision);
   HostWeights w(std::move(ck.groups), precision);
-  const TokenDataset data(g_eval.data, parse_data_format(g_eval.format), seq, shape.vocab, /*seed=*/0, 0.0);
-  const uint64_t windows =
-      g_eval.max_windows > 0 ? std::min<uint64_t>(g_eval.max_windows, data.windows()) : data.windows();
+  // --heldout: the split training holds out (its default fraction), else every window.
+  const TokenDataset data = g_eval.heldout
+                                ? TokenDataset(g_eval.data, parse_data_format(g_eval.format), seq, shape.vocab, 0)
+                                : TokenDataset(g_eval.data, parse_data_format(g_eval.format), seq, shape.vocab, 0, 0.0);
+  const uint64_t begin = g_eval.heldout ? data.train_windows() : 0;
+  const uint64_t available = g_eval.heldout ? data.heldout_windows() : data.windows();
+  if (available == 0)
+    throw ConfigError("--heldout: the data's held-out split has 0 windows (the last 5% of its " +
+                      std::to_string(data.windows()) + " windows of " + std::to_string(seq + 1) +
+                      " tokens, rounded down): nothing to evaluate; use a longer data file, or leave out --heldout");
+  const uint64_t windows = g_eval.max_windows > 0 ? std::min<uint64_t>(g_eval.max_windows, available) : available;
   const int batch = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(g_eval.batch), windows));
   std::unique_ptr<Gpt> model =
       std::make_unique<Gpt>(shape, GptOptions{batch, ActivationCheckpointing::None, precision});
@@ -222,20 +231,21 @@ int run_eval() {
     if (n != model->options().micro_batch)  // the last, shorter batch
       model = std::make_unique<Gpt>(shape, GptOptions{n, ActivationCheckpointing::None, precision});
     for (int i = 0; i < n; ++i)
-      data.window(first + i, x.data() + static_cast<size_t>(i) * seq, y.data() + static_cast<size_t>(i) * seq);
+      data.window(begin + first + i, x.data() + static_cast<size_t>(i) * seq, y.data() + static_cast<size_t>(i) * seq);
     sum += model->forward_loss(w, x.data(), y.data()) * n * seq;
   }
   const uint64_t tokens = windows * static_cast<uint64_t>(seq);
   const double loss = sum / static_cast<double>(tokens);
   if (g_eval.json) {
-    std::printf("{\"loss\": %.17g, \"windows\": %llu, \"tokens\": %llu, \"precision\": \"%s\"}\n", loss,
-                static_cast<unsigned long long>(windows), static_cast<unsigned long long>(tokens),
-                precision_name(precision));
+    std::printf("{\"loss\": %.17g, \"windows\": %llu, \"tokens\": %llu, \"precision\": \"%s\", \"heldout\": %s}\n",
+                loss, static_cast<unsigned long long>(windows), static_cast<unsigned long long>(tokens),
+                precision_name(precision), g_eval.heldout ? "true" : "false");
   } else {
-    std::printf("eval of %s (step %lld) on %s in %s: loss %.6f over %llu windows of %d tokens (%llu tokens "
+    std::printf("eval of %s (step %lld) on %s in %s: loss %.6f over %llu %swindows of %d tokens (%llu tokens "
                 "predicted)\n",
                 ck.dir.c_str(), static_cast<long long>(ck.info.step), g_eval.data.c_str(), precision_name(precision),
-                loss, static_cast<unsigned long long>(windows), seq + 1, static_cast<unsigned long long>(tokens));
+                loss, static_cast<unsigned long long>(windows), g_eval.heldout ? "held-out " : "", seq + 1,
+                static_cast<unsigned long long>(tokens));
   }
   return 0;
 }
@@ -265,7 +275,8 @@ void add_train(CLI::App& app) {
   t->add_flag("--metrics-optional", g_train.metrics_optional,
               "A --metrics write that fails (a full disk) warns once and the run goes on without it, instead of "
               "stopping the run");
-  t->add_option("--eval-batches", g_train.eval_batches, "Held-out batches to evaluate after the last step")
+  t->add_option("--eval-batches", g_train.eval_batches,
+                "Held-out batches to evaluate after the last step (printed, and recorded in --metrics)")
       ->check(cli_checks::at_least(0));
   t->add_flag("--quiet", g_train.quiet, "No per-step lines");
   t->callback([] { selected() = run_train; });
@@ -291,6 +302,8 @@ void add_train(CLI::App& app) {
       ->check(cli_checks::at_least(1));
   e->add_option("--batch", g_eval.batch, "Windows per forward pass")->capture_default_str()->check(cli_checks::at_least(1));
   e->add_option("--precision", g_eval.precision, "f32, bf16 or fp16 (default: the precision the run trained in)");
+  e->add_flag("--heldout", g_eval.heldout,
+              "Only the held-out windows (the last 5%, never trained on): those train --eval-batches scores");
   e->add_flag("--json", g_eval.json, "Print {\"loss\": ..., \"windows\": ..., \"tokens\": ...}");
   e->callback([] { selected() = run_eval; });
 }

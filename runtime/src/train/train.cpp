@@ -202,20 +202,35 @@ bool should_checkpoint(const StrataSection& s, int64_t step, bool last_step, int
   return s.checkpoint_every > 0 && (step % s.checkpoint_every == 0 || last_step);
 }
 
-// The mean loss over up to `batches` held-out batches of every rank; -1 when the data
-// holds none. x and y are the step's token buffers.
-double heldout_loss(GptModel& model, WeightSource& engine, const TokenDataset& data, coll::Communicator& comm,
-                    int batches, int micro, std::vector<int32_t>& x, std::vector<int32_t>& y) {
+// The mean loss over up to `asked` held-out global batches, and how many there were (the
+// held-out split may hold fewer; loss -1 for none). x and y are the step's token buffers.
+struct HeldOut {
+  double loss = -1;
+  int batches = 0;
+  int asked = 0;
+};
+
+HeldOut heldout_loss(GptModel& model, WeightSource& engine, const TokenDataset& data, coll::Communicator& comm,
+                     int asked, int micro, std::vector<int32_t>& x, std::vector<int32_t>& y) {
   double sum = 0;
   int n = 0;
-  for (int b = 0; b < batches; ++b) {
+  for (int b = 0; b < asked; ++b) {
     if (!data.heldout_batch(b, comm.rank(), comm.size(), micro, x.data(), y.data())) break;
     sum += model.forward_loss(engine, x.data(), y.data());
     ++n;
   }
   double both[2] = {sum, static_cast<double>(n)};
   comm.all_reduce(std::span<double>(both, 2)).wait();
-  return both[1] > 0 ? both[0] / both[1] : -1;
+  // Every rank has the same count of batches: the split is cut in whole global batches.
+  return {both[1] > 0 ? both[0] / both[1] : -1, n, asked};
+}
+
+// Why a run evaluated no held-out batch: the split is smaller than one global batch.
+std::string no_heldout_reason(const TokenDataset& data, int world, int micro) {
+  return "the data's held-out split has " + std::to_string(data.heldout_windows()) + " windows (the last 5% of its " +
+         std::to_string(data.windows()) + " windows, rounded down), fewer than one batch of " +
+         std::to_string(world * micro) + " (train_micro_batch_size_per_gpu x ranks): use a longer data file, or a "
+         "smaller micro-batch";
 }
 
 // What a metrics write that fails asks for (IoError's on_full).
@@ -353,8 +368,25 @@ class StepLog {
     std::fflush(stdout);
   }
 
-  void heldout(double loss) {
-    if (lines_ && loss >= 0) std::printf("held-out loss %.6f\n", loss);
+  // Printed with --quiet too, and recorded: the loss, or why there is none.
+  void heldout(const HeldOut& h, int64_t step, const std::string& why_none, int global_batch) {
+    if (!rank0_) return;
+    nlohmann::json j = {{"step", step}, {"heldout_batches", h.batches},
+                        {"heldout_windows", static_cast<int64_t>(h.batches) * global_batch}};
+    if (h.batches == 0) {
+      std::printf("no held-out loss: %s\n", why_none.c_str());
+      j["heldout_loss"] = nullptr;
+      j["heldout_note"] = why_none;
+    } else {
+      std::printf("held-out loss %.6f%s\n", h.loss,
+                  h.batches < h.asked ? (" (over " + std::to_string(h.batches) + " of the " + std::to_string(h.asked) +
+                                         " batches asked: the held-out split holds no more)")
+                                            .c_str()
+                                      : "");
+      j["heldout_loss"] = h.loss;
+    }
+    std::fflush(stdout);
+    record(j, step);
   }
 
   // A metrics write failed (rank 0, never with --metrics-optional): the run stops after
@@ -572,8 +604,12 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
   run_steps({cfg, *comm, *engine, *model, source, lr_schedule, cost, group_names, step_log}, res, batches, pos);
 
   if (topts.eval_batches > 0 && !res.stop_signal) {
-    res.eval_loss = heldout_loss(*model, source, data, *comm, topts.eval_batches, micro, batches.inputs, batches.targets);
-    step_log.heldout(res.eval_loss);
+    const HeldOut h = heldout_loss(*model, source, data, *comm, topts.eval_batches, micro, batches.inputs, batches.targets);
+    res.eval_loss = h.loss;
+    res.eval_batches = h.batches;
+    step_log.heldout(h, engine->iterations(), no_heldout_reason(data, world, micro), world * micro);
+    if (step_log.output_failed())
+      step_log.raise_output_failure(engine->iterations(), cfg.strata.checkpoint_dir, res.last_checkpoint);
   }
   res.stats = engine->stats();
   step_log.speculation(res.stats);

@@ -53,7 +53,8 @@ struct StepRecord {
 struct TrainResult {
   std::vector<StepRecord> steps;  // the steps this run took (after a resume: only those)
   int64_t first_step = 0;         // optimizer steps already taken at start (resume)
-  double eval_loss = -1;          // held-out loss after the last step (-1: not evaluated)
+  double eval_loss = -1;          // held-out loss after the last step (-1: not evaluated, or no held-out batch)
+  int eval_batches = 0;           // held-out global batches that loss is the mean of
   std::string last_checkpoint;    // "" when none was written
   int stop_signal = 0;            // SIGTERM/SIGINT/SIGUSR1 stopped the run early (0: it ran out)
   double peak_flops = 0;          // measured matmul peak, all ranks together
