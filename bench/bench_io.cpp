@@ -621,7 +621,7 @@ Report io_report(const IoBenchOptions& o, const IoPlan& z, const IoTarget& t, co
 }
 
 int run_io(const IoBenchOptions& o, const std::string& command_line) {
-  check_output_options(o.out);
+  check_output_options(o.out, {{o.fio, "--fio"}});
   const IoPlan z = check_io_options(o);
   FioSetup fio;
   if (o.vs_fio && !probe_fio(o, fio)) return 2;

@@ -595,7 +595,7 @@ Report optimizer_report(const OptimizerOptions& o, const Contenders& c, unsigned
 }
 
 int run_optimizer(const OptimizerOptions& o, const std::string& command) {
-  check_output_options(o.out);
+  check_output_options(o.out, {{o.python, "--python"}, {o.torch_script, "--torch-script"}});
   const unsigned threads = o.threads ? o.threads : std::max(1u, std::thread::hardware_concurrency());
   Contenders contenders(o, threads);
   std::vector<Series> series = make_series(contenders, adam_config(o).variant);

@@ -148,7 +148,7 @@ struct Bench {
 
 // The arguments, before minutes of work.
 void check_args(const StepArgs& a) {
-  check_output_options(a.out);
+  check_output_options(a.out, {{a.python, "--python"}, {a.torch_script, "--torch-script"}}, {{a.trace, "--trace"}});
   validate(a.shape);
   std::error_code ec;
   if (!std::filesystem::is_directory(a.dir, ec))

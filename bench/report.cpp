@@ -16,6 +16,7 @@
 
 #include "strata/core/clock.hpp"
 #include "strata/core/error.hpp"
+#include "strata/core/output_file.hpp"
 #include "strata/core/safe_io.hpp"
 #include "strata/memory/topology.hpp"
 
@@ -98,11 +99,9 @@ void write_text(const std::string& flag, const std::string& path, const std::str
     return;
   }
   check_output_path(path, flag);
-  std::ofstream out(path);
-  if (!out) throw ConfigError(flag + ": cannot write '" + path + "'");
-  out << text;
-  out.close();
-  if (!out) throw IoError(flag + ": writing the report failed", path, 0, text.size(), errno);
+  // Whole or not at all: a full disk leaves an earlier report as it was, not a cut one.
+  write_file_replacing(path, text, "the report (" + flag + ")",
+                       "free space on it or give " + flag + " a path on a disk with room");
 }
 
 }  // namespace
@@ -269,8 +268,18 @@ void add_output_options(CLI::App& sub, OutputOptions& o, const std::string& plot
   sub.add_option("--plot-python", o.python, "Python with matplotlib for --plot")->capture_default_str();
 }
 
-void check_output_options(const OutputOptions& o) {
+void check_output_options(const OutputOptions& o, const std::vector<RunPath>& inputs,
+                          const std::vector<RunPath>& more_outputs) {
   if (o.json == "-" && o.csv == "-") throw ConfigError("--json - and --csv - both ask for stdout; send one to a file");
+  std::vector<RunPath> outputs = {{o.json == "-" ? "" : o.json, "--json"}, {o.csv == "-" ? "" : o.csv, "--csv"},
+                                  {o.plot, "--plot"}, standard_output()};
+  outputs.insert(outputs.end(), more_outputs.begin(), more_outputs.end());
+  std::vector<RunPath> read = inputs;
+  if (!o.plot.empty()) {
+    read.push_back({o.python, "--plot-python"});
+    read.push_back({plot_script(), "the plot script"});
+  }
+  check_outputs_replace_no_input(read, outputs);
   if (!o.json.empty() && o.json != "-") check_writable("--json", o.json);
   if (!o.csv.empty() && o.csv != "-") check_writable("--csv", o.csv);
   if (o.plot.empty()) return;

@@ -10,6 +10,7 @@
 #include "strata/collectives/communicator.hpp"
 #include "strata/core/byte_count.hpp"
 #include "strata/core/convert.hpp"
+#include "strata/core/output_guard.hpp"
 #include "strata/runtime/config/config.hpp"
 #include "strata/runtime/formats/export.hpp"
 #include "strata/runtime/formats/hf_import.hpp"
@@ -84,6 +85,9 @@ void add_export(CLI::App& app) {
               "of an error");
   i->callback([b] {
     selected() = [b] {
+      std::vector<RunPath> inputs = files_in(b->hf, "--hf");
+      inputs.push_back({b->hf, "--hf"});
+      check_outputs_replace_no_input(inputs, {{b->out, "--out"}, standard_output()});
       std::optional<DType> precision;
       if (!b->precision.empty()) precision = parse_precision(b->precision);
       // Under mpirun every rank reads its own shard of the weights and writes its rank file.

@@ -10,6 +10,7 @@
 #include "strata/bench/cli_checks.hpp"
 #include "strata/core/convert.hpp"
 #include "strata/core/error.hpp"
+#include "strata/core/output_guard.hpp"
 #include "strata/core/safe_io.hpp"
 #include "strata/model/data.hpp"
 #include "strata/model/gpt.hpp"
@@ -31,6 +32,7 @@ struct TrainArgs {
   std::string resume_from;
   std::string init_from;
   std::string metrics;
+  bool metrics_optional = false;
   int eval_batches = 0;
   bool quiet = false;
 } g_train;
@@ -52,6 +54,7 @@ struct EvalArgs {
   uint64_t max_windows = 0;  // 0: all
   int batch = 8;
   std::string precision;   // "": what the run trained in
+  bool heldout = false;    // the held-out windows only, as train's --eval-batches
   bool json = false;
 } g_eval;
 
@@ -69,6 +72,8 @@ int run_train() {
   o.resume_from = g_train.resume_from;
   o.init_from = g_train.init_from;
   o.metrics_path = g_train.metrics;
+  o.metrics_optional = g_train.metrics_optional;
+  o.config_path = g_train.config;
   o.eval_batches = g_train.eval_batches;
   o.quiet = g_train.quiet;
   TrainResult r = train(c, o);
@@ -89,6 +94,7 @@ std::string resolve_checkpoint(const std::string& path) {
   }
 }
 
+
 // A checkpoint's fp32 master weights in host memory, for sample and eval. Only the
 // model's shape is read from its config: a checkpoint is complete on its own, so the
 // run's nvme_path, data file and budgets need not exist here (export reads it the same
@@ -102,10 +108,15 @@ struct LoadedCheckpoint {
 };
 
 // precision: f32, bf16 or fp16, or "" for the one the run trained in. The weights are
-// checked to be finite and to fit it (read_checkpoint_group).
-LoadedCheckpoint load_weights(const std::string& path, const std::string& precision) {
+// checked to be finite and to fit it (read_checkpoint_group). `other_inputs`: what else
+// the command reads, which its standard output must not be.
+LoadedCheckpoint load_weights(const std::string& path, const std::string& precision,
+                              std::vector<RunPath> other_inputs) {
   LoadedCheckpoint c;
   c.dir = resolve_checkpoint(path);
+  for (RunPath& p : files_in(c.dir, "the checkpoint (--checkpoint)")) other_inputs.push_back(std::move(p));
+  other_inputs.push_back({c.dir, "the checkpoint (--checkpoint)"});
+  check_outputs_replace_no_input(other_inputs, {standard_output()});
   c.info = read_checkpoint_info(c.dir);
   c.shape = checkpoint_gpt_shape(c.info);
   c.precision = parse_precision(precision.empty() ? c.info.precision : precision);
@@ -115,7 +126,7 @@ LoadedCheckpoint load_weights(const std::string& path, const std::string& precis
 }
 
 int run_sample() {
-  LoadedCheckpoint ck = load_weights(g_sample.checkpoint, "f32");
+  LoadedCheckpoint ck = load_weights(g_sample.checkpoint, "f32", {});
   const std::string& dir = ck.dir;
   const CheckpointInfo& info = ck.info;
   const GptShape shape = ck.shape;
@@ -190,7 +201,7 @@ int run_sample() {
 // (the weights its masters rounded to it, 16-bit activations as in training), or --precision.
 int run_eval() {
   // The trained precision by default, as --eval-batches evaluates and export writes.
-  LoadedCheckpoint ck = load_weights(g_eval.checkpoint, g_eval.precision);
+  LoadedCheckpoint ck = load_weights(g_eval.checkpoint, g_eval.precision, {{g_eval.data, "--data"}});
   GptShape shape = ck.shape;
   const int seq = g_eval.seq > 0 ? g_eval.seq : shape.seq_len;
   if (seq > shape.seq_len)
@@ -204,9 +215,17 @@ int run_eval() {
     ck.groups[0].resize(static_cast<size_t>(shape.vocab + seq) * static_cast<size_t>(shape.d_model));
   const DType precision = ck.precision;
   HostWeights w(std::move(ck.groups), precision);
-  const TokenDataset data(g_eval.data, parse_data_format(g_eval.format), seq, shape.vocab, /*seed=*/0, 0.0);
-  const uint64_t windows =
-      g_eval.max_windows > 0 ? std::min<uint64_t>(g_eval.max_windows, data.windows()) : data.windows();
+  // --heldout: the split training holds out (its default fraction), else every window.
+  const TokenDataset data = g_eval.heldout
+                                ? TokenDataset(g_eval.data, parse_data_format(g_eval.format), seq, shape.vocab, 0)
+                                : TokenDataset(g_eval.data, parse_data_format(g_eval.format), seq, shape.vocab, 0, 0.0);
+  const uint64_t begin = g_eval.heldout ? data.train_windows() : 0;
+  const uint64_t available = g_eval.heldout ? data.heldout_windows() : data.windows();
+  if (available == 0)
+    throw ConfigError("--heldout: the data's held-out split has 0 windows (the last 5% of its " +
+                      std::to_string(data.windows()) + " windows of " + std::to_string(seq + 1) +
+                      " tokens, rounded down): nothing to evaluate; use a longer data file, or leave out --heldout");
+  const uint64_t windows = g_eval.max_windows > 0 ? std::min<uint64_t>(g_eval.max_windows, available) : available;
   const int batch = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(g_eval.batch), windows));
   std::unique_ptr<Gpt> model =
       std::make_unique<Gpt>(shape, GptOptions{batch, ActivationCheckpointing::None, precision});
@@ -217,20 +236,21 @@ int run_eval() {
     if (n != model->options().micro_batch)  // the last, shorter batch
       model = std::make_unique<Gpt>(shape, GptOptions{n, ActivationCheckpointing::None, precision});
     for (int i = 0; i < n; ++i)
-      data.window(first + i, x.data() + static_cast<size_t>(i) * seq, y.data() + static_cast<size_t>(i) * seq);
+      data.window(begin + first + i, x.data() + static_cast<size_t>(i) * seq, y.data() + static_cast<size_t>(i) * seq);
     sum += model->forward_loss(w, x.data(), y.data()) * n * seq;
   }
   const uint64_t tokens = windows * static_cast<uint64_t>(seq);
   const double loss = sum / static_cast<double>(tokens);
   if (g_eval.json) {
-    std::printf("{\"loss\": %.17g, \"windows\": %llu, \"tokens\": %llu, \"precision\": \"%s\"}\n", loss,
-                static_cast<unsigned long long>(windows), static_cast<unsigned long long>(tokens),
-                precision_name(precision));
+    std::printf("{\"loss\": %.17g, \"windows\": %llu, \"tokens\": %llu, \"precision\": \"%s\", \"heldout\": %s}\n",
+                loss, static_cast<unsigned long long>(windows), static_cast<unsigned long long>(tokens),
+                precision_name(precision), g_eval.heldout ? "true" : "false");
   } else {
-    std::printf("eval of %s (step %lld) on %s in %s: loss %.6f over %llu windows of %d tokens (%llu tokens "
+    std::printf("eval of %s (step %lld) on %s in %s: loss %.6f over %llu %swindows of %d tokens (%llu tokens "
                 "predicted)\n",
                 ck.dir.c_str(), static_cast<long long>(ck.info.step), g_eval.data.c_str(), precision_name(precision),
-                loss, static_cast<unsigned long long>(windows), seq + 1, static_cast<unsigned long long>(tokens));
+                loss, static_cast<unsigned long long>(windows), g_eval.heldout ? "held-out " : "", seq + 1,
+                static_cast<unsigned long long>(tokens));
   }
   return 0;
 }
@@ -257,7 +277,11 @@ void add_train(CLI::App& app) {
       ->excludes(resume)
       ->excludes(resume_from);
   t->add_option("--metrics", g_train.metrics, "Append one JSON object per step to this file (rank 0)");
-  t->add_option("--eval-batches", g_train.eval_batches, "Held-out batches to evaluate after the last step")
+  t->add_flag("--metrics-optional", g_train.metrics_optional,
+              "A --metrics write that fails (a full disk) warns once and the run goes on without it, instead of "
+              "stopping the run");
+  t->add_option("--eval-batches", g_train.eval_batches,
+                "Held-out batches to evaluate after the last step (printed, and recorded in --metrics)")
       ->check(cli_checks::at_least(0));
   t->add_flag("--quiet", g_train.quiet, "No per-step lines");
   t->callback([] { selected() = run_train; });
@@ -283,6 +307,8 @@ void add_train(CLI::App& app) {
       ->check(cli_checks::at_least(1));
   e->add_option("--batch", g_eval.batch, "Windows per forward pass")->capture_default_str()->check(cli_checks::at_least(1));
   e->add_option("--precision", g_eval.precision, "f32, bf16 or fp16 (default: the precision the run trained in)");
+  e->add_flag("--heldout", g_eval.heldout,
+              "Only the held-out windows (the last 5%, never trained on): those train --eval-batches scores");
   e->add_flag("--json", g_eval.json, "Print {\"loss\": ..., \"windows\": ..., \"tokens\": ...}");
   e->callback([] { selected() = run_eval; });
 }

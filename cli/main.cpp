@@ -6,7 +6,9 @@
 //   `strata train` stopped by signal N after saving.
 #include <CLI/CLI.hpp>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <new>
 
@@ -34,7 +36,18 @@ int main(int argc, char** argv) {
     } catch (const CLI::ParseError& e) {
       return app.exit(e);
     }
-    return strata::cli::selected() ? strata::cli::selected()() : 0;
+    const int rc = strata::cli::selected() ? strata::cli::selected()() : 0;
+    // Standard output redirected to a full disk: what was printed is cut, and must not
+    // pass for complete.
+    const bool flushed = std::fflush(stdout) == 0;
+    const int err = errno;
+    if (!flushed || std::ferror(stdout)) {
+      std::fprintf(stderr, "strata: error: writing standard output failed (%s): what it holds is incomplete; make "
+                   "room where it is redirected, or redirect it elsewhere\n",
+                   flushed ? "an earlier write failed" : std::strerror(err));
+      return rc != 0 ? rc : 1;
+    }
+    return rc;
   } catch (const strata::ConfigError& e) {
     std::fprintf(stderr, "strata: configuration error: %s\n", e.what());
     return 2;

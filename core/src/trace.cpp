@@ -3,11 +3,11 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <ostream>
 
 #include "strata/core/error.hpp"
+#include "strata/core/output_file.hpp"
 #include "strata/core/safe_io.hpp"
 
 namespace strata::trace {
@@ -105,11 +105,10 @@ void Recorder::write_json(std::ostream& os) const {
 
 void Recorder::write_json(const std::string& path) const {
   check_output_path(path, "the trace file");  // never a device, a FIFO or a checkpoint's file
-  std::ofstream f(path, std::ios::trunc);
-  if (!f) throw IoError("cannot open the trace file for writing", path, 0, 0, errno, kTraceFull);
-  write_json(f);
-  f.flush();
-  if (!f) throw IoError("writing the trace file failed", path, 0, 0, errno, kTraceFull);
+  // Whole or not at all: a full disk leaves the earlier trace, not a cut one.
+  ReplacingFile f(path, "the trace file", kTraceFull);
+  write_json(f.stream());
+  f.commit();
 }
 
 Recorder* active() { return g_active.load(std::memory_order_acquire); }

@@ -18,6 +18,7 @@
 
 #include "c_api_runtime.hpp"
 #include "strata/collectives/communicator.hpp"
+#include "strata/core/output_guard.hpp"
 #include "strata/core/safe_io.hpp"
 #include "strata/runtime/formats/checkpoint.hpp"
 #include "strata/strata.h"
@@ -205,7 +206,10 @@ strata_status strata_runtime_create_from_file(uint32_t api_version, const char* 
     *out = strata_runtime{0};
     check_version(api_version);
     need(path, "path");
-    *out = publish(std::make_unique<Runtime>(strata::load_config(path)));
+    strata::Config c = strata::load_config(path);
+    // The trace is the runtime's one output: never the config file it came from.
+    strata::check_outputs_replace_no_input({{path, "the config file"}}, {{c.strata.trace, "strata.trace"}});
+    *out = publish(std::make_unique<Runtime>(std::move(c)));
   });
 }
 

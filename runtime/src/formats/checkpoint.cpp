@@ -197,6 +197,9 @@ std::string save_checkpoint(ZeroEngine& engine, coll::Communicator& host, const 
 
 struct InitialCheckpointWriter::State {
   fs::path root, tmp, final_dir;
+  fs::path created;       // the outermost directory of root the writer created ("": none)
+  bool made_lock_file = false;
+  bool made_tmp = false;  // tmp is this writer's (another import's, or a leftover, is never removed here)
   CheckpointDirLock lock;
   Fd file;
   uint64_t offset = 0;
@@ -204,6 +207,20 @@ struct InitialCheckpointWriter::State {
   std::unique_ptr<coll::Communicator> self;  // the host communicator of a one-rank writer
   coll::Communicator* host = nullptr;
   bool done = false;
+
+  // After a failure: root as the writer found it. The temporary checkpoint goes, and so
+  // do the lock file and the directories the writer made (each only while empty).
+  void discard(int rank) {
+    if (file.fd >= 0) ::close(file.fd), file.fd = -1;
+    if (rank != 0) return;
+    std::error_code ec;
+    if (made_tmp) fs::remove_all(tmp, ec);
+    if (made_lock_file) CheckpointDirLockAccess::release_and_remove(lock, root);
+    lock.release();
+    if (created.empty()) return;
+    for (fs::path q = root; fs::remove(q, ec) && q != created; q = q.parent_path()) {
+    }
+  }
 };
 
 InitialCheckpointWriter::InitialCheckpointWriter(const std::string& root, coll::Communicator* host)
@@ -230,8 +247,10 @@ InitialCheckpointWriter::InitialCheckpointWriter(const std::string& root, coll::
                             (q == s.root ? std::string("a checkpoint") : "inside the checkpoint '" + q.string() + "'") +
                             ": give a new directory to hold the imported checkpoint");
       std::error_code ec;
+      for (fs::path q = s.root; !fs::exists(q, ec) && q != q.parent_path(); q = q.parent_path()) s.created = q;
       fs::create_directories(s.root, ec);
       if (ec) throw ConfigError("cannot create --out '" + root + "': " + ec.message());
+      s.made_lock_file = !CheckpointDirLockAccess::has_lock_file(s.root);
       s.lock = CheckpointDirLockAccess::take(s.root);
       std::vector<fs::path> leftovers;
       if (!step_dirs(s.root.string(), &leftovers).empty())
@@ -240,11 +259,15 @@ InitialCheckpointWriter::InitialCheckpointWriter(const std::string& root, coll::
       fs::remove_all(s.tmp, ec);
       fs::create_directory(s.tmp, ec);
       fs_call(ec, "creating temporary checkpoint directory", s.tmp);
+      s.made_tmp = true;
     }
   } catch (...) {
     ep = std::current_exception();
   }
-  if (auto f = agree(*host, ep)) f->raise(rank_);
+  if (auto f = agree(*host, ep)) {
+    s.discard(rank_);  // the destructor does not run for a constructor that throws
+    f->raise(rank_);
+  }
   try {
     const fs::path rf = s.tmp / rank_file(rank_);
     s.file.fd = ::open(rf.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -253,8 +276,7 @@ InitialCheckpointWriter::InitialCheckpointWriter(const std::string& root, coll::
     ep = std::current_exception();
   }
   if (auto f = agree(*host, ep)) {
-    std::error_code ec;
-    if (rank_ == 0) fs::remove_all(s.tmp, ec);  // the destructor does not run for a constructor that throws
+    s.discard(rank_);
     f->raise(rank_);
   }
   s.info.world_size = world_;
@@ -262,11 +284,7 @@ InitialCheckpointWriter::InitialCheckpointWriter(const std::string& root, coll::
 }
 
 InitialCheckpointWriter::~InitialCheckpointWriter() {
-  if (s_ && !s_->done) {
-    std::error_code ec;
-    if (s_->file.fd >= 0) ::close(s_->file.fd), s_->file.fd = -1;
-    if (rank_ == 0) fs::remove_all(s_->tmp, ec);
-  }
+  if (s_ && !s_->done) s_->discard(rank_);
 }
 
 uint64_t InitialCheckpointWriter::shard_size(uint64_t numel) const {

@@ -155,6 +155,16 @@ CheckpointDirLock CheckpointDirLockAccess::take(const fs::path& root) {
   return lock;
 }
 
+void CheckpointDirLockAccess::release_and_remove(CheckpointDirLock& lock, const fs::path& root) {
+  if (lock.held()) ::unlink((root / kLockName).c_str());
+  lock.release();
+}
+
+bool CheckpointDirLockAccess::has_lock_file(const fs::path& root) {
+  std::error_code ec;
+  return fs::exists(root / kLockName, ec);
+}
+
 CheckpointDirLock::CheckpointDirLock(CheckpointDirLock&& o) noexcept : fd_(o.fd_), dev_(o.dev_), ino_(o.ino_) {
   o.fd_ = -1;
 }

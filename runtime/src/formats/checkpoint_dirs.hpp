@@ -16,6 +16,12 @@ struct CheckpointDirLockAccess {
   // Takes the lock of root (an existing directory) or throws a ConfigError naming the
   // holder. A lock file that cannot be created means root is not writable.
   static CheckpointDirLock take(const std::filesystem::path& root);
+  // Removes root's lock file and releases the lock: for a writer that leaves root as it
+  // found it (a failed import into a directory that had no lock file). The file is
+  // unlinked while still locked: a run that looks for the lock after it makes a new one.
+  static void release_and_remove(CheckpointDirLock& lock, const std::filesystem::path& root);
+  // Whether root holds a lock file.
+  static bool has_lock_file(const std::filesystem::path& root);
 };
 
 namespace checkpoint_detail {

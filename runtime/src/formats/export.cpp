@@ -10,6 +10,7 @@
 
 #include "strata/core/convert.hpp"
 #include "strata/core/error.hpp"
+#include "strata/core/output_guard.hpp"
 #include "strata/core/safe_io.hpp"
 #include "strata/core/value_checks.hpp"
 #include "strata/runtime/config/config.hpp"
@@ -245,12 +246,27 @@ struct Source {
   std::vector<GptGroup> groups;
 };
 
-Source export_source(const std::string& checkpoint, std::optional<DType> dtype) {
+// The checkpoint `checkpoint` names: itself, or a checkpoint_dir's latest complete one.
+std::string checkpoint_to_read(const std::string& checkpoint) {
   std::error_code ec;
   std::string dir = checkpoint;
   if (fs::is_directory(dir, ec) && !fs::exists(fs::path(dir) / "manifest.json", ec)) {
     if (auto latest = latest_checkpoint(dir)) dir = *latest;
   }
+  return dir;
+}
+
+// No output of the export is what it reads (output_guard.hpp): --out and standard output
+// against the checkpoint `dir` and its files. After the rules of --out alone, whose
+// messages say more about a path inside a checkpoint.
+void check_export_outputs(const std::string& dir, const std::string& out) {
+  std::vector<RunPath> inputs = files_in(dir, "--checkpoint");
+  inputs.push_back({dir, "--checkpoint"});
+  check_outputs_replace_no_input(inputs, {{out, "--out"}, standard_output()});
+}
+
+// `dir`: checkpoint_to_read's.
+Source export_source(const std::string& dir, std::optional<DType> dtype) {
   Source src;
   src.info = read_checkpoint_info(dir);
   src.shape = checkpoint_gpt_shape(src.info);
@@ -278,7 +294,9 @@ ExportSummary export_safetensors(const std::string& checkpoint, const std::strin
   if (parent.empty()) parent = ".";
   if (!fs::is_directory(parent, ec))
     throw ConfigError("--out '" + out + "': directory '" + parent.string() + "' does not exist; create it first");
-  const Source src = export_source(checkpoint, dtype);
+  const std::string dir = checkpoint_to_read(checkpoint);
+  check_export_outputs(dir, out);
+  const Source src = export_source(dir, dtype);
   const CheckpointInfo& info = src.info;
   const GptShape& shape = src.shape;
   const DType type = src.type;
@@ -399,7 +417,9 @@ ExportSummary export_hf(const std::string& checkpoint, const std::string& out, b
   const fs::path parent = dirp.parent_path();
   if (!fs::is_directory(parent, ec))
     throw ConfigError("--out '" + out + "': directory '" + parent.string() + "' does not exist; create it first");
-  const Source src = export_source(checkpoint, dtype);
+  const std::string dir = checkpoint_to_read(checkpoint);
+  check_export_outputs(dir, out);
+  const Source src = export_source(dir, dtype);
   const CheckpointInfo& info = src.info;
   const GptShape& shape = src.shape;
   const DType type = src.type;

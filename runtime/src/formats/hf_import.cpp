@@ -390,10 +390,12 @@ void read_tensor_range(TensorReader& reader, const GptTensor& t, const Found& f,
   }
 }
 
-}  // namespace
+// What a full disk during an import asks for: the checkpoint's own I/O names
+// strata.checkpoint_dir, a training run's, but an import writes --out.
+constexpr const char* kImportOutFull = "free space on it or give --out on a disk with room";
 
-ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::optional<DType> precision,
-                        coll::Communicator* host, OutOfRange out_of_range) {
+ImportSummary import_into(const std::string& hf_dir, const std::string& out, std::optional<DType> precision,
+                          coll::Communicator* host, OutOfRange out_of_range) {
   HfModel m;
   m.dir = fs::path(hf_dir);
   m.hf_dir = hf_dir;
@@ -461,6 +463,20 @@ ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::
     sum.bytes_read_all = static_cast<uint64_t>(all);
   }
   return sum;
+}
+
+}  // namespace
+
+ImportSummary import_hf(const std::string& hf_dir, const std::string& out, std::optional<DType> precision,
+                        coll::Communicator* host, OutOfRange out_of_range) {
+  try {
+    return import_into(hf_dir, out, precision, host, out_of_range);
+  } catch (const IoError& e) {
+    // Reading the model fills no disk: a full one is --out's.
+    if (e.error_code() != ENOSPC && e.error_code() != EDQUOT) throw;
+    throw IoError("writing the imported checkpoint into --out '" + out + "'", e.path(), e.offset(), e.length(),
+                  e.error_code(), kImportOutFull);
+  }
 }
 
 }  // namespace strata

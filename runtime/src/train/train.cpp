@@ -6,8 +6,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 
 #include <unistd.h>
@@ -17,6 +17,8 @@
 #include "strata/core/convert.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/log.hpp"
+#include "strata/core/output_file.hpp"
+#include "strata/core/output_guard.hpp"
 #include "strata/model/data.hpp"
 #include "strata/model/gpt.hpp"
 #include "strata/runtime/formats/checkpoint.hpp"
@@ -92,12 +94,18 @@ class StopSignals {
   void (*saved_[3])(int);
 };
 
-// A stop signal on any rank stops every rank after this step (they must agree: the
-// checkpoint save is collective). Returns the signal, 0 for none.
-int agreed_stop_signal(coll::Communicator& comm) {
-  double stop = g_stop_signal;
-  if (comm.size() > 1) comm.all_reduce(std::span<double>(&stop, 1), coll::ReduceOp::Max).wait();
-  return static_cast<int>(stop);
+// Why the run stops after this step, if it does: a stop signal on any rank, or an output
+// rank 0 could not write. Every rank stops (they must agree: the checkpoint save is
+// collective).
+struct StopReason {
+  int signal = 0;              // 0: none
+  bool output_failed = false;  // rank 0's --metrics
+};
+
+StopReason agreed_stop(coll::Communicator& comm, bool output_failed) {
+  double stop[2] = {static_cast<double>(g_stop_signal), output_failed ? 1.0 : 0.0};
+  if (comm.size() > 1) comm.all_reduce(std::span<double>(stop, 2), coll::ReduceOp::Max).wait();
+  return {static_cast<int>(stop[0]), stop[1] > 0};
 }
 
 // What train() checks before it opens anything.
@@ -190,21 +198,39 @@ bool should_checkpoint(const StrataSection& s, int64_t step, bool last_step, int
   return s.checkpoint_every > 0 && (step % s.checkpoint_every == 0 || last_step);
 }
 
-// The mean loss over up to `batches` held-out batches of every rank; -1 when the data
-// holds none. x and y are the step's token buffers.
-double heldout_loss(GptModel& model, WeightSource& engine, const TokenDataset& data, coll::Communicator& comm,
-                    int batches, int micro, std::vector<int32_t>& x, std::vector<int32_t>& y) {
+// The mean loss over up to `asked` held-out global batches, and how many there were (the
+// held-out split may hold fewer; loss -1 for none). x and y are the step's token buffers.
+struct HeldOut {
+  double loss = -1;
+  int batches = 0;
+  int asked = 0;
+};
+
+HeldOut heldout_loss(GptModel& model, WeightSource& engine, const TokenDataset& data, coll::Communicator& comm,
+                     int asked, int micro, std::vector<int32_t>& x, std::vector<int32_t>& y) {
   double sum = 0;
   int n = 0;
-  for (int b = 0; b < batches; ++b) {
+  for (int b = 0; b < asked; ++b) {
     if (!data.heldout_batch(b, comm.rank(), comm.size(), micro, x.data(), y.data())) break;
     sum += model.forward_loss(engine, x.data(), y.data());
     ++n;
   }
   double both[2] = {sum, static_cast<double>(n)};
   comm.all_reduce(std::span<double>(both, 2)).wait();
-  return both[1] > 0 ? both[0] / both[1] : -1;
+  // Every rank has the same count of batches: the split is cut in whole global batches.
+  return {both[1] > 0 ? both[0] / both[1] : -1, n, asked};
 }
+
+// Why a run evaluated no held-out batch: the split is smaller than one global batch.
+std::string no_heldout_reason(const TokenDataset& data, int world, int micro) {
+  return "the data's held-out split has " + std::to_string(data.heldout_windows()) + " windows (the last 5% of its " +
+         std::to_string(data.windows()) + " windows, rounded down), fewer than one batch of " +
+         std::to_string(world * micro) + " (train_micro_batch_size_per_gpu x ranks): use a longer data file, or a "
+         "smaller micro-batch";
+}
+
+// What a metrics write that fails asks for (IoError's on_full).
+constexpr const char* kMetricsFull = "free space on it or give --metrics a path on a disk with room";
 
 // Rank 0's account of the run: the lines on stdout (with --quiet only the stop notice)
 // and the metrics file, one JSON object per step. Other ranks hold a silent one.
@@ -217,10 +243,9 @@ class StepLog {
         every_(std::max(1, cfg.steps_per_print)),
         loss_scaled_(cfg.fp16.enabled),
         speculative_(cfg.strata.speculative_optimizer) {
-    if (rank0_ && !topts.metrics_path.empty()) {
-      metrics_.open(topts.metrics_path, std::ios::app);
-      if (!metrics_) throw IoError("cannot open the metrics file for appending", topts.metrics_path, 0, 0, errno);
-    }
+    if (rank0_ && !topts.metrics_path.empty())
+      metrics_ = AppendedLines(topts.metrics_path, "the metrics file (--metrics)", kMetricsFull,
+                               topts.metrics_optional ? OnWriteFailure::WarnAndStop : OnWriteFailure::Throw);
   }
 
   // What runs where, the memory it has, and the peak MFU is measured against.
@@ -311,8 +336,7 @@ class StepLog {
         const uint64_t b = st.store.bytes_moved[from][to] - prev.store.bytes_moved[from][to];
         if (b) j["moved"][std::string(to_string(static_cast<Tier>(from))) + "->" + to_string(static_cast<Tier>(to))] = b;
       }
-    metrics_ << j.dump() << "\n";
-    metrics_.flush();
+    record(j, rec.step);
   }
 
   void saved(const std::string& checkpoint) {
@@ -340,8 +364,41 @@ class StepLog {
     std::fflush(stdout);
   }
 
-  void heldout(double loss) {
-    if (lines_ && loss >= 0) std::printf("held-out loss %.6f\n", loss);
+  // Printed with --quiet too, and recorded: the loss, or why there is none.
+  void heldout(const HeldOut& h, int64_t step, const std::string& why_none, int global_batch) {
+    if (!rank0_) return;
+    nlohmann::json j = {{"step", step}, {"heldout_batches", h.batches},
+                        {"heldout_windows", static_cast<int64_t>(h.batches) * global_batch}};
+    if (h.batches == 0) {
+      std::printf("no held-out loss: %s\n", why_none.c_str());
+      j["heldout_loss"] = nullptr;
+      j["heldout_note"] = why_none;
+    } else {
+      std::printf("held-out loss %.6f%s\n", h.loss,
+                  h.batches < h.asked ? (" (over " + std::to_string(h.batches) + " of the " + std::to_string(h.asked) +
+                                         " batches asked: the held-out split holds no more)")
+                                            .c_str()
+                                      : "");
+      j["heldout_loss"] = h.loss;
+    }
+    std::fflush(stdout);
+    record(j, step);
+  }
+
+  // A metrics write failed (rank 0, never with --metrics-optional): the run stops after
+  // this step. Says where it stopped and how to go on, prints the record it could not
+  // write, and throws the write's error.
+  bool output_failed() const { return static_cast<bool>(failure_); }
+  [[noreturn]] void raise_output_failure(int64_t step, const std::string& checkpoint_dir,
+                                         const std::string& checkpoint) {
+    std::printf("stopped after step %lld: --metrics could not be written (the error follows); %s\n", static_cast<long long>(step),
+                checkpoint.empty() ? (checkpoint_dir.empty() ? "no checkpoint was written (strata.checkpoint_dir is not set)"
+                                                             : "no checkpoint was written")
+                                   : ("saved " + checkpoint + ": make room and continue with --resume").c_str());
+    std::fflush(stdout);
+    std::fprintf(stderr, "strata: the metrics record of step %lld, not written: %s\n",
+                 static_cast<long long>(unwritten_step_), unwritten_.c_str());
+    std::rethrow_exception(failure_);
   }
 
  private:
@@ -357,7 +414,22 @@ class StepLog {
   int every_;    // steps_per_print, at least 1
   bool loss_scaled_ = false;  // fp16: lines and metrics show the loss scale
   bool speculative_ = false;  // strata.speculative_optimizer: its counts in metrics and at the end
-  std::ofstream metrics_;
+  AppendedLines metrics_;
+  std::exception_ptr failure_;  // the metrics write that failed; nothing is written after it
+  std::string unwritten_;       // its record
+  int64_t unwritten_step_ = 0;
+
+  // One record, whole or not at all; a failure is kept for the step's stop agreement.
+  void record(const nlohmann::json& j, int64_t step) {
+    if (failure_) return;
+    try {
+      metrics_.append(j.dump());
+    } catch (const IoError&) {
+      failure_ = std::current_exception();
+      unwritten_ = j.dump();
+      unwritten_step_ = step;
+    }
+  }
 };
 
 // The model's options, and the engine's share of them: with checkpointing the engine
@@ -432,18 +504,40 @@ void run_steps(const TrainLoop& t, TrainResult& res, TokenBatches& batches, cons
     t.log.step(rec, last_step, st, prev);
     prev = st;
 
-    res.stop_signal = agreed_stop_signal(t.comm);
-    if (should_checkpoint(cfg.strata, rec.step, last_step, saved_step, res.stop_signal != 0)) {
+    const StopReason stop = agreed_stop(t.comm, t.log.output_failed());
+    res.stop_signal = stop.signal;
+    if (should_checkpoint(cfg.strata, rec.step, last_step, saved_step, stop.signal != 0 || stop.output_failed)) {
       saved_step = rec.step;
       const nlohmann::json extra = {{"data", pos.to_json()}, {"loss", rec.loss}};
       res.last_checkpoint = save_checkpoint(t.engine, t.comm, cfg.strata.checkpoint_dir, cfg.raw, extra, t.group_names);
       t.log.saved(res.last_checkpoint);
+    }
+    if (stop.output_failed) {
+      if (t.log.output_failed()) t.log.raise_output_failure(rec.step, cfg.strata.checkpoint_dir, res.last_checkpoint);
+      throw Error("stopped after step " + std::to_string(rec.step) +
+                  ": rank 0 could not write --metrics (its message says why)");
     }
     if (res.stop_signal) {
       t.log.stopped(res.stop_signal, rec.step, cfg.strata.checkpoint_dir, res.last_checkpoint);
       break;
     }
   }
+}
+
+// No output of the run replaces one of its inputs or another output (output_guard.hpp),
+// checked on every rank (each writes its own trace) before anything is written.
+void check_run_outputs(const Config& cfg, const TrainOptions& topts, const EngineOptions& eo,
+                       const std::string& start_dir, const std::string& init_dir) {
+  std::vector<RunPath> inputs = {{topts.config_path, "the config file"}, {cfg.strata.data.path, "strata.data.path"}};
+  for (const std::string& p : eo.store.nvme.paths) inputs.push_back({p, "nvme_path"});
+  const std::string resumed = topts.resume_from.empty() ? "the checkpoint --resume reads" : "--resume-from";
+  for (const auto& [dir, what] : {std::pair{start_dir, resumed}, std::pair{init_dir, std::string("--init-from")}}) {
+    if (dir.empty()) continue;
+    inputs.push_back({dir, what});
+    for (RunPath& f : files_in(dir, what)) inputs.push_back(std::move(f));
+  }
+  check_outputs_replace_no_input(
+      inputs, {{topts.metrics_path, "--metrics"}, {eo.trace_path, "strata.trace"}, standard_output()});
 }
 
 }  // namespace
@@ -464,7 +558,8 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
 
   // Data before the engine: a bad data file fails in a second, before any allocation.
   TokenDataset data(cfg.strata.data, shape.seq_len, shape.vocab, cfg.strata.seed);
-  // The metrics file too: a bad path fails now, not after the model is built.
+  // The metrics file too (opened, nothing written before check_run_outputs): a bad path
+  // fails now, not after the model is built.
   StepLog step_log(cfg, topts, rank);
 
   // The checkpoint directory next, before the model, the engine or any swap file: rank 0
@@ -481,6 +576,7 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
 
   EngineOptions eo = EngineOptions::from_config(cfg);
   eo.trace_path = with_rank(cfg.strata.trace, rank, world);
+  check_run_outputs(cfg, topts, eo, start_dir, init_dir);
   const int micro = cfg.train_micro_batch_size_per_gpu, accum = cfg.gradient_accumulation_steps;
   const GptOptions mo = model_options(cfg, eo);
   // The model first: its activations (device memory on cuda) are allocated beside the
@@ -518,8 +614,12 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
   run_steps({cfg, *comm, *engine, *model, source, lr_schedule, cost, group_names, step_log}, res, batches, pos);
 
   if (topts.eval_batches > 0 && !res.stop_signal) {
-    res.eval_loss = heldout_loss(*model, source, data, *comm, topts.eval_batches, micro, batches.inputs, batches.targets);
-    step_log.heldout(res.eval_loss);
+    const HeldOut h = heldout_loss(*model, source, data, *comm, topts.eval_batches, micro, batches.inputs, batches.targets);
+    res.eval_loss = h.loss;
+    res.eval_batches = h.batches;
+    step_log.heldout(h, engine->iterations(), no_heldout_reason(data, world, micro), world * micro);
+    if (step_log.output_failed())
+      step_log.raise_output_failure(engine->iterations(), cfg.strata.checkpoint_dir, res.last_checkpoint);
   }
   res.stats = engine->stats();
   step_log.speculation(res.stats);

@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "strata/core/byte_count.hpp"
+#include "strata/core/output_guard.hpp"
 
 namespace strata::bench {
 
@@ -124,9 +125,12 @@ struct OutputOptions {
 // the help what the plot shows.
 void add_output_options(CLI::App& sub, OutputOptions& o, const std::string& plot_what);
 // Checks the output options before anything is measured: writable destinations, at
-// most one of them on stdout, a .png plot name, a Python with matplotlib for --plot.
-// Throws ConfigError naming the flag.
-void check_output_options(const OutputOptions& o);
+// most one of them on stdout, a .png plot name, a Python with matplotlib for --plot, and
+// no output (these, `more_outputs` such as --trace, or standard output redirected to a
+// file) that is one of the benchmark's `inputs` (its Python, its scripts), the plot's,
+// or another output (check_outputs_replace_no_input). Throws ConfigError naming the flag.
+void check_output_options(const OutputOptions& o, const std::vector<RunPath>& inputs = {},
+                          const std::vector<RunPath>& more_outputs = {});
 // The whole report as JSON (what --json writes).
 nlohmann::json report_json(const Report& r, const nlohmann::json& machine);
 // CSV text of the table: a header of column keys, one line per row.

@@ -45,7 +45,8 @@ class Recorder {
   // {"traceEvents": [...], "displayTimeUnit": "ms"}: one complete ("X") event per span,
   // timestamps in microseconds, plus process and thread names.
   void write_json(std::ostream& os) const;
-  // Writes the JSON to a file; throws IoError naming the path when it cannot.
+  // Writes the JSON to a file, whole or not at all (ReplacingFile: an earlier trace there
+  // stays as it was when the write fails); throws IoError naming the path when it cannot.
   void write_json(const std::string& path) const;
 
  private:

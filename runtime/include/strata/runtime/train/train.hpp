@@ -30,6 +30,10 @@ struct TrainOptions {
   // complete one). Excludes resume and resume_from.
   std::string init_from;
   std::string metrics_path;       // JSONL, one object per step (rank 0); "" = none
+  // A write to metrics_path that fails (a full disk) warns once and the run goes on
+  // without it; otherwise it stops the run after that step, with a checkpoint.
+  bool metrics_optional = false;
+  std::string config_path;        // the config file read, which no output may replace ("" = none)
   bool quiet = false;             // no per-step lines (tests)
   int eval_batches = 0;           // held-out batches evaluated after the last step (0 = none)
 };
@@ -49,7 +53,8 @@ struct StepRecord {
 struct TrainResult {
   std::vector<StepRecord> steps;  // the steps this run took (after a resume: only those)
   int64_t first_step = 0;         // optimizer steps already taken at start (resume)
-  double eval_loss = -1;          // held-out loss after the last step (-1: not evaluated)
+  double eval_loss = -1;          // held-out loss after the last step (-1: not evaluated, or no held-out batch)
+  int eval_batches = 0;           // held-out global batches that loss is the mean of
   std::string last_checkpoint;    // "" when none was written
   int stop_signal = 0;            // SIGTERM/SIGINT/SIGUSR1 stopped the run early (0: it ran out)
   double peak_flops = 0;          // measured matmul peak, all ranks together
@@ -65,7 +70,11 @@ struct TrainResult {
 // the run (lock_checkpoint_dir: a second run into it is refused, naming the holder's pid
 // and host) and the start is decided (choose_start_checkpoint): a checkpoint_dir that is
 // a checkpoint, an unwritable one, and step-<M> directories beyond the step the run
-// starts from are refused then, with no step trained.
+// starts from are refused then, with no step trained. So is an output (metrics, trace,
+// standard output redirected to a file) that is one of the run's inputs (the config
+// file, the data, the checkpoint it starts from, nvme_path) or another output
+// (check_outputs_replace_no_input). A metrics write that fails stops the run after its
+// step, with a checkpoint, and throws the IoError (metrics_optional: a warning).
 TrainResult train(const Config& config, const TrainOptions& opts);
 
 }  // namespace strata
