@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "strata/core/error.hpp"
+#include "temp_dir.hpp"
 #include "strata/core/output_file.hpp"
 #include "strata/core/output_guard.hpp"
 
@@ -27,24 +28,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-#define EXPECT_HAS(msg, part) EXPECT_NE((msg).find(part), std::string::npos) << "missing \"" << (part) << "\" in: " << (msg)
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "strata_output_files_XXXXXX").string();
-    EXPECT_NE(::mkdtemp(tmpl.data()), nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const fs::path& rel, const std::string& text = "x") const {
-    fs::create_directories((path / rel).parent_path());
-    std::ofstream(path / rel) << text;
-    return (path / rel).string();
-  }
+struct TempDir : testing_core::TempDir {
+  TempDir() : testing_core::TempDir("output_files") {}
 };
 
 std::string read(const fs::path& p) {

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "strata/core/error.hpp"
+#include "temp_dir.hpp"
 #include "strata/core/safe_io.hpp"
 
 using namespace strata;
@@ -18,24 +19,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-#define EXPECT_HAS(msg, part) EXPECT_NE((msg).find(part), std::string::npos) << "missing \"" << (part) << "\" in: " << (msg)
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "strata_safe_io_XXXXXX").string();
-    EXPECT_NE(::mkdtemp(tmpl.data()), nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const fs::path& rel, const std::string& text = "x") const {
-    fs::create_directories((path / rel).parent_path());
-    std::ofstream(path / rel) << text;
-    return (path / rel).string();
-  }
+struct TempDir : testing_core::TempDir {
+  TempDir() : testing_core::TempDir("safe_io") {}
 };
 
 std::string refusal(const std::string& path, const std::string& what = "--out") {
