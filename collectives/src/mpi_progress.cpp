@@ -361,10 +361,13 @@ void MpiProgress::thread_main() {
       sleep = kMinSleep;
       continue;
     }
-    watch(active);
     std::unique_lock<std::mutex> lock(mu_);
     if (!incoming_.empty() || kick_) continue;
     if (pending.empty() && active.empty()) {
+      lock.unlock();
+      watch(active);
+      lock.lock();
+      if (!incoming_.empty() || kick_) continue;
       if (stop_) break;
       // The watchdog answers other ranks' queries while this rank has nothing in flight.
       if (watchdog_.active())
@@ -381,6 +384,10 @@ void MpiProgress::thread_main() {
       std::this_thread::yield();
       continue;
     }
+    // Past the hot window: the watchdog's turn (not on every spin of the hot poll).
+    lock.unlock();
+    watch(active);
+    lock.lock();
     cv_.wait_for(lock, sleep, [&] { return !incoming_.empty() || kick_; });
     sleep = std::min<std::chrono::microseconds>(sleep * 2, now - last_progress < kLongWait ? kMaxSleep : kMaxSleepLong);
   }
