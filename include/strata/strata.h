@@ -68,8 +68,9 @@ extern "C" {
 
 #define STRATA_API_VERSION_MAJOR 1
 /* 1.1: 16-bit runtimes, strata_loss_scale, strata_stats.skipped_steps and loss_scale,
- * strata_runtime_info.dtype. */
-#define STRATA_API_VERSION_MINOR 1
+ * strata_runtime_info.dtype.
+ * 1.2: strata_learning_rate and strata_set_learning_rate. */
+#define STRATA_API_VERSION_MINOR 2
 #define STRATA_API_VERSION ((STRATA_API_VERSION_MAJOR << 16) | STRATA_API_VERSION_MINOR)
 
 #define STRATA_MAX_DIMS 8 /* dimensions of a parameter group's shape */
@@ -318,6 +319,17 @@ STRATA_API strata_status strata_read_params(strata_runtime rt, int32_t group, vo
  * strata_load_checkpoint, which restores it): read it after each step. Any thread, any
  * time, before strata_start too. Since API 1.1. */
 STRATA_API strata_status strata_loss_scale(strata_runtime rt, double* out);
+
+/* The learning rate of the next optimizer step (of the open step, inside one): the
+ * `scheduler` section's at this step, optimizer.params.lr without one, or the last value
+ * given to strata_set_learning_rate. Any time, before strata_start too. Since API 1.2. */
+STRATA_API strata_status strata_learning_rate(strata_runtime rt, double* out);
+/* Sets the learning rate of every optimizer step from the next one on, for a caller that
+ * schedules it itself (torch's schedulers, transformers' Trainer). Between steps only
+ * (before a step's first strata_begin_micro_step: the speculative optimizer updates
+ * during the backward pass). lr finite and >= 0. A configuration with a `scheduler`
+ * section is STRATA_ERR_STATE: one of the two sets it. Since API 1.2. */
+STRATA_API strata_status strata_set_learning_rate(strata_runtime rt, double lr);
 
 /* ---- checkpoints (runtime/include/strata/runtime/formats/checkpoint.hpp) ---- */
 

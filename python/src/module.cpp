@@ -318,6 +318,12 @@ class Runtime {
     check(strata_loss_scale(rt(), &s));
     return s;
   }
+  double learning_rate() {
+    double lr = 0;
+    check(strata_learning_rate(rt(), &lr));
+    return lr;
+  }
+  void set_learning_rate(double lr) { call([&](strata_runtime r) { return strata_set_learning_rate(r, lr); }); }
   std::string dtype() { return dtype_name(runtime_dtype()); }
   std::string save_checkpoint(const std::string& root, py::object extra_json) {
     std::string extra = extra_json.is_none() ? "" : extra_json.cast<std::string>();
@@ -496,6 +502,10 @@ PYBIND11_MODULE(_strata, m) {
       .def("loss_scale", &Runtime::loss_scale,
            "The factor to multiply the loss by before backward (fp16's loss scale; 1 otherwise). Read it again "
            "after every step: an fp16 overflow skips the step and lowers it.")
+      .def("learning_rate", &Runtime::learning_rate,
+           "The learning rate of the next optimizer step: the config's schedule, or set_learning_rate's value.")
+      .def("set_learning_rate", &Runtime::set_learning_rate, py::arg("lr"),
+           "Sets the lr of every step from the next on (between steps; not with a `scheduler` section).")
       .def_property_readonly("dtype", &Runtime::dtype,
                              "'float32', 'bfloat16' or 'float16': every group's, buffer's and gradient's")
       .def("save_checkpoint", &Runtime::save_checkpoint, py::arg("root"), py::arg("extra_json") = py::none())

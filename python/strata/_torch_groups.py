@@ -69,6 +69,7 @@ class GroupPlan:
     hooks: List[Hook]
     params: List[Tuple[str, nn.Parameter]]  # unique, in layout order
     numel: int = 0
+    frozen: bool = False  # its parameters do not require grad: no gradient, no optimizer state
 
 
 @dataclass
@@ -200,16 +201,16 @@ def _check_cover(model, grouped):
 
 
 def _check_param(name, p):
+    if getattr(p, "strata_group", None) is not None:
+        raise error("STRATA_ERR_STATE",
+                    f"parameter '{name}' is held by a Strata engine already (strata.torch.initialize ran on this "
+                    f"model); use the model and optimizer that call returned, or close it (engine.close()) and "
+                    f"load the weights into a fresh model")
     if p.dtype not in _HELD_DTYPES:
         raise error("STRATA_ERR_DTYPE",
                     f"parameter '{name}' is {p.dtype}; Strata holds float32 master weights (with bfloat16 or "
                     f"float16 working copies in a bf16/fp16 configuration): convert the model first "
                     f"(model.float()), or keep non-float values in buffers (register_buffer)")
-    if not p.requires_grad:
-        raise error("STRATA_ERR_INVALID_ARGUMENT",
-                    f"parameter '{name}' does not require grad (frozen); strata.torch trains every parameter it "
-                    f"holds and does not support frozen ones: set requires_grad=True, or make it a buffer "
-                    f"(register_buffer) so that PyTorch keeps it")
     if p.device.type == "meta":
         raise error("STRATA_ERR_INVALID_ARGUMENT",
                     f"parameter '{name}' is on the meta device (no values); materialise the model first "
@@ -217,34 +218,50 @@ def _check_param(name, p):
 
 
 def _plan(units):
-    """One GroupPlan from the units of one group: the layout and the hooks' slots."""
-    offsets, params, hooks, numel, bound = {}, [], [], 0, set()
+    """The GroupPlans of one group: the layout and the hooks' slots. Trainable parameters
+    and frozen ones (requires_grad=False) are separate Strata groups bound by the same
+    hooks: a frozen group has no gradient and no optimizer state. A group with both is
+    two, the frozen one named '<name> (frozen)'."""
+    parts = {False: ([], [], {}, [0]), True: ([], [], {}, [0])}  # frozen -> (hooks, params, offsets, numel)
+    bound = set()
     # A member inside another member's subtree goes after it, and binds only what that
     # one does not (nothing, usually: then it gets no hook).
     def nested(u):
         return any(o.module is not u.module and any(m is u.module for m in o.module.modules()) for o in units)
 
+    done = []
     for u in sorted(units, key=nested):
-        if any(h.module is u.module for h in hooks):
+        if any(m is u.module for m in done):
             continue
-        hook = Hook(u.name, u.module)
+        done.append(u.module)
+        made = {}
         for pname, owner, attr, p in u.slots:
             if (id(owner), attr) in bound:
                 continue
             bound.add((id(owner), attr))
+            hooks, params, offsets, numel = parts[not p.requires_grad]
             if id(p) not in offsets:
                 _check_param(pname, p)
-                offsets[id(p)] = numel
+                offsets[id(p)] = numel[0]
                 params.append((pname, p))
-                numel += p.numel()
+                numel[0] += p.numel()
+            hook = made.get(not p.requires_grad)
+            if hook is None:
+                hook = made[not p.requires_grad] = Hook(u.name, u.module)
+                hooks.append(hook)
             hook.slots.append(Slot(pname, owner, attr, offsets[id(p)], p.shape))
-        if hook.slots:
-            hooks.append(hook)
-    if not hooks:
+    if not parts[False][0] and not parts[True][0]:
         raise error("STRATA_ERR_INVALID_ARGUMENT",
                     f"group '{'+'.join(u.name for u in units)}' holds no parameters (its modules own none, or "
                     f"other groups hold them all); leave it out")
-    return GroupPlan("+".join(h.name for h in hooks), hooks, params, numel)
+    plans = []
+    for frozen in (False, True):
+        hooks, params, _, numel = parts[frozen]
+        if hooks:
+            plans.append(GroupPlan("+".join(dict.fromkeys(h.name for h in hooks)), hooks, params, numel[0], frozen))
+    if len(plans) == 2:
+        plans[1].name += " (frozen)"
+    return plans
 
 
 def plan_groups(model, groups=None):
@@ -255,10 +272,14 @@ def plan_groups(model, groups=None):
                         f"'{name}' is an nn.Embedding with sparse=True; Strata takes dense gradients: "
                         f"build it with sparse=False")
     grouped = _merge_ties(_auto_units(model)) if groups is None else _explicit_units(model, groups)
-    plans = [_plan(units) for units in grouped]
+    plans = [plan for units in grouped for plan in _plan(units)]
     if not plans:
         raise error("STRATA_ERR_INVALID_ARGUMENT",
                     "the model has no parameters (was it given to strata.torch.initialize already?)")
+    if all(g.frozen for g in plans):
+        raise error("STRATA_ERR_INVALID_ARGUMENT",
+                    "every parameter of the model is frozen (requires_grad=False): there is nothing to train; "
+                    "unfreeze some (with peft: get_peft_model adds trainable adapters)")
     names = [g.name for g in plans]
     assert len(set(names)) == len(names), f"group names repeat: {names}"
     unique = {id(p): p.numel() for p in model.parameters()}

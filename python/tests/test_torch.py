@@ -74,7 +74,9 @@ class Training(unittest.TestCase):
         unused_before = model.unused.weight.detach().clone()
         with tempfile.TemporaryDirectory() as nvme:
             with strata.torch.initialize(model, config(nvme)) as engine:
-                self.assertEqual(list(model.parameters()), [], "PyTorch still holds parameters")
+                standins = list(model.parameters())
+                self.assertEqual([p.numel() for p in standins], [0] * len(standins), "PyTorch still holds parameters")
+                self.assertEqual(sum(p.strata_numel for p in standins), sum(p.numel() for p in reference.parameters()))
                 losses = train_engine(engine, loss_of, batches(20))
                 stats = engine.stats()
                 weights = engine.full_state_dict()
@@ -152,10 +154,104 @@ class Training(unittest.TestCase):
         with strata.torch.initialize(model, config()) as engine:
             with self.assertRaises(IndexError):
                 engine(torch.full((2, 5), VOCAB + 7))  # a token outside the vocabulary
-            self.assertIsNone(model.stack[0].up.weight, "a parameter stayed bound after the failure")
+            self.assertEqual(model.stack[0].up.weight.numel(), 0, "a parameter stayed bound after the failure")
             losses = train_engine(engine, loss_of, batches(2))
         ref = train_reference(user_model(), loss_of, batches(2))
         self.assertLess(worst_relative(losses, ref), LOSS_RTOL)
+
+
+def train_loop(model, optimizer, batches, accumulation=1, scheduler=None, clip=None):
+    """The standard PyTorch loop: loss / accumulation, loss.backward(), a step every
+    `accumulation` micro-batches (clip: torch's clip_grad_norm_ before it, for the
+    reference; Strata clips with the config's gradient_clipping)."""
+    losses = []
+    for i, tokens in enumerate(batches):
+        loss = loss_of(model, tokens) / accumulation
+        loss.backward()
+        if (i + 1) % accumulation == 0:
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+            optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def halving(step):
+    return 0.5 ** step  # a schedule that moves the lr at every step
+
+
+class StandardLoop(unittest.TestCase):
+    """model, optimizer = strata.torch.initialize(...): loss.backward(), optimizer.step(),
+    torch's schedulers, against the same loop with torch.optim.AdamW."""
+
+    def reference(self, model, batches, accumulation=1, clip=None, trainable=None):
+        params = [p for p in model.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=WEIGHT_DECAY)
+        return train_loop(model, opt, batches, accumulation, torch.optim.lr_scheduler.LambdaLR(opt, halving), clip)
+
+    def test_matches_adamw_with_a_scheduler_clipping_and_accumulation(self):
+        for accumulation in (1, 2):
+            model = user_model()
+            reference = copy.deepcopy(model)
+            with tempfile.TemporaryDirectory() as nvme:
+                model, optimizer = strata.torch.initialize(model, config(nvme, accumulation, gradient_clipping=0.5))
+                scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, halving)
+                losses = train_loop(model, optimizer, batches(12), accumulation, scheduler)
+                stats = optimizer._engine_ref.stats()
+                optimizer._engine_ref.close()
+            ref = self.reference(reference, batches(12), accumulation, clip=0.5)
+            worst = worst_relative(losses, ref)
+            print(f"standard loop, accumulation {accumulation}: worst relative difference {worst:.2e}, last "
+                  f"gradient norm {stats['last_grad_norm']:.3f} (clipped to 0.5)")
+            self.assertLess(worst, LOSS_RTOL)
+            self.assertGreater(stats["last_grad_norm"], 0.5, "clipping never engaged: the test proves nothing")
+            assert_on_nvme(self, stats)
+            self.assertEqual(stats["optimizer_steps"], 12 // accumulation)
+
+    def test_fp16_loss_scaling_without_engine_backward(self):
+        # The forward's outputs carry the loss scale into loss.backward(): the standard
+        # loop and engine.backward give the same run, overflow skips included.
+        runs = []
+        for standard in (True, False):
+            with strata.torch.initialize(user_model(), config(fp16={"enabled": True})) as engine:
+                model, optimizer = engine
+                if standard:
+                    runs.append(train_loop(model, optimizer, batches(8)))
+                else:
+                    runs.append(train_engine(engine, loss_of, batches(8)))
+                runs[-1].append(engine.stats()["loss_scale"])
+        self.assertEqual(runs[0], runs[1])
+        self.assertLess(runs[0][-2], runs[0][0], "the loss did not fall in fp16")
+
+    def test_frozen_parameters_get_no_gradient_and_stay(self):
+        def model_with_frozen():
+            m = user_model()
+            m.stack.requires_grad_(False)   # whole groups
+            m.shared.up.bias.requires_grad_(False)  # part of one
+            return m
+
+        model = model_with_frozen()
+        reference = copy.deepcopy(model)
+        frozen_before = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+        with tempfile.TemporaryDirectory() as nvme:
+            engine = strata.torch.initialize(model, config(nvme))
+            names = [(g.name, g.frozen) for g in engine.groups]
+            model, optimizer = engine
+            losses = train_loop(model, optimizer, batches(12))
+            weights = engine.full_state_dict()
+            engine.close()
+        self.assertIn(("stack.0", True), names)
+        self.assertIn(("shared.up", False), names)
+        self.assertIn(("shared.up (frozen)", True), names)
+        ref = self.reference(reference, batches(12))
+        worst = worst_relative(losses, ref)
+        print(f"frozen parameters: worst relative difference {worst:.2e}")
+        self.assertLess(worst, LOSS_RTOL)
+        for n, before in frozen_before.items():
+            self.assertTrue(torch.equal(weights[n], before), f"frozen {n} changed")
 
 
 class Grouping(unittest.TestCase):
@@ -231,26 +327,21 @@ class Misuse(unittest.TestCase):
         e = self.engine
         self.assert_state_error(e.step, "engine.step() now (between micro-batches)", "run a forward with gradients enabled")
         loss = e(self.tokens)
-        self.assert_state_error(e.step, "engine.step() now (forward done", "call engine.backward(loss)")
+        self.assert_state_error(e.step, "engine.step() now (forward done", "call loss.backward() for the last forward")
         self.assert_state_error(lambda: e(self.tokens), "one forward per backward")
         with tempfile.TemporaryDirectory() as d:
             self.assert_state_error(lambda: e.save_checkpoint(d), "in the middle of a step")
         e.backward(loss)
         self.assert_state_error(lambda: e.backward(loss), "engine.backward(loss) now (backward done",
                                 "call engine.step() after each engine.backward(loss)")
-        self.assert_state_error(lambda: e(self.tokens), "call engine.step()")
+        self.assert_state_error(lambda: e(self.tokens), "call optimizer.step() (or engine.step())")
         self.assertTrue(e.step())
         # Nothing above reached Strata: training goes on.
         train_engine(e, loss_of, batches(2, 1))
 
-    def test_the_module_itself_and_loss_backward(self):
-        self.assert_state_error(lambda: self.engine.module(self.tokens), "ran outside engine(...)",
-                                "call the engine")
-        loss = self.engine(self.tokens)
-        # Raised in autograd's saved-tensor hook, which torch re-raises as a RuntimeError
-        # with the message (StrataError is one too).
-        with self.assertRaisesRegex(RuntimeError, r"outside engine\.backward\(loss\).*call engine\.backward\(loss\)"):
-            loss.backward()
+    def test_a_submodule_outside_the_models_forward(self):
+        self.assert_state_error(lambda: self.engine.module.stack(torch.zeros(2, 3, 32)), "ran outside the model's forward",
+                                "call the model")
 
     def test_loss_without_gradient(self):
         with torch.no_grad():
@@ -262,6 +353,85 @@ class Misuse(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d, self.assertRaises(strata.StrataError) as e:
             self.engine.save_checkpoint(d, client_state={"set": {1, 2}})
         self.assertIn("JSON", str(e.exception))
+
+
+class StandardLoopMisuse(unittest.TestCase):
+    def setUp(self):
+        self.engine = strata.torch.initialize(user_model(), config(accumulation=2))
+        self.model, self.optimizer = self.engine
+        self.tokens = batch(0, VOCAB)
+
+    def tearDown(self):
+        self.engine.close()
+
+    assert_state_error = Misuse.assert_state_error
+
+    def backward(self):
+        self.model(self.tokens).backward()
+
+    def test_step_needs_every_micro_batch_of_a_step(self):
+        self.assert_state_error(self.optimizer.step, "optimizer.step() now (between micro-batches)")
+        loss = self.model(self.tokens)
+        self.assert_state_error(self.optimizer.step, "call loss.backward() for the last forward first")
+        loss.backward()
+        self.assert_state_error(self.optimizer.step, "after 1 micro-batch(es)", "gradient_accumulation_steps is 2")
+        self.assert_state_error(self.optimizer.zero_grad, "cannot be dropped")
+        self.backward()
+        self.assert_state_error(self.backward, "without an optimizer step", "call optimizer.step()")
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        self.backward()  # training goes on
+
+    def test_a_backward_outside_its_micro_batch(self):
+        loss = self.model(self.tokens)
+        loss.backward(retain_graph=True)
+        with self.assertRaisesRegex(RuntimeError, "a second backward through one forward"):
+            loss.backward(retain_graph=True)
+        self.model(self.tokens).backward()  # accumulation 2: this micro-batch ends the step
+        self.optimizer.step()
+        with self.assertRaisesRegex(RuntimeError, "outside its micro-batch"):
+            loss.backward()
+
+    def test_clipping_and_a_second_optimizer_are_refused(self):
+        self.backward()
+        with self.assertRaises(strata.StrataError) as e:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.assertIn("gradient_clipping", str(e.exception))
+        other = torch.optim.AdamW(self.model.parameters())
+        with self.assertRaises(strata.StrataError) as e:
+            other.step()
+        self.assertIn("step with the optimizer strata.torch.initialize returned", str(e.exception))
+
+    def test_freezing_after_initialize(self):
+        self.model.stack[0].up.weight.requires_grad_(False)
+        self.assert_state_error(self.backward, "'stack.0.up.weight' was trainable at strata.torch.initialize",
+                                "set requires_grad before initialize")
+
+    def test_hyper_parameters_other_than_the_lr(self):
+        self.optimizer.param_groups[0]["betas"] = (0.5, 0.9)
+        with self.assertRaises(strata.StrataError) as e:
+            self.backward()
+        self.assertIn("takes betas from the config", str(e.exception))
+
+    def test_the_lr_changed_inside_a_step(self):
+        self.backward()
+        self.backward()
+        self.optimizer.param_groups[0]["lr"] = 1.0
+        self.assert_state_error(self.optimizer.step, "changed after this step's first forward")
+
+    def test_initialize_twice(self):
+        with self.assertRaises(strata.StrataError) as e:
+            strata.torch.initialize(self.model, config())
+        self.assertIn("held by a Strata engine already", str(e.exception))
+
+    def test_a_scheduler_section_and_a_torch_scheduler(self):
+        c = config(scheduler={"type": "WarmupLR", "params": {"warmup_num_steps": 10}})
+        with strata.torch.initialize(user_model(), c) as engine:
+            model, optimizer = engine
+            optimizer.param_groups[0]["lr"] = 0.5
+            with self.assertRaises(strata.StrataError) as e:
+                model(self.tokens)
+            self.assertIn("scheduler section", str(e.exception))
 
 
 class Refused(unittest.TestCase):
@@ -282,14 +452,13 @@ class Refused(unittest.TestCase):
                             status="STRATA_ERR_DTYPE")
         self.assert_refused(integer, None, "'counts' is torch.int64", "register_buffer", status="STRATA_ERR_DTYPE")
 
-    def test_frozen_parameter(self):
+    def test_everything_frozen(self):
         def frozen():
             m = user_model()
-            m.gate.requires_grad_(False)
+            m.requires_grad_(False)
             return m
 
-        print("frozen:", self.assert_refused(frozen, None, "'gate' does not require grad", "does not support frozen",
-                                             "requires_grad=True"))
+        self.assert_refused(frozen, None, "every parameter of the model is frozen", "nothing to train")
 
     def test_sparse_embedding_and_no_parameters(self):
         self.assert_refused(lambda: nn.Sequential(nn.Embedding(4, 2, sparse=True)), None, "sparse=True")
@@ -297,7 +466,8 @@ class Refused(unittest.TestCase):
         strata.torch.initialize(model, config()).close()
         with self.assertRaises(strata.StrataError) as e:
             strata.torch.initialize(model, config())
-        self.assertIn("no parameters", str(e.exception))
+        self.assertEqual(e.exception.status, "STRATA_ERR_STATE")
+        self.assertIn("held by a Strata engine already", str(e.exception))
 
 
 class Checkpoints(unittest.TestCase):

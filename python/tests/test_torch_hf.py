@@ -1,9 +1,13 @@
 """strata.torch on Hugging Face models built by transformers from small configurations:
-GPT2LMHeadModel (lm_head tied to the token embedding) and LlamaForCausalLM, each trained
-20 steps with parameters and optimizer states on NVMe, against torch.optim.AdamW on a
-deep copy (torch_harness.LOSS_RTOL says why 1e-6). Skipped (exit 77) when transformers
-is not importable beside this torch. Run by CTest with PYTHONPATH=<build>/python."""
+GPT2LMHeadModel (lm_head tied to the token embedding) and LlamaForCausalLM (GQA, untied
+head), with parameters and optimizer states on NVMe, against torch.optim.AdamW on a deep
+copy (torch_harness.LOSS_RTOL says why 1e-6): through the engine API, the standard loop,
+activation checkpointing (reentrant and not), transformers.Trainer (strata.hf.Trainer
+against Trainer with its own AdamW: clipping, evaluation, checkpoint and resume) and peft
+LoRA over a frozen base (test_torch_peft.py). Skipped (exit 77) when transformers is not
+importable beside this torch. Run by CTest with PYTHONPATH=<build>/python."""
 import copy
+import os
 import sys
 import tempfile
 import unittest
@@ -11,14 +15,16 @@ import unittest
 import torch
 
 try:
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 except Exception as e:  # noqa: BLE001
     print(f"SKIP: transformers is not importable here ({e}); pip install transformers")
     sys.exit(77)
 
 import strata
+import strata.hf
 import strata.torch
-from torch_harness import LOSS_RTOL, assert_on_nvme, batch, config, train_engine, train_reference, worst_relative
+from torch_harness import (BETAS, EPS, LOSS_RTOL, LR, WEIGHT_DECAY, assert_on_nvme, batch, config, train_engine,
+                           train_reference, worst_relative)
 
 VOCAB = 128
 
@@ -46,7 +52,7 @@ class HuggingFace(unittest.TestCase):
         batches = [batch(s, VOCAB) for s in range(20)]
         with tempfile.TemporaryDirectory() as nvme, strata.torch.initialize(model, config(nvme)) as engine:
             self.assertEqual([g.name for g in engine.groups], groups)
-            self.assertEqual(list(model.parameters()), [], "PyTorch still holds parameters")
+            self.assertEqual(sum(p.numel() for p in model.parameters()), 0, "PyTorch still holds parameters")
             losses = train_engine(engine, loss_of, batches)
             stats = engine.stats()
         ref = train_reference(reference, loss_of, batches)
@@ -84,16 +90,117 @@ class HuggingFace(unittest.TestCase):
             self.assertEqual(len(engine.groups), 5)
             train_engine(engine, loss_of, [batch(0, VOCAB)])
 
-    def test_activation_checkpointing_is_refused(self):
-        for reentrant in (True, False):
-            model = gpt2()
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
-            with strata.torch.initialize(model, config()) as engine:
-                loss = loss_of(engine, batch(0, VOCAB))
-                # The recomputation runs a block's forward inside backward; torch re-raises
-                # the hook's StrataError as a RuntimeError with its message in one variant.
-                with self.assertRaisesRegex(RuntimeError, "activation checkpointing .* not supported"):
-                    engine.backward(loss)
+    def test_llama_standard_loop_and_activation_checkpointing(self):
+        # The standard loop; then transformers' checkpointing, which recomputes a block by
+        # calling its forward (no module hooks): Strata binds the block's parameters when
+        # the gradient reaches its output. Both kinds give the plain run's losses.
+        batches = [batch(s, VOCAB) for s in range(12)]
+        reference = llama()
+        opt = torch.optim.AdamW(reference.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
+        ref = standard_loop(reference, opt, batches)
+        for reentrant in (None, True, False):
+            model = llama()
+            if reentrant is not None:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+            model.train()
+            with tempfile.TemporaryDirectory() as nvme, strata.torch.initialize(model, config(nvme)) as engine:
+                model, optimizer = engine
+                losses = standard_loop(model, optimizer, batches)
+                stats = engine.stats()
+            worst = worst_relative(losses, ref)
+            print(f"Llama, standard loop, checkpointing {reentrant}: worst relative difference {worst:.2e}")
+            self.assertLess(worst, LOSS_RTOL)
+            assert_on_nvme(self, stats)
+
+
+def standard_loop(model, optimizer, batches):
+    losses = []
+    for tokens in batches:
+        loss = loss_of(model, tokens)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+class Tokens(torch.utils.data.Dataset):
+    def __init__(self, n, start=0):
+        self.items = [batch(start + i, VOCAB, size=1)[0] for i in range(n)]
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.items[i], "labels": self.items[i]}
+
+
+def training_args(out, **kw):
+    a = dict(output_dir=out, per_device_train_batch_size=4, gradient_accumulation_steps=2, learning_rate=3e-3,
+             max_steps=6, logging_steps=1, save_strategy="no", report_to=[], seed=0, dataloader_drop_last=True,
+             max_grad_norm=0.3, use_cpu=True, disable_tqdm=True, lr_scheduler_type="linear")
+    a.update(kw)
+    return TrainingArguments(**a)
+
+
+def logged_losses(trainer):
+    return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+
+def strata_config(nvme):
+    offload = {"device": "nvme", "nvme_path": nvme}
+    return {"zero_optimization": {"stage": 3, "offload_param": offload, "offload_optimizer": offload},
+            "strata": {"backend": "cpu", "device_budget": "64MiB", "pinned_budget": "64MiB"}}
+
+
+class HuggingFaceTrainer(unittest.TestCase):
+    def test_trainer_matches_trainer_with_adamw(self):
+        # 6 steps of 2 micro-batches, linear decay, max_grad_norm 0.3 (engaged: the norms
+        # are about 0.8), evaluation; then a resume from checkpoint-3 repeats steps 4-6.
+        with tempfile.TemporaryDirectory() as tmp:
+            ref = Trainer(model=llama(), args=training_args(os.path.join(tmp, "ref")), train_dataset=Tokens(48),
+                          eval_dataset=Tokens(8, 100))
+            ref.train()
+            ref_eval = ref.evaluate()["eval_loss"]
+            nvme = os.path.join(tmp, "nvme")
+            os.mkdir(nvme)
+            out = os.path.join(tmp, "strata")
+            trainer = strata.hf.Trainer(model=llama(), args=training_args(out, save_strategy="steps", save_steps=3),
+                                        strata_config=strata_config(nvme), train_dataset=Tokens(48),
+                                        eval_dataset=Tokens(8, 100))
+            trainer.train()
+            losses, evaluated = logged_losses(trainer), trainer.evaluate()["eval_loss"]
+            norm = trainer.strata_engine.stats()["last_grad_norm"]
+            trainer.strata_engine.close()
+            self.assertTrue(os.path.isdir(os.path.join(out, "checkpoint-3", "strata")))
+            # Another output directory: this run's checkpoint-6 exists, and Strata never overwrites one.
+            resumed = strata.hf.Trainer(model=llama(), args=training_args(os.path.join(tmp, "resumed")),
+                                        strata_config=strata_config(nvme), train_dataset=Tokens(48))
+            resumed.train(resume_from_checkpoint=os.path.join(out, "checkpoint-3"))
+            after_resume = logged_losses(resumed)[3:]  # its log history starts with checkpoint-3's
+            resumed.strata_engine.close()
+        worst = worst_relative(losses, logged_losses(ref))
+        print(f"strata.hf.Trainer: losses {losses[0]:.4f} -> {losses[-1]:.4f}, worst relative difference {worst:.2e}, "
+              f"eval loss {evaluated:.6f} (Trainer's {ref_eval:.6f}); last gradient norm {norm:.3f} (clipped to 0.3); "
+              f"resumed at step 3: {after_resume}")
+        self.assertEqual(len(losses), 6)
+        self.assertLess(worst, LOSS_RTOL)
+        self.assertLess(abs(evaluated - ref_eval) / ref_eval, LOSS_RTOL)
+        self.assertGreater(norm, 0.3, "clipping never engaged: the test proves nothing")
+        self.assertEqual(after_resume, losses[3:], "the resumed run differs")
+
+    def test_arguments_strata_cannot_honour_are_refused(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            for kw, words in (({"weight_decay": 0.1}, "decays every parameter it holds"),
+                              ({"bf16": True}, "Strata's precision is its config's")):
+                with self.assertRaises(strata.StrataError) as e:
+                    strata.hf.Trainer(model=llama(), args=training_args(tmp, **kw), strata_config=strata_config(tmp),
+                                      train_dataset=Tokens(8))
+                self.assertIn(words, str(e.exception))
+            c = dict(strata_config(tmp), gradient_accumulation_steps=4)
+            with self.assertRaises(strata.StrataError) as e:
+                strata.hf.Trainer(model=llama(), args=training_args(tmp), strata_config=c, train_dataset=Tokens(8))
+            self.assertIn("gradient_accumulation_steps is 4 and TrainingArguments' is 2", str(e.exception))
 
 
 if __name__ == "__main__":

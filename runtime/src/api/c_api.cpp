@@ -324,6 +324,17 @@ strata_status strata_loss_scale(strata_runtime rt, double* out) {
   });
 }
 
+strata_status strata_learning_rate(strata_runtime rt, double* out) {
+  return with_runtime(rt, "strata_learning_rate", [&](Runtime& r) {
+    need(out, "out");
+    *out = r.learning_rate();
+  });
+}
+
+strata_status strata_set_learning_rate(strata_runtime rt, double lr) {
+  return with_runtime(rt, "strata_set_learning_rate", [&](Runtime& r) { r.set_learning_rate(lr); });
+}
+
 strata_status strata_save_checkpoint(strata_runtime rt, const char* root, const char* extra_json, char* dir_out,
                                      size_t dir_cap) {
   return with_runtime(rt, "strata_save_checkpoint", [&](Runtime& r) {

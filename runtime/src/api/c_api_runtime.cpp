@@ -364,7 +364,7 @@ void Runtime::begin_micro_step() {
                                          " micro-batches (gradient_accumulation_steps) ran already; call strata_step");
   // The `scheduler` section's lr for this step (optimizer.params.lr without one), set
   // before the backward pass: the speculative optimizer steps during it.
-  if (micro_open_ == 0) engine_->set_learning_rate(LrSchedule{config_.scheduler}.lr_at(engine_->optimizer_steps()));
+  if (micro_open_ == 0) engine_->set_learning_rate(learning_rate());
   engine_->begin_micro_step();
   ++micro_open_;
   in_micro_ = true;
@@ -541,6 +541,24 @@ void Runtime::read_params(int32_t g, void* dst, strata_dtype dtype, uint64_t num
   // Widened working values: narrowing them back to the working type is exact.
   std::vector<float> full = engine_->gather_full_params(g);
   convert_from_f32(dst, to_dtype(dtype), full.data(), numel);
+}
+
+double Runtime::learning_rate() const {
+  if (lr_set_) return *lr_set_;
+  return LrSchedule{config_.scheduler}.lr_at(engine_ ? engine_->optimizer_steps() : 0);
+}
+
+void Runtime::set_learning_rate(double lr) {
+  if (config_.scheduler.type != LrScheduleType::Constant)
+    throw ApiError(STRATA_ERR_STATE, std::string("strata_set_learning_rate: the configuration's scheduler section (") +
+                                         to_string(config_.scheduler.type) +
+                                         ") sets the learning rate; remove that section to set it from the caller "
+                                         "(torch's schedulers, transformers' Trainer), or leave the lr to it");
+  if (!std::isfinite(lr) || lr < 0)
+    throw ApiError(STRATA_ERR_INVALID_ARGUMENT,
+                   "strata_set_learning_rate: lr " + std::to_string(lr) + " is not a finite number >= 0");
+  check_between_steps("strata_set_learning_rate");
+  lr_set_ = lr;
 }
 
 double Runtime::loss_scale() const {

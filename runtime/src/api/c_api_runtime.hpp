@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,8 @@ class Runtime {
   bool step();
   void read_params(int32_t g, void* dst, strata_dtype dtype, uint64_t numel);
   double loss_scale() const;
+  double learning_rate() const;  // of the next (or the open) step
+  void set_learning_rate(double lr);
   // Where save_checkpoint(root, ...) saves if called now: known before anything is written.
   std::string next_checkpoint_dir(const std::string& root) const;
   std::string save_checkpoint(const std::string& root, const std::string& extra_json);
@@ -106,6 +109,7 @@ class Runtime {
   uint64_t held_params_hash(const Group& gr) const;
 
   Config config_;
+  std::optional<double> lr_set_;  // strata_set_learning_rate's, which replaces the schedule
   DType precision_ = DType::F32;     // config_.precision(): every group's and buffer's type
   strata_dtype dtype_ = STRATA_F32;  // the same, as the C API names it
   std::unique_ptr<coll::Communicator> host_comm_;
