@@ -69,7 +69,8 @@ extern "C" {
 #define STRATA_API_VERSION_MAJOR 1
 /* 1.1: 16-bit runtimes, strata_loss_scale, strata_stats.skipped_steps and loss_scale,
  * strata_runtime_info.dtype.
- * 1.2: strata_learning_rate and strata_set_learning_rate. */
+ * 1.2: frozen groups (strata_group_desc.kind, STRATA_GROUP_FROZEN), strata_learning_rate and
+ * strata_set_learning_rate. */
 #define STRATA_API_VERSION_MINOR 2
 #define STRATA_API_VERSION ((STRATA_API_VERSION_MAJOR << 16) | STRATA_API_VERSION_MINOR)
 
@@ -142,8 +143,26 @@ typedef enum strata_init_kind {
   STRATA_INIT_FORCE_INT32 = 0x7fffffff /* not an initialiser */
 } strata_init_kind;
 
+/* Whether a group is trained. Since API 1.2. */
+typedef enum strata_group_kind {
+  /* Gradients handed in every micro-batch, fp32 master weights and Adam moments, stepped. */
+  STRATA_GROUP_TRAINED = 0,
+  /* Not trained (a LoRA run's base weights, requires_grad=False): held in the runtime's
+   * dtype in offload_param's tier, sharded and acquired like any group, but with no
+   * gradient, master weights or optimizer states: 2 bytes per parameter in 16 bits (4 in
+   * fp32) where a trained group costs 18 or more. strata_grad_buffer, strata_grad_ready and
+   * strata_grad_submit refuse it (STRATA_ERR_INVALID_ARGUMENT), strata_begin_micro_step
+   * expects no gradient for it, strata_step and the gradient norm leave it out, and its
+   * values never change (checkpoints save and load them). */
+  STRATA_GROUP_FROZEN = 1,
+  STRATA_GROUP_KIND_FORCE_INT32_MIN = -0x7fffffff - 1, /* with the next: negative int32s are values too */
+  STRATA_GROUP_KIND_FORCE_INT32 = 0x7fffffff /* not a kind */
+} strata_group_kind;
+
 typedef struct strata_group_desc {
-  uint32_t struct_size;   /* sizeof(strata_group_desc) */
+  /* sizeof(strata_group_desc); a caller built against API 1.0 or 1.1 passes the size
+   * without `kind`, and its groups are trained. */
+  uint32_t struct_size;
   /* Unique within the runtime, non-empty, UTF-8 with no control characters (checkpoints
    * keep it as text; messages show it): another is STRATA_ERR_INVALID_ARGUMENT. A binding
    * whose strings may hold a NUL must refuse those, not pass them cut at the NUL. */
@@ -159,6 +178,8 @@ typedef struct strata_group_desc {
    * master weights start as these values widened (exactly), as DeepSpeed's start from
    * the 16-bit model: round fp32 weights to the group's dtype before passing them. */
   const void* data;
+  /* Since API 1.2. STRATA_GROUP_TRAINED (0, so a zeroed desc trains) or STRATA_GROUP_FROZEN. */
+  strata_group_kind kind;
 } strata_group_desc;
 
 /* A buffer handed out by strata_acquire or strata_grad_buffer. */
@@ -267,7 +288,8 @@ STRATA_API strata_status strata_set_schedule(strata_runtime rt, const int32_t* o
 /* ---- one training step ---- */
 
 /* Opens a micro-batch; gradient_accumulation_steps of them per strata_step. Every
- * group must have had its gradient handed in for the previous micro-batch. */
+ * trained group (not STRATA_GROUP_FROZEN) must have had its gradient handed in for the
+ * previous micro-batch. */
 STRATA_API strata_status strata_begin_micro_step(strata_runtime rt);
 /* The group's full parameters, ready to read (see strata_buffer.ready_event), valid
  * until the matching strata_release. Of the runtime's dtype: in 16 bits, the rounded
@@ -287,7 +309,7 @@ STRATA_API strata_status strata_acquire(strata_runtime rt, int32_t group, strata
 STRATA_API strata_status strata_release(strata_runtime rt, int32_t group);
 /* A writable buffer for the group's gradient of this micro-batch (zero copy), of the
  * runtime's dtype: write all numel elements, then call strata_grad_ready. One
- * outstanding per group. In fp16 the gradient is of the loss times strata_loss_scale(). */
+ * outstanding per group. A frozen group has none: STRATA_ERR_INVALID_ARGUMENT. In fp16 the gradient is of the loss times strata_loss_scale(). */
 STRATA_API strata_status strata_grad_buffer(strata_runtime rt, int32_t group, strata_buffer* out);
 /* Hands in the buffer's gradient: reduce-scattered across ranks and accumulated into
  * this rank's shard. Collective. */

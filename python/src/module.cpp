@@ -228,9 +228,10 @@ class Runtime {
   bool closed() const { return !h_; }
 
   int32_t register_group(const std::string& name, const std::vector<int64_t>& shape, const std::string& init,
-                         float std, float value, py::object data) {
+                         float std, float value, py::object data, bool frozen) {
     strata_group_desc d{};
     d.struct_size = sizeof d;
+    d.kind = frozen ? STRATA_GROUP_FROZEN : STRATA_GROUP_TRAINED;
     d.name = c_text(name, "the group name");
     d.ndim = static_cast<int32_t>(shape.size());
     d.shape = shape.data();
@@ -486,7 +487,8 @@ PYBIND11_MODULE(_strata, m) {
       .def_property_readonly("closed", &Runtime::closed)
       .def_property_readonly("handle_id", &Runtime::handle_id)
       .def("register_group", &Runtime::register_group, py::arg("name"), py::arg("shape"), py::arg("init") = "normal",
-           py::arg("std") = 0.02f, py::arg("value") = 0.0f, py::arg("data") = py::none())
+           py::arg("std") = 0.02f, py::arg("value") = 0.0f, py::arg("data") = py::none(),
+           py::arg("frozen") = false)
       .def("find_group", &Runtime::find_group)
       .def("group_shape", &Runtime::group_shape)
       .def("start", &Runtime::start)

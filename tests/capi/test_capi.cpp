@@ -39,7 +39,7 @@ struct OpenStep {
 TEST(CApi, VersionAndNames) {
   EXPECT_EQ(strata_api_version(), static_cast<uint32_t>(STRATA_API_VERSION));
   EXPECT_EQ(strata_api_version() >> 16, 1u);
-  EXPECT_NE(std::string(strata_version_string()).find("api 1.1"), std::string::npos) << strata_version_string();
+  EXPECT_NE(std::string(strata_version_string()).find("api 1.2"), std::string::npos) << strata_version_string();
   EXPECT_STREQ(strata_status_name(STRATA_OK), "STRATA_OK");
   EXPECT_STREQ(strata_status_name(STRATA_ERR_DTYPE), "STRATA_ERR_DTYPE");
   EXPECT_STREQ(strata_status_name(static_cast<strata_status>(999)), "STRATA_ERR_(unknown status)");
@@ -52,7 +52,7 @@ TEST(CApi, CreateChecksTheApiVersion) {
                       "rebuild against");
   EXPECT_EQ(rt.id, 0u) << "a failed create must leave the handle invalid";
   EXPECT_STRATA_FAILS(strata_runtime_create(STRATA_API_VERSION + 1, json.c_str(), &rt), STRATA_ERR_VERSION,
-                      "implements 1.1");
+                      "implements 1.2");
   // An older minor of the same major is accepted.
   ASSERT_STRATA_OK(strata_runtime_create(STRATA_API_VERSION_MAJOR << 16, json.c_str(), &rt));
   EXPECT_STRATA_OK(strata_runtime_destroy(rt));

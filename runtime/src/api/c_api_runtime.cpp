@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -152,11 +153,16 @@ void Runtime::check_initial_range(const strata_group_desc& d, Group& gr) const {
   }
 }
 
-int32_t Runtime::register_group(const strata_group_desc& d) {
-  if (d.struct_size < sizeof(strata_group_desc))
-    throw ApiError(STRATA_ERR_VERSION, "strata_group_desc.struct_size is " + std::to_string(d.struct_size) +
+int32_t Runtime::register_group(const strata_group_desc& given) {
+  // A caller built against API 1.0 or 1.1 passes the desc without `kind` (1.2): only
+  // struct_size bytes are read, the rest stays zero (STRATA_GROUP_TRAINED).
+  constexpr size_t kDescBefore12 = offsetof(strata_group_desc, kind);
+  if (given.struct_size < kDescBefore12)
+    throw ApiError(STRATA_ERR_VERSION, "strata_group_desc.struct_size is " + std::to_string(given.struct_size) +
                                            ", expected " + std::to_string(sizeof(strata_group_desc)) +
                                            "; set it to sizeof(strata_group_desc)");
+  strata_group_desc d{};
+  std::memcpy(&d, &given, std::min<size_t>(given.struct_size, sizeof d));
   const std::string name = d.name ? d.name : "";
   if (engine_)
     throw ApiError(STRATA_ERR_STATE, "cannot register group '" + name +
@@ -189,12 +195,17 @@ int32_t Runtime::register_group(const strata_group_desc& d) {
                                          "); every group has the runtime's dtype: register it as STRATA_" +
                                          dtype_name(dtype_) + " (initial data in " + dtype_name(dtype_) +
                                          " too), or change the configuration's bf16/fp16 section");
+  if (d.kind != STRATA_GROUP_TRAINED && d.kind != STRATA_GROUP_FROZEN)
+    throw ApiError(STRATA_ERR_INVALID_ARGUMENT, "group '" + name + "': kind " + std::to_string(static_cast<int>(d.kind)) +
+                                                    " is not a strata_group_kind (STRATA_GROUP_TRAINED or "
+                                                    "STRATA_GROUP_FROZEN)");
   Group gr;
   gr.name = name;
   gr.shape.assign(d.shape, d.shape + d.ndim);
   gr.numel = numel;
   gr.spec.name = name;
   gr.spec.numel = numel;
+  gr.spec.frozen = d.kind == STRATA_GROUP_FROZEN;
   switch (d.init) {
     case STRATA_INIT_NORMAL:
       if (!(d.init_std >= 0.0f) || !std::isfinite(d.init_std))
@@ -282,13 +293,15 @@ void Runtime::check_same_groups_on_every_rank() {
     desc.push_back(static_cast<double>(gr.numel));
     desc.push_back(name_hash(gr.name));
     desc.push_back(gr.has_data ? 1.0 : 0.0);
+    desc.push_back(gr.spec.frozen ? 1.0 : 0.0);
   }
   if (long i = agree(desc); i >= 0) {
-    const Group& gr = groups_[static_cast<size_t>(i / 3)];
-    const char* what[3] = {"size", "name", "kind of initialiser (data on some ranks only)"};
-    throw ApiError(STRATA_ERR_COLLECTIVE, "parameter group " + std::to_string(i / 3) + " ('" + gr.name + "', " +
+    const Group& gr = groups_[static_cast<size_t>(i / 4)];
+    const char* what[4] = {"size", "name", "kind of initialiser (data on some ranks only)",
+                           "kind (STRATA_GROUP_FROZEN on some ranks only)"};
+    throw ApiError(STRATA_ERR_COLLECTIVE, "parameter group " + std::to_string(i / 4) + " ('" + gr.name + "', " +
                                               std::to_string(gr.numel) + " elements on this rank) differs between "
-                                              "ranks in its " + what[i % 3] +
+                                              "ranks in its " + what[i % 4] +
                                               "; register the same groups in the same order on every rank");
   }
 }
@@ -338,6 +351,7 @@ void Runtime::set_schedule(const int32_t* order, size_t n) {
 
 void Runtime::check_micro_step_complete(const char* call) const {
   for (const Group& gr : groups_) {
+    if (gr.spec.frozen) continue;  // no gradient to hand in
     if (gr.grad_out)
       throw ApiError(STRATA_ERR_STATE, std::string(call) + ": group '" + gr.name +
                                            "' has a gradient buffer out; call strata_grad_ready for it first");
@@ -435,8 +449,17 @@ void Runtime::release(int32_t g) {
                        "optimizer does not have. Copy the buffer before changing it. The group is released.");
 }
 
+void Runtime::check_trained(const Group& gr, const char* call) const {
+  if (gr.spec.frozen)
+    throw ApiError(STRATA_ERR_INVALID_ARGUMENT,
+                   std::string(call) + ": group '" + gr.name +
+                       "' is frozen (registered with STRATA_GROUP_FROZEN) and takes no gradient; hand in gradients "
+                       "only for trained groups, or register it as STRATA_GROUP_TRAINED to train it");
+}
+
 strata_buffer Runtime::grad_buffer(int32_t g) {
   Group& gr = group(g, "strata_grad_buffer");
+  check_trained(gr, "strata_grad_buffer");
   if (!in_micro_)
     throw ApiError(STRATA_ERR_STATE, "gradient for group '" + gr.name +
                                          "' outside a micro-batch; call strata_begin_micro_step first");
@@ -454,6 +477,7 @@ strata_buffer Runtime::grad_buffer(int32_t g) {
 
 void Runtime::grad_ready(int32_t g) {
   Group& gr = group(g, "strata_grad_ready");
+  check_trained(gr, "strata_grad_ready");
   if (!gr.grad_out)
     throw ApiError(STRATA_ERR_STATE, "strata_grad_ready: group '" + gr.name +
                                          "' has no gradient buffer out; call strata_grad_buffer first (or use "
@@ -491,6 +515,7 @@ void Runtime::check_buffer(const Group& gr, strata_dtype dtype, uint64_t numel, 
 
 void Runtime::grad_submit(int32_t g, const void* data, strata_dtype dtype, uint64_t numel) {
   Group& gr = group(g, "strata_grad_submit");
+  check_trained(gr, "strata_grad_submit");
   check_buffer(gr, dtype, numel, false, "strata_grad_submit");
   if (data == nullptr) throw ApiError(STRATA_ERR_INVALID_ARGUMENT, "strata_grad_submit: data is null");
   strata_buffer b = grad_buffer(g);

@@ -103,6 +103,8 @@ class Runtime {
   void check_initial_range(const strata_group_desc& d, Group& gr) const;
   void load_initial_data();
   void check_micro_step_complete(const char* call) const;
+  // STRATA_ERR_INVALID_ARGUMENT naming the call when gr is frozen (it takes no gradient).
+  void check_trained(const Group& gr, const char* call) const;
   void check_between_steps(const char* call) const;
   strata_buffer buffer(const Group& gr, void* data) const;
   // xxh3 of the parameters gr.held (strata.checksums: a write into them is found at release).

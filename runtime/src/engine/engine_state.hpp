@@ -41,6 +41,9 @@ struct GroupState {
   uint64_t padded = 0;  // elements, as the layout pads
   uint64_t shard = 0;   // elements per rank
   bool persistent = false;
+  // Not trained (GroupLayout::frozen): param_shard / gathered only; every gradient id is
+  // 0 and sub_groups is empty.
+  bool frozen = false;
   Tier optimizer_home = Tier::Device;  // its states' home (offload_optimizer.ratio may split groups)
   bool optimizer_on_device = false;    // stepped by the GPU optimizer
   // The parameter shard is the master weights (GroupLayout::master_in_shard): its

@@ -174,12 +174,15 @@ void Gatherer::release(int g) {
 }
 
 void Gatherer::refresh() {
+  // A frozen group's parameters did not change: its gathered copy stays good.
   if (c_.opts.stage == 3) {
-    for (size_t g = 0; g < c_.groups.size(); ++g) drop(static_cast<int>(g));
+    for (size_t g = 0; g < c_.groups.size(); ++g)
+      if (!c_.groups[g].frozen) drop(static_cast<int>(g));
     return;
   }
   // Replicated parameters: every rank updated its slice; gather the rest.
   for (GroupState& gr : c_.groups) {
+    if (gr.frozen) continue;
     Acquired f = c_.store.acquire(gr.gathered, Tier::Device);
     const void* mine = at(f.data, static_cast<uint64_t>(c_.rank) * gr.shard, c_.wb);
     Event ev = c_.comm.all_gather(view(mine, gr.shard, c_.work_t), view_mut(f.data, gr.padded, c_.work_t), f.ready);

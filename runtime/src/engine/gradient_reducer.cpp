@@ -36,7 +36,7 @@ class AllReduceAtStep final : public GradientReducer {
   }
   void reduce_rest() override {
     for (size_t g = 0; g < c_.groups.size(); ++g)
-      if (!slots_[g].reduced) all_reduce(static_cast<int>(g));
+      if (!slots_[g].reduced && !c_.groups[g].frozen) all_reduce(static_cast<int>(g));
   }
   void all_reduce(int g) {
     GroupState& gr = c_.groups[g];
@@ -81,6 +81,9 @@ std::unique_ptr<GradientReducer> GradientReducer::make(EngineCore& core) {
 void* GradientReducer::gradient_buffer(int g) {
   GroupState& gr = c_.groups.at(g);
   Slot& s = slots_[g];
+  if (gr.frozen)
+    throw Error("gradient_buffer: group '" + gr.spec.name + "' is frozen and has no gradient; hand in gradients "
+                "only for the groups that are trained");
   if (s.grad) throw Error("gradient_buffer: group '" + gr.spec.name + "' already has one outstanding");
   Acquired a = c_.store.acquire_for_overwrite(gr.grad_full, Tier::Device);
   // The previous micro-batch's reduction may still be reading the buffer, and the memory

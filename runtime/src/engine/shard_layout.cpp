@@ -78,6 +78,15 @@ std::vector<StateTensor> group_tensors(const GroupLayout& g, const ShardStrategy
     const DType t = role_dtype(role, st);
     out.push_back({role, sub, TensorSpec{g.name + suffix(role), elems * dtype_size(t), t, home, owner(role), scratch}});
   };
+  if (g.frozen) {  // the parameters alone: nothing is reduced or stepped
+    if (st.stage == 3) {
+      add(StateRole::GatherBuffer, g.padded, Tier::Device, true);
+      add(StateRole::ParamShard, g.shard, st.param_home, false);
+    } else {
+      add(StateRole::ReplicatedParams, g.padded, Tier::Device, false);
+    }
+    return out;
+  }
   if (st.stage == 3) {
     add(StateRole::GatherBuffer, g.padded, Tier::Device, true);
     add(StateRole::ParamShard, g.shard, st.param_home, false);
@@ -165,6 +174,7 @@ void size_groups(ShardLayout& L, const std::vector<GroupSize>& groups, ShardStra
     GroupLayout& g = L.groups[i];
     g.name = groups[i].name;
     g.numel = groups[i].numel;
+    g.frozen = groups[i].frozen;
     if (g.numel == 0) throw ConfigError("parameter group '" + g.name + "' has no elements");
     g.padded = (g.numel + unit - 1) / unit * unit;
     g.shard = g.padded / st.world;
@@ -174,21 +184,23 @@ void size_groups(ShardLayout& L, const std::vector<GroupSize>& groups, ShardStra
     L.max_numel = std::max(L.max_numel, g.numel);
     L.shard_total += g.shard;
     L.padded_total += g.padded;
+    if (!g.frozen) L.trained_shard_total += g.shard;
   }
   // The ratio's split, in shard elements from the first group: a group whose start lies at
-  // or past ratio x the total steps on the device.
+  // or past ratio x the total steps on the device. Frozen groups have no states to split.
   uint64_t before = 0;
   for (GroupLayout& g : L.groups) {
     const bool on_device = st.optimizer_ratio < 1.0 && static_cast<double>(before) >=
-                                                           st.optimizer_ratio * static_cast<double>(L.shard_total);
+                                                           st.optimizer_ratio * static_cast<double>(L.trained_shard_total);
     g.optimizer_home = on_device ? Tier::Device : st.optimizer_home;
-    before += g.shard;
+    if (!g.frozen) before += g.shard;
   }
   uint64_t sub = st.rules.sub_group_elems;
   if (sub == 0) sub = std::clamp<uint64_t>(L.max_shard / 4, uint64_t{1} << 20, uint64_t{100'000'000});
   L.sub_group = std::max(align, sub / align * align);
   st.rules.sub_group_elems = L.sub_group;
   for (GroupLayout& g : L.groups) {
+    if (g.frozen) continue;  // no optimizer states: no sub-groups
     for (uint64_t off = 0; off < g.shard; off += L.sub_group) {
       const uint64_t n = std::min(L.sub_group, g.shard - off);
       g.sub_groups.push_back({off, n});
@@ -211,7 +223,7 @@ void place_tensors(ShardLayout& L, const ShardStrategy& st) {
     bool mixed = false;
     for (const SubGroup& sg : g.sub_groups) mixed = mixed || sg.speculative != g.sub_groups.front().speculative;
     const bool gpu_stepped = g.optimizer_home == Tier::Device && (st.device_states_staged || st.optimizer_ratio < 1.0);
-    g.master_in_shard = st.stage == 3 && st.working == DType::F32 && g.optimizer_home == st.param_home &&
+    g.master_in_shard = !g.frozen && st.stage == 3 && st.working == DType::F32 && g.optimizer_home == st.param_home &&
                         !gpu_stepped && !mixed;
     g.tensors = group_tensors(g, st);
     // A gradient held from the head's backward to the end of backward lives on the device
@@ -250,7 +262,8 @@ void size_working_sets(ShardLayout& L, const ShardStrategy& st) {
   const uint64_t live_checkpoints =
       cps.home == Tier::Device ? 0 : std::min<uint64_t>(cps.count, kLiveCheckpoints) * tier_allocation_bytes(cps.bytes);
 
-  // In working elements: the gathered parameters and the model's gradient (mp each), the
+  // In working elements: the gathered parameters and the model's gradient (a group's
+  // padded size each, the largest group's), the
   // reduce-scatter output and, stage 3, the parameter shard passing through (ms each);
   // the reduced gradient's sub-groups passing through (mg).
   // A group in use holds its gathered parameters (stage 3) and its gradient: `copies`
@@ -258,11 +271,13 @@ void size_working_sets(ShardLayout& L, const ShardStrategy& st) {
   // above), the first group in use needs only its gathered parameters, and the head holds
   // them beside the last group's two buffers.
   const uint64_t wb = L.elem_bytes(StateRole::GatherBuffer);
-  const uint64_t mp = L.max_padded * wb;
   const uint64_t ms = L.max_shard * L.elem_bytes(StateRole::GradReduced);
   const uint64_t mg = L.max_shard * L.elem_bytes(StateRole::Grad);
   const uint64_t copies = st.stage == 3 ? 2 : 1;
-  uint64_t groups_in_use = copies * mp;
+  // A frozen group in use holds its gathered parameters alone (stage 3), none in 1 and 2.
+  uint64_t groups_in_use = 0;
+  for (const GroupLayout& g : L.groups)
+    groups_in_use = std::max(groups_in_use, (g.frozen ? copies - 1 : copies) * g.padded * wb);
   if (st.first_gradient_held && L.groups.size() >= 2) {
     const uint64_t first = st.stage == 3 ? L.groups.front().padded * wb : 0, last = L.groups.back().padded * wb;
     uint64_t rest = 0;
@@ -275,7 +290,8 @@ void size_working_sets(ShardLayout& L, const ShardStrategy& st) {
   const uint64_t next_set = st.speculative_sub_groups > 0 ? 3 * L.elem_bytes(StateRole::MasterNext) : 0;
   // A speculative group whose shard is its master weights holds its next shard beside it.
   bool next_shard = false;
-  for (const GroupLayout& g : L.groups) next_shard = next_shard || (g.master_in_shard && g.sub_groups.front().speculative);
+  for (const GroupLayout& g : L.groups)
+    next_shard = next_shard || (g.master_in_shard && !g.sub_groups.empty() && g.sub_groups.front().speculative);
   L.pinned_staging = st.optimizer_home != Tier::Device ? L.max_sub_group * (2 * per_elem + next_set) + ms +
                                                              (next_shard ? ms : 0)
                      : st.device_states_staged     ? 3 * L.elem_bytes(StateRole::Master) * L.max_sub_group + ms

@@ -139,9 +139,39 @@ std::vector<float> gather_full_params(EngineCore& c, Gatherer& gatherer, int g) 
   return out;
 }
 
+namespace {
+
+// A frozen group's "master weights": its working parameter shard widened (exactly), read
+// from wherever it lives through pinned memory (stage 3) or the device (stages 1, 2).
+void read_frozen_shard(EngineCore& c, GroupState& gr, float* master) {
+  if (c.opts.stage == 3) {
+    Acquired p = c.store.acquire(gr.param_shard, Tier::Pinned);
+    p.ready.wait();
+    c.device.host_compute((4.0 + c.wb) * gr.shard, [&] { convert_to_f32(master, p.data, c.work_t, gr.shard); });
+    c.store.release(gr.param_shard, Tier::Pinned);
+    if (c.opts.param_home != Tier::Pinned) c.store.drop(gr.param_shard, Tier::Pinned).wait();
+    return;
+  }
+  Acquired f = c.store.acquire(gr.gathered, Tier::Device);
+  std::vector<std::byte> raw(gr.shard * c.wb);
+  c.reduce_stream.wait(f.ready);
+  c.reduce_stream.copy_async(raw.data(), at(f.data, static_cast<uint64_t>(c.rank) * gr.shard, c.wb), raw.size());
+  c.reduce_stream.synchronize();
+  c.store.release(gr.gathered, Tier::Device);
+  c.device.host_compute((4.0 + c.wb) * gr.shard, [&] { convert_to_f32(master, raw.data(), c.work_t, gr.shard); });
+}
+
+}  // namespace
+
 void read_optimizer_shard(EngineCore& c, int g, float* master, float* exp_avg, float* exp_avg_sq) {
   GroupState& gr = c.groups.at(g);
   const Tier t = c.resolved.optimizer_host_tier;
+  if (gr.frozen) {  // no optimizer state: the parameters, and moments of zero
+    read_frozen_shard(c, gr, master);
+    std::fill(exp_avg, exp_avg + gr.shard, 0.0f);
+    std::fill(exp_avg_sq, exp_avg_sq + gr.shard, 0.0f);
+    return;
+  }
   if (gr.master_in_shard) {  // the parameter shard is the master weights
     Acquired p = c.store.acquire(gr.param_shard, t);
     p.ready.wait();

@@ -24,7 +24,7 @@ DeviceTraits device_traits(const Device& d) { return {d.host_addressable(), to_s
 
 std::vector<GroupSize> group_sizes(const std::vector<GroupSpec>& groups) {
   std::vector<GroupSize> sizes;
-  for (const GroupSpec& g : groups) sizes.push_back({g.name, g.numel});
+  for (const GroupSpec& g : groups) sizes.push_back({g.name, g.numel, g.frozen});
   return sizes;
 }
 
@@ -114,6 +114,7 @@ void ZeroEngine::build_groups(std::vector<GroupSpec> groups) {
     gr.padded = gl.padded;
     gr.shard = gl.shard;
     gr.persistent = gl.persistent;
+    gr.frozen = gl.frozen;
     gr.optimizer_home = gl.optimizer_home;
     gr.optimizer_on_device = gl.optimizer_home == Tier::Device && resolved_.gpu_optimizer;
     gr.master_in_shard = gl.master_in_shard;
@@ -185,6 +186,7 @@ int ZeroEngine::num_groups() const { return static_cast<int>(groups_.size()); }
 uint64_t ZeroEngine::group_numel(int g) const { return groups_.at(g).spec.numel; }
 uint64_t ZeroEngine::shard_numel(int g) const { return groups_.at(g).shard; }
 const std::string& ZeroEngine::group_name(int g) const { return groups_.at(g).spec.name; }
+bool ZeroEngine::group_frozen(int g) const { return groups_.at(g).frozen; }
 
 void ZeroEngine::set_schedule(std::vector<int> order) { gatherer_->set_schedule(std::move(order)); }
 const void* ZeroEngine::acquire_params(int g) { return gatherer_->acquire(g); }

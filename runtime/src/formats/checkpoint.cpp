@@ -185,7 +185,7 @@ std::string save_checkpoint(ZeroEngine& engine, coll::Communicator& host, const 
   for (int g = 0; g < engine.num_groups(); ++g) {
     const uint64_t shard = engine.shard_numel(g);
     info.groups.push_back({group_names.empty() ? "group." + std::to_string(g) : group_names[static_cast<size_t>(g)],
-                           engine.group_numel(g), shard * world, shard});
+                           engine.group_numel(g), shard * world, shard, engine.group_frozen(g)});
   }
   ep = publish_checkpoint(host, std::move(info), mine, tmp, final_dir);
   if (auto f = agree(host, ep)) fail(*f);

@@ -198,7 +198,25 @@ void check_values(const TensorNames& names, size_t mg, const std::string& group,
   });
 }
 
-void check_groups(ZeroEngine& engine, const CheckpointInfo& info) {
+// A resume needs every group trained or frozen as it was saved: a frozen group's checkpoint
+// has no optimizer state to resume a trained one with, and a trained group's moments would
+// be dropped. A weights-only load takes the parameters alone, whichever kind they were.
+void check_frozen(ZeroEngine& engine, const CheckpointInfo& info, const std::vector<ModelGroup>& here,
+                  const std::vector<ModelGroup>& saved) {
+  for (size_t g = 0; g < here.size(); ++g) {
+    bool frozen_here = false, frozen_saved = false;
+    for (size_t k : here[g].parts) frozen_here = frozen_here || engine.group_frozen(static_cast<int>(k));
+    for (size_t k : saved[g].parts) frozen_saved = frozen_saved || info.groups[k].frozen;
+    if (frozen_here != frozen_saved)
+      throw ConfigError("checkpoint '" + info.dir + "' saved group '" + saved[g].name + "' " +
+                        (frozen_saved ? "frozen (no gradient, no optimizer state)" : "trained (with its optimizer state)") +
+                        ", and it is " + (frozen_here ? "frozen" : "trained") +
+                        " here: resume with every group registered as it was saved (STRATA_GROUP_FROZEN, frozen=True "
+                        "in Python), or start a new run from its weights alone (strata train --init-from)");
+  }
+}
+
+void check_groups(ZeroEngine& engine, const CheckpointInfo& info, bool weights_only) {
   const std::string fix =
       "; resume with the model configuration (strata.model) the checkpoint was saved with, or start a new run with "
       "another strata.checkpoint_dir";
@@ -211,6 +229,7 @@ void check_groups(ZeroEngine& engine, const CheckpointInfo& info) {
       throw ConfigError("checkpoint is of another model shape: group '" + saved[g].name + "' has " +
                         std::to_string(here[g].numel) + " elements here, " + std::to_string(saved[g].numel) +
                         " in the checkpoint '" + info.dir + "'" + fix);
+  if (!weights_only) check_frozen(engine, info, here, saved);
 }
 
 
@@ -225,7 +244,7 @@ CheckpointInfo load_shards(ZeroEngine& engine, coll::Communicator& host, const s
   std::exception_ptr ep;
   try {
     info = read_checkpoint_info(dir);
-    check_groups(engine, info);
+    check_groups(engine, info, weights_only);
   } catch (...) {
     ep = std::current_exception();
   }

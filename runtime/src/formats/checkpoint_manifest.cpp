@@ -41,8 +41,11 @@ T manifest_int(const json& parent, const char* key, const std::string& where, T 
 
 json info_to_json(const CheckpointInfo& info) {
   json groups = json::array();
-  for (const auto& g : info.groups)
-    groups.push_back({{"name", g.name}, {"numel", g.numel}, {"padded", g.padded}, {"shard", g.shard}});
+  for (const auto& g : info.groups) {
+    json e = {{"name", g.name}, {"numel", g.numel}, {"padded", g.padded}, {"shard", g.shard}};
+    if (g.frozen) e["frozen"] = true;
+    groups.push_back(std::move(e));
+  }
   json files = json::array();
   for (const auto& f : info.files) {
     json segs = json::array();
@@ -119,7 +122,8 @@ CheckpointInfo parse_manifest(const fs::path& dir, const fs::path& mpath, const 
     for (const auto& g : j.at("groups"))
       info.groups.push_back({g.at("name").get<std::string>(), manifest_int<uint64_t>(g, "numel", where, 1, kMaxU64),
                              manifest_int<uint64_t>(g, "padded", where, 1, kMaxU64),
-                             manifest_int<uint64_t>(g, "shard", where, 1, kMaxU64)});
+                             manifest_int<uint64_t>(g, "shard", where, 1, kMaxU64),
+                             g.contains("frozen") && g.at("frozen").get<bool>()});
     for (const auto& f : j.at("files")) {
       CheckpointFile cf{f.at("name").get<std::string>(), manifest_int<uint64_t>(f, "bytes", where, 0, kMaxU64), {}};
       for (const auto& h : f.at("xxh3")) {

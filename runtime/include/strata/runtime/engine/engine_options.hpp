@@ -40,6 +40,9 @@ struct GroupSpec {
   // the same however its groups are cut. -1: the engine's index of this group.
   int init_group = -1;
   uint64_t init_offset = 0;
+  // Not trained (a LoRA run's base weights): held and gathered like any group, in the
+  // working type, but it has no gradient, master weights or moments (GroupLayout::frozen).
+  bool frozen = false;
 };
 
 struct EngineOptions {

@@ -132,6 +132,11 @@ struct GroupLayout {
   std::string name;
   uint64_t numel = 0;   // the model's elements
   uint64_t padded = 0;  // elements, a multiple of world x align_elems
+  // Its parameters are not trained (GroupSize::frozen): only the working parameters
+  // (ParamShard / ReplicatedParams, and the GatherBuffer in stage 3) are registered; no
+  // gradient tensor, no master weights, no moments, and no sub-groups, so the reducer,
+  // the norm, the steppers and the speculation have nothing of it to touch.
+  bool frozen = false;
   uint64_t shard = 0;   // elements per rank: padded / world
   bool persistent = false;
   Tier optimizer_home = Tier::Device;  // its sub-groups' states (ShardStrategy::optimizer_ratio)
@@ -162,6 +167,7 @@ struct ShardLayout {
   uint64_t sub_group = 0;  // elements per optimizer sub-group
   uint64_t max_padded = 0, max_shard = 0, max_numel = 0, max_sub_group = 0;  // elements
   uint64_t shard_total = 0, padded_total = 0;                                // elements
+  uint64_t trained_shard_total = 0;  // elements of shard_total in groups that are not frozen
   uint64_t sub_group_count = 0;
   std::array<TierNeed, kTierCount> need{};  // indexed by Tier
   // The device's working set on top of its homes: the largest group in use (its gathered
@@ -189,6 +195,7 @@ struct ShardLayout {
 struct GroupSize {
   std::string name;
   uint64_t numel = 0;
+  bool frozen = false;  // parameters only: gathered like any group, never reduced or stepped
 };
 
 // Throws ConfigError for an empty model, an empty group, a world below 1, a stage outside

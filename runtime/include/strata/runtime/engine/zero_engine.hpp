@@ -125,9 +125,12 @@ class ZeroEngine final : public WeightSource {
   // export); in 16-bit training these are the 16-bit values, widened.
   std::vector<float> gather_full_params(int g);
   // This rank's optimizer state for checkpoints: [master, exp_avg, exp_avg_sq] of its
-  // shard of group g, each shard_numel(g) floats.
+  // shard of group g, each shard_numel(g) floats. A frozen group has no optimizer state:
+  // its master is its working parameters widened (exactly), its moments zeros, and a write
+  // takes the master rounded to the working type (exact for values read that way).
   uint64_t shard_numel(int g) const;
   const std::string& group_name(int g) const;  // GroupSpec::name
+  bool group_frozen(int g) const;               // GroupSpec::frozen: no gradient, never stepped
   void read_optimizer_shard(int g, float* master, float* exp_avg, float* exp_avg_sq);
   void write_optimizer_shard(int g, const float* master, const float* exp_avg, const float* exp_avg_sq,
                              int64_t step_count);

@@ -50,6 +50,10 @@ struct CheckpointGroup {
   uint64_t numel = 0;       // elements without padding
   uint64_t padded = 0;      // elements, a multiple of world_size
   uint64_t shard = 0;       // elements per rank: padded / world_size
+  // Saved from a frozen group (ZeroEngine::group_frozen): its master segment holds the
+  // working parameters widened, its moments zeros. The manifest says "frozen": true for
+  // these alone; older manifests have none.
+  bool frozen = false;
 };
 
 struct CheckpointFile {
