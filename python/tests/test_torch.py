@@ -240,7 +240,8 @@ class StandardLoop(unittest.TestCase):
             engine = strata.torch.initialize(model, config(nvme))
             names = [(g.name, g.frozen) for g in engine.groups]
             model, optimizer = engine
-            losses = train_loop(model, optimizer, batches(12))
+            losses = train_loop(model, optimizer, batches(12),
+                                scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, halving))
             weights = engine.full_state_dict()
             engine.close()
         self.assertIn(("stack.0", True), names)
