@@ -94,6 +94,7 @@ struct PlanArgs {
   uint64_t bucket_elems = 0;
   bool speculative = false;
   double optimizer_ratio = 1.0;
+  double frozen_fraction = 0.0;
   bool search = false, simulate = false, json = false;
   int simulate_steps = 3;
 };
@@ -147,6 +148,7 @@ nlohmann::json plan_json(const plan::Plan& p) {
                    {"grad_accum", s.grad_accum}, {"checkpointing", s.checkpointing},
                    {"checkpoints", s.checkpointing ? to_string(s.checkpoints) : "none"},
                    {"speculative", s.speculative}, {"optimizer_ratio", s.optimizer_ratio},
+                   {"frozen_fraction", s.frozen_fraction},
                    {"prefetch_groups", s.prefetch_groups}, {"sub_group_elems", p.engine.sub_group_elems},
                    {"tile_factor", s.tile_factor}, {"tile_size", s.tile_size}, {"bucket_elems", s.part_elems}, {"describe", s.describe()}};
   j["world"] = p.world;
@@ -303,6 +305,7 @@ plan::Strategy plan_strategy(const PlanArgs& a) {
   st.part_elems = a.bucket_elems;
   st.speculative = a.speculative;
   st.optimizer_ratio = a.optimizer_ratio;
+  st.frozen_fraction = a.frozen_fraction;
   st.prefetch_groups = a.prefetch_groups;
   st.sub_group_elems = a.sub_group;
   st.precision = parse_precision(a.precision);
@@ -425,6 +428,11 @@ void add_plan(CLI::App& app) {
   p->add_option("--optimizer-ratio", args->optimizer_ratio,
                 "offload_optimizer.ratio: the fraction of the optimizer states on --offload-optimizer (CPU Adam); the "
                 "rest stay on the GPUs and step there at the same time")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  p->add_option("--frozen-fraction", args->frozen_fraction,
+                "the fraction of the parameters that is frozen (not trained: 0.99 for a LoRA-like run); frozen "
+                "parameters hold their working weights alone, no gradient, master weights or optimizer states")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
   p->add_option("--prefetch-groups", args->prefetch_groups, "gathered groups ahead of use")->capture_default_str();

@@ -29,7 +29,7 @@ class Module(unittest.TestCase):
     def test_version(self):
         self.assertEqual(strata.api_version(), strata.API_VERSION)
         self.assertEqual(strata.api_version() >> 16, 1)
-        self.assertIn("api 1.1", strata.version())
+        self.assertIn("api 1.2", strata.version())
 
     def test_from_file(self):
         with tempfile.TemporaryDirectory() as d:
@@ -370,6 +370,59 @@ class SixteenBits(unittest.TestCase):
             self.assertAlmostEqual(s["last_grad_norm"], 0.25 * 32 ** 0.5, places=6)
             self.assertEqual(s["skipped_steps"], 1)
             np.testing.assert_allclose(rt.read_params(g), np.full(32, 0.49, dtype=np.float32), atol=2 ** -11)
+
+
+
+class Frozen(unittest.TestCase):
+    """register_group(..., frozen=True): a frozen base beside a trained adapter (a LoRA run)."""
+
+    BASE, ADAPTER = 64 * 1024, 4 * 1024  # elements: no padding, whole 4 KiB units in bf16
+
+    def run_pair(self, offload, nvme_dir=None):
+        cfg = config16("bf16")
+        off = {"device": offload}
+        if nvme_dir:
+            off["nvme_path"] = nvme_dir
+        cfg["zero_optimization"] = {"stage": 3, "offload_param": dict(off), "offload_optimizer": dict(off),
+                                    "stage3_param_persistence_threshold": 0}
+        torch.manual_seed(0)
+        with strata.Runtime.from_config(cfg) as rt:
+            base = rt.register_group("base", [64, 1024], data=torch.randn(self.BASE).to(torch.bfloat16).reshape(64, 1024),
+                                     frozen=True)
+            adapter = rt.register_group("adapter", [4, 1024], init="normal", std=0.02)
+            rt.start()
+            base0, adapter0 = rt.read_params(base), rt.read_params(adapter)
+            for _ in range(3):
+                rt.begin_micro_step()
+                for g in (base, adapter, adapter, base):
+                    rt.acquire(g)
+                    rt.release(g)
+                rt.submit_grad(adapter, torch.full((self.ADAPTER,), 0.5).to(torch.bfloat16))  # none for the base
+                self.assertTrue(rt.step())
+            with self.assertRaises(strata.StrataError) as e:
+                rt.begin_micro_step()
+                rt.grad_buffer(base)
+            self.assertEqual(e.exception.status, "STRATA_ERR_INVALID_ARGUMENT")
+            self.assertIn("'base' is frozen", str(e.exception))
+            # The frozen group bit for bit as it was; the adapter trained.
+            self.assertTrue(np.array_equal(rt.read_params(base).view(np.uint32), base0.view(np.uint32)))
+            self.assertFalse(np.array_equal(rt.read_params(adapter), adapter0))
+            return rt.stats()
+
+    def expected_home_bytes(self):
+        # bf16 parameter shards (2 B) for both; the adapter adds its bf16 gradient (2 B, no
+        # accumulation) and fp32 master weights and two moments (12 B).
+        return 2 * self.BASE + (2 + 2 + 12) * self.ADAPTER
+
+    def test_pinned_holds_the_frozen_group_s_parameters_alone(self):
+        s = self.run_pair("cpu")
+        self.assertEqual(s["optimizer_steps"], 3)
+        self.assertEqual(s["tiers"]["pinned"]["used"], self.expected_home_bytes())
+
+    def test_nvme_holds_the_frozen_group_s_parameters_alone(self):
+        with tempfile.TemporaryDirectory() as d:
+            s = self.run_pair("nvme", d)
+        self.assertEqual(s["tiers"]["nvme"]["used"], self.expected_home_bytes())
 
 
 if __name__ == "__main__":

@@ -29,10 +29,12 @@ struct FrozenRun {
   strata_dtype t = STRATA_BF16;
   std::string offload = "cpu";  // both homes: "cpu" (pinned) or "nvme"
   bool base_frozen = true;
+  int stage = 3;
 };
 
 std::string run_config(const FrozenRun& r, const std::string& nvme_dir) {
   ConfigSpec c;
+  c.stage = r.stage;
   c.offload = r.offload;
   c.nvme_dir = nvme_dir;
   if (r.t != STRATA_F32) c.extra = precision_section(r.t);
@@ -254,6 +256,42 @@ TEST(CApiFrozen, CheckpointsSaveLoadAndResumeFrozenGroups) {
     register_pair(h.rt, trained);
     EXPECT_STRATA_FAILS(strata_load_checkpoint(h.rt, saved, nullptr, 0), STRATA_ERR_CONFIG,
                         "saved group 'base' frozen");
+  }
+}
+
+// Stages 1 and 2 replicate the parameters: a frozen group is not all-reduced, its replicated
+// copy is not re-gathered after a step, and a checkpoint reads it from the device.
+TEST(CApiFrozen, StagesOneAndTwoKeepFrozenGroupsAndCheckpointThem) {
+  for (int stage : {1, 2}) {
+    TempDir dir("frozen-s12");
+    const FrozenRun r{STRATA_BF16, "cpu", true, stage};
+    char saved[4096];
+    std::vector<std::byte> base0, adapter2;
+    {
+      RuntimeHandle h(run_config(r, ""));
+      register_pair(h.rt, r);
+      ASSERT_STRATA_OK(strata_start(h.rt));
+      base0 = raw_params(h.rt, r, 0);
+      const std::vector<std::byte> adapter0 = raw_params(h.rt, r, 1);
+      train(h.rt, r, 0, 2);
+      EXPECT_EQ(raw_params(h.rt, r, 0), base0) << "stage " << stage << ": the frozen group changed";
+      EXPECT_NE(raw_params(h.rt, r, 1), adapter0) << "stage " << stage << ": the adapter did not train";
+      ASSERT_STRATA_OK(strata_save_checkpoint(h.rt, dir.path.c_str(), nullptr, saved, sizeof saved));
+      train(h.rt, r, 2, 1);
+      adapter2 = raw_params(h.rt, r, 1);
+    }
+    RuntimeHandle h(run_config(r, ""));
+    for (int g = 0; g < 2; ++g) {
+      strata_group_desc d = group_desc(g == 0 ? "base" : "adapter", g == 0 ? kBaseShape : kAdapterShape, r.t,
+                                       STRATA_INIT_ZEROS, 0.0f);
+      d.kind = g == 0 ? STRATA_GROUP_FROZEN : STRATA_GROUP_TRAINED;
+      int32_t id = -1;
+      ASSERT_STRATA_OK(strata_register_group(h.rt, &d, &id));
+    }
+    ASSERT_STRATA_OK(strata_load_checkpoint(h.rt, saved, nullptr, 0));
+    EXPECT_EQ(raw_params(h.rt, r, 0), base0) << "stage " << stage << ": the frozen group did not come back";
+    train(h.rt, r, 2, 1);
+    EXPECT_EQ(raw_params(h.rt, r, 1), adapter2) << "stage " << stage << ": the resumed run differs";
   }
 }
 

@@ -447,6 +447,61 @@ TEST(Plan, SixteenBitTierBytesAreTheEnginesToTheByte) {
       }
 }
 
+// --frozen-fraction F: each group is planned as a frozen share (round(F n) elements) and a
+// trained rest. The frozen shares hold their 16-bit parameter shards alone, so the tiers'
+// bytes are, from the arithmetic of the shards (world 16, 1024-element alignment): 2
+// bytes per element of every share's shard in offload_param's tier, and 4 (the fp32
+// gradient, accumulated) + 12 (master and moments) per trained element in the
+// optimizer's. F = 1 leaves no gradient or optimizer state at all; the step gets shorter.
+TEST(Plan, FrozenParametersCountOnlyTheirSixteenBitWeights) {
+  ClusterSpec dgx2 = find_cluster_preset("dgx-2");
+  GptShape s = shrunk("gpt-6.7b", 4, 1024);
+  const uint64_t unit = 16 * 1024;  // world x alignment
+  auto shard = [&](uint64_t n) { return (n + unit - 1) / unit * 1024; };
+  auto tier_round = [](uint64_t b) { return (b + 4095) / 4096 * 4096; };
+  double step0 = 0;
+  for (double f : {0.0, 0.5, 0.99, 1.0}) {
+    Strategy st = strategy(3, OffloadDevice::Cpu, OffloadDevice::Nvme, 1, true, 2);
+    st.precision = DType::BF16;
+    st.frozen_fraction = f;
+    Plan p = make_plan(s, dgx2, st);
+    ASSERT_TRUE(p.fits) << st.describe();
+    uint64_t params = 0, trained = 0;
+    for (const GptGroup& g : gpt_groups(s)) {
+      const uint64_t frozen = static_cast<uint64_t>(std::llround(f * double(g.numel)));
+      for (uint64_t part : {frozen, g.numel - frozen})
+        if (part > 0) params += tier_round(2 * shard(part));
+      trained += shard(g.numel - frozen);
+    }
+    EXPECT_EQ(p.tiers[1].need.params, double(params)) << st.describe();
+    EXPECT_EQ(p.tiers[2].need.grads, double(4 * trained)) << st.describe();
+    EXPECT_EQ(p.tiers[2].need.optimizer, double(12 * trained)) << st.describe();
+    EXPECT_EQ(p.tiers[1].need.grads + p.tiers[1].need.optimizer, 0.0) << st.describe();
+    EXPECT_EQ(p.tiers[0].need.params + p.tiers[0].need.optimizer, 0.0) << st.describe();
+    if (f == 1.0) {
+      EXPECT_EQ(p.tiers[2].need.total(), 0.0) << "nothing trained, nothing on NVMe";
+    } else {
+      EXPECT_GT(p.tiers[2].need.optimizer, 0.0) << st.describe();  // a check that cannot pass on zeros alone
+    }
+    if (f == 0.0) {
+      EXPECT_NEAR(double(trained), double(p.params) / 16, 0.01 * double(p.params) / 16);
+      step0 = p.step_s;
+    } else {
+      EXPECT_LT(p.step_s, step0) << st.describe() << ": no reduction or optimizer work was saved";
+    }
+  }
+  Strategy bad = strategy(3, OffloadDevice::Cpu, OffloadDevice::Nvme, 1);
+  for (double f : {-0.1, 1.5, std::nan("")}) {
+    bad.frozen_fraction = f;
+    try {
+      make_plan(s, dgx2, bad);
+      ADD_FAILURE() << "--frozen-fraction " << f << " was taken";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("--frozen-fraction must lie in [0, 1]"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // On a GPU the cuda model's attention holds a scratch of [T, T] scores beside the
 // activations (up to 256 MiB; GptCudaSizes.AttentionScratch checks the model takes the
 // same bytes): the plan counts it there, and not on the cpu backend, which has none.

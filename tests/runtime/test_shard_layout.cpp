@@ -249,3 +249,43 @@ TEST(ShardLayout, BadRulesAreClearErrors) {
   st.world = 0;
   EXPECT_THROW(make_shard_layout({{"g", 10}}, st), ConfigError);
 }
+
+// A frozen group is its parameters alone, in every stage: the working parameter shard (and
+// stage 3's gather buffer, or stages 1 and 2's replicated parameters), no gradient tensor,
+// no sub-group, no master weights or moments; and the tiers count only those bytes.
+TEST(ShardLayout, AFrozenGroupHoldsItsParametersAlone) {
+  for (int stage : {1, 2, 3}) {
+    ShardStrategy st;
+    st.world = 2;
+    st.stage = stage;
+    st.param_home = Tier::Pinned;
+    st.optimizer_home = Tier::Pinned;
+    st.working = DType::BF16;
+    st.grads = DType::BF16;
+    const uint64_t n = 8 * 2048;  // 8 units of world x alignment: no padding
+    const ShardLayout frozen = make_shard_layout({{"base", n, true}, {"adapter", 2048, false}}, st);
+    const ShardLayout trained = make_shard_layout({{"base", n, false}, {"adapter", 2048, false}}, st);
+    const GroupLayout& g = frozen.groups[0];
+    EXPECT_TRUE(g.frozen);
+    EXPECT_FALSE(frozen.groups[1].frozen);
+    EXPECT_TRUE(g.sub_groups.empty()) << "stage " << stage;
+    EXPECT_FALSE(g.master_in_shard);
+    std::vector<StateRole> roles;
+    for (const StateTensor& t : g.tensors) roles.push_back(t.role);
+    const std::vector<StateRole> want = stage == 3 ? std::vector{StateRole::GatherBuffer, StateRole::ParamShard}
+                                                   : std::vector{StateRole::ReplicatedParams};
+    EXPECT_EQ(roles, want) << "stage " << stage;
+    EXPECT_EQ(frozen.sub_group_count, trained.sub_group_count - trained.groups[0].sub_groups.size());
+    EXPECT_EQ(frozen.trained_shard_total, 1024u);
+    // Stage 3's parameter shards live in pinned memory, 2 bytes per element either way;
+    // the states and gradient sub-groups (12 + 2 bytes per shard element) only for the
+    // trained base.
+    const int where = stage == 3 ? int(Tier::Pinned) : int(Tier::Device);
+    EXPECT_EQ(frozen.need[where].params, trained.need[where].params) << "stage " << stage;
+    const uint64_t base_shard = n / 2;
+    EXPECT_EQ(trained.need[int(Tier::Pinned)].optimizer - frozen.need[int(Tier::Pinned)].optimizer, 12 * base_shard);
+    const uint64_t grads_saved = stage == 1 ? 2 * n : 2 * base_shard;  // stage 1: the accumulated full gradient
+    const int grads_at = stage == 1 ? int(Tier::Device) : int(Tier::Pinned);
+    EXPECT_EQ(trained.need[grads_at].grads - frozen.need[grads_at].grads, grads_saved) << "stage " << stage;
+  }
+}

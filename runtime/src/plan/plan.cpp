@@ -44,6 +44,7 @@ std::string Strategy::describe() const {
   if (tile_factor > 1) os << ", tile factor " << tile_factor;
   if (tile_size > 0) os << ", tiles of at most " << tile_size << " elements";
   if (stage == 3 && prefetch_groups != Strategy{}.prefetch_groups) os << ", look-ahead " << prefetch_groups;
+  if (frozen_fraction > 0) os << ", " << frozen_fraction << " frozen";
   return os.str();
 }
 
@@ -61,6 +62,9 @@ void validate(const Strategy& s) {
   if (s.parted() && s.stage != 3)
     throw ConfigError("--tile-factor, --tile-size and --bucket-elems cut stage 3's gathers; stages 1 and 2 gather nothing: give "
                       "--stage 3, or drop them");
+  if (!(s.frozen_fraction >= 0.0 && s.frozen_fraction <= 1.0))
+    throw ConfigError("--frozen-fraction must lie in [0, 1] (the fraction of the parameters that is not trained, "
+                      "0.99 for a LoRA-like run), not " + std::to_string(s.frozen_fraction));
   if (!s.checkpointing && s.checkpoints != OffloadDevice::None)
     throw ConfigError("--cpu-checkpointing moves the checkpoints of activation checkpointing, and "
                       "--no-checkpointing turns it off: drop one of the two");
@@ -158,9 +162,44 @@ double model_activation_bytes(const GptShape& s, const ClusterSpec& cl, const St
 
 }  // namespace
 
+namespace {
+
+// The engine's groups as strata train cuts them, each with the model group (index into
+// plan_parts) it belongs to. With Strategy::frozen_fraction, each is split into a frozen
+// group of that share of its elements (rounded) and a trained group of the rest; a part
+// of no elements is left out.
+struct PlanGroups {
+  std::vector<GroupSize> sizes;
+  std::vector<int> model_of;
+};
+
+PlanGroups plan_groups(const GptShape& shape, const Strategy& st) {
+  const std::vector<std::vector<uint64_t>> parts = plan_parts(shape, st);
+  std::vector<int> model_of;
+  for (size_t g = 0; g < parts.size(); ++g)
+    for (size_t k = 0; k < parts[g].size(); ++k) model_of.push_back(static_cast<int>(g));
+  PlanGroups out;
+  const std::vector<GroupSpec> specs = gpt_group_specs(shape, parts);
+  STRATA_CHECK(specs.size() == model_of.size(), "the planner's parts and groups disagree");
+  for (size_t k = 0; k < specs.size(); ++k) {
+    const uint64_t n = specs[k].numel;
+    const auto frozen = static_cast<uint64_t>(std::llround(st.frozen_fraction * static_cast<double>(n)));
+    if (frozen > 0) {
+      out.sizes.push_back({specs[k].name + " (frozen)", frozen, true});
+      out.model_of.push_back(model_of[k]);
+    }
+    if (frozen < n) {
+      out.sizes.push_back({specs[k].name, n - frozen, false});
+      out.model_of.push_back(model_of[k]);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 ResolvedLayout resolve_plan(Plan& p, const Strategy& st) {
-  std::vector<GroupSize> sizes;  // the engine's groups, as strata train cuts them
-  for (const GroupSpec& g : gpt_group_specs(p.shape, plan_parts(p.shape, st))) sizes.push_back({g.name, g.numel});
+  const std::vector<GroupSize> sizes = plan_groups(p.shape, st).sizes;
   p.model_activations = model_activation_bytes(p.shape, p.cluster, st);
   p.engine = plan_engine_options(p, st, sizes);
   p.resolved = try_resolve(p.engine, p.ablation, sizes, p.world, DeviceTraits{});
@@ -229,11 +268,10 @@ class Planner {
     w_ = p.world;
     A_ = st.grad_accum;
     G_ = static_cast<int>(L_.groups.size());
-    // The layout's groups are the model's, or parts of them (gpt_parts): which is whose.
-    const std::vector<std::vector<uint64_t>> parts = plan_parts(p.shape, st);
-    for (size_t g = 0; g < parts.size(); ++g)
-      for (size_t k = 0; k < parts[g].size(); ++k) model_of_.push_back(static_cast<int>(g));
-    M_ = static_cast<int>(parts.size());
+    // The layout's groups are the model's, or parts of them (gpt_parts), or their frozen
+    // and trained shares: which is whose.
+    model_of_ = plan_groups(p.shape, st).model_of;
+    M_ = static_cast<int>(plan_parts(p.shape, st).size());
     STRATA_CHECK(static_cast<int>(model_of_.size()) == G_, "the planner's parts and layout disagree");
     s3_ = st.stage == 3;
     param_home_ = s3_ ? home_tier(st.offload_param) : Tier::Device;
@@ -419,7 +457,7 @@ void Planner::micro_step_lanes() {
       // Parts: the recompute releases each after use and the backward gathers it again.
       if (block && st_.parted() && st_.checkpointing) b_coll_.add_timed(pd4, coll(pd4));
     }
-    if (st_.stage >= 2) b_coll_.add_timed(pd4, coll(pd4));        // reduce_scatter
+    if (st_.stage >= 2 && !lg.frozen) b_coll_.add_timed(pd4, coll(pd4));  // reduce_scatter (none: frozen)
     if (params_move_) {
       f_h2d_.add(sh4, c.h2d_bandwidth, c.pcie_latency);
       if (param_home_ == Tier::Nvme) f_nvr_.add(sh4, c.nvme_read_bandwidth, c.nvme_latency);
@@ -458,7 +496,7 @@ void Planner::micro_step_lanes() {
   if (opt_home_ == Tier::Nvme) {
     double S4 = 0;
     for (const GroupLayout& lg : L_.groups)
-      if (lg.optimizer_home == Tier::Nvme) S4 += gb_ * lg.shard;
+      if (lg.optimizer_home == Tier::Nvme && !lg.frozen) S4 += gb_ * lg.shard;
     grad_spill_ = std::max(0.0, S4 - std::max(0.0, pin_room - (params_move_ ? blocks_s4 : 0.0)));
     if (grad_spill_ > 0) b_nvw_.add(grad_spill_, c.nvme_write_bandwidth, c.nvme_latency);
     // Where a shard is its master weights, the optimizer finds it still in pinned memory
@@ -504,7 +542,7 @@ void Planner::boundary_lanes() {
   const SimCostModel& c = p_.cost;
   // Stage 1: all-reduce of the full gradient at the step, then its shard to the optimizer.
   if (st_.stage == 1) {
-    for (const GroupLayout& lg : L_.groups) stage1_ += coll(2 * gb_ * lg.padded);
+    for (const GroupLayout& lg : L_.groups) stage1_ += lg.frozen ? 0.0 : coll(2 * gb_ * lg.padded);
     for (const GroupLayout& lg : L_.groups)
       if (lg.optimizer_home != Tier::Device)
         for (const SubGroup& sg : lg.sub_groups) s1_d2h_.add(gb_ * sg.n, c.d2h_bandwidth, c.pcie_latency);
@@ -519,6 +557,7 @@ void Planner::boundary_lanes() {
   // The GPU optimizer (offload_optimizer none on GPUs, or the groups past ratio) streams
   // the same bytes through HBM, at the same time as CPU Adam steps the others.
   for (const GroupLayout& lg : L_.groups) {
+    if (lg.frozen) continue;  // never stepped
     const double pp = 24.0 + gb_ + (wb_ < 4 ? wb_ : s3_ && !lg.master_in_shard ? 8.0 : 0.0);
     const bool on_device = gpu_opt_ && lg.optimizer_home == Tier::Device;
     (on_device ? opt_device_elems_ : opt_host_elems_) += double(lg.shard);
@@ -528,6 +567,7 @@ void Planner::boundary_lanes() {
   opt_compute_ = std::max(opt_host_bytes_ / c.host_bandwidth, opt_device_bytes_ / c.device_bandwidth);
   double& opt_serial = opt_serial_;
   for (const GroupLayout& lg : L_.groups) {
+    if (lg.frozen) continue;  // its parameters are not rewritten
     const Tier home = lg.optimizer_home;
     for (const SubGroup& sg : lg.sub_groups) {
       const double b = 4.0 * sg.n;  // one fp32 state
@@ -555,7 +595,7 @@ void Planner::boundary_lanes() {
   opt_ = std::max({opt_compute_ + opt_serial, o_nvr_.time, o_h2d_.time, o_nvw_.time}) + first_read;
   // Stages 1 and 2: every rank's updated slice gathered into the replicated parameters.
   if (!s3_)
-    for (const GroupLayout& lg : L_.groups) refresh_ += coll(wb_ * lg.padded);
+    for (const GroupLayout& lg : L_.groups) refresh_ += lg.frozen ? 0.0 : coll(wb_ * lg.padded);
 }
 
 void Planner::step_time() {
@@ -580,7 +620,7 @@ void Planner::step_time() {
     for (int g = 0; g < G_; ++g)
       if (std::find(last.begin(), last.end(), model_of_[g]) == last.end())
         for (const SubGroup& sg : L_.groups[g].sub_groups) early += sg.speculative ? double(sg.n) : 0.0;
-    const double f = std::clamp(early / double(L_.shard_total), 0.0, 1.0);
+    const double f = std::clamp(early / double(std::max<uint64_t>(1, L_.trained_shard_total)), 0.0, 1.0);
     const double b_nvme_r = b_nvr_.time + f * o_nvr_.time, b_nvme_w = b_nvw_.time + f * o_nvw_.time;
     const double speculated = f * (opt_compute_ + opt_serial_);
     const bool lane = R_.lane;

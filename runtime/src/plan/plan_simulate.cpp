@@ -48,6 +48,9 @@ class SimGptRun final : public SimModel {
 
 SimulateReport simulate_plan(const Plan& plan, int steps) {
   if (steps < 1) throw ConfigError("--simulate-steps must be at least 1");
+  if (plan.strategy.frozen_fraction > 0)
+    throw ConfigError("--simulate runs strata train's model, whose groups are all trained: drop --frozen-fraction "
+                      "to simulate, or plan without --simulate");
   const auto t0 = std::chrono::steady_clock::now();
   SimRunOptions o;
   o.steps = steps;

@@ -144,6 +144,12 @@ struct Strategy {
   uint64_t part_elems = 0;
   int tile_factor = 1;
   uint64_t tile_size = 0;
+  // The fraction of the parameters that is frozen (a LoRA run: 0.99), in [0, 1]. Each of
+  // the engine's groups is planned as a frozen group of that share of its elements
+  // (rounded) beside a trained group of the rest, as a fine-tune holds a frozen base and
+  // its adapters: the frozen ones hold their working parameters alone (no gradient,
+  // master weights or moments; GroupLayout::frozen) and are never reduced or stepped.
+  double frozen_fraction = 0.0;
   bool parted() const { return part_elems > 0 || tile_factor > 1 || tile_size > 0; }
   std::string describe() const;     // "stage 3, params nvme, optimizer nvme, mb 4, ckpt"
 };
