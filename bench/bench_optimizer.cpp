@@ -64,7 +64,7 @@ namespace {
 constexpr double kAdamBytesPerParam = 28;  // read p, g, m, v; write p, m, v (fp32)
 constexpr double kTriadBytesPerElement = 24;  // read b, c; write a (fp64)
 
-// The repository's .venv (scripts/install-deps.sh: Debian's torch and DeepSpeed) when it
+// The repository's .venv (scripts/install-deps.sh: torch and DeepSpeed from PyPI) when it
 // exists, else the system Python (torch only).
 std::string default_python() {
   return access(STRATA_VENV_PYTHON, X_OK) == 0 ? STRATA_VENV_PYTHON : "/usr/bin/python3";

@@ -23,13 +23,29 @@ class CMakeBuild(build_ext):
     def build_extension(self, ext):
         if not os.path.exists(os.path.join(ROOT, "include", "strata", "strata.h")):
             raise RuntimeError(f"{ROOT} is not the Strata repository; install with `pip install ./python` from it")
-        build_dir = os.environ.get("STRATA_BUILD_DIR") or os.path.join(ROOT, "build-python")
+        given = os.environ.get("STRATA_BUILD_DIR")
+        build_dir = given or os.path.join(ROOT, "build-python")
         if not os.path.isabs(build_dir):
             build_dir = os.path.join(ROOT, build_dir)
-        if not os.path.exists(os.path.join(build_dir, "CMakeCache.txt")):
+        # build-python, this script's own tree, is configured on every install: pip's isolated
+        # build environment (and the pybind11 in it) is a new temporary folder each time. A
+        # tree given by STRATA_BUILD_DIR is configured only when it does not exist yet.
+        if not given or not os.path.exists(os.path.join(build_dir, "CMakeCache.txt")):
+            # pybind11 from PyPI (pyproject.toml's build requirements), for the Python running
+            # pip whatever its version; without it (--no-build-isolation in an environment that
+            # lacks it) CMake looks for an installed one (Debian's pybind11-dev).
+            pybind11_dir = []
+            try:
+                import pybind11
+                pybind11_dir = [f"-Dpybind11_DIR={pybind11.get_cmake_dir()}"]
+            except ImportError:
+                pass
+            # PYTHON_EXECUTABLE for pybind11's classic FindPythonInterp mode, Python_EXECUTABLE
+            # for its FindPython mode (pybind11 3's default).
             subprocess.check_call(["cmake", "-S", ROOT, "-B", build_dir, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
                                    "-DSTRATA_TESTS=OFF", f"-DSTRATA_PYTHON={sys.executable}",
-                                   f"-DPYTHON_EXECUTABLE={sys.executable}"])
+                                   f"-DPYTHON_EXECUTABLE={sys.executable}", f"-DPython_EXECUTABLE={sys.executable}",
+                                   *pybind11_dir])
         jobs = os.environ.get("STRATA_BUILD_JOBS", str(os.cpu_count() or 1))
         subprocess.check_call(["cmake", "--build", build_dir, "--target", "strata_python", "-j", jobs])
         built = os.path.join(build_dir, "python", "strata")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs Strata's build and test dependencies from Debian packages.
+# Installs Strata's build and test dependencies: Debian packages, and a .venv of PyPI ones.
 # Used by the README's setup command and by .ci/run. Safe to run again.
 set -euo pipefail
 pkgs=(
@@ -23,26 +23,22 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# PyPI packages Debian lacks (safetensors), in a venv beside the repository that also
-# sees Debian's PyTorch and numpy. Tests use it through CMake's STRATA_PYTHON.
-venv="$(cd "$(dirname "$0")/.." && pwd)/.venv"
-if [[ ! -x "$venv/bin/python" ]]; then
-  /usr/bin/python3 -m venv --system-site-packages "$venv"
+# The Python the tests run (CMake's STRATA_PYTHON): a venv beside the repository with
+# PyTorch 2.x, transformers, DeepSpeed and the rest from PyPI at the exact versions of
+# scripts/venv-requirements.txt (what they pull in pinned by scripts/venv-constraints.txt).
+# It does not see Debian's site-packages, whose torch 1.13 and numpy 1.24 would otherwise
+# mix with PyPI's. Debian's python3-torch stays for /usr/bin/python3, which runs the bench
+# references (bench/ref/*.py) that the published measurements in docs/ were made with.
+root="$(cd "$(dirname "$0")/.." && pwd)"
+venv="$root/.venv"
+# A venv made before this script pinned PyPI's torch (with --system-site-packages, over
+# Debian's torch 1.13 and transformers 4.46.3) is made again rather than patched.
+if [[ -f "$venv/pyvenv.cfg" ]] && grep -q '^include-system-site-packages *= *true' "$venv/pyvenv.cfg"; then
+  echo "install-deps: $venv sees Debian's site-packages; making it again" >&2
+  rm -rf "$venv"
 fi
-"$venv/bin/python" -c 'import safetensors' 2>/dev/null ||
-  "$venv/bin/pip" install -q --disable-pip-version-check 'safetensors>=0.4'
-# Hugging Face tokenizers, for strata.tokenize (python/strata/tokenize.py) and its test.
-"$venv/bin/python" -c 'import tokenizers' 2>/dev/null ||
-  "$venv/bin/pip" install -q --disable-pip-version-check 'tokenizers>=0.15'
-# transformers, the outside reference for Hugging Face import and export
-# (tests/runtime/test_hf_transformers.py); 4.46 is the newest that runs on Debian's torch 1.13.
-"$venv/bin/python" -c 'import transformers' 2>/dev/null ||
-  "$venv/bin/pip" install -q --disable-pip-version-check 'transformers==4.46.3'
-
-# DeepSpeed, the reference for the learning-rate schedules (tests/runtime/test_lr_schedule.py
-# runs its scheduler classes). --no-deps: its torch>=2 requirement would install a second,
-# CUDA-sized PyTorch over Debian's; importing deepspeed.runtime.lr_schedules needs only
-# these small packages, and works with Debian's torch on a machine without a GPU.
-"$venv/bin/python" -c 'import deepspeed.runtime.lr_schedules' 2>/dev/null ||
-  "$venv/bin/pip" install -q --disable-pip-version-check --no-deps 'deepspeed==0.19.8' hjson py-cpuinfo msgpack \
-    einops tqdm ninja 'pydantic==2.14.3' 'pydantic-core==2.50.4' annotated-types typing-inspection 'typing-extensions>=4.16'
+[[ -x "$venv/bin/python" ]] || /usr/bin/python3 -m venv "$venv"
+# pip leaves a requirement that is already met by the installed version alone (no index
+# query), so this is quick when nothing changed and upgrades or downgrades what differs.
+"$venv/bin/pip" install -q --disable-pip-version-check -r "$root/scripts/venv-requirements.txt" \
+  -c "$root/scripts/venv-constraints.txt"

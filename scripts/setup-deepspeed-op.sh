@@ -5,7 +5,9 @@
 # a large package) and compiles the op (about a minute). Safe to run again; a built op is
 # kept under $TORCH_EXTENSIONS_DIR (default ~/.cache/strata/torch_extensions) and reused.
 #
-# Needs the .venv made by scripts/install-deps.sh (DeepSpeed 0.19.8 over Debian's torch).
+# Needs the .venv made by scripts/install-deps.sh (DeepSpeed 0.19.8 over PyPI's torch 2.15,
+# whose wheel has its C++ headers, so the libtorch-dev step below is skipped; the op has
+# not been built against torch 2.x yet).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 venv="$root/.venv"

@@ -89,7 +89,7 @@ def main():
         import torch
     except ImportError as e:
         sys.exit(f"adam_reference.py: PyTorch is required to make the CPU Adam reference "
-                 f"({sys.executable}: {e}). Install it (Debian: apt-get install python3-torch).")
+                 f"({sys.executable}: {e}). Install it (scripts/install-deps.sh puts it in .venv).")
     torch.manual_seed(1234)
     torch.set_num_threads(1)
 

@@ -182,8 +182,12 @@ def llama_bad_input(strata, tmp, hf, ck, failures):
         return v
 
     shards = sorted(p.name for p in hf.glob("model-*.safetensors"))
+    # Scaled rotary embeddings as transformers 4.x writes them (rope_scaling) and as 5.x does
+    # (rope_parameters, which also holds the base).
     cases = [("rope-scaling", variant("rope", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}),
               "rope_scaling"),
+             ("rope-parameters", variant("rope5", {"rope_parameters": {"rope_type": "llama3", "factor": 8.0,
+                                                                      "rope_theta": THETA}}), "rope_parameters"),
              ("kv-heads", variant("kv", {"num_key_value_heads": 4}), "the weights and config.json are of different"),
              ("missing-shard", variant("noshard", drop=shards[-1]), "is missing"),
              ("unsupported", variant("mistral", {"architectures": ["MistralForCausalLM"], "model_type": "mistral"}),

@@ -60,6 +60,26 @@ double number_key(const json& c, const std::string& file, const char* name, doub
   return c[name].get<double>();
 }
 
+// The rotary embeddings' base. transformers 4.x writes rope_theta (and rope_scaling) at the
+// top level; 5.x writes rope_parameters {"rope_type", "rope_theta", and a scaled type's
+// own keys} instead, and reads either. Only the unscaled ("default") type is imported.
+double llama_rope_theta(const json& cfg, const std::string& cfg_name) {
+  const double top = number_key(cfg, cfg_name, "rope_theta", 10000.0);
+  if (!cfg.contains("rope_parameters") || cfg["rope_parameters"].is_null()) return top;
+  const json& rp = cfg["rope_parameters"];
+  auto refuse = [&](const std::string& why) {
+    throw ConfigError(cfg_name + ": rope_parameters = " + rp.dump() + ", " + why);
+  };
+  if (!rp.is_object()) refuse("not an object");
+  if (rp.contains("rope_type") && rp["rope_type"] != "default")
+    refuse("but Strata's rotary embeddings are unscaled (rope_type default: Llama 2, Llama 3; not Llama 3.1's "
+           "long-context scaling)");
+  const double theta = number_key(rp, cfg_name + " rope_parameters", "rope_theta", top);
+  if (cfg.contains("rope_theta") && theta != top)
+    refuse("whose rope_theta disagrees with the top-level rope_theta " + cfg["rope_theta"].dump());
+  return theta;
+}
+
 // LlamaForCausalLM's config.json (LlamaConfig's defaults where a key is absent) as a
 // Strata shape; what Strata's Llama does not compute as Hugging Face's does is refused.
 GptShape llama_shape(const json& cfg, const std::string& cfg_name) {
@@ -72,7 +92,7 @@ GptShape llama_shape(const json& cfg, const std::string& cfg_name) {
   s.ffn = int_key(cfg, cfg_name, {"intermediate_size"});
   s.seq_len = int_key(cfg, cfg_name, {"max_position_embeddings"});
   s.vocab = int_key(cfg, cfg_name, {"vocab_size"});
-  s.rope_theta = number_key(cfg, cfg_name, "rope_theta", 10000.0);
+  s.rope_theta = llama_rope_theta(cfg, cfg_name);
   s.norm_eps = number_key(cfg, cfg_name, "rms_norm_eps", 1e-6);
   s.tied_head = cfg.contains("tie_word_embeddings") && cfg["tie_word_embeddings"] == true;
   auto refuse = [&](const std::string& key, const std::string& why) {
