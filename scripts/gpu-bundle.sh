@@ -3,7 +3,8 @@
 # that have the NVIDIA driver, CUDA 13's libraries and NCCL (a PyTorch image) but not
 # Strata's other dependencies: the stripped binaries, every shared library they load that
 # is neither glibc nor CUDA's, and the fortunes corpus. Build first (bash scripts/build.sh,
-# nvcc on PATH). Output: gpu/bundle.tar.xz (gpu/ is ignored by git); on the GPU machine,
+# nvcc on PATH), and the Python module for the GPU machine's Python when a Python 3.12
+# is here. Output: gpu/bundle.tar.xz (gpu/ is ignored by git); on the GPU machine,
 # scripts/gpu-check.sh unpacks and runs it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +26,26 @@ ldd "${bins[@]}" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u | while r
   esac
 done
 [[ -s data/fortunes.txt ]] && cp data/fortunes.txt "$out/stage/data/"
+# The Python module for the GPU machine's Python (3.12 there; STRATA_GPU_PYTHON names
+# another), for `gpu-check.sh torch`: module.cpp compiled against that Python's headers
+# and PyPI's pybind11, linked to build/'s libstrata (the cuda backend's), beside the
+# package's .py files. Skipped, saying so, where no such Python is here.
+gpy=${STRATA_GPU_PYTHON:-$(command -v python3.12 || ls /root/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | head -1 || true)}
+if [[ -n $gpy && -x $gpy ]]; then
+  venv=$(mktemp -d)
+  "$gpy" -m venv "$venv" && "$venv/bin/pip" install -q --disable-pip-version-check 'pybind11==3.1.0'
+  mkdir -p "$out/stage/python/strata"
+  libdir=$(dirname "$(readlink -f build/python/strata/libstrata.so.1)")
+  g++ -O2 -std=c++20 -shared -fPIC -fvisibility=hidden $("$venv/bin/python" -m pybind11 --includes) -Iinclude \
+    -Ipython/src python/src/module.cpp -o "$out/stage/python/strata/_strata$("$gpy-config" --extension-suffix 2>/dev/null ||
+    "$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')" \
+    -L"$libdir" -l:libstrata.so.1 -Wl,-rpath,'$ORIGIN'
+  cp -L build/python/strata/libstrata.so.1 build/python/strata/*.py "$out/stage/python/strata/"
+  rm -rf "$venv"
+  echo "gpu-bundle.sh: the Python module for $("$gpy" --version) is in the bundle (python/strata)"
+else
+  echo "gpu-bundle.sh: no Python 3.12 here (STRATA_GPU_PYTHON): the bundle has no Python module, gpu-check.sh torch cannot run" >&2
+fi
 tar -C "$out/stage" -cf - . | xz -T2 -6 > "$out/bundle.tar.xz"
 rm -rf "$out/stage"
 ls -la "$out/bundle.tar.xz"

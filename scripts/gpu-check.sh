@@ -11,6 +11,8 @@
 #   bench1b    the same in memory, bf16 alone, for a 1.1B GPT
 #   lane       the speculative optimizer on its lane against in line: 124M in memory
 #   copy       strata bench copy --backend cuda: pinned <-> device through the copy stream, beside cudaMemcpy
+#   torch      strata.torch on the cuda backend with the machine's torch, transformers and peft:
+#              python/tests/test_torch*.py with STRATA_TEST_BACKEND=cuda (the references on the GPU)
 # Usage: bash scripts/gpu-check.sh PART... (default: tests)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -111,6 +113,16 @@ for part in "${parts[@]}"; do
     done
     rm -rf "$d"
     grep -E "^===|^(in memory|params|optimizer)|speculative:" "$out/lane.log" | cut -c1-200
+    ;;
+  torch)
+    if [[ ! -f $g/python/strata/__init__.py ]]; then
+      echo "gpu-check.sh torch: the bundle has no Python module (gpu-bundle.sh found no Python 3.12)" | tee -a "$out/torch.log"
+    else
+      for t in test_torch test_torch_hf test_torch_peft; do
+        run torch.log 240 env PYTHONPATH="$g/python:$root/python/tests" STRATA_TEST_BACKEND=cuda PYTHONUNBUFFERED=1 \
+          python3 "$root/python/tests/$t.py"
+      done
+    fi
     ;;
   copy)
     run copy.log 120 "$B/strata" bench copy --backend cuda --sizes 1M,16M,256M --reps 5 --json "$out/bench-copy.json"

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import strata
 import strata.torch
-from torch_harness import (LOSS_RTOL, LR, WEIGHT_DECAY, assert_on_nvme, batch, config, train_engine,
+from torch_harness import (DEVICE, LOSS_RTOL, LR, WEIGHT_DECAY, assert_on_nvme, batch, config, train_engine,
                            train_reference, worst_relative)
 
 VOCAB = 48
@@ -94,7 +94,7 @@ class Training(unittest.TestCase):
         for name, ref_w in reference.state_dict().items():
             if name.startswith("unused."):
                 continue
-            torch.testing.assert_close(weights[name], ref_w, rtol=0, atol=1e-5, msg=name)
+            torch.testing.assert_close(weights[name], ref_w.cpu(), rtol=0, atol=1e-5, msg=name)
         self.assertEqual(weights["out.weight"].data_ptr(), weights["embed.weight"].data_ptr(),
                          "tied names should share one tensor")
         torch.testing.assert_close(weights["unused.weight"], unused_before * (1 - LR * WEIGHT_DECAY) ** 20,
@@ -136,6 +136,7 @@ class Training(unittest.TestCase):
             train_engine(engine, loss_of, batches(1, 3))  # training goes on after it
         fresh = UserModel()
         fresh.load_state_dict(weights)
+        fresh.to(DEVICE)
         with torch.no_grad():
             self.assertEqual(evaluated, fresh(probe).item())
 
@@ -188,6 +189,7 @@ class StandardLoop(unittest.TestCase):
     torch's schedulers, against the same loop with torch.optim.AdamW."""
 
     def reference(self, model, batches, accumulation=1, clip=None, trainable=None):
+        model.to(DEVICE)
         params = [p for p in model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=WEIGHT_DECAY)
         return train_loop(model, opt, batches, accumulation, torch.optim.lr_scheduler.LambdaLR(opt, halving), clip)

@@ -23,8 +23,8 @@ except Exception as e:  # noqa: BLE001
 import strata
 import strata.hf
 import strata.torch
-from torch_harness import (BETAS, EPS, LOSS_RTOL, LR, WEIGHT_DECAY, assert_on_nvme, batch, config, train_engine,
-                           train_reference, worst_relative)
+from torch_harness import (BACKEND, BETAS, DEVICE, EPS, LOSS_RTOL, LR, WEIGHT_DECAY, assert_on_nvme, batch, config,
+                           train_engine, train_reference, worst_relative)
 
 VOCAB = 128
 
@@ -95,7 +95,7 @@ class HuggingFace(unittest.TestCase):
         # calling its forward (no module hooks): Strata binds the block's parameters when
         # the gradient reaches its output. Both kinds give the plain run's losses.
         batches = [batch(s, VOCAB) for s in range(12)]
-        reference = llama()
+        reference = llama().to(DEVICE)
         opt = torch.optim.AdamW(reference.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
         ref = standard_loop(reference, opt, batches)
         for reentrant in (None, True, False):
@@ -126,7 +126,7 @@ def standard_loop(model, optimizer, batches):
 
 class Tokens(torch.utils.data.Dataset):
     def __init__(self, n, start=0):
-        self.items = [batch(start + i, VOCAB, size=1)[0] for i in range(n)]
+        self.items = [batch(start + i, VOCAB, size=1)[0].cpu() for i in range(n)]  # Trainer moves them
 
     def __len__(self):
         return len(self.items)
@@ -138,7 +138,7 @@ class Tokens(torch.utils.data.Dataset):
 def training_args(out, **kw):
     a = dict(output_dir=out, per_device_train_batch_size=4, gradient_accumulation_steps=2, learning_rate=3e-3,
              max_steps=6, logging_steps=1, save_strategy="no", report_to=[], seed=0, dataloader_drop_last=True,
-             max_grad_norm=0.3, use_cpu=True, disable_tqdm=True, lr_scheduler_type="linear")
+             max_grad_norm=0.3, use_cpu=BACKEND == "cpu", disable_tqdm=True, lr_scheduler_type="linear")
     a.update(kw)
     return TrainingArguments(**a)
 
@@ -150,7 +150,7 @@ def logged_losses(trainer):
 def strata_config(nvme):
     offload = {"device": "nvme", "nvme_path": nvme}
     return {"zero_optimization": {"stage": 3, "offload_param": offload, "offload_optimizer": offload},
-            "strata": {"backend": "cpu", "device_budget": "64MiB", "pinned_budget": "64MiB"}}
+            "strata": {"backend": BACKEND, "device_budget": "64MiB", "pinned_budget": "64MiB"}}
 
 
 class HuggingFaceTrainer(unittest.TestCase):

@@ -23,7 +23,7 @@ import strata
 import strata.hf
 import strata.torch
 from test_torch_hf import VOCAB, Tokens, llama, logged_losses, standard_loop, strata_config, training_args
-from torch_harness import BETAS, EPS, LOSS_RTOL, LR, assert_on_nvme, batch, config, worst_relative
+from torch_harness import BETAS, DEVICE, EPS, LOSS_RTOL, LR, assert_on_nvme, batch, config, worst_relative
 
 
 def lora_llama():
@@ -37,7 +37,7 @@ def lora_llama():
 class Lora(unittest.TestCase):
     def test_standard_loop_matches_peft_with_adamw(self):
         batches = [batch(s, VOCAB) for s in range(12)]
-        reference = lora_llama()
+        reference = lora_llama().to(DEVICE)
         params = [p for p in reference.parameters() if p.requires_grad]
         ref = standard_loop(reference, torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0),
                             batches)

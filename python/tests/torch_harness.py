@@ -1,6 +1,15 @@
 """What the strata.torch tests share: a configuration, the two training loops (through
 strata.torch and through torch.optim.AdamW) and the comparison."""
+import os
+
 import torch
+
+# STRATA_TEST_BACKEND=cuda runs these tests with Strata's cuda backend, the inputs and the
+# PyTorch references on the GPU (scripts/gpu-check.sh torch); the default is the cpu backend.
+BACKEND = os.environ.get("STRATA_TEST_BACKEND", "cpu")
+if BACKEND not in ("cpu", "cuda"):
+    raise SystemExit(f"STRATA_TEST_BACKEND={BACKEND!r}: expected cpu or cuda")
+DEVICE = torch.device("cuda" if BACKEND == "cuda" else "cpu")
 
 LR, BETAS, EPS, WEIGHT_DECAY = 3e-3, (0.9, 0.999), 1e-8, 0.01
 
@@ -31,7 +40,7 @@ def config(nvme_dir=None, accumulation=1, **sections):
                                                   "weight_decay": WEIGHT_DECAY}},
         "zero_optimization": {"stage": 3, "offload_param": offload, "offload_optimizer": offload,
                               "stage3_param_persistence_threshold": 0},
-        "strata": {"backend": "cpu", "device_budget": "64MiB", "pinned_budget": "64MiB", "checksums": True},
+        "strata": {"backend": BACKEND, "device_budget": "64MiB", "pinned_budget": "64MiB", "checksums": True},
     }
     c.update(sections)
     return c
@@ -42,7 +51,7 @@ def batch(step, vocab, size=4, seq=16):
     g = torch.Generator().manual_seed(1000 + step)
     a = torch.randint(0, vocab, (size, 1), generator=g)
     b = torch.randint(1, 8, (size, 1), generator=g)
-    return (a + b * torch.arange(seq + 1)) % vocab
+    return ((a + b * torch.arange(seq + 1)) % vocab).to(DEVICE)
 
 
 def train_engine(engine, loss_of, batches):
@@ -59,6 +68,7 @@ def train_engine(engine, loss_of, batches):
 def train_reference(model, loss_of, batches, accumulation=1):
     """The same with torch.optim.AdamW; gradients of `accumulation` micro-batches are
     averaged, as Strata does."""
+    model.to(DEVICE)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
     losses = []
     for i, tokens in enumerate(batches):
