@@ -13,6 +13,8 @@
 #   copy       strata bench copy --backend cuda: pinned <-> device through the copy stream, beside cudaMemcpy
 #   torch      strata.torch on the cuda backend with the machine's torch, transformers and peft:
 #              python/tests/test_torch*.py with STRATA_TEST_BACKEND=cuda (the references on the GPU)
+#   lora7b     a LoRA step on Llama-2-7B's shape (random weights, r 16 on q/v, 2048 tokens, checkpointing):
+#              Strata with the base pinned, peft on plain PyTorch, FSDP2 with CPUOffloadPolicy (bench/ref/lora_step.py)
 # Usage: bash scripts/gpu-check.sh PART... (default: tests)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -122,6 +124,14 @@ for part in "${parts[@]}"; do
         run torch.log 240 env PYTHONPATH="$g/python:$root/python/tests" STRATA_TEST_BACKEND=cuda PYTHONUNBUFFERED=1 \
           python3 "$root/python/tests/$t.py"
       done
+    fi
+    ;;
+  lora7b)
+    if [[ ! -f $g/python/strata/__init__.py ]]; then
+      echo "gpu-check.sh lora7b: the bundle has no Python module (gpu-bundle.sh found no Python 3.12)" | tee -a "$out/lora7b.log"
+    else
+      run lora7b.log 470 env PYTHONPATH="$g/python" PYTHONUNBUFFERED=1 python3 "$root/bench/ref/lora_step.py" \
+        --shape llama-2-7b --systems strata-pinned,peft,fsdp2 --steps 2 --seq 2048 --timeout 150 --json "$out/lora7b.json"
     fi
     ;;
   copy)
