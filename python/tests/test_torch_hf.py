@@ -137,7 +137,7 @@ class Tokens(torch.utils.data.Dataset):
 
 def training_args(out, **kw):
     a = dict(output_dir=out, per_device_train_batch_size=4, gradient_accumulation_steps=2, learning_rate=3e-3,
-             max_steps=6, logging_steps=1, save_strategy="no", report_to=[], seed=0, dataloader_drop_last=True,
+             max_steps=12, logging_steps=1, save_strategy="no", report_to=[], seed=0, dataloader_drop_last=True,
              max_grad_norm=0.3, use_cpu=BACKEND == "cpu", disable_tqdm=True, lr_scheduler_type="linear")
     a.update(kw)
     return TrainingArguments(**a)
@@ -156,38 +156,38 @@ def strata_config(nvme):
 class HuggingFaceTrainer(unittest.TestCase):
     def test_trainer_matches_trainer_with_adamw(self):
         # 6 steps of 2 micro-batches, linear decay, max_grad_norm 0.3 (engaged: the norms
-        # are about 0.8), evaluation; then a resume from checkpoint-3 repeats steps 4-6.
+        # are about 0.8), evaluation; then a resume from checkpoint-6 repeats steps 7-12.
         with tempfile.TemporaryDirectory() as tmp:
-            ref = Trainer(model=llama(), args=training_args(os.path.join(tmp, "ref")), train_dataset=Tokens(48),
+            ref = Trainer(model=llama(), args=training_args(os.path.join(tmp, "ref")), train_dataset=Tokens(96),
                           eval_dataset=Tokens(8, 100))
             ref.train()
             ref_eval = ref.evaluate()["eval_loss"]
             nvme = os.path.join(tmp, "nvme")
             os.mkdir(nvme)
             out = os.path.join(tmp, "strata")
-            trainer = strata.hf.Trainer(model=llama(), args=training_args(out, save_strategy="steps", save_steps=3),
-                                        strata_config=strata_config(nvme), train_dataset=Tokens(48),
+            trainer = strata.hf.Trainer(model=llama(), args=training_args(out, save_strategy="steps", save_steps=6),
+                                        strata_config=strata_config(nvme), train_dataset=Tokens(96),
                                         eval_dataset=Tokens(8, 100))
             trainer.train()
             losses, evaluated = logged_losses(trainer), trainer.evaluate()["eval_loss"]
             norm = trainer.strata_engine.stats()["last_grad_norm"]
             trainer.strata_engine.close()
-            self.assertTrue(os.path.isdir(os.path.join(out, "checkpoint-3", "strata")))
+            self.assertTrue(os.path.isdir(os.path.join(out, "checkpoint-6", "strata")))
             # Another output directory: this run's checkpoint-6 exists, and Strata never overwrites one.
             resumed = strata.hf.Trainer(model=llama(), args=training_args(os.path.join(tmp, "resumed")),
-                                        strata_config=strata_config(nvme), train_dataset=Tokens(48))
-            resumed.train(resume_from_checkpoint=os.path.join(out, "checkpoint-3"))
-            after_resume = logged_losses(resumed)[3:]  # its log history starts with checkpoint-3's
+                                        strata_config=strata_config(nvme), train_dataset=Tokens(96))
+            resumed.train(resume_from_checkpoint=os.path.join(out, "checkpoint-6"))
+            after_resume = logged_losses(resumed)[6:]  # its log history starts with checkpoint-6's
             resumed.strata_engine.close()
         worst = worst_relative(losses, logged_losses(ref))
         print(f"strata.hf.Trainer: losses {losses[0]:.4f} -> {losses[-1]:.4f}, worst relative difference {worst:.2e}, "
               f"eval loss {evaluated:.6f} (Trainer's {ref_eval:.6f}); last gradient norm {norm:.3f} (clipped to 0.3); "
-              f"resumed at step 3: {after_resume}")
-        self.assertEqual(len(losses), 6)
+              f"resumed at step 6: {after_resume}")
+        self.assertEqual(len(losses), 12)
         self.assertLess(worst, LOSS_RTOL)
         self.assertLess(abs(evaluated - ref_eval) / ref_eval, LOSS_RTOL)
         self.assertGreater(norm, 0.3, "clipping never engaged: the test proves nothing")
-        self.assertEqual(after_resume, losses[3:], "the resumed run differs")
+        self.assertEqual(after_resume, losses[6:], "the resumed run differs")
 
     def test_arguments_strata_cannot_honour_are_refused(self):
         with tempfile.TemporaryDirectory() as tmp:

@@ -66,12 +66,12 @@ class Lora(unittest.TestCase):
 
     def test_trainer_and_the_saved_adapters_load_in_peft(self):
         with tempfile.TemporaryDirectory() as tmp:
-            ref = Trainer(model=lora_llama(), args=training_args(os.path.join(tmp, "ref")), train_dataset=Tokens(48))
+            ref = Trainer(model=lora_llama(), args=training_args(os.path.join(tmp, "ref")), train_dataset=Tokens(96))
             ref.train()
             nvme = os.path.join(tmp, "nvme")
             os.mkdir(nvme)
             trainer = strata.hf.Trainer(model=lora_llama(), args=training_args(os.path.join(tmp, "strata")),
-                                        strata_config=strata_config(nvme), train_dataset=Tokens(48),
+                                        strata_config=strata_config(nvme), train_dataset=Tokens(96),
                                         eval_dataset=Tokens(8, 100))
             trainer.train()
             evaluated = trainer.evaluate()["eval_loss"]
