@@ -66,6 +66,22 @@ def tokens(args, device, step):
     return t.to(device)
 
 
+def train_step(model, optimizer, autocast=None):
+    """One step of the standard loop; autocast: the device type to run the forward under
+    bf16 autocast (peft's fp32 adapters over a bf16 base)."""
+    import torch
+    from contextlib import nullcontext
+
+    def step(t):
+        with torch.autocast(autocast, dtype=torch.bfloat16) if autocast else nullcontext():
+            loss = model(input_ids=t, labels=t).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss.item()
+    return step
+
+
 def timed_steps(args, device, step_fn):
     import torch
     losses, times = [], []
@@ -104,15 +120,7 @@ def run_one(args):
         model, optimizer = engine
         if cuda:
             torch.cuda.reset_peak_memory_stats()
-
-        def step(t):
-            loss = model(input_ids=t, labels=t).loss
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            return loss.item()
-
-        out.update(timed_steps(args, engine.device, step))
+        out.update(timed_steps(args, engine.device, train_step(model, optimizer)))
         stats = engine.stats()
         out["strata_device_peak_bytes"] = stats["tiers"]["device"]["peak"]
         out["nvme_bytes_read_per_step"] = stats["bytes_moved"]["nvme->pinned"] / (args.steps + 1)
@@ -125,16 +133,7 @@ def run_one(args):
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, weight_decay=0.0)
         if cuda:
             torch.cuda.reset_peak_memory_stats()
-
-        def step(t):
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                loss = model(input_ids=t, labels=t).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss.item()
-
-        out.update(timed_steps(args, device, step))
+        out.update(timed_steps(args, device, train_step(model, opt, autocast=device.type)))
     elif system == "fsdp2":
         if not cuda:
             out["skipped"] = "FSDP2's CPUOffloadPolicy offloads from a GPU; this machine has none"
@@ -151,15 +150,7 @@ def run_one(args):
         fully_shard(model, mp_policy=mp, offload_policy=CPUOffloadPolicy())
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, weight_decay=0.0)
         torch.cuda.reset_peak_memory_stats()
-
-        def step(t):
-            loss = model(input_ids=t, labels=t).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss.item()
-
-        out.update(timed_steps(args, device, step))
+        out.update(timed_steps(args, device, train_step(model, opt)))
         dist.destroy_process_group()
     else:
         raise SystemExit(f"unknown system {system!r}; one of {', '.join(SYSTEMS)}")
