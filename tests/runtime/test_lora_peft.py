@@ -13,6 +13,7 @@
    Every step's loss must agree to REL_LOSS (fp32 both; only summation orders differ:
    measured 1.2e-8 at worst over the 8 steps, and AdamW's normalised steps keep it from
    growing; 1e-6 leaves room for another BLAS, and a wrong gradient moves it by 1e-3).
+   A run checkpointed half-way and resumed gives the same losses bit for bit.
 3. `strata export --format peft` is loaded by PeftModel.from_pretrained on the base: its
    loss equals `strata eval` of the checkpoint and of the reference trained model; `strata
    export --format hf` (the merged W + alpha/r B A) loaded by transformers alone gives the
@@ -130,6 +131,18 @@ def main():
         if not ref_losses[-1] < ref_losses[0] - 0.05:
             failures.append(f"the reference's loss did not fall ({ref_losses[0]} -> {ref_losses[-1]}): a test that "
                             "cannot tell")
+
+        # Checkpoint and resume: half the steps, then --resume, gives the same losses bit for bit.
+        conf["strata"]["checkpoint_dir"] = str(tmp / "halves")
+        conf["strata"]["checkpoint_every"] = STEPS // 2
+        (tmp / "cfg2.json").write_text(json.dumps(conf))
+        run([strata, "train", "--config", tmp / "cfg2.json", "--init-from", tmp / "imported", "--lora-init",
+             tmp / "adapter", "--quiet", "--metrics", tmp / "h.jsonl", "--steps", STEPS // 2])
+        run([strata, "train", "--config", tmp / "cfg2.json", "--resume", "--quiet", "--metrics", tmp / "h.jsonl"])
+        halves = [json.loads(s)["loss"] for s in (tmp / "h.jsonl").read_text().splitlines() if '"loss"' in s]
+        print(f"resumed at step {STEPS // 2}: the same losses as the run through: {halves == losses}")
+        if halves != losses:
+            failures.append(f"a run resumed at step {STEPS // 2} gave {halves}, the run through {losses}")
 
         ev = json.loads(run([strata, "eval", "--checkpoint", tmp / "tuned", "--data", tmp / "data.txt",
                              "--max-windows", MICRO, "--precision", "f32", "--json"]))["loss"]

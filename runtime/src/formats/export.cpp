@@ -1,5 +1,5 @@
 #include "strata/runtime/formats/export.hpp"
-#include "strata/runtime/train/lora.hpp"
+#include "strata/runtime/formats/peft.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>

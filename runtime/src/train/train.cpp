@@ -26,7 +26,7 @@
 #include "strata/runtime/config/lr_schedule.hpp"
 #include "strata/runtime/engine/parted_source.hpp"
 #include "strata/runtime/train/rank.hpp"
-#include "strata/runtime/train/lora.hpp"
+#include "strata/runtime/formats/peft.hpp"
 #include "strata/runtime/train/step_driver.hpp"
 
 namespace strata {

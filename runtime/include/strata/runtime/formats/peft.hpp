@@ -1,4 +1,4 @@
-// LoRA's adapters at the start of a run and in peft's files (strata.lora; the math is the
+// LoRA adapters in peft's files, and at the start of a run (strata.lora; the math is the
 // model's, model/gpt_layout.hpp's LoraSpec and LoraSite).
 //
 // A new run's adapter group "lora.l" starts as peft's default initialisation (A uniform

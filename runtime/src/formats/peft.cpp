@@ -1,4 +1,4 @@
-#include "strata/runtime/train/lora.hpp"
+#include "strata/runtime/formats/peft.hpp"
 
 #include <algorithm>
 #include <cmath>
