@@ -45,9 +45,10 @@ void add_export(CLI::App& app) {
   e->add_option("--out", a->out, "the safetensors file to write (--format hf: the directory)")->required();
   e->add_option("--format", a->format,
                 "safetensors: one file with the model's names; hf: a Hugging Face GPT2LMHeadModel or LlamaForCausalLM directory "
-                "(config.json and safetensors, from_pretrained loads it)")
+                "(config.json and safetensors, from_pretrained loads it; a LoRA run's adapters merged in); peft: a LoRA "
+                "run's adapters as a peft adapter directory (PeftModel.from_pretrained loads it)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"safetensors", "hf"}));
+      ->check(CLI::IsMember({"safetensors", "hf", "peft"}));
   e->add_option("--shard-size", a->shard_size, std::string("--format hf: the largest safetensors file, in bytes (") + kByteCountUnits + ")")
       ->capture_default_str();
   e->add_flag("--force", a->force, "replace --out when it exists");
@@ -61,7 +62,8 @@ void add_export(CLI::App& app) {
       if (!a->dtype.empty()) dtype = parse_precision(a->dtype);
       const OutOfRange out_of_range = a->clamp ? OutOfRange::Clamp : OutOfRange::Refuse;
       const ExportSummary s =
-          a->format == "hf"
+          a->format == "peft" ? export_peft(a->checkpoint, a->out, a->force, dtype)
+          : a->format == "hf"
               ? export_hf(a->checkpoint, a->out, a->force, dtype, parse_byte_count(a->shard_size, "--shard-size"),
                           out_of_range)
               : export_safetensors(a->checkpoint, a->out, a->force, dtype, out_of_range);

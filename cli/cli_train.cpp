@@ -31,6 +31,7 @@ struct TrainArgs {
   bool resume = false;
   std::string resume_from;
   std::string init_from;
+  std::string lora_init;
   std::string metrics;
   bool metrics_optional = false;
   int eval_batches = 0;
@@ -61,6 +62,7 @@ struct EvalArgs {
 int run_train() {
   std::vector<std::string> sets = g_train.sets;
   if (g_train.steps > 0) sets.push_back("strata.steps=" + std::to_string(g_train.steps));
+  if (!g_train.lora_init.empty()) sets.push_back("strata.lora.init=" + nlohmann::json(g_train.lora_init).dump());
   const Config c = load_config(g_train.config, sets);
   // Appended to for the whole run: never a device, a FIFO or a checkpoint's file.
   if (!g_train.metrics.empty()) {
@@ -274,6 +276,12 @@ void add_train(CLI::App& app) {
   t->add_option("--init-from", g_train.init_from,
                 "Start from this checkpoint's weights (fine-tuning: fresh optimizer, step 0; e.g. one strata import "
                 "wrote); a step-<N> directory or a directory of checkpoints (its latest)")
+      ->excludes(resume)
+      ->excludes(resume_from);
+  t->add_option("--lora-init", g_train.lora_init,
+                "Start strata.lora's adapters from this peft adapter directory (adapter_config.json and "
+                "adapter_model.safetensors; its r, lora_alpha and target_modules must be strata.lora's); sets "
+                "strata.lora.init")
       ->excludes(resume)
       ->excludes(resume_from);
   t->add_option("--metrics", g_train.metrics, "Append one JSON object per step to this file (rank 0)");

@@ -96,6 +96,12 @@ Gpt::Impl::Impl(const GptShape& shape, const GptOptions& opts, CountOnly)
   if (!is_working_dtype(t))
     throw ConfigError(std::string("GptOptions::precision ") + to_string(t) + " is not f32, bf16 or fp16");
   detail::check_checkpoint_options(o);
+  frozen = s.has_lora();
+  if (frozen && half)
+    throw ConfigError("strata.lora trains in fp32 only for now (the adapters' matmuls have no 16-bit path): set "
+                      "bf16.enabled and fp16.enabled to false, or remove strata.lora");
+  lora = lora_sites(s);
+  lora_scale = static_cast<float>(s.lora.scale());
   bt_max = static_cast<long>(o.micro_batch) * s.seq_len;
   const uint64_t chunk_bytes = half ? kLogitsChunkBytes16 : kLogitsChunkBytes;
   chunk_rows = std::clamp<long>(static_cast<long>(chunk_bytes / (4ull * s.vocab)), 1, bt_max);
@@ -140,6 +146,11 @@ void Gpt::Impl::carve(HostBuffers& a) {
     a.take(rope_sin, static_cast<uint64_t>(s.seq_len) * (s.head_dim() / 2));
   }
   a.take(logits, static_cast<uint64_t>(chunk_rows) * s.vocab);
+  if (frozen) {
+    a.take(lora_u, static_cast<uint64_t>(bt_max) * s.lora.rank);
+    a.take(lora_du, static_cast<uint64_t>(bt_max) * s.lora.rank);
+    a.take(frozen_vec_grads, 13ull * d);
+  }
   if (!half) {
     if (!llama) a.take(ones, bt_max);
     return;

@@ -141,6 +141,15 @@ struct Gpt::Impl {
   std::array<VecRef, 2> final_vecs;       // ln_f w, b
   std::array<VecRef, 2> llama_vecs;       // input_layernorm, post_attention_layernorm
   std::array<VecRef, 1> llama_final;      // norm
+  // LoRA (GptShape::lora; fp32 only): the base is frozen (no weight gradient is computed
+  // or asked for) and each adapted linear adds scale (X A^T) B^T to its output columns.
+  bool frozen = false;                    // the shape has LoRA adapters
+  std::vector<LoraSite> lora;             // a block's adapted linears
+  float lora_scale = 0;                   // alpha / rank
+  const float* lora_w = nullptr;          // the bound adapter group (bind_adapters), or null
+  float* lora_g = nullptr;                // its gradient (backward), or null
+  std::vector<float> lora_u, lora_du;     // [BT, rank]: X A^T and the gradient of it
+  std::vector<float> frozen_vec_grads;    // [13d]: the frozen norms' gradients, computed and dropped
   detail::CpuGemm gemm;
   uint64_t bytes = 0;                     // every buffer above (activation_bytes)
   const int32_t* inputs = nullptr;        // the caller's host arrays, this micro-batch
@@ -193,13 +202,14 @@ struct Gpt::Impl {
     if (!half) w.done(v.offset, static_cast<uint64_t>(v.n));
   }
   float* vec_grad(detail::GradView& g, const VecRef& v) {
+    if (frozen) return frozen_vec_grads.data() + v.slot;
     return half ? vec_grads.data() + v.slot : static_cast<float*>(g.at(v.offset));
   }
   void wrote(detail::GradView& g, const VecRef& v) {
-    if (!half) g.wrote(v.offset, static_cast<uint64_t>(v.n));
+    if (!half && !frozen) g.wrote(v.offset, static_cast<uint64_t>(v.n));
   }
   void round_vec_grads(detail::GradView& g, std::span<const VecRef> vs) {
-    if (!half) return;
+    if (!half || frozen) return;
     for (const VecRef& v : vs) {
       convert_from_f32(g.at(v.offset), t, vec_grads.data() + v.slot, v.n);
       g.wrote(v.offset, static_cast<uint64_t>(v.n));
@@ -223,6 +233,10 @@ struct Gpt::Impl {
   void release(detail::ParamView& w) { w.release_all(); }
   void ready(detail::GradView& g) { g.finish(); }
   void bind_resid(int i, float* p) { resid[i] = p; }
+  void bind_adapters(const void* a, void* ga) {
+    lora_w = static_cast<const float*>(a);
+    lora_g = static_cast<float*>(ga);
+  }
   void block_forward(int l, detail::ParamView& w, bool keep_output, int B, int T) {
     float* out = keep_output ? resid[l + 1] : nullptr;
     if (llama) return llama_block_forward(w, resid[l], acts_for(l), out, B, T);
@@ -246,6 +260,11 @@ struct Gpt::Impl {
   void linear_backward(const void* dY, const void* X, detail::ParamView& w, uint64_t off, float* dX,
                        detail::GradView& g, long M, int N, int K);
   const void* grad_operand(const float* dY, long M, int N);
+  // LoRA on the linear whose weight is at `off` (nothing when no adapter is bound or that
+  // linear has none): Y [M, N] += scale (X A^T) B^T in its columns; backward: dA, dB into
+  // the adapter gradient (overwritten) and dX [M, K] += the adapter's share. fp32.
+  void lora_forward(uint64_t off, const void* X, void* Y, long M, int N, int K);
+  void lora_backward(uint64_t off, const void* dY, const void* X, float* dX, long M, int N, int K);
   void attention_forward(BlockActs& a, int B, int T);
   void attention_backward(BlockActs& a, int B, int T);
 
@@ -279,7 +298,7 @@ struct Gpt::Impl {
   detail::MatRef head_weights(const void* wte);
   void last_logits(const void* wf, const void* wte, int len, float* out);
   void embed(const void* w, int B, int T);
-  double head(const void* wf, const void* wte, long bt, void* dwte_group, void* dlnf, float loss_scale);
+  double head(const void* wf, const void* wte, long bt, void* dwte_group, void* dlnf, float loss_scale, bool backward);
   void embed_backward(void* g0, int B, int T);
 };
 

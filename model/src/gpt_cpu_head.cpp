@@ -86,7 +86,10 @@ void Gpt::Impl::embed(const void* w, int B, int T) {
 // head's gradient and dres the final residual's.
 // An untied head (Llama's lm_head) is in the final group: its gradient goes to dlnf's,
 // and dwte_group is null.
-double Gpt::Impl::head(const void* wf, const void* wte, long bt, void* dwte_group, void* dlnf, float loss_scale) {
+// With LoRA (frozen) backward gives dres alone: no weight gradient is computed.
+double Gpt::Impl::head(const void* wf, const void* wte, long bt, void* dwte_group, void* dlnf, float loss_scale,
+                       bool backward) {
+  STRATA_CHECK(!backward || frozen || dlnf, "head: a backward needs the final group's gradient unless the base is frozen");
   const int d = s.d_model, V = s.vocab;
   const float* xf = resid[s.layers];
   const float* lnf_w = vec(wf, llama ? llama_final[0] : final_vecs[0]);
@@ -113,20 +116,28 @@ double Gpt::Impl::head(const void* wf, const void* wte, long bt, void* dwte_grou
       // z becomes exp(z - max); the loss is log(sum) - (z_t - max).
       const double sum = detail::exp_shifted(z, z, V, mx);
       row_loss[i] = std::log(sum) - static_cast<double>(zt - mx);
-      if (dwte) {
+      if (backward) {
         detail::scale_into(z, static_cast<float>(inv_n / sum), V);
         z[tgt] -= inv_n;
         if (half) convert_from_f32(dy.at(i, V), t, z, V);  // dlogits, rounded for both matmuls
       }
     });
     for (double v : row_loss) loss += v;
-    if (!dwte) continue;
+    if (!backward) continue;
     const MatRef dlogits = half ? MatRef{dy.data(), t, V} : MatRef{lg, DType::F32, V};
     gemm.run(nr, d, V, dlogits, w, nullptr, dl + r0 * d, DType::F32, d, GemmOutput::Overwrite);
-    gemm.run(V, d, nr, dlogits.transposed(), {lnf.at(r0, d), t, d}, nullptr, dwte, DType::F32, d,
-             r0 == 0 ? GemmOutput::Overwrite : GemmOutput::Accumulate);
+    if (dwte)
+      gemm.run(V, d, nr, dlogits.transposed(), {lnf.at(r0, d), t, d}, nullptr, dwte, DType::F32, d,
+               r0 == 0 ? GemmOutput::Overwrite : GemmOutput::Accumulate);
   }
-  if (dwte) {
+  if (backward && !dlnf) {  // frozen: the final residual's gradient only (the norm's own is dropped)
+    std::fill(dres.begin(), dres.begin() + bt * d, 0.0f);
+    float* dw = frozen_vec_grads.data();
+    if (llama)
+      rmsnorm_backward(dl, xf, lnf_w, rstdf.data(), dres.data(), dw, bt, d);
+    else
+      layernorm_backward(dl, xf, lnf_w, meanf.data(), rstdf.data(), dres.data(), dw, dw + d, bt, d);
+  } else if (backward) {
     std::fill(dres.begin(), dres.begin() + bt * d, 0.0f);
     if (llama) {
       rmsnorm_backward(dl, xf, lnf_w, rstdf.data(), dres.data(), vec_grad(dlnf, llama_final[0]), bt, d);

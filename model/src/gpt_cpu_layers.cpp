@@ -11,6 +11,7 @@
 #include "gpt_cpu.hpp"
 #include "kernels_cpu.hpp"
 #include "parallel.hpp"
+#include "strata/model/cpu_sgemm.hpp"
 
 namespace strata {
 
@@ -85,6 +86,7 @@ void Gpt::Impl::linear(const void* X, ParamView& w, uint64_t off, const float* b
              yt, N, GemmOutput::Overwrite);
     w.done(o, static_cast<uint64_t>(r.r1 - r.r0) * static_cast<uint64_t>(K));
   }
+  if (lora_w) lora_forward(off, X, Y, M, N, K);
 }
 
 // sums[N] = column sums over M rows, one part of the rows per core: fn(r0, r1, part)
@@ -148,9 +150,45 @@ void Gpt::Impl::linear_backward(const void* dY, const void* X, ParamView& w, uin
       gemm.run(M, K, r.r1 - r.r0, {dYt, t, N}, {w.at(o), t, K}, nullptr, dX, DType::F32, K,
                first ? GemmOutput::Overwrite : GemmOutput::Accumulate);
     w.done(o, n);
+    first = false;
+    if (frozen) continue;  // LoRA: the base weights have no gradient
     gemm.run(r.r1 - r.r0, K, M, {dYt, t, N, true}, {X, t, K}, nullptr, g.at(o), t, K, GemmOutput::Overwrite);
     g.wrote(o, n);
-    first = false;
+  }
+  if (lora_g) lora_backward(off, dY, X, dX, M, N, K);
+}
+
+// Y[:, c0:c0+n] += scale u B^T with u = X A^T [M, rank]: two thin matmuls beside the
+// base's, and u kept only for this call (backward recomputes it: M x rank x K, cheap).
+void Gpt::Impl::lora_forward(uint64_t off, const void* X, void* Y, long M, int N, int K) {
+  const int r = s.lora.rank;
+  for (const LoraSite& x : lora) {
+    if (x.weight != off) continue;
+    STRATA_CHECK(x.in == K && x.col0 + x.out <= N, "a LoRA adapter does not fit its linear");
+    const float* A = lora_w + x.a;  // [r, K]
+    const float* B = lora_w + x.b;  // [out, r]
+    cpu_sgemm(false, true, M, r, K, 1.0f, static_cast<const float*>(X), K, A, K, 0.0f, lora_u.data(), r);
+    cpu_sgemm(false, true, M, x.out, r, lora_scale, lora_u.data(), r, B, r, 1.0f, static_cast<float*>(Y) + x.col0, N);
+  }
+}
+
+// With dYs = dY[:, c0:c0+n] and u = X A^T: dB = scale dYs^T u, du = scale dYs B,
+// dA = du^T X, dX += du A.
+void Gpt::Impl::lora_backward(uint64_t off, const void* dY, const void* X, float* dX, long M, int N, int K) {
+  const int r = s.lora.rank;
+  const float* x32 = static_cast<const float*>(X);
+  const float* dys = static_cast<const float*>(dY);
+  for (const LoraSite& x : lora) {
+    if (x.weight != off) continue;
+    const float* A = lora_w + x.a;
+    const float* B = lora_w + x.b;
+    float* u = lora_u.data();
+    float* du = lora_du.data();
+    cpu_sgemm(false, true, M, r, K, 1.0f, x32, K, A, K, 0.0f, u, r);
+    cpu_sgemm(true, false, x.out, r, M, lora_scale, dys + x.col0, N, u, r, 0.0f, lora_g + x.b, r);
+    cpu_sgemm(false, false, M, r, x.out, lora_scale, dys + x.col0, N, B, r, 0.0f, du, r);
+    cpu_sgemm(true, false, r, K, M, 1.0f, du, r, x32, K, 0.0f, lora_g + x.a, K);
+    if (dX) cpu_sgemm(false, false, M, K, r, 1.0f, du, r, A, K, 1.0f, dX, K);
   }
 }
 

@@ -159,6 +159,9 @@ struct GptCuda::Impl {
   Impl(const GptShape& shape, const GptOptions& opts, CountOnly)
       : s(shape), o(opts), lay(gpt_block_layout(shape.d_model)), llama(shape.llama()), t(opts.precision) {
     validate(s);
+    if (s.has_lora())
+      throw ConfigError("strata.lora runs on the cpu backend only for now: the cuda GPT has no adapter kernels; set "
+                        "strata.backend to \"cpu\", or remove strata.lora to train the whole model on cuda");
     llay = llama_block_layout(s);
     if (o.micro_batch < 1) throw ConfigError("micro_batch = " + std::to_string(o.micro_batch) + " must be at least 1");
     if (!is_working_dtype(t))
@@ -278,6 +281,7 @@ struct GptCuda::Impl {
   void* at(void* p, uint64_t i) const { return static_cast<char*>(p) + i * es; }
 
   void sync() { STRATA_CHECK_CUDA(cudaStreamSynchronize(stream)); }
+  void bind_adapters(const void* a, void*) { STRATA_CHECK(!a, "the cuda GPT has no LoRA adapters"); }
   // The WeightSource contract: the model is done with a buffer when it hands it back.
   void release(WeightSource& ws, int g) {
     sync();
@@ -533,7 +537,9 @@ struct GptCuda::Impl {
   // dwte once. Synchronises (the loss comes back to the host).
   // An untied head (Llama's lm_head) is in the final group: wte and dwte are null, and
   // its gradient goes to dlnf_wb's, after the norm's gain.
-  double head(const void* wf, const void* wte_in, long bt, void* dwte_in, void* dlnf_wb, float loss_scale) {
+  double head(const void* wf, const void* wte_in, long bt, void* dwte_in, void* dlnf_wb, float loss_scale,
+              bool backward) {
+    STRATA_CHECK(backward == (dlnf_wb != nullptr), "the cuda GPT's head has no frozen-base backward (LoRA is cpu only)");
     const int d = s.d_model, V = s.vocab;
     const float* xf = resid[s.layers];
     final_norm(xf, wf, bt);

@@ -78,6 +78,16 @@ std::vector<ModelDifference> model_differences(const GptShape& a, const GptShape
   }
   if (a.tied() != b.tied())
     out.push_back({"tied_head", a.tied() ? "true" : "false", b.tied() ? "true" : "false"});
+  if (a.has_lora() || b.has_lora()) {
+    auto targets = [](const GptShape& x) {
+      std::string t;
+      for (const std::string& n : lora_target_names(x.arch, x.lora.targets)) t += (t.empty() ? "" : ",") + n;
+      return x.has_lora() ? "[" + t + "]" : std::string("none");
+    };
+    field("lora.rank", a.lora.rank, b.lora.rank);
+    if (a.has_lora() && b.has_lora()) field("lora.alpha", a.lora.alpha, b.lora.alpha);
+    if (targets(a) != targets(b)) out.push_back({"lora.target", targets(a), targets(b)});
+  }
   return out;
 }
 
@@ -129,6 +139,57 @@ GptBlockLayout gpt_block_layout(int d_model) {
   return b;
 }
 
+const std::vector<std::string>& lora_modules(Arch a) {
+  static const std::vector<std::string> llama = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  static const std::vector<std::string> gpt2 = {"c_attn", "c_proj", "c_fc"};
+  return a == Arch::Llama ? llama : gpt2;
+}
+
+std::vector<std::string> lora_target_names(Arch a, uint32_t targets) {
+  std::vector<std::string> out;
+  const auto& m = lora_modules(a);
+  for (size_t i = 0; i < m.size(); ++i)
+    if (targets & (1u << i)) out.push_back(m[i]);
+  return out;
+}
+
+std::vector<LoraSite> lora_sites(const GptShape& s) {
+  std::vector<LoraSite> out;
+  if (!s.has_lora()) return out;
+  const int d = s.d_model;
+  // In the block's layout order: module, target bit, fused weight, first column, out, in.
+  std::vector<LoraSite> all;
+  if (s.llama()) {
+    const LlamaBlockLayout b = llama_block_layout(s);
+    const int kvd = s.kv_dim(), f = s.ffn_dim();
+    all = {{"self_attn.q_proj", 0, b.qkv_w, 0, d, d},          {"self_attn.k_proj", 1, b.qkv_w, d, kvd, d},
+           {"self_attn.v_proj", 2, b.qkv_w, d + kvd, kvd, d},  {"self_attn.o_proj", 3, b.o_w, 0, d, d},
+           {"mlp.gate_proj", 4, b.gate_up_w, 0, f, d},         {"mlp.up_proj", 5, b.gate_up_w, f, f, d},
+           {"mlp.down_proj", 6, b.down_w, 0, d, f}};
+  } else {
+    const GptBlockLayout b = gpt_block_layout(d);
+    all = {{"attn.c_attn", 0, b.qkv_w, 0, 3 * d, d},
+           {"attn.c_proj", 1, b.attn_proj_w, 0, d, d},
+           {"mlp.c_fc", 2, b.fc_w, 0, 4 * d, d},
+           {"mlp.c_proj", 1, b.mlp_proj_w, 0, d, 4 * d}};
+  }
+  const uint64_t r = static_cast<uint64_t>(s.lora.rank);
+  uint64_t o = 0;
+  for (LoraSite& x : all) {
+    if (!(s.lora.targets & (1u << x.target))) continue;
+    x.a = o; o += r * static_cast<uint64_t>(x.in);
+    x.b = o; o += static_cast<uint64_t>(x.out) * r;
+    out.push_back(x);
+  }
+  return out;
+}
+
+uint64_t lora_group_numel(const GptShape& s) {
+  uint64_t n = 0;
+  for (const LoraSite& x : lora_sites(s)) n += static_cast<uint64_t>(s.lora.rank) * (x.in + x.out);
+  return n;
+}
+
 void validate(const GptShape& s) {
   auto need = [](bool ok, const std::string& what) {
     if (!ok) throw ConfigError(what);
@@ -173,6 +234,14 @@ void validate(const GptShape& s) {
     need(std::isfinite(s.rope_theta) && s.rope_theta > 1, "model rope_theta must be a finite number above 1");
     need(std::isfinite(s.norm_eps) && s.norm_eps > 0 && s.norm_eps < 1,
          "model norm_eps must be a number between 0 and 1 (exclusive)");
+  }
+  if (s.lora.rank != 0 || s.lora.targets != 0) {
+    const auto& mods = lora_modules(s.arch);
+    need(s.lora.rank >= 1 && s.lora.rank <= 65536,
+         "lora rank = " + std::to_string(s.lora.rank) + " must be between 1 and 65536");
+    need(std::isfinite(s.lora.alpha) && s.lora.alpha > 0, "lora alpha must be a finite number above 0");
+    need(s.lora.targets != 0 && s.lora.targets < (1u << mods.size()),
+         std::string("lora targets name no linear of a ") + arch_name(s.arch) + " block");
   }
   // Within those limits the count fits easily in a double and a uint64_t.
   const double d = s.d_model, kvd = double(s.kv()) * s.head_dim(), f = s.ffn_dim();
@@ -231,9 +300,34 @@ std::vector<GptGroup> llama_groups(const GptShape& s) {
   return groups;
 }
 
+// Block l's adapter group: A and B of each adapted linear, named as peft names them
+// without its "base_model.model." prefix (GPT-2's also without "transformer.").
+GptGroup lora_group(const GptShape& s, int l) {
+  const int64_t r = s.lora.rank;
+  const int g = gpt_lora_group(s, l);
+  const std::string p = (s.llama() ? "model.layers." : "h.") + std::to_string(l) + ".";
+  GptGroup grp{"lora." + std::to_string(l), lora_group_numel(s), 0, {}};
+  for (const LoraSite& x : lora_sites(s)) {
+    grp.tensors.push_back({p + x.module + ".lora_A.weight", g, x.a, {r, x.in}, GptInit::KaimingUniform, false});
+    grp.tensors.push_back({p + x.module + ".lora_B.weight", g, x.b, {x.out, r}, GptInit::Zeros, false});
+    grp.forward_flops_per_token += 2.0 * static_cast<double>(r) * (x.in + x.out);
+  }
+  return grp;
+}
+
+std::vector<GptGroup> gpt_base_groups(const GptShape& s);
+
 }  // namespace
 
 std::vector<GptGroup> gpt_groups(const GptShape& s) {
+  std::vector<GptGroup> groups = gpt_base_groups(s);
+  for (int l = 0; s.has_lora() && l < s.layers; ++l) groups.push_back(lora_group(s, l));
+  return groups;
+}
+
+namespace {
+
+std::vector<GptGroup> gpt_base_groups(const GptShape& s) {
   validate(s);
   if (s.llama()) return llama_groups(s);
   const int64_t d = s.d_model, V = s.vocab, T = s.seq_len;
@@ -281,6 +375,8 @@ std::vector<GptGroup> gpt_groups(const GptShape& s) {
   return groups;
 }
 
+}  // namespace
+
 uint64_t gpt_param_count(const GptShape& s) {
   uint64_t n = 0;
   for (const auto& g : gpt_groups(s)) n += g.numel;
@@ -289,11 +385,15 @@ uint64_t gpt_param_count(const GptShape& s) {
 
 std::vector<int> gpt_schedule(const GptShape& s) {
   std::vector<int> order;
+  auto block = [&](int l) {
+    order.push_back(gpt_block_group(l));
+    if (s.has_lora()) order.push_back(gpt_lora_group(s, l));
+  };
   order.push_back(gpt_embeddings_group());
-  for (int l = 0; l < s.layers; ++l) order.push_back(gpt_block_group(l));
+  for (int l = 0; l < s.layers; ++l) block(l);
   order.push_back(gpt_final_group(s));
   if (s.tied()) order.push_back(gpt_embeddings_group());
-  for (int l = s.layers - 1; l >= 0; --l) order.push_back(gpt_block_group(l));
+  for (int l = s.layers - 1; l >= 0; --l) block(l);
   return order;
 }
 

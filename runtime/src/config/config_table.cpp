@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cmath>
@@ -544,6 +545,62 @@ const ConfigSection kModel = {
     .inline_in_parent = true,
 };
 
+// strata.lora.target: a non-empty list of the architecture's linears (lora_modules;
+// Llama's also by their short names q, k, v, o, gate, up, down), each once. Resolved
+// into strata.model.lora once the model's arch is known (check_strata).
+uint32_t lora_targets(const json& j, Arch arch) {
+  const std::vector<std::string>& mods = lora_modules(arch);
+  std::string valid;
+  for (const std::string& m : mods) valid += (valid.empty() ? "" : ", ") + ("\"" + m + "\"");
+  const std::string fix = "; " + std::string(arch_name(arch)) + "'s are " + valid;
+  if (!j.contains("target"))
+    throw ConfigError("strata.lora.target is not set: list the linears to adapt, e.g. [\"" + mods[0] + "\", \"" +
+                      mods[arch == Arch::Llama ? 2 : 1] + "\"]" + fix);
+  const json& t = j.at("target");
+  if (!t.is_array() || t.empty())
+    throw ConfigError("strata.lora.target = " + t.dump() + " must be a non-empty list of linear names" + fix);
+  uint32_t mask = 0;
+  for (const json& e : t) {
+    if (!e.is_string()) throw ConfigError("strata.lora.target holds " + e.dump() + ", not a linear's name" + fix);
+    std::string n = e.get<std::string>();
+    if (arch == Arch::Llama && n.find('_') == std::string::npos) n += "_proj";  // q -> q_proj
+    const auto it = std::find(mods.begin(), mods.end(), n);
+    if (it == mods.end())
+      throw ConfigError("strata.lora.target \"" + e.get<std::string>() + "\" is not a linear of a " + arch_name(arch) +
+                        " block" + fix + (arch == Arch::Gpt2 ? " (c_proj adapts both attn.c_proj and mlp.c_proj, as "
+                                                               "peft matches it)" : ""));
+    const uint32_t bit = 1u << (it - mods.begin());
+    if (mask & bit) throw ConfigError("strata.lora.target names \"" + n + "\" twice: list each linear once");
+    mask |= bit;
+  }
+  return mask;
+}
+
+void check_lora(const json&, void* target) { config_of(target).strata.lora.enabled = true; }
+
+const ConfigSection kLora = {
+    .path = "strata.lora",
+    .keys = {
+        {.name = "rank", .type = KeyType::Whole, .min = 1, .max = 65536,
+         .help = "LoRA: the adapters' rank r (peft's r); A is [r, in], B [out, r].",
+         .field = STRATA_CONFIG_FIELD(Config, strata.lora.rank)},
+        {.name = "alpha", .type = KeyType::Double, .lo = 0, .lo_open = true,
+         .help = "LoRA: peft's lora_alpha; the adapter's output is scaled by alpha / rank.",
+         .field = STRATA_CONFIG_FIELD(Config, strata.lora.alpha)},
+        {.name = "target", .type = KeyType::Any, .fallback = "required",
+         .help = "LoRA: the block linears to adapt, by peft's names. Llama: q_proj, k_proj, v_proj, o_proj, "
+                 "gate_proj, up_proj, down_proj (or q, k, v, o, gate, up, down); GPT-2: c_attn, c_proj (attention's "
+                 "and the MLP's), c_fc."},
+        {.name = "init", .type = KeyType::Text, .fallback = "peft's default: A kaiming-uniform, B zero",
+         .help = "LoRA: a peft adapter directory (adapter_config.json, adapter_model.safetensors) whose adapters "
+                 "a new run starts from (`strata train --lora-init DIR`); its r, lora_alpha and target_modules "
+                 "must be this section's.",
+         .field = STRATA_CONFIG_FIELD(Config, strata.lora.init)},
+    },
+    .check = check_lora,
+    .inline_in_parent = true,
+};
+
 const ConfigSection kData = {
     .path = "strata.data",
     .keys = {
@@ -568,6 +625,14 @@ void check_strata(const json& j, void* target) {
   if (c.checkpoint_every > 0 && c.checkpoint_dir.empty())
     throw ConfigError("strata.checkpoint_every = " + std::to_string(c.checkpoint_every) +
                       " needs a directory to write to: set strata.checkpoint_dir");
+  // strata.lora: the model's adapters, once its arch is known. The base is frozen.
+  if (c.lora.enabled) {
+    LoraSpec& l = config_of(target).strata.model.lora;
+    l.rank = c.lora.rank;
+    l.alpha = c.lora.alpha;
+    l.targets = lora_targets(j.at("lora"), c.model.arch);
+    validate(c.model);
+  }
 }
 
 const ConfigSection kStrata = {
@@ -633,6 +698,9 @@ const ConfigSection kStrata = {
          .field = STRATA_CONFIG_FIELD(Config, strata.collective_timeout)},
         {.name = "model", .type = KeyType::Section, .section = &kModel},
         {.name = "data", .type = KeyType::Section, .section = &kData},
+        {.name = "lora", .type = KeyType::Section,
+         .help = "LoRA adapters on a frozen base model (table below); absent: the whole model trains.",
+         .section = &kLora},
     },
     .check = check_strata,
 };

@@ -216,11 +216,13 @@ void check_frozen(ZeroEngine& engine, const CheckpointInfo& info, const std::vec
   }
 }
 
-void check_groups(ZeroEngine& engine, const CheckpointInfo& info, bool weights_only) {
+void check_groups(ZeroEngine& engine, const CheckpointInfo& info, bool weights_only, size_t first_groups) {
   const std::string fix =
       "; resume with the model configuration (strata.model) the checkpoint was saved with, or start a new run with "
       "another strata.checkpoint_dir";
-  const std::vector<ModelGroup> here = model_groups(engine), saved = model_groups(info);
+  std::vector<ModelGroup> here = model_groups(engine);
+  const std::vector<ModelGroup> saved = model_groups(info);
+  if (here.size() > first_groups) here.resize(first_groups);
   if (here.size() != saved.size())
     throw ConfigError("checkpoint is of another model shape: the model here has " + std::to_string(here.size()) +
                       " parameter groups, the checkpoint '" + info.dir + "' has " + std::to_string(saved.size()) + fix);
@@ -236,7 +238,8 @@ void check_groups(ZeroEngine& engine, const CheckpointInfo& info, bool weights_o
 // Collective: checks `dir` against the engine, then gives each rank its slice of every
 // group: the masters and, unless weights_only, the moments (weights_only: zeros, and the
 // optimizer's step count 0). Every rank gets the same error.
-CheckpointInfo load_shards(ZeroEngine& engine, coll::Communicator& host, const std::string& dir, bool weights_only) {
+CheckpointInfo load_shards(ZeroEngine& engine, coll::Communicator& host, const std::string& dir, bool weights_only,
+                           size_t first_groups = SIZE_MAX) {
   const int rank = host.rank();
   STRATA_CHECK(host.size() == engine.comm().size() && rank == engine.comm().rank(),
                "loading a checkpoint: the host communicator must span the engine's ranks in the same order");
@@ -244,7 +247,7 @@ CheckpointInfo load_shards(ZeroEngine& engine, coll::Communicator& host, const s
   std::exception_ptr ep;
   try {
     info = read_checkpoint_info(dir);
-    check_groups(engine, info, weights_only);
+    check_groups(engine, info, weights_only, first_groups);
   } catch (...) {
     ep = std::current_exception();
   }
@@ -253,7 +256,9 @@ CheckpointInfo load_shards(ZeroEngine& engine, coll::Communicator& host, const s
   // Each engine group (a whole group, or a part of one) reads its elements of the model's
   // group from whichever saved groups hold them: the same cut, or another. Their values
   // are checked before the engine holds them (check_values).
-  const std::vector<ModelGroup> here = model_groups(engine), saved = model_groups(info);
+  std::vector<ModelGroup> here = model_groups(engine);
+  const std::vector<ModelGroup> saved = model_groups(info);
+  if (here.size() > first_groups) here.resize(first_groups);
   const TensorNames names(info);
   const OutOfRange out_of_range = engine.resolved().options.out_of_range;
   for (size_t mg = 0; mg < here.size(); ++mg)
@@ -319,8 +324,9 @@ CheckpointInfo load_checkpoint(ZeroEngine& engine, coll::Communicator& host, con
   return info;
 }
 
-CheckpointInfo load_checkpoint_weights(ZeroEngine& engine, coll::Communicator& host, const std::string& dir) {
-  return load_shards(engine, host, dir, true);
+CheckpointInfo load_checkpoint_weights(ZeroEngine& engine, coll::Communicator& host, const std::string& dir,
+                                       size_t first_groups) {
+  return load_shards(engine, host, dir, true, first_groups);
 }
 
 std::vector<float> read_checkpoint_group(const CheckpointInfo& info, int g, DType working) {

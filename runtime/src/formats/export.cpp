@@ -1,4 +1,5 @@
 #include "strata/runtime/formats/export.hpp"
+#include "strata/runtime/formats/peft.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -77,7 +78,9 @@ GptShape checkpoint_gpt_shape(const CheckpointInfo& info) {
                       "written by strata train");
   GptShape shape;
   try {
-    shape = parse_config(json{{"strata", {{"model", c["strata"]["model"]}}}}).strata.model;
+    json section = {{"model", c["strata"]["model"]}};
+    if (c["strata"].contains("lora")) section["lora"] = c["strata"]["lora"];  // its adapters
+    shape = parse_config(json{{"strata", section}}).strata.model;
   } catch (const ConfigError& e) {
     throw ConfigError("the configuration stored in checkpoint '" + info.dir +
                       "' cannot be read as a Strata configuration (" + e.what() +
@@ -103,7 +106,10 @@ void check_checkpoint_model(const CheckpointInfo& info, const GptShape& here, co
   const json& c = info.config;
   const bool has_model = c.is_object() && c.contains("strata") && c["strata"].is_object() && c["strata"].contains("model");
   const GptShape saved = has_model ? checkpoint_gpt_shape(info) : parse_config(json::object()).strata.model;
-  const std::vector<ModelDifference> diffs = model_differences(saved, here);
+  // A LoRA run starts from a base model's weights (--init-from a checkpoint without adapters).
+  GptShape compared = here;
+  if (flag == "--init-from" && !saved.has_lora()) compared.lora = LoraSpec{};
+  const std::vector<ModelDifference> diffs = model_differences(saved, compared);
   if (diffs.empty()) return;
   std::string list;
   for (const ModelDifference& d : diffs)
@@ -128,12 +134,14 @@ struct PlannedTensor {
   uint64_t offset = 0;  // in its file's data
 };
 
+// Groups [first, end) of `groups` (a LoRA checkpoint's base, or its adapters).
 std::vector<PlannedTensor> plan_tensors(const std::vector<GptGroup>& groups, uint64_t element_bytes,
-                                        const std::string& prefix, uint64_t shard_bytes, size_t* files) {
+                                        const std::string& prefix, uint64_t shard_bytes, size_t* files,
+                                        size_t first = 0, size_t end = SIZE_MAX) {
   std::vector<PlannedTensor> out;
   size_t file = 0;
   uint64_t in_file = 0;
-  for (size_t g = 0; g < groups.size(); ++g)
+  for (size_t g = first; g < std::min(end, groups.size()); ++g)
     for (const GptTensor& t : groups[g].tensors) {
       const uint64_t bytes = t.numel() * element_bytes;
       if (in_file > 0 && in_file + bytes > shard_bytes) ++file, in_file = 0;  // a tensor is never split
@@ -147,9 +155,32 @@ std::vector<PlannedTensor> plan_tensors(const std::vector<GptGroup>& groups, uin
 // Writes file `f` of the plan to `path` (created; the caller renames it into place):
 // header, then the tensors' data converted from the checkpoint's fp32 masters (a group is
 // read when first needed; *cache holds the last one read).
+// Model group g of a checkpoint; with `merge` (a LoRA shape), a block's weights with its
+// adapters merged in: W[c0 + i, :] += (alpha / r) (B A)[i, :], as peft's merge_and_unload.
+std::vector<float> read_group(const CheckpointInfo& info, size_t g, const GptShape* merge) {
+  std::vector<float> w = read_checkpoint_group(info, static_cast<int>(g));
+  if (!merge || !merge->has_lora() || g < 1 || g > static_cast<size_t>(merge->layers)) return w;
+  const int l = static_cast<int>(g) - 1, r = merge->lora.rank;
+  const std::vector<float> ad = read_checkpoint_group(info, gpt_lora_group(*merge, l));
+  const double scale = merge->lora.scale();
+  for (const LoraSite& x : lora_sites(*merge)) {
+    const float* A = ad.data() + x.a;  // [r, in]
+    const float* B = ad.data() + x.b;  // [out, r]
+    for (int i = 0; i < x.out; ++i) {
+      float* row = w.data() + x.weight + static_cast<uint64_t>(x.col0 + i) * static_cast<uint64_t>(x.in);
+      for (int c = 0; c < x.in; ++c) {
+        double sum = 0;
+        for (int k = 0; k < r; ++k) sum += static_cast<double>(B[i * r + k]) * A[static_cast<size_t>(k) * x.in + c];
+        row[c] += static_cast<float>(scale * sum);
+      }
+    }
+  }
+  return w;
+}
+
 uint64_t write_planned_file(const std::string& path, const std::vector<PlannedTensor>& plan, size_t f, DType type,
                             OutOfRange out_of_range, const CheckpointInfo& info, const json& metadata,
-                            std::pair<size_t, std::vector<float>>* cache) {
+                            std::pair<size_t, std::vector<float>>* cache, const GptShape* merge = nullptr) {
   const char* st_dtype = type == DType::BF16 ? "BF16" : type == DType::F16 ? "F16" : "F32";
   const uint64_t eb = dtype_size(type);
   json header = json::object();
@@ -186,7 +217,7 @@ uint64_t write_planned_file(const std::string& path, const std::vector<PlannedTe
     for (const PlannedTensor& p : plan) {
       if (p.file != f) continue;
       if (cache->first != p.group || cache->second.empty())
-        *cache = {p.group, read_checkpoint_group(info, static_cast<int>(p.group))};
+        *cache = {p.group, read_group(info, p.group, merge)};
       const GptTensor& t = *p.t;
       const float* src = cache->second.data() + t.offset;
       if (!t.transposed_in_gpt2) {
@@ -382,16 +413,17 @@ json gpt2_hf_config(const GptShape& s, const char* torch_dtype, const Checkpoint
 // An existing --out (dirp): an empty directory, or (with --force) an earlier export, which
 // holds nothing but what an export writes. Anything else is never replaced. Returns
 // whether dirp holds an earlier export to replace.
-bool check_hf_out(const std::string& out, const fs::path& dirp, bool overwrite) {
+bool check_hf_out(const std::string& out, const fs::path& dirp, bool overwrite, bool peft = false) {
   std::error_code ec;
   if (!fs::exists(dirp, ec)) return false;
   if (!fs::is_directory(dirp, ec)) throw ConfigError("--out '" + out + "' exists and is not a directory");
-  bool empty = true, ours = fs::exists(dirp / "config.json", ec);
+  bool empty = true, ours = fs::exists(dirp / (peft ? "adapter_config.json" : "config.json"), ec);
   for (const auto& e : fs::directory_iterator(dirp, ec)) {
     empty = false;
     const std::string n = e.path().filename().string();
-    if (!(n == "config.json" || n == "model.safetensors.index.json" ||
-          (n.rfind("model", 0) == 0 && n.ends_with(".safetensors"))))
+    if (peft ? !(n == "adapter_config.json" || n == "adapter_model.safetensors")
+             : !(n == "config.json" || n == "model.safetensors.index.json" ||
+                 (n.rfind("model", 0) == 0 && n.ends_with(".safetensors"))))
       ours = false;
   }
   if (!empty && !(overwrite && ours))
@@ -426,8 +458,10 @@ ExportSummary export_hf(const std::string& checkpoint, const std::string& out, b
   size_t files = 0;
   // save_pretrained's names: GPT2LMHeadModel's under "transformer." (its head is tied to wte
   // and not written); LlamaForCausalLM's as the layout has them (lm_head when untied).
+  // A LoRA checkpoint: the base model with its adapters merged (no adapter tensors).
   const std::vector<PlannedTensor> plan =
-      plan_tensors(src.groups, dtype_size(type), shape.llama() ? "" : "transformer.", shard_bytes, &files);
+      plan_tensors(src.groups, dtype_size(type), shape.llama() ? "" : "transformer.", shard_bytes, &files, 0,
+                   static_cast<size_t>(gpt_final_group(shape)) + 1);
   auto file_name = [&](size_t f) {
     if (files == 1) return std::string("model.safetensors");
     char buf[64];
@@ -444,7 +478,7 @@ ExportSummary export_hf(const std::string& checkpoint, const std::string& out, b
     std::pair<size_t, std::vector<float>> cache{0, {}};
     for (size_t f = 0; f < files; ++f)
       s.bytes += write_planned_file((tmp / file_name(f)).string(), plan, f, type, out_of_range, info, {{"format", "pt"}},
-                                    &cache);
+                                    &cache, &shape);
     if (files > 1) {
       json map = json::object();
       uint64_t total = 0;
@@ -478,6 +512,65 @@ ExportSummary export_hf(const std::string& checkpoint, const std::string& out, b
   }
   const uint64_t bytes = s.bytes;
   s = summary(info, dirp.string(), type, shape, plan, static_cast<int>(files));
+  s.bytes = bytes;
+  return s;
+}
+
+ExportSummary export_peft(const std::string& checkpoint, const std::string& out, bool overwrite,
+                          std::optional<DType> dtype) {
+  if (checkpoint.empty()) throw ConfigError("no checkpoint given: pass --checkpoint DIR (a step-<N> directory)");
+  if (out.empty()) throw ConfigError("no output directory given: pass --out DIR");
+  std::error_code ec;
+  const fs::path outp = fs::absolute(fs::path(out)).lexically_normal();
+  const fs::path dirp = outp.filename().empty() ? outp.parent_path() : outp;
+  if (const std::string ck = enclosing_checkpoint(dirp.string()); !ck.empty())
+    throw ConfigError("--out '" + out + "' lies inside checkpoint directory '" + ck + "': write it outside");
+  const bool replace = check_hf_out(out, dirp, overwrite, true);
+  const fs::path parent = dirp.parent_path();
+  if (!fs::is_directory(parent, ec))
+    throw ConfigError("--out '" + out + "': directory '" + parent.string() + "' does not exist; create it first");
+  const std::string dir = checkpoint_to_read(checkpoint);
+  check_export_outputs(dir, out);
+  const Source src = export_source(dir, dtype);
+  const GptShape& shape = src.shape;
+  if (!shape.has_lora())
+    throw ConfigError("checkpoint '" + dir + "' has no LoRA adapters (its run had no strata.lora): export the whole "
+                      "model with --format hf or --format safetensors");
+  size_t files = 0;
+  const std::vector<PlannedTensor> plan =
+      plan_tensors(src.groups, dtype_size(src.type), std::string("base_model.model.") + (shape.llama() ? "" : "transformer."),
+                   UINT64_MAX, &files, static_cast<size_t>(gpt_lora_group(shape, 0)));
+  const fs::path tmp = parent / ("." + dirp.filename().string() + ".tmp-" + std::to_string(::getpid()));
+  fs::remove_all(tmp, ec);
+  fs::create_directory(tmp, ec);
+  if (ec) throw IoError("creating the export directory", tmp.string(), 0, 0, ec.value(), kOutFull);
+  ExportSummary s;
+  try {
+    std::pair<size_t, std::vector<float>> cache{0, {}};
+    s.bytes = write_planned_file((tmp / "adapter_model.safetensors").string(), plan, 0, src.type, OutOfRange::Refuse,
+                                 src.info, {{"format", "pt"}}, &cache);
+    std::ofstream cf(tmp / "adapter_config.json");
+    cf << peft_adapter_config(shape).dump(2) << "\n";
+    cf.close();
+    if (!cf) throw IoError("writing adapter_config.json", (tmp / "adapter_config.json").string(), 0, 0, EIO, kOutFull);
+    fsync_directory(tmp);
+    const fs::path old = parent / ("." + dirp.filename().string() + ".old-" + std::to_string(::getpid()));
+    if (replace && ::rename(dirp.c_str(), old.c_str()) != 0)
+      throw IoError("moving the earlier export aside", dirp.string(), 0, 0, errno, kOutFull);
+    if (!replace) fs::remove(dirp, ec);
+    if (::rename(tmp.c_str(), dirp.c_str()) != 0) {
+      const int err = errno;
+      if (replace) ::rename(old.c_str(), dirp.c_str());
+      throw IoError("renaming the export into place", dirp.string(), 0, 0, err, kOutFull);
+    }
+    if (replace) fs::remove_all(old, ec);
+    fsync_directory(parent);
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  const uint64_t bytes = s.bytes;
+  s = summary(src.info, dirp.string(), src.type, shape, plan, 1);
   s.bytes = bytes;
   return s;
 }

@@ -27,7 +27,8 @@ struct SimGpt::Kernels {
     }
   }
   // The final norm, then the head's forward, loss and backward and the norm's backward.
-  double head(const void*, const void*, long, void*, void* dlnf, float) {
+  void bind_adapters(const void*, void*) {}  // adapters' time is not modelled (LoRA runs on cpu)
+  double head(const void*, const void*, long, void*, void* dlnf, float, bool) {
     STRATA_CHECK(dlnf, "the simulated GPT times training steps only");
     const size_t last = times.size() - 1;
     kernel(times[last].forward_s);

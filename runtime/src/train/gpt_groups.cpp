@@ -11,8 +11,12 @@ std::vector<GroupSpec> gpt_group_specs(const GptShape& shape, float init_std) {
   std::vector<GroupSpec> specs;
   for (const GptGroup& g : gpt_groups(shape)) {
     GroupSpec s{g.name, g.numel, InitKind::Normal, init_std, {}};
+    // With LoRA the base is frozen and only the adapter groups train.
+    s.frozen = shape.has_lora() && g.name.rfind("lora.", 0) != 0;
     for (const GptTensor& t : g.tensors) {
       if (t.init == GptInit::Normal) continue;
+      // A LoRA A starts at zero here and is written after the engine is made
+      // (lora_init_values: peft's kaiming-uniform, or a peft adapter's).
       s.constants.push_back({t.offset, t.offset + t.numel(), t.init == GptInit::Ones ? 1.0f : 0.0f});
     }
     specs.push_back(std::move(s));
@@ -35,6 +39,7 @@ std::vector<GroupSpec> gpt_group_specs(const GptShape& shape, const std::vector<
         const uint64_t cb = std::max(c.begin, lo), ce = std::min(c.end, hi);
         if (cb < ce) s.constants.push_back({cb - lo, ce - lo, c.value});
       }
+      s.frozen = w.frozen;
       s.init_group = static_cast<int>(g);
       s.init_offset = lo;
       specs.push_back(std::move(s));

@@ -26,6 +26,7 @@
 #include "strata/runtime/config/lr_schedule.hpp"
 #include "strata/runtime/engine/parted_source.hpp"
 #include "strata/runtime/train/rank.hpp"
+#include "strata/runtime/formats/peft.hpp"
 #include "strata/runtime/train/step_driver.hpp"
 
 namespace strata {
@@ -594,9 +595,22 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
 
   TrainResult res;
   const StartPoint start = resume_from(*engine, *comm, start_dir);
+  // LoRA: --init-from a base model's checkpoint loads the frozen base; its adapters start
+  // from strata.lora.init (--lora-init) or peft's default. A LoRA checkpoint's adapters
+  // come with it unless strata.lora.init names others.
+  bool adapters_loaded = false;
   if (!init_dir.empty()) {
-    load_checkpoint_weights(*engine, *comm, init_dir);  // each rank reads its slice of the masters
+    const size_t base_groups = static_cast<size_t>(shape.layers) + 2;
+    adapters_loaded = shape.has_lora() && checkpoint_model_groups(read_checkpoint_info(init_dir)).size() > base_groups;
+    // each rank reads its slice of the masters
+    load_checkpoint_weights(*engine, *comm, init_dir, shape.has_lora() && !adapters_loaded ? base_groups : SIZE_MAX);
     if (rank == 0) log::info("initialised from the weights of " + init_dir + " (fresh optimizer, step 0)");
+  }
+  if (shape.has_lora() && start_dir.empty() && (!adapters_loaded || !cfg.strata.lora.init.empty())) {
+    write_lora_groups(*engine, source, shape, lora_start_values(shape, cfg.strata.lora.init, cfg.strata.seed));
+    if (rank == 0)
+      log::info(cfg.strata.lora.init.empty() ? std::string("LoRA adapters start as peft's default (A kaiming-uniform, B zero)")
+                                             : "LoRA adapters start from " + cfg.strata.lora.init);
   }
   res.first_step = start.step;
   DataPosition pos = start.pos;

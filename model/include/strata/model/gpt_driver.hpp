@@ -10,9 +10,12 @@
 // (parameter and gradient buffers are the WeightSource's, of its dtype(), untyped here)
 //   void embed(const void* w, int B, int T)                  // residual[0] from the loaded inputs
 //   void block_forward(int l, ParamView& w, bool keep_output, int B, int T)
-//   double head(const void* wf, const void* wte, long bt, void* dwte, void* dlnf, float loss_scale)
-//                                             // loss; backward (of loss x loss_scale) when dlnf;
+//   double head(const void* wf, const void* wte, long bt, void* dwte, void* dlnf, float loss_scale, bool backward)
+//                                             // loss; with backward, the final residual's gradient
+//                                             // (of loss x loss_scale) and, when dlnf, the weights';
 //                                             // wte and dwte null for an untied head (in wf)
+//   void bind_adapters(const void* a, void* ga) // LoRA: block l's adapter group (and its gradient, in
+//                                             // backward) for the block calls that follow; null: none
 //   void block_backward(int l, ParamView& w, GradView& grad, int B, int T)
 //   void embed_backward(void* g0, int B, int T)
 //   void last_logits(const void* wf, const void* wte, int len, float* host_out)
@@ -31,6 +34,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "strata/core/error.hpp"
 #include "strata/model/gpt.hpp"
@@ -55,12 +59,16 @@ inline void check_precision(const WeightSource& ws, const GptOptions& o) {
                 to_string(ws.dtype()) + "; build the model with GptOptions::precision = the source's dtype()");
 }
 
-// The embeddings and the final group are read through one pointer: whole (one part).
+// The embeddings, the final group and LoRA's adapter groups are read through one
+// pointer: whole (one part).
 inline void check_whole_ends(const WeightSource& ws, const GptShape& s) {
-  for (int g : {gpt_embeddings_group(), gpt_final_group(s)})
+  std::vector<int> whole = {gpt_embeddings_group(), gpt_final_group(s)};
+  for (int l = 0; s.has_lora() && l < s.layers; ++l) whole.push_back(gpt_lora_group(s, l));
+  for (int g : whole)
     if (ws.num_parts(g) != 1)
       throw Error("the weight source gathers group " + std::to_string(g) + " in " + std::to_string(ws.num_parts(g)) +
-                  " parts; the model reads the embeddings and the final group whole (only blocks may have parts)");
+                  " parts; the model reads the embeddings, the final group and the adapters whole (only blocks may "
+                  "have parts)");
 }
 
 inline void check_checkpoint_options(const GptOptions& o) {
@@ -103,8 +111,12 @@ void gpt_forward_blocks(M& m, WeightSource& ws, const GptShape& s, ActivationSto
     const int g = gpt_block_group(l);
     if (cp) m.bind_resid(l + 1, static_cast<float*>(cp->begin_write(l + 1)));
     ParamView w(ws, g);
+    const int lg = s.has_lora() ? gpt_lora_group(s, l) : -1;
+    m.bind_adapters(lg >= 0 ? ws.acquire_params(lg) : nullptr, nullptr);
     m.block_forward(l, w, true, B, T);
     m.release(w);
+    if (lg >= 0) m.release(ws, lg);
+    m.bind_adapters(nullptr, nullptr);
     if (cp) cp->end_forward(l, keep);
   }
 }
@@ -127,7 +139,10 @@ long gpt_forward_batch(M& m, WeightSource& ws, const GptShape& s, const GptOptio
 // Acquires 0, 1..L, L+1, 0, then L..1 (gpt_schedule); hands in L+1, L..1, then 0, whose
 // gradient buffer is held from the head (tied weights) to the embedding backward. An
 // untied head is in L+1: group 0 is not acquired for it, and its gradient buffer is asked
-// for at the embedding backward.
+// for at the embedding backward. With LoRA the base is frozen (no gradient buffer of group
+// 0, L+1 or any block is asked for; the embedding backward does not run): each block's
+// adapter group is acquired after the block, and its gradient handed in after the block's
+// backward.
 template <class M>
 double gpt_forward_backward(M& m, WeightSource& ws, const GptShape& s, const GptOptions& o, const int32_t* inputs,
                             const int32_t* targets, float loss_scale) {
@@ -135,30 +150,42 @@ double gpt_forward_backward(M& m, WeightSource& ws, const GptShape& s, const Gpt
   const long bt = gpt_forward_batch(m, ws, s, o, inputs, targets, cp, true);
   const int B = o.micro_batch, T = s.seq_len;
   const int ge = gpt_embeddings_group(), gf = gpt_final_group(s);
-  const bool tied = s.tied();
+  const bool tied = s.tied(), frozen = s.has_lora();
   const void* wf = ws.acquire_params(gf);
   const void* wte = tied ? ws.acquire_params(ge) : nullptr;
-  void* g0 = tied ? ws.gradient_buffer(ge) : nullptr;  // held until the embedding backward at the end
-  void* gfin = ws.gradient_buffer(gf);
-  const double loss = m.head(wf, wte, bt, g0, gfin, loss_scale);
+  void* g0 = tied && !frozen ? ws.gradient_buffer(ge) : nullptr;  // held until the embedding backward at the end
+  void* gfin = frozen ? nullptr : ws.gradient_buffer(gf);
+  const double loss = m.head(wf, wte, bt, g0, gfin, loss_scale, true);
   if (tied) m.release(ws, ge);
   m.release(ws, gf);
   if (cp) cp->end_forward(s.layers, false);
-  m.ready(ws, gf);
+  if (!frozen) m.ready(ws, gf);
   for (int l = s.layers - 1; l >= 0; --l) {
     const int g = gpt_block_group(l);
     if (cp) m.bind_resid(l, static_cast<float*>(const_cast<void*>(cp->read(l))));
     ParamView w(ws, g);
+    const int lg = frozen ? gpt_lora_group(s, l) : -1;
+    const void* la = frozen ? ws.acquire_params(lg) : nullptr;
+    m.bind_adapters(la, nullptr);
     if (o.checkpointing != ActivationCheckpointing::None) {
       m.block_forward(l, w, false, B, T);  // recompute
       w.restart();
     }
-    GradView grad(ws, g);
+    GradView grad(ws, g);  // unused when frozen: no element of it is asked for
+    if (frozen) m.bind_adapters(la, ws.gradient_buffer(lg));
     m.block_backward(l, w, grad, B, T);
     m.release(w);
+    if (frozen) {
+      m.release(ws, lg);
+      m.bind_adapters(nullptr, nullptr);
+    }
     if (cp) cp->finish(l);
-    m.ready(grad);
+    if (frozen)
+      m.ready(ws, lg);
+    else
+      m.ready(grad);
   }
+  if (frozen) return loss;
   m.embed_backward(tied ? g0 : ws.gradient_buffer(ge), B, T);
   m.ready(ws, ge);
   return loss;
@@ -172,7 +199,7 @@ double gpt_forward_loss(M& m, WeightSource& ws, const GptShape& s, const GptOpti
   const int ge = gpt_embeddings_group(), gf = gpt_final_group(s);
   const void* wf = ws.acquire_params(gf);
   const void* wte = s.tied() ? ws.acquire_params(ge) : nullptr;
-  const double loss = m.head(wf, wte, bt, nullptr, nullptr, 1.0f);
+  const double loss = m.head(wf, wte, bt, nullptr, nullptr, 1.0f, false);
   if (s.tied()) m.release(ws, ge);
   m.release(ws, gf);
   if (cp) cp->end_forward(s.layers, false);

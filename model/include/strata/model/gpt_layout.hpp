@@ -16,6 +16,8 @@
 //                            Llama: input_layernorm, q/k/v_proj, o_proj, post_attention_layernorm,
 //                                   gate_proj, up_proj, down_proj
 //   L + 1      "final"       GPT-2: ln_f   Llama: norm, and lm_head [vocab, d] when untied
+//   L + 2 + l  "lora.l"      with LoRA (GptShape::lora, strata.lora) only: block l's adapters,
+//                            A [rank, in] and B [out, rank] per adapted linear (peft's layout)
 // Linear weights are stored [out, in], row-major (torch.nn.Linear's layout; y = x W^T + b).
 // GPT-2 checkpoints store them [in, out] (Conv1D): `transposed_in_gpt2` says which. Names
 // are GPT-2's (without "transformer.") and Hugging Face Llama's (with "model.").
@@ -39,6 +41,21 @@ inline constexpr double kMaxParams = 1e15;   // 30 times `strata plan`'s gpt-32t
 enum class Arch { Gpt2 = 0, Llama = 1 };
 const char* arch_name(Arch a);  // "gpt2", "llama"
 
+// LoRA (strata.lora; peft's LoraConfig): each adapted linear of every block gains
+// y += (alpha / rank) (x A^T) B^T, A [rank, in], B [out, rank]; the base model is frozen
+// and only the adapters train (their own groups, "lora.l"). The targets are peft's module
+// names (lora_modules): Llama's q_proj, k_proj, v_proj (rows of the one fused q/k/v
+// matmul here), o_proj, gate_proj, up_proj (rows of the fused gate/up matmul), down_proj;
+// GPT-2's c_attn (the whole fused q/k/v), c_proj (both attn.c_proj and mlp.c_proj, as
+// peft matches it) and c_fc.
+struct LoraSpec {
+  int rank = 0;          // 0: no adapters
+  double alpha = 0;      // the scale is alpha / rank
+  uint32_t targets = 0;  // bit i: lora_modules(arch)[i]
+  double scale() const { return rank > 0 ? alpha / rank : 0.0; }
+  bool operator==(const LoraSpec&) const = default;
+};
+
 struct GptShape {
   int layers = 4;
   int d_model = 128;
@@ -52,6 +69,7 @@ struct GptShape {
   double rope_theta = 10000;   // rotary base (Hugging Face's rope_theta)
   double norm_eps = 1e-5;      // RMSNorm's epsilon (rms_norm_eps); GPT-2's LayerNorm has 1e-5
   bool tied_head = false;      // Llama: lm_head is embed_tokens (tie_word_embeddings); GPT-2: always
+  LoraSpec lora;               // adapters on a frozen base (rank 0: none, the whole model trains)
 
   int head_dim() const { return d_model / heads; }
   int kv() const { return kv_heads > 0 ? kv_heads : heads; }  // key/value heads
@@ -59,6 +77,7 @@ struct GptShape {
   int ffn_dim() const;                                         // the MLP's width, ffn resolved
   bool llama() const { return arch == Arch::Llama; }
   bool tied() const { return arch == Arch::Gpt2 || tied_head; }
+  bool has_lora() const { return lora.rank > 0; }
   bool operator==(const GptShape&) const = default;
 };
 
@@ -82,7 +101,9 @@ struct ModelDifference {
 // on the positions both have. Empty: the same model.
 std::vector<ModelDifference> model_differences(const GptShape& a, const GptShape& b);
 
-enum class GptInit { Normal, Zeros, Ones };
+// KaimingUniform: peft's LoRA A, torch's kaiming_uniform_(a = sqrt(5)): uniform in
+// +-1 / sqrt(in) (the runtime writes it: lora_init_values).
+enum class GptInit { Normal, Zeros, Ones, KaimingUniform };
 
 struct GptTensor {
   std::string name;             // GPT-2 name, e.g. "h.3.attn.c_attn.weight"
@@ -131,6 +152,25 @@ LlamaBlockLayout llama_block_layout(const GptShape& s);
 // product); cos and sin [seq_len, hd / 2] of it (both backends' models use these).
 void rope_tables(const GptShape& s, float* cos_out, float* sin_out);
 
+// peft's target names an architecture's blocks offer, in bit order (LoraSpec::targets).
+const std::vector<std::string>& lora_modules(Arch a);
+// "q_proj, v_proj": the targets of a mask, for messages and adapter_config.json.
+std::vector<std::string> lora_target_names(Arch a, uint32_t targets);
+
+// One adapted linear of a block: where its base weight is, which of the fused matmul's
+// output columns it adapts, and where its A and B lie in the block's adapter group.
+struct LoraSite {
+  std::string module;   // Hugging Face's path inside a block: "self_attn.q_proj", "attn.c_attn"
+  int target = 0;       // its bit in LoraSpec::targets
+  uint64_t weight = 0;  // offset of the (fused) base weight in the block group
+  int col0 = 0;         // first output column of the fused matmul this adapter adds to
+  int out = 0, in = 0;  // its output and input width
+  uint64_t a = 0, b = 0;  // offsets in the adapter group: A [rank, in], B [out, rank]
+};
+// The adapted linears of a block in the adapter group's order (empty without LoRA).
+std::vector<LoraSite> lora_sites(const GptShape& s);
+uint64_t lora_group_numel(const GptShape& s);
+
 // Throws ConfigError when the shape cannot work (heads not dividing d_model, ...).
 void validate(const GptShape& s);
 
@@ -141,9 +181,11 @@ uint64_t gpt_param_count(const GptShape& s);
 inline int gpt_embeddings_group() { return 0; }
 inline int gpt_block_group(int layer) { return 1 + layer; }
 inline int gpt_final_group(const GptShape& s) { return s.layers + 1; }
+inline int gpt_lora_group(const GptShape& s, int layer) { return s.layers + 2 + layer; }
 
 // The order in which one forward + backward acquires groups:
 //   0, 1..L, L+1, 0 (tied output head; forward and backward of the loss), L..1
+// (with LoRA, each block's adapter group right after the block, both ways)
 // (the final norm's forward and backward both run while L+1 and 0 are held; the
 // embedding backward needs no weights, only the gradient buffer of group 0). An untied
 // head is in L+1: 0, 1..L, L+1, L..1.

@@ -73,6 +73,14 @@ struct DataConfig {
   std::string format = "auto";       // "auto", "text", "tokens"
 };
 
+// strata.lora as written (the shape's LoraSpec, strata.model.lora, is resolved from it).
+struct LoraSection {
+  bool enabled = false;              // the section is present
+  int rank = 8;                      // peft's r
+  double alpha = 8;                  // peft's lora_alpha; scale alpha / rank
+  std::string init;                  // a peft adapter directory to start from ("" = peft's default init)
+};
+
 struct StrataSection {
   Backend backend = Backend::Cpu;
   uint64_t device_budget = 1ull << 30;   // bytes
@@ -85,7 +93,8 @@ struct StrataSection {
   uint64_t tile_size = 0;                // elements: larger block linears tiled to at most this (gpt_parts); 0: off
   uint64_t seed = 1234;
   std::string trace;                     // Chrome trace output path ("" = off)
-  ModelShape model;
+  ModelShape model;                      // its `lora` from strata.lora
+  LoraSection lora;
   DataConfig data;
   int steps = 100;
   int checkpoint_every = 0;              // steps; 0 = off

@@ -182,7 +182,11 @@ CheckpointInfo load_checkpoint(ZeroEngine& engine, coll::Communicator& host, con
 // its slice of the checkpoint's fp32 master weights (only those bytes); the Adam moments
 // start at zero, the step and optimizer step counts at 0. Groups must match as in
 // load_checkpoint.
-CheckpointInfo load_checkpoint_weights(ZeroEngine& engine, coll::Communicator& host, const std::string& dir);
+// first_groups: only the engine's first that many model groups are loaded, and the
+// checkpoint must hold exactly those (a LoRA run from its base model's checkpoint: the
+// adapter groups after them keep their start).
+CheckpointInfo load_checkpoint_weights(ZeroEngine& engine, coll::Communicator& host, const std::string& dir,
+                                       size_t first_groups = SIZE_MAX);
 
 // A checkpoint made without an engine (`strata import`), written as saves write one:
 // root/.step-00000000.tmp, fsynced, renamed to root/step-00000000. Rank 0 locks root

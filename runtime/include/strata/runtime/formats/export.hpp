@@ -83,4 +83,13 @@ ExportSummary export_hf(const std::string& checkpoint, const std::string& out, b
                         std::optional<DType> dtype = std::nullopt, uint64_t shard_bytes = 5'000'000'000ull,
                         OutOfRange out_of_range = OutOfRange::Refuse);
 
+// `strata export --format peft`: a LoRA checkpoint's adapters as peft saves them, which
+// PeftModel.from_pretrained(base, out) loads: adapter_model.safetensors (peft's names,
+// e.g. base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight [r, in]) and
+// adapter_config.json (r, lora_alpha, target_modules; formats/peft.hpp). `out` as for
+// export_hf. A checkpoint without adapters is a ConfigError. (`--format hf` of a LoRA
+// checkpoint writes the base with the adapters merged: W + alpha / r B A.)
+ExportSummary export_peft(const std::string& checkpoint, const std::string& out, bool overwrite,
+                          std::optional<DType> dtype = std::nullopt);
+
 }  // namespace strata
