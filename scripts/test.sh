@@ -26,7 +26,9 @@ if [[ "${STRATA_SANITIZE:-0}" != 1 ]]; then
   exit 0
 fi
 
-# Under the sanitizers (several times slower) the longest tests are left out: they repeat
+# Under the sanitizers (several times slower) the longest tests are left out (and the
+# label "peers": DeepSpeed's step in Python beside a tiny run, nothing of Strata's code
+# that test_bench_cli does not run): they repeat
 # code paths shorter tests cover there (4 ranks where gpt.mpi.np2 and engine.mpi.np2 run 2;
 # 100x-budget training; 200 steps; the matmul peak measurement; the speculative
 # optimizer's bf16 GPT cases, whose code paths engine.mpi.np2 runs in bf16 and
@@ -42,6 +44,6 @@ exclude=(-E '^(gpt\.mpi\.np4|engine\.mpi\.np4|Train\.StatesHundredTimesTheDevice
 # first pass does without it (Strata reads no PCI object, only OS devices, with /sys/block
 # for disks hwloc does not list; the ordinary build loads every plugin).
 echo "== tests without MPI processes (frame-pointer unwinding; hwloc's pci plugin not loaded)"
-ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}" HWLOC_PLUGINS_BLACKLIST=hwloc_pci run_ctest -LE mpi "${exclude[@]}"
+ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}" HWLOC_PLUGINS_BLACKLIST=hwloc_pci run_ctest -LE 'mpi|peers' "${exclude[@]}"
 echo "== tests with MPI processes (full unwinding of every allocation)"
 ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:fast_unwind_on_malloc=0}" run_ctest -L mpi "${exclude[@]}"
