@@ -308,9 +308,12 @@ void report_peers(const Bench& b, Report& rep) {
     for (const auto& [id, info] : ran.items()) {
       if (!info.contains("deepspeed")) continue;
       line += " DeepSpeed " + info.value("deepspeed", std::string("?")) +
-              ": ZeRO-3 with no persistent parameters, Strata's 16M-element sub-groups and AdamW settings, " +
-              info.value("optimizer", std::string("?")) + ", DeepSpeed's default aio settings, its NVMe swap "
-              "files in --dir beside Strata's.";
+              ": ZeRO-3 with Strata's 16M-element sub-groups and AdamW settings, " +
+              info.value("optimizer", std::string("?")) + "; ZeRO-Offload with no persistent parameters and "
+              "60M-element prefetches as Strata; ZeRO-Infinity with Hugging Face's \"auto\" prefetch bucket and "
+              "persistence threshold (0.9 d^2, 10 d elements), parameters released after use and 8 swap buffers "
+              "(with Strata's settings DeepSpeed stops: not enough swap buffers), DeepSpeed's default aio settings, "
+              "its swap files in --dir beside Strata's.";
       break;
     }
     if (ran.contains("fsdp2"))

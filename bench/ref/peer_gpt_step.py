@@ -109,11 +109,18 @@ def init_world(torch, device):
         torch.cuda.set_device(0)
 
 
-def deepspeed_config(args):
+def deepspeed_config(args, largest_param):
     """ZeRO-3 as Strata's engine is set up in bench step (bench/bench_step.cpp
     engine_options): no persistent parameters, 16M-element sub-groups, 60M-element
     prefetch buckets; with offload, DeepSpeed's documented settings for ZeRO-Offload and
-    ZeRO-Infinity."""
+    ZeRO-Infinity. ZeRO-Infinity takes one swap buffer per parameter in flight: with no
+    persistent parameters and 60M-element prefetches DeepSpeed 0.19.8 stops at the first
+    step ("Not enough swap in buffers 0 for 1 params", 124M GPT, 5 buffers), so it runs
+    with Hugging Face's "auto" values (prefetch bucket 0.9 d^2, parameters under 10 d
+    elements persistent), every parameter released after use (stage3_max_reuse_distance
+    0; the default keeps parameters reused soon, each holding a buffer, and the second step
+    stops the same way) and 8 buffers the size of the largest parameter."""
+    d = args.d_model
     zero = {
         "stage": 3,
         "stage3_param_persistence_threshold": 0,
@@ -125,10 +132,13 @@ def deepspeed_config(args):
     if args.peer == "deepspeed-offload":
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": args.device == "cuda"}
     else:
+        zero["stage3_prefetch_bucket_size"] = int(0.9 * d * d)
+        zero["stage3_param_persistence_threshold"] = 10 * d
+        zero["stage3_max_reuse_distance"] = 0  # release each parameter after use: it holds a swap buffer
         zero["offload_optimizer"] = {"device": "nvme", "nvme_path": args.nvme_dir, "pin_memory": args.device == "cuda",
                                      "buffer_count": 4, "fast_init": False}
         zero["offload_param"] = {"device": "nvme", "nvme_path": args.nvme_dir, "pin_memory": args.device == "cuda",
-                                 "buffer_count": 5, "buffer_size": 100_000_000, "max_in_cpu": 0}
+                                 "buffer_count": 8, "buffer_size": largest_param, "max_in_cpu": 0}
     config = {
         "train_micro_batch_size_per_gpu": args.micro_batch,
         "gradient_accumulation_steps": args.accum,
@@ -167,7 +177,7 @@ def make_deepspeed(args, torch, model):
     import deepspeed.comm as dist
     dist.init_distributed(dist_backend="nccl" if args.device == "cuda" else "gloo", verbose=False)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                           config=deepspeed_config(args))
+                                           config=deepspeed_config(args, max(p.numel() for p in model.parameters())))
 
     def step():
         loss = None
