@@ -13,6 +13,9 @@
 // --gpu-optimizer adds the states on the GPU, stepped there), the model is GptCuda with
 // NCCL over the one GPU, and PyTorch's step runs beside it wholly on the GPU (fused AdamW),
 // in fp32 and in the 16-bit precision asked for.
+// --peers runs what a user who needs offload would pick instead (DeepSpeed ZeRO-Offload and
+// ZeRO-Infinity, FSDP2 with CPU offload; step_peers.hpp) beside them, each in its own process
+// in the precision asked for; step_report.cpp reports the run.
 #include <cstdio>
 #include <cerrno>
 #include <cstring>
@@ -29,6 +32,8 @@
 #include "strata/bench/commands.hpp"
 #include "strata/bench/reference_process.hpp"
 #include "strata/bench/report.hpp"
+#include "strata/bench/step_peers.hpp"
+#include "step_bench.hpp"
 #include "strata/collectives/communicator.hpp"
 #include "strata/collectives/nccl.hpp"
 #include "strata/core/clock.hpp"
@@ -43,112 +48,20 @@
 #include "strata/runtime/engine/zero_engine.hpp"
 #include "strata/runtime/train/step_driver.hpp"
 
-#ifndef STRATA_TORCH_GPT_STEP_SCRIPT
-#define STRATA_TORCH_GPT_STEP_SCRIPT "bench/ref/torch_gpt_step.py"
-#endif
-
 namespace strata::bench {
+
+using step::Bench;
+using step::Setup;
+using step::StepArgs;
+using step::nvme_bytes;
 
 namespace {
 
-struct StepArgs {
-  GptShape shape{12, 768, 12, 256, 50257};  // GPT-2 small's shape, 124M parameters
-  int micro_batch = 4;   // 1024-row matmuls: sgemm near its peak
-  int accum = 4;         // 4096 tokens per optimizer step
-  int reps = 3;
-  int warmup = 1;
-  int lead_in = 1;       // untimed steps of a configuration right before each of its timed ones
-  bool checkpointing = false;
-  bool cpu_checkpointing = false;  // each engine configuration also with the checkpoints in pinned memory
-  std::string dir = ".";
-  std::string memory_budget = "6G";      // device budget of the in-memory run
-  std::string device_budget = "1G";      // of the offloaded run
-  std::string pinned_budget = "1G";      // of the offloaded run
-  std::string backend = "cpu";
-  std::string precision = "f32";  // 16 bits: beside fp32, and beside PyTorch autocast
-  bool f32_beside = true;         // with 16 bits: the fp32 configurations too
-  bool nvme = true;               // the NVMe configuration too
-  bool checksums = false;         // xxHash of every NVMe extent, verified on read (strata.checksums)
-  bool speculative = false;       // each engine configuration also with the speculative optimizer
-  bool speculation_inline = false;  // its updates on the model's thread, not the optimizer lane
-  bool gpu_optimizer = false;     // cuda: also parameters and optimizer states on the GPU (the GPU optimizer)
-  unsigned optimizer_threads = 0;  // CPU Adam's threads (EngineOptions::optimizer_threads); 0: every core
-  double ratio = 0.5;             // with gpu_optimizer: also offload_optimizer.ratio this (CPU share), concurrently
-  bool torch = true;              // the PyTorch reference (cpu backend, 16 bits)
-  bool layout = false;            // print each configuration's resolved layout; time nothing
-  std::string python = "/usr/bin/python3";
-  std::string torch_script = STRATA_TORCH_GPT_STEP_SCRIPT;
-  std::string trace;  // Chrome trace of one configuration's engine (see the options lambda)
-  OutputOptions out;
-};
-
-struct Setup {
-  std::string label;
-  DType precision = DType::F32;
-  bool nvme = false;
-  bool speculative = false;            // strata.speculative_optimizer
-  bool gpu_optimizer = false;          // states on the GPU, stepped there (offload_optimizer none)
-  double ratio = 1.0;                  // offload_optimizer.ratio: below 1, that share on the CPU, the rest on the GPU
-  bool cpu_checkpointing = false;      // activation_checkpointing.cpu_checkpointing
-  bool torch = false;                  // the PyTorch reference: no engine, it times its own step
-  bool traced = false;                 // its engine writes --trace
-  std::unique_ptr<ZeroEngine> engine;
-  GptModel* model = nullptr;
-  std::vector<double> seconds, exposed, optimizer, nvme_read, nvme_written, cpu;
-};
-
-uint64_t nvme_bytes(const StoreStats& st, bool read) {
-  uint64_t b = 0;
-  for (int t = 0; t < kTierCount; ++t)
-    b += read ? st.bytes_moved[static_cast<int>(Tier::Nvme)][t] : st.bytes_moved[t][static_cast<int>(Tier::Nvme)];
-  return b;
-}
-
-// What a run of bench step holds beside the arguments: the machine, the precisions and
-// their peaks, the configurations. Members are destroyed in the reverse of this order: the
-// models after the engines that drive them, the device after everything on it.
-struct Bench {
-  explicit Bench(const StepArgs& args) : a(args) {}
-  const StepArgs& a;
-  std::filesystem::path swap;  // the NVMe configurations' swap files
-  Backend backend = Backend::Cpu;
-  bool cuda = false;
-  DType precision = DType::F32;  // --precision
-  bool sixteen = false;          // 16 bits asked for
-  std::unique_ptr<Device> device;
-  std::unique_ptr<coll::Communicator> comm;
-  std::unique_ptr<coll::Communicator> nccl;  // device buffers on cuda are GPU memory
-  Progress progress{"bench step"};
-  std::unique_ptr<ReferenceProcess> torch;
-  unsigned threads = 1;
-  std::vector<DType> precisions;  // fp32, and the 16-bit precision beside it when asked for
-  std::vector<double> peaks;      // matmul peak of each precision, FLOP/s
-  uint64_t params = 0;
-  std::vector<GroupSpec> specs;
-  std::vector<GroupSize> sizes;
-  std::string memory_label;
-  std::vector<Setup> setups;
-  std::vector<std::unique_ptr<GptModel>> models;  // one per precision
-  trace::Recorder* recorder = nullptr;            // the traced engine's
-  uint64_t tokens = 0;                            // per optimizer step
-
-  coll::Communicator& dev_comm() { return nccl ? *nccl : *comm; }
-  double peak_of(DType p) const { return peaks[p == precisions.front() ? 0 : 1]; }
-  // The setup a row is compared with: same configuration in memory (offload cost), and
-  // the same configuration in fp32 (what the precision buys).
-  const Setup* find(bool nvme, DType p, bool speculative = false, bool gpu_optimizer = false, double ratio = 1.0,
-                    bool cpu_ckpt = false) const {
-    for (const Setup& s : setups)
-      if (s.engine && s.nvme == nvme && s.precision == p && s.speculative == speculative &&
-          s.gpu_optimizer == gpu_optimizer && s.ratio == ratio && s.cpu_checkpointing == cpu_ckpt)
-        return &s;
-    return nullptr;
-  }
-};
 
 // The arguments, before minutes of work.
 void check_args(const StepArgs& a) {
-  check_output_options(a.out, {{a.python, "--python"}, {a.torch_script, "--torch-script"}}, {{a.trace, "--trace"}});
+  check_output_options(a.out, {{a.python, "--python"}, {a.torch_script, "--torch-script"}, {a.peer_script, "--peer-script"}},
+                       {{a.trace, "--trace"}});
   validate(a.shape);
   std::error_code ec;
   if (!std::filesystem::is_directory(a.dir, ec))
@@ -195,6 +108,17 @@ void open_machine(Bench& b) {
         "bench step: the PyTorch reference",
         "it needs a Python with torch: --python names another Python; --no-torch measures without it");
   }
+
+  // The peers, each in its own process, in the precision asked for (a peer that cannot
+  // start is skipped with its reason, said now and under the table).
+  if (!a.layout)
+    for (PeerKind k : peer_kinds(a.peers, a.nvme)) {
+      b.progress.show(std::string("starting ") + peer_title(k) + " (DeepSpeed builds its ops on first use: minutes)");
+      b.peers.push_back(start_peer(k, {a.shape, a.micro_batch, a.accum, b.threads, b.precision, b.cuda, a.python,
+                                       a.peer_script, b.swap / peer_id(k)}));
+      if (!b.peers.back().skipped.empty())
+        std::fprintf(stderr, "bench step: %s skipped: %s\n", peer_title(k).c_str(), b.peers.back().skipped.c_str());
+    }
 
   // fp32, and the 16-bit precision beside it when asked for (alone with --no-f32).
   if (!b.sixteen || a.f32_beside) b.precisions.push_back(DType::F32);
@@ -311,6 +235,15 @@ std::vector<Setup> make_setups(const Bench& bench) {
         }
       }
     }
+  // The peers (before PyTorch: report_ratios finds PyTorch's row last).
+  for (size_t i = 0; i < bench.peers.size(); ++i) {
+    if (!bench.peers[i].process) continue;
+    Setup s;
+    s.label = peer_title(bench.peers[i].kind) + (sixteen ? std::string(", ") + precision_name(precision) : "");
+    s.precision = precision;
+    s.peer = static_cast<int>(i);
+    setups.push_back(std::move(s));
+  }
   if (bench.torch) {
     Setup s;
     s.label = std::string(cuda ? "PyTorch on the GPU, " : "PyTorch, ") +
@@ -332,7 +265,7 @@ EngineAblation ablation_of(const StepArgs& a) {
 // would run by, in the form strata plan prints them; nothing is built or timed.
 void print_layouts(const Bench& b) {
   for (const Setup& s : b.setups) {
-    if (s.torch) continue;
+    if (s.torch || s.peer >= 0) continue;
     const EngineOptions o = engine_options(b, s.nvme, s.precision, s.speculative, s.gpu_optimizer, s.ratio, s.cpu_checkpointing);
     const ResolvedLayout r = resolve(o, ablation_of(b.a), b.sizes, 1, device_traits(*b.device));
     std::printf("configuration: %s\n%s\n", s.label.c_str(), r.describe().c_str());
@@ -349,7 +282,7 @@ void build_engines(Bench& b) {
   // The traced engine's recorder is the process's active one from its construction on;
   // the other configurations' steps, run in between, are kept out of it.
   for (Setup& s : b.setups) {
-    if (s.torch) continue;
+    if (s.torch || s.peer >= 0) continue;
     b.progress.show("building " + s.label);
     const EngineOptions o = engine_options(b, s.nvme, s.precision, s.speculative, s.gpu_optimizer, s.ratio, s.cpu_checkpointing);
     s.traced = !o.trace_path.empty();
@@ -367,6 +300,16 @@ void time_one(Bench& b, Setup& s, bool warmup, const std::string& what, TokenBat
     const nlohmann::json got = b.torch->command("step");
     if (!got.contains("seconds")) throw Unavailable("bench step: the PyTorch reference failed: " + got.dump());
     if (!warmup) s.seconds.push_back(got["seconds"].get<double>());
+    return;
+  }
+  if (s.peer >= 0) {  // its lead-in too, as Strata's configurations have it: a peer's step follows one of its own
+    for (int k = 0; k < (warmup ? 0 : a.lead_in); ++k) step_peer(b.peers[s.peer]);
+    const PeerStep got = step_peer(b.peers[s.peer]);
+    if (warmup) return;
+    s.seconds.push_back(got.seconds);
+    s.nvme_read.push_back(got.read_bytes);
+    s.nvme_written.push_back(got.written_bytes);
+    s.peak_host.push_back(got.peak_host_bytes);
     return;
   }
   trace::set_active(s.traced ? b.recorder : nullptr);
@@ -414,243 +357,6 @@ void time_setups(Bench& b) {
   b.progress.done();
 }
 
-// The title, the run's configuration and the table's columns.
-Report report_head(const Bench& b) {
-  const StepArgs& a = b.a;
-  const uint64_t params = b.params, tokens = b.tokens;
-  const bool sixteen = b.sixteen;
-  const DType precision = b.precision;
-  const auto& device = b.device;
-  const unsigned threads = b.threads;
-  auto peak_of = [&b](DType p) { return b.peak_of(p); };
-  Report rep;
-  rep.benchmark = "step";
-  rep.title = "strata bench step: one training step of a " + std::to_string(params / 1'000'000) + "M-parameter GPT, " +
-              (sixteen ? std::string(precision_name(precision)) + (a.f32_beside ? " beside fp32, " : ", ") : std::string()) +
-              "in memory" +
-              (a.nvme ? " and offloaded to NVMe" : "") + " (ZeRO-3, " + a.backend + " backend on " +
-              device->description() + ")";
-  rep.config = {{"layers", a.shape.layers},   {"d_model", a.shape.d_model}, {"heads", a.shape.heads},
-                {"seq_len", a.shape.seq_len}, {"vocab", a.shape.vocab},     {"parameters", params},
-                {"micro_batch", a.micro_batch}, {"gradient_accumulation_steps", a.accum},
-                {"tokens_per_step", tokens},  {"reps", a.reps},             {"warmup", a.warmup}, {"lead_in", a.lead_in},
-                {"activation_checkpointing", a.checkpointing}, {"cpu_checkpointing", a.cpu_checkpointing},
-                {"dir", a.dir}, {"backend", a.backend},
-                {"precision", precision_name(precision)}, {"nvme", a.nvme}, {"threads", threads},
-                {"speculative", a.speculative},
-                {"speculation_inline", a.speculation_inline}, {"optimizer_threads", a.optimizer_threads},
-                {"fp32_beside", !sixteen || a.f32_beside}};
-  if (!sixteen || a.f32_beside) rep.config["matmul_peak_gflops"] = peak_of(DType::F32) / 1e9;
-  if (sixteen) rep.config[std::string("matmul_peak_gflops_") + precision_name(precision)] = peak_of(precision) / 1e9;
-  rep.table.columns = {{"label", "configuration", ""},       {"step_median_s", "step s", "%.3f"},
-                       {"spread", "spread", "%.2f"},          {"tokens_per_s", "tokens/s", "%.0f"},
-                       {"mfu", "MFU", "%.3f"},                {"exposed_transfer_s", "exposed s", "%.3f"},
-                       {"optimizer_s", "optimizer s", "%.3f"},  {"cpu_s", "CPU s", "%.2f"}};
-  if (a.nvme) {
-    rep.table.columns.push_back({"nvme_read_mib", "NVMe read MiB", "%.0f"});
-    rep.table.columns.push_back({"nvme_written_mib", "NVMe written MiB", "%.0f"});
-    rep.table.columns.push_back({"ratio_to_memory", "x in-memory", "%.3f"});
-  }
-  if (sixteen && a.f32_beside) rep.table.columns.push_back({"speedup_over_f32", "tokens/s x f32", "%.2f"});
-  return rep;
-}
-
-// A row per configuration.
-void report_rows(const Bench& b, Report& rep) {
-  const bool sixteen = b.sixteen;
-  const double flops = gpt_flops_per_token(b.a.shape) * static_cast<double>(b.tokens);
-  const uint64_t tokens = b.tokens;
-  const std::vector<Setup>& setups = b.setups;
-  auto find = [&b](auto... args) { return b.find(args...); };
-  auto peak_of = [&b](DType p) { return b.peak_of(p); };
-  for (const Setup& s : setups) {
-    const Summary t = summarize(s.seconds);
-    nlohmann::json row = {{"label", s.label},
-                          {"precision", precision_name(s.precision)},
-                          {"step_median_s", t.median},
-                          {"step_min_s", t.min},
-                          {"step_max_s", t.max},
-                          {"spread", t.spread()},
-                          {"tokens_per_s", static_cast<double>(tokens) / t.median},
-                          {"mfu", flops / t.median / peak_of(s.precision)},
-                          {"steps", to_json(t, s.seconds)}};
-    const Setup* f32 = s.engine ? find(s.nvme, DType::F32, s.speculative, s.gpu_optimizer, s.ratio, s.cpu_checkpointing) : find(false, DType::F32);
-    if (sixteen && f32) row["speedup_over_f32"] = summarize(f32->seconds).median / t.median;
-    if (s.engine) row["steps_run"] = s.engine->iterations();  // warm-up, lead-in and timed steps, by the engine's count
-    if (s.engine) {
-      const Summary e = summarize(s.exposed), o = summarize(s.optimizer);
-      const double ref = summarize(find(false, s.precision)->seconds).median;
-      row["exposed_transfer_s"] = e.median;
-      row["compute_s"] = t.median - e.median;
-      row["optimizer_s"] = o.median;
-      row["cpu_s"] = summarize(s.cpu).median;
-      row["reference_s"] = ref;
-      row["ratio_to_memory"] = t.median / ref;
-      row["nvme_read_mib"] = summarize(s.nvme_read).median / (1 << 20);
-      row["nvme_written_mib"] = summarize(s.nvme_written).median / (1 << 20);
-    } else {
-      row["compute_s"] = t.median;  // the plot's bar; nothing of it is transfer
-      row["exposed_transfer_s"] = 0.0;
-    }
-    rep.table.rows.push_back(std::move(row));
-  }
-}
-
-// What MFU, exposed and CPU s are measured against.
-void report_measures(const Bench& b, Report& rep) {
-  const StepArgs& a = b.a;
-  const bool sixteen = b.sixteen, cuda = b.cuda;
-  const DType precision = b.precision;
-  auto peak_of = [&b](DType p) { return b.peak_of(p); };
-  const std::string peak_f32 = cuda ? "cuBLAS sgemm (fp32, no TF32)" : cpu_sgemm_choice().name;
-  std::string mfu_note = "MFU: model FLOPs (6 x matmul parameters + causal attention, no recompute) per second over the "
-                         "measured matmul peak of the row's precision";
-  if (!sixteen || a.f32_beside)
-    mfu_note += ": fp32 against " + peak_f32 + " (" + std::to_string(static_cast<int>(peak_of(DType::F32) / 1e9)) + " GFLOP/s)";
-  if (sixteen)
-    mfu_note += std::string(a.f32_beside ? ", " : ": ") + precision_name(precision) + " against " +
-                (cuda ? "cublasGemmEx on the tensor cores" : "the 16-bit matmul the cpu model runs (oneDNN, or sgemm where it falls back)") +
-                " (" + std::to_string(static_cast<int>(peak_of(precision) / 1e9)) + " GFLOP/s)";
-  rep.notes.push_back(mfu_note + ".");
-  rep.notes.push_back("exposed: time the model waited for parameters and gradient buffers, plus the optimizer's wait "
-                      "for states from their tier (the speculative updates' during backward too); the rest of the step is compute (model and CPU Adam).");
-  rep.notes.push_back("CPU s: CPU seconds of every thread of the process per step (the copy and I/O threads and the optimizer lane "
-                      "included); against step s times the cores, it says how busy the cores were and what the offloaded step costs them.");
-}
-
-// The comparisons each option asks for: checkpoints pinned, the GPU optimizer, speculation.
-void report_options(const Bench& b, Report& rep) {
-  const StepArgs& a = b.a;
-  const std::vector<DType>& precisions = b.precisions;
-  const std::vector<Setup>& setups = b.setups;
-  auto find = [&b](auto... args) { return b.find(args...); };
-  if (a.checksums && a.nvme)
-    rep.notes.push_back("the NVMe configuration ran with strata.checksums on: every extent hashed (xxh3) when "
-                        "written and verified when read");
-  if (a.cpu_checkpointing) {
-    std::string line = "checkpoints in pinned memory (cpu_checkpointing) against on the device, step time:";
-    for (int nvme = 0; nvme < (a.nvme ? 2 : 1); ++nvme)
-      for (DType p : precisions) {
-        const Setup *on = find(nvme, p), *off = find(nvme, p, false, false, 1.0, true);
-        char b[192];
-        std::snprintf(b, sizeof b, " %s%s %.3f s against %.3f s (%.3fx);", nvme ? "NVMe " : "in memory ",
-                      precision_name(p), summarize(off->seconds).median, summarize(on->seconds).median,
-                      summarize(off->seconds).median / summarize(on->seconds).median);
-        line += b;
-      }
-    line.back() = '.';
-    rep.notes.push_back(line);
-  }
-  if (a.gpu_optimizer) {
-    std::string line = "GPU optimizer: the step with parameters and optimizer states on the GPU against the CPU Adam "
-                       "over pinned states:";
-    for (DType p : precisions) {
-      const Setup *g = find(false, p, false, true), *c = find(false, p), *r = find(false, p, false, false, a.ratio);
-      char b[256];
-      std::snprintf(b, sizeof b, " %s %.3f s against %.3f s, ratio %.2g %.3f s (optimizer %.3f / %.3f / %.3f s);",
-                    precision_name(p), summarize(g->seconds).median, summarize(c->seconds).median, a.ratio,
-                    summarize(r->seconds).median, summarize(g->optimizer).median, summarize(c->optimizer).median,
-                    summarize(r->optimizer).median);
-      line += b;
-    }
-    line.back() = '.';
-    rep.notes.push_back(line);
-  }
-  if (a.speculative) {
-    // What the speculative optimizer moved out of step(): its optimizer time (the sub-groups
-    // left for step(), or all of them again where the step was undone) against the plain row's.
-    nlohmann::json hidden = nlohmann::json::object();
-    std::string line = "speculative: optimizer s is what is left at step() (the last group, plus any step undone); "
-                       "of the plain row's optimizer time, moved into the backward pass:";
-    for (const Setup& s : setups) {
-      if (!s.engine || !s.speculative) continue;
-      const Setup* plain = find(s.nvme, s.precision, false, s.gpu_optimizer, s.ratio, s.cpu_checkpointing);
-      const double po = summarize(plain->optimizer).median, so = summarize(s.optimizer).median;
-      const double frac = po > 0 ? 1.0 - so / po : 0.0;
-      hidden[s.label] = frac;
-      char b[160];
-      std::snprintf(b, sizeof b, " %s %.0f%%, step %.3fx the plain one;", s.label.c_str(), 100 * frac,
-                    summarize(s.seconds).median / summarize(plain->seconds).median);
-      line += b;
-    }
-    line.back() = '.';
-    rep.notes.push_back(line);
-    rep.extra["optimizer_moved_into_backward"] = hidden;
-  }
-}
-
-// PyTorch's step and the 16-bit step against fp32 and PyTorch.
-void report_ratios(const Bench& b, Report& rep) {
-  const StepArgs& a = b.a;
-  const bool sixteen = b.sixteen, cuda = b.cuda;
-  const DType precision = b.precision;
-  const auto& torch = b.torch;
-  const std::vector<Setup>& setups = b.setups;
-  const std::string& memory_label = b.memory_label;
-  auto find = [&b](auto... args) { return b.find(args...); };
-  // Strata's step in memory in the reference's precision against PyTorch's.
-  auto torch_ratio = [&] { return summarize(setups.back().seconds).median / summarize(find(false, precision)->seconds).median; };
-  if (torch) {
-    rep.extra["torch"] = torch->info();
-    const std::string how =
-        sixteen ? std::string("under torch.autocast(\"") + (cuda ? "cuda" : "cpu") + "\", dtype=torch." +
-                      (precision == DType::BF16 ? "bfloat16" : "float16") + ")"
-                : std::string("in fp32 (no TF32)");
-    rep.notes.push_back("PyTorch " + torch->info().value("torch", std::string("?")) + " (" +
-                        (cuda ? torch->info().value("device", std::string("GPU")) + ", parameters, gradients and "
-                                                                                     "fused AdamW on the GPU"
-                              : std::to_string(torch->info().value("threads", 0)) + " threads") +
-                        ", attention: " + torch->info().value("attention", std::string("?")) +
-                        "): the same GPT and step (AdamW included) " + how + ", bench/ref/torch_gpt_step.py.");
-  }
-  if (torch && !sixteen) {
-    char b[200];
-    std::snprintf(b, sizeof b, "fp32 tokens/s over PyTorch's on the GPU: %.2fx (%s).", torch_ratio(),
-                  memory_label.c_str());
-    rep.notes.push_back(b);
-    rep.extra["ratios"] = {{"memory_tokens_per_s_over_torch", torch_ratio()}};
-  }
-  if (sixteen) {
-    nlohmann::json ratios = nlohmann::json::object();
-    auto two = [](double v) {
-      char b[32];
-      std::snprintf(b, sizeof b, "%.2f", v);
-      return std::string(b);
-    };
-    const Setup* mem16 = find(false, precision);
-    if (a.f32_beside)
-      ratios["memory_tokens_per_s_over_f32"] = summarize(find(false, DType::F32)->seconds).median / summarize(mem16->seconds).median;
-    if (a.nvme && a.f32_beside) {
-      const Setup *n32 = find(true, DType::F32), *n16 = find(true, precision);
-      ratios["nvme_tokens_per_s_over_f32"] = summarize(n32->seconds).median / summarize(n16->seconds).median;
-      const double b32 = summarize(n32->nvme_read).median + summarize(n32->nvme_written).median;
-      const double b16 = summarize(n16->nvme_read).median + summarize(n16->nvme_written).median;
-      if (b32 > 0) ratios["nvme_bytes_over_f32"] = b16 / b32;
-    }
-    if (torch) ratios["memory_tokens_per_s_over_torch"] = torch_ratio();
-    std::vector<std::string> parts;
-    if (ratios.contains("memory_tokens_per_s_over_f32")) {
-      std::string p = "tokens/s over fp32: " + two(ratios["memory_tokens_per_s_over_f32"].get<double>()) + "x in memory";
-      if (ratios.contains("nvme_tokens_per_s_over_f32"))
-        p += ", " + two(ratios["nvme_tokens_per_s_over_f32"].get<double>()) + "x with NVMe";
-      parts.push_back(p);
-    }
-    if (ratios.contains("nvme_bytes_over_f32"))
-      parts.push_back("NVMe bytes per step " + two(ratios["nvme_bytes_over_f32"].get<double>()) + " of fp32's");
-    if (ratios.contains("memory_tokens_per_s_over_torch"))
-      parts.push_back(std::string("tokens/s over PyTorch autocast") + (cuda ? " on the GPU" : "") + ": " +
-                      two(ratios["memory_tokens_per_s_over_torch"].get<double>()) + "x");
-    if (!parts.empty()) {
-      std::string line = precision_name(precision);
-      for (size_t i = 0; i < parts.size(); ++i) line += (i ? "; " : " ") + parts[i];
-      rep.notes.push_back(line + ".");
-    }
-    rep.extra["ratios"] = ratios;
-  } else if (a.torch && !cuda) {
-    rep.notes.push_back("fp32 only: --precision bf16 runs the 16-bit step beside it, and PyTorch autocast beside both.");
-  }
-}
-
 int run_bench_step(const StepArgs& a) {
   check_args(a);
   namespace fs = std::filesystem;
@@ -679,12 +385,7 @@ int run_bench_step(const StepArgs& a) {
   build_engines(b);
   time_setups(b);
 
-  Report rep = report_head(b);
-  report_rows(b, rep);
-  report_measures(b, rep);
-  report_options(b, rep);
-  report_ratios(b, rep);
-  emit(rep, a.out);
+  emit(step::step_report(b), a.out);
   return 0;
 }
 
@@ -755,6 +456,13 @@ void add_step(CLI::App& bench, Runner& run) {
               "budget decision its engine would run by, as strata plan prints it) and time nothing");
   s->add_option("--python", a.python, "Python with torch, for the PyTorch reference")->capture_default_str();
   s->add_option("--torch-script", a.torch_script, "The PyTorch reference script")->capture_default_str();
+  s->add_option("--peers", a.peers,
+                "Peers beside Strata, each its own process with --python, same GPT, tokens and precision: deepspeed "
+                "(ZeRO-3 with offload_optimizer cpu, and with params and optimizer on NVMe in --dir unless --no-nvme), "
+                "fsdp2 (fully_shard with CPUOffloadPolicy). One that cannot start is skipped with its reason")
+      ->delimiter(',')
+      ->check(CLI::IsMember(peer_names()));
+  s->add_option("--peer-script", a.peer_script, "The peers' script")->capture_default_str();
   add_output_options(*s, a.out, "step time of each configuration, split into compute and exposed transfer");
   s->callback([&run] { run = [] { return run_bench_step(a); }; });
 }

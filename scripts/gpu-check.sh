@@ -15,10 +15,24 @@
 #              python/tests/test_torch*.py with STRATA_TEST_BACKEND=cuda (the references on the GPU)
 #   lora7b     a LoRA step on Llama-2-7B's shape (random weights, r 16 on q/v, 2048 tokens, checkpointing):
 #              Strata with the base pinned, peft on plain PyTorch, FSDP2 with CPUOffloadPolicy (bench/ref/lora_step.py)
+#   peers      strata bench step --backend cuda --peers deepspeed,fsdp2: 124M bf16, Strata beside DeepSpeed
+#              ZeRO-Offload, ZeRO-Infinity (NVMe) and FSDP2 with CPUOffloadPolicy, within 8 minutes; the
+#              peers run with $STRATA_PEER_PYTHON (default python3), and one it cannot start is skipped
+#              with its reason in the table's notes
 # Usage: bash scripts/gpu-check.sh PART... (default: tests)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+known=(tests sanitize train bench bench1b lane copy peers torch lora7b)
+# The parts asked for are checked before anything is unpacked or run: a typo costs
+# nothing of the machine's time.
+for part in "$@"; do
+  case $part in
+  -h | --help) sed -n '2,/^# Usage/s/^# \{0,1\}//p' "$0"; exit 0 ;;
+  esac
+  [[ " ${known[*]} " == *" $part "* ]] ||
+    { echo "gpu-check.sh: unknown part '$part' (${known[*]})" >&2; exit 2; }
+done
 out=${OUT:-$root/gpu/out}
 mkdir -p "$out"
 g=/tmp/strata-gpu
@@ -138,6 +152,18 @@ for part in "${parts[@]}"; do
     run copy.log 120 "$B/strata" bench copy --backend cuda --sizes 1M,16M,256M --reps 5 --json "$out/bench-copy.json"
     tail -n 20 "$out/copy.log"
     ;;
-  *) echo "gpu-check.sh: unknown part $part (tests, sanitize, train, bench, bench1b, lane, copy)" >&2; exit 2 ;;
+  peers)
+    # 124M, bf16 alone, 4096 tokens per step: Strata in memory (CPU Adam over pinned states) and on NVMe,
+    # beside DeepSpeed ZeRO-3 with offload_optimizer cpu, with params and optimizer on NVMe (same --dir),
+    # and FSDP2 with CPUOffloadPolicy, each in its own process on the GPU (DS_ACCELERATOR=cuda). DeepSpeed
+    # builds cpu_adam and async_io with ninja on first use (minutes; async_io needs libaio-dev).
+    d=$(mktemp -d /tmp/strata-bench-XXXX)
+    DS_ACCELERATOR=cuda run peers.log 480 "$B/strata" bench step --backend cuda --dir "$d" --precision bf16 --no-f32 \
+      --peers deepspeed,fsdp2 --python "${STRATA_PEER_PYTHON:-$(command -v python3)}" --reps 3 --warmup 1 \
+      --json "$out/bench-peers.json"
+    rm -rf "$d"
+    tail -n 30 "$out/peers.log"
+    ;;
+  *) echo "gpu-check.sh: unknown part $part (${known[*]})" >&2; exit 2 ;;
   esac
 done

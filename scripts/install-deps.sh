@@ -12,6 +12,9 @@ pkgs=(
   fio fortunes
   python3 python3-numpy python3-matplotlib python3-torch python3-venv python3-pip
   pybind11-dev python3-pybind11 python3-dev
+  # libaio's header and libaio.so: DeepSpeed builds its async_io op (ZeRO-Infinity's NVMe
+  # swapping, `strata bench step --peers deepspeed`) against them; libaio1 alone has neither.
+  libaio-dev
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -22,11 +22,17 @@ run_ctest() {
 }
 
 if [[ "${STRATA_SANITIZE:-0}" != 1 ]]; then
-  run_ctest
+  # The label "peers" (test_bench_peers: DeepSpeed's real step beside Strata's) runs only
+  # with STRATA_TEST_PEERS=1: DeepSpeed builds its cpu_adam and async_io ops at first use,
+  # which took 15 minutes on this 2-core machine and would dwarf a CI run; once built
+  # (TORCH_EXTENSIONS_DIR keeps them), the test takes about 40 s.
+  if [[ "${STRATA_TEST_PEERS:-0}" == 1 ]]; then run_ctest; else run_ctest -LE peers; fi
   exit 0
 fi
 
-# Under the sanitizers (several times slower) the longest tests are left out: they repeat
+# Under the sanitizers (several times slower) the longest tests are left out (and the
+# label "peers": DeepSpeed's step in Python beside a tiny run, nothing of Strata's code
+# that test_bench_cli does not run): they repeat
 # code paths shorter tests cover there (4 ranks where gpt.mpi.np2 and engine.mpi.np2 run 2;
 # 100x-budget training; 200 steps; the matmul peak measurement; the speculative
 # optimizer's bf16 GPT cases, whose code paths engine.mpi.np2 runs in bf16 and
@@ -42,6 +48,6 @@ exclude=(-E '^(gpt\.mpi\.np4|engine\.mpi\.np4|Train\.StatesHundredTimesTheDevice
 # first pass does without it (Strata reads no PCI object, only OS devices, with /sys/block
 # for disks hwloc does not list; the ordinary build loads every plugin).
 echo "== tests without MPI processes (frame-pointer unwinding; hwloc's pci plugin not loaded)"
-ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}" HWLOC_PLUGINS_BLACKLIST=hwloc_pci run_ctest -LE mpi "${exclude[@]}"
+ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}" HWLOC_PLUGINS_BLACKLIST=hwloc_pci run_ctest -LE 'mpi|peers' "${exclude[@]}"
 echo "== tests with MPI processes (full unwinding of every allocation)"
 ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:fast_unwind_on_malloc=0}" run_ctest -L mpi "${exclude[@]}"

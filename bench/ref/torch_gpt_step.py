@@ -42,25 +42,11 @@ def load_reference_gpt():
     return module
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for name in ("layers", "d-model", "heads", "seq", "vocab", "micro-batch", "accum", "threads"):
-        ap.add_argument("--" + name, type=int, required=True)
-    ap.add_argument("--precision", choices=("f32", "bf16", "fp16"), required=True)
-    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    args = ap.parse_args()
-    try:
-        import torch
-        import torch.nn.functional as F
-    except ImportError as e:
-        reply({"error": f"PyTorch is not importable by {sys.executable}: {e}"})
-        return 1
-    try:
-        ref = load_reference_gpt()
-    except Exception as e:  # noqa: BLE001 - any failure is reported to the caller
-        reply({"error": f"cannot load tests/model/gpt_reference.py beside this script: {e}"})
-        return 1
-
+def build_gpt(torch, F, layers, d_model, heads, seq, vocab):
+    """The reference GPT with the bench's weights (seed 0; zero biases, unit layer norms,
+    N(0, 0.02) elsewhere), and the name of its attention. Shared by the peers' script
+    (peer_gpt_step.py), so every run of bench step computes the same FLOPs."""
+    ref = load_reference_gpt()
     attention = "masked softmax (torch < 2.0 has no scaled_dot_product_attention)"
     if hasattr(F, "scaled_dot_product_attention"):
         attention = "F.scaled_dot_product_attention(is_causal=True)"
@@ -75,15 +61,8 @@ def main():
 
         ref.Block.forward = block_forward
 
-    if args.device == "cuda":
-        if not torch.cuda.is_available():
-            reply({"error": f"torch {torch.__version__} sees no GPU (torch.cuda.is_available() is False)"})
-            return 1
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model = ref.GPT(args.layers, args.d_model, args.heads, args.seq, args.vocab)
+    model = ref.GPT(layers, d_model, heads, seq, vocab)
     with torch.no_grad():
         for name, t in model.named_parameters():
             if name.endswith("bias"):
@@ -92,6 +71,34 @@ def main():
                 t.fill_(1.0)
             else:
                 t.normal_(0.0, 0.02)
+    return model, attention
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for name in ("layers", "d-model", "heads", "seq", "vocab", "micro-batch", "accum", "threads"):
+        ap.add_argument("--" + name, type=int, required=True)
+    ap.add_argument("--precision", choices=("f32", "bf16", "fp16"), required=True)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    args = ap.parse_args()
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError as e:
+        reply({"error": f"PyTorch is not importable by {sys.executable}: {e}"})
+        return 1
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            reply({"error": f"torch {torch.__version__} sees no GPU (torch.cuda.is_available() is False)"})
+            return 1
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    torch.set_num_threads(args.threads)
+    try:
+        model, attention = build_gpt(torch, F, args.layers, args.d_model, args.heads, args.seq, args.vocab)
+    except Exception as e:  # noqa: BLE001 - any failure is reported to the caller
+        reply({"error": f"cannot build the GPT of tests/model/gpt_reference.py: {type(e).__name__}: {e}"})
+        return 1
     model.to(args.device)
     extra = {"fused": True} if args.device == "cuda" else {}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, **extra)

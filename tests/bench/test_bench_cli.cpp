@@ -381,3 +381,34 @@ TEST(BenchStep, PrintsTheResolvedLayoutThePlannerPrints) {
   EXPECT_EQ(layout_block(bench.out, at), planned) << "strata plan printed:\n" << plan.out << "\nbench step printed:\n"
                                                   << bench.out;
 }
+
+// `bench step --peers`: a peer that cannot start (here: its Python does not exist) is
+// skipped, with the reason said under the table and in the JSON, and Strata's
+// configurations are measured and reported as without it (exit 0). A peer that does start
+// is tested in test_bench_peers.cpp (label "peers": it needs DeepSpeed).
+TEST(BenchStep, PeersThatCannotStartAreSkippedWithTheirReason) {
+  Scratch dir;
+  const fs::path out = dir.path / "step.json";
+  Result r = run("bench step --layers 2 --d-model 64 --heads 4 --seq 32 --vocab 256 --micro-batch 2 --accum 1 "
+                 "--reps 1 --warmup 0 --lead-in 0 --device-budget 8M --pinned-budget 8M --no-torch "
+                 "--peers deepspeed,fsdp2 --python /nonexistent/python3 --dir " +
+                 dir.path.string() + " --json " + out.string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  const json doc = json::parse(slurp(out));
+  const json& skipped = doc.at("peers").at("skipped");
+  for (const char* peer : {"deepspeed-offload", "deepspeed-infinity", "fsdp2"}) {
+    ASSERT_TRUE(skipped.contains(peer)) << skipped.dump();
+    EXPECT_NE(skipped.at(peer).get<std::string>().find("cannot start /nonexistent/python3"), std::string::npos)
+        << skipped.dump();
+  }
+  EXPECT_TRUE(doc.at("peers").at("ran").empty());
+  const json& rows = doc.at("rows");
+  ASSERT_EQ(rows.size(), 2u) << "Strata's two configurations, no peer row: " << rows.dump();
+  EXPECT_EQ(rows[0].at("label"), "in memory");
+  EXPECT_EQ(rows[1].at("label"), "params+optimizer on NVMe");
+  EXPECT_NE(r.out.find("DeepSpeed ZeRO-Infinity (params+optimizer on NVMe) skipped: deepspeed-infinity: cannot start"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(doc.at("config").at("peers"), json::array({"deepspeed", "fsdp2"}));
+  for (const auto& e : fs::directory_iterator(dir.path)) EXPECT_EQ(e.path(), out) << "left behind: " << e.path();
+}

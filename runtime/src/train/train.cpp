@@ -270,10 +270,11 @@ class StepLog {
     const ShardLayout& L = engine.layout();
     const uint64_t pb = L.elem_bytes(StateRole::ParamShard), gb = L.elem_bytes(StateRole::Grad),
                    ob = 3 * L.elem_bytes(StateRole::Master);
+    // A frozen group (strata.lora's base) holds its working parameters alone.
     uint64_t state_bytes = 0, shared = 0;
     for (const GroupLayout& g : L.groups) {
-      state_bytes += g.numel * (pb + gb + ob - (g.master_in_shard ? pb : 0));
-      shared += g.master_in_shard ? g.numel : 0;
+      state_bytes += g.numel * (g.frozen ? pb : pb + gb + ob - (g.master_in_shard ? pb : 0));
+      shared += g.master_in_shard && !g.frozen ? g.numel : 0;
     }
     const double per_param = params > 0 ? static_cast<double>(state_bytes) / static_cast<double>(params) : 0.0;
     const std::string masters = shared == 0       ? "f32 master and Adam moments"
