@@ -435,6 +435,26 @@ bool check_hf_out(const std::string& out, const fs::path& dirp, bool overwrite, 
 
 }  // namespace
 
+
+// A finished export directory tmp into place at dirp (its parent's entry): an earlier
+// export is moved aside first (replace) and removed after; on a failure it comes back.
+static void move_into_place(const fs::path& tmp, const fs::path& dirp, bool replace) {
+  std::error_code ec;
+  const fs::path parent = dirp.parent_path();
+  fsync_directory(tmp);
+  const fs::path old = parent / ("." + dirp.filename().string() + ".old-" + std::to_string(::getpid()));
+  if (replace && ::rename(dirp.c_str(), old.c_str()) != 0)
+    throw IoError("moving the earlier export aside", dirp.string(), 0, 0, errno, kOutFull);
+  if (!replace) fs::remove(dirp, ec);  // an empty directory
+  if (::rename(tmp.c_str(), dirp.c_str()) != 0) {
+    const int err = errno;
+    if (replace) ::rename(old.c_str(), dirp.c_str());
+    throw IoError("renaming the export into place", dirp.string(), 0, 0, err, kOutFull);
+  }
+  if (replace) fs::remove_all(old, ec);
+  fsync_directory(parent);
+}
+
 ExportSummary export_hf(const std::string& checkpoint, const std::string& out, bool overwrite,
                         std::optional<DType> dtype, uint64_t shard_bytes, OutOfRange out_of_range) {
   if (checkpoint.empty()) throw ConfigError("no checkpoint given: pass --checkpoint DIR (a step-<N> directory)");
@@ -493,19 +513,7 @@ ExportSummary export_hf(const std::string& checkpoint, const std::string& out, b
     cf << config.dump(2) << "\n";
     cf.close();
     if (!cf) throw IoError("writing config.json", (tmp / "config.json").string(), 0, 0, EIO, kOutFull);
-    fsync_directory(tmp);
-    // Into place: an earlier export is moved aside first and removed after.
-    const fs::path old = parent / ("." + dirp.filename().string() + ".old-" + std::to_string(::getpid()));
-    if (replace && ::rename(dirp.c_str(), old.c_str()) != 0)
-      throw IoError("moving the earlier export aside", dirp.string(), 0, 0, errno, kOutFull);
-    if (!replace) fs::remove(dirp, ec);  // an empty directory
-    if (::rename(tmp.c_str(), dirp.c_str()) != 0) {
-      const int err = errno;
-      if (replace) ::rename(old.c_str(), dirp.c_str());
-      throw IoError("renaming the export into place", dirp.string(), 0, 0, err, kOutFull);
-    }
-    if (replace) fs::remove_all(old, ec);
-    fsync_directory(parent);
+    move_into_place(tmp, dirp, replace);
   } catch (...) {
     fs::remove_all(tmp, ec);
     throw;
@@ -553,18 +561,7 @@ ExportSummary export_peft(const std::string& checkpoint, const std::string& out,
     cf << peft_adapter_config(shape).dump(2) << "\n";
     cf.close();
     if (!cf) throw IoError("writing adapter_config.json", (tmp / "adapter_config.json").string(), 0, 0, EIO, kOutFull);
-    fsync_directory(tmp);
-    const fs::path old = parent / ("." + dirp.filename().string() + ".old-" + std::to_string(::getpid()));
-    if (replace && ::rename(dirp.c_str(), old.c_str()) != 0)
-      throw IoError("moving the earlier export aside", dirp.string(), 0, 0, errno, kOutFull);
-    if (!replace) fs::remove(dirp, ec);
-    if (::rename(tmp.c_str(), dirp.c_str()) != 0) {
-      const int err = errno;
-      if (replace) ::rename(old.c_str(), dirp.c_str());
-      throw IoError("renaming the export into place", dirp.string(), 0, 0, err, kOutFull);
-    }
-    if (replace) fs::remove_all(old, ec);
-    fsync_directory(parent);
+    move_into_place(tmp, dirp, replace);
   } catch (...) {
     fs::remove_all(tmp, ec);
     throw;
