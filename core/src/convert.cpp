@@ -90,6 +90,7 @@ DType parse_precision(std::string_view name) {
 }
 
 void convert_to_f32(float* dst, const void* src, DType t, size_t n) {
+  if (n == 0) return;  // an empty vector's data() may be null, which memmove may not take
   switch (t) {
     case DType::F32: std::memmove(dst, src, n * 4); return;
     case DType::BF16: bf16_to_f32(dst, static_cast<const uint16_t*>(src), n); return;
