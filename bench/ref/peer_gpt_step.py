@@ -257,19 +257,10 @@ def main():
     # torch builds DeepSpeed's ops with ninja, found on PATH; a pip-installed one sits
     # beside this Python in a venv that is not activated.
     os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
-    try:
-        import torch
-        import torch.nn.functional as F
-    except ImportError as e:
-        reply({"error": f"PyTorch is not importable by {sys.executable}: {e}"})
+    found = load_torch_step().import_torch(args, reply)
+    if found is None:
         return 1
-    if args.device == "cuda":
-        if not torch.cuda.is_available():
-            reply({"error": f"torch {torch.__version__} sees no GPU (torch.cuda.is_available() is False)"})
-            return 1
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-    torch.set_num_threads(args.threads)
+    torch, F = found
     try:
         model, attention = load_torch_step().build_gpt(torch, F, args.layers, args.d_model, args.heads, args.seq,
                                                        args.vocab)

@@ -74,6 +74,25 @@ def build_gpt(torch, F, layers, d_model, heads, seq, vocab):
     return model, attention
 
 
+def import_torch(args, reply):
+    """(torch, torch.nn.functional) set up for args.device and args.threads, or None after
+    replying why not (shared with peer_gpt_step.py)."""
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError as e:
+        reply({"error": f"PyTorch is not importable by {sys.executable}: {e}"})
+        return None
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            reply({"error": f"torch {torch.__version__} sees no GPU (torch.cuda.is_available() is False)"})
+            return None
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    torch.set_num_threads(args.threads)
+    return torch, F
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for name in ("layers", "d-model", "heads", "seq", "vocab", "micro-batch", "accum", "threads"):
@@ -81,19 +100,10 @@ def main():
     ap.add_argument("--precision", choices=("f32", "bf16", "fp16"), required=True)
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = ap.parse_args()
-    try:
-        import torch
-        import torch.nn.functional as F
-    except ImportError as e:
-        reply({"error": f"PyTorch is not importable by {sys.executable}: {e}"})
+    found = import_torch(args, reply)
+    if found is None:
         return 1
-    if args.device == "cuda":
-        if not torch.cuda.is_available():
-            reply({"error": f"torch {torch.__version__} sees no GPU (torch.cuda.is_available() is False)"})
-            return 1
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-    torch.set_num_threads(args.threads)
+    torch, F = found
     try:
         model, attention = build_gpt(torch, F, args.layers, args.d_model, args.heads, args.seq, args.vocab)
     except Exception as e:  # noqa: BLE001 - any failure is reported to the caller
