@@ -416,6 +416,15 @@ class StandardLoopMisuse(unittest.TestCase):
             self.backward()
         self.assertIn("takes betas from the config", str(e.exception))
 
+    def test_a_learning_rate_that_is_not_a_number(self):
+        for bad in (float("nan"), -1.0, "0.1"):
+            self.optimizer.param_groups[0]["lr"] = bad
+            with self.assertRaises(strata.StrataError) as e:
+                self.backward()
+            self.assertIn("set a finite number >= 0", str(e.exception))
+        self.optimizer.param_groups[0]["lr"] = 1e-3
+        self.backward()  # a good lr again: training goes on
+
     def test_the_lr_changed_inside_a_step(self):
         self.backward()
         self.backward()
