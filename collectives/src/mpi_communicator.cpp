@@ -1,5 +1,5 @@
-// The mpi backend's communicator: an MPI_Comm_dup of MPI_COMM_WORLD whose operations
-// run on the MPI progress thread (mpi_progress.cpp).
+// The mpi backend's communicator: an MPI_Comm_dup of MPI_COMM_WORLD (or a split of one)
+// whose operations run on the MPI progress thread (mpi_progress.cpp).
 #include "mpi_communicator.hpp"
 
 #include <climits>
@@ -15,8 +15,10 @@ namespace {
 class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator(MpiProgress& mp, MPI_Comm comm)
-      : Communicator(Shape{mp.world().rank, mp.world().size, mp.world().local_rank, mp.world().local_size,
-                           CommBackend::Mpi}),
+      : MpiCommunicator(mp, comm, Shape{mp.world().rank, mp.world().size, mp.world().local_rank,
+                                        mp.world().local_size, CommBackend::Mpi}) {}
+  MpiCommunicator(MpiProgress& mp, MPI_Comm comm, const Shape& shape)
+      : Communicator(shape),
         mp_(mp),
         comm_(comm),
         order_(mp.new_order_key()),
@@ -41,6 +43,31 @@ class MpiCommunicator final : public Communicator {
                     return MPI_SUCCESS;
                   },
                   std::move(after), 0);
+  }
+
+  // MPI_Comm_split, in this communicator's call order, then the new one's rank, size
+  // and ranks on this host.
+  std::unique_ptr<Communicator> split(int color, int key) {
+    MPI_Comm parent = comm_, out = MPI_COMM_NULL;
+    Shape s;
+    s.backend = CommBackend::Mpi;
+    submit({"MPI_Comm_split", "split communicator", 0, DataType::U8},
+           [&](MPI_Request*) {
+             int rc = MPI_Comm_split(parent, color, key, &out);
+             if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(out, MPI_ERRORS_RETURN);
+             if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(out, &s.rank);
+             if (rc == MPI_SUCCESS) rc = MPI_Comm_size(out, &s.size);
+             MPI_Comm local = MPI_COMM_NULL;
+             if (rc == MPI_SUCCESS)
+               rc = MPI_Comm_split_type(out, MPI_COMM_TYPE_SHARED, s.rank, MPI_INFO_NULL, &local);
+             if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(local, &s.local_rank);
+             if (rc == MPI_SUCCESS) rc = MPI_Comm_size(local, &s.local_size);
+             if (local != MPI_COMM_NULL) MPI_Comm_free(&local);
+             return rc;
+           },
+           {}, 0)
+        .wait();
+    return std::make_unique<MpiCommunicator>(mp_, out, s);
   }
 
  protected:
@@ -150,6 +177,14 @@ std::unique_ptr<Communicator> make_mpi_communicator() {
              {}, 0})
       .wait();
   return std::make_unique<MpiCommunicator>(mp, comm);
+}
+
+std::unique_ptr<Communicator> split_mpi_communicator(Communicator& comm, int color, int key) {
+  auto* mc = dynamic_cast<MpiCommunicator*>(&comm);
+  if (mc == nullptr)
+    throw CollectiveUsageError(std::string("split_mpi_communicator needs an mpi communicator, not a ") +
+                               to_string(comm.backend()) + " one");
+  return mc->split(color, key);
 }
 
 }  // namespace detail

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "strata/collectives/communicator.hpp"
+#include "strata/collectives/sim_communicator.hpp"
+#include "strata/collectives/topology.hpp"
 #include "strata/core/error.hpp"
 
 using namespace strata;
@@ -161,4 +163,30 @@ TEST(CommunicatorChecks, OverlapsThrowUnlessInPlace) {
   // all_gather: only recv's own slice is in place.
   EXPECT_NE(message_of([&] { comm->all_gather(all.subspan(1, 4), all.subspan(0, 4)); }).find("in place means"),
             std::string::npos);
+}
+
+TEST(SelfCommunicator, SplitsIntoOneRankAndIsOneNodeOfOne) {
+  auto self = make_host_communicator(HostBackend::Self);
+  auto sub = split(*self, 3, 7);
+  EXPECT_EQ(sub->backend(), CommBackend::Self);
+  EXPECT_EQ(sub->size(), 1);
+  const Topology t = resolve_topology(*self);
+  EXPECT_EQ(t.nodes, 1);
+  EXPECT_EQ(t.ranks_per_node, 1);
+  EXPECT_EQ(t.describe(), "1 rank: 1 node of 1 (from the launcher)");
+  NodeCommunicators c = split_by_node(*self, t);
+  EXPECT_EQ(c.node->size(), 1);
+  EXPECT_EQ(c.cross->size(), 1);
+  EXPECT_THROW(resolve_topology(*self, 2), ConfigError);
+}
+
+TEST(SimCommunicator, CannotBeSplitAndSaysWhatToDoInstead) {
+  SimCostModel cost;
+  auto sim = make_sim_communicator(0, 4, cost);
+  try {
+    split(*sim, 0, 0);
+    ADD_FAILURE() << "a sim communicator was split";
+  } catch (const Unavailable& e) {
+    EXPECT_NE(std::string(e.what()).find("make a sim communicator of the sub-group's size"), std::string::npos);
+  }
 }
