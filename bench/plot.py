@@ -180,13 +180,20 @@ def plot_collectives(doc, fig):
     colls = sorted({r["collective"] for r in rows})
     axes = fig.subplots(1, len(colls), squeeze=False)[0]
     for ax, c in zip(axes, colls):
-        rs = sorted((r for r in rows if r["collective"] == c), key=lambda r: r["size_bytes"])
-        xs = [r["size_bytes"] for r in rs]
-        ax.plot(xs, [r["busbw_gbps"] for r in rs], "-o", label="strata")
-        if all(r.get("ref_busbw_gbps") is not None for r in rs):
-            ax.plot(xs, [r["ref_busbw_gbps"] for r in rs], "--s", label="MPI blocking")
-            ax.plot(xs, [r["ref_nb_busbw_gbps"] for r in rs], ":^", label="MPI non-blocking + wait")
-        log2_sizes(ax, xs)
+        # One line set per scope (--scope world node cross); reports before scopes have none.
+        scopes = list(dict.fromkeys(r.get("scope", "world") for r in rows))
+        xs = []
+        for scope in scopes:
+            rs = sorted((r for r in rows if r["collective"] == c and r.get("scope", "world") == scope),
+                        key=lambda r: r["size_bytes"])
+            sx = [r["size_bytes"] for r in rs]
+            xs += sx
+            tag = "" if len(scopes) == 1 else f" ({scope})"
+            ax.plot(sx, [r["busbw_gbps"] for r in rs], "-o", label="strata" + tag)
+            if rs and all(r.get("ref_busbw_gbps") is not None for r in rs):
+                ax.plot(sx, [r["ref_busbw_gbps"] for r in rs], "--s", label="MPI blocking" + tag)
+                ax.plot(sx, [r["ref_nb_busbw_gbps"] for r in rs], ":^", label="MPI non-blocking + wait" + tag)
+        log2_sizes(ax, sorted(set(xs)))
         for lab in ax.get_xticklabels():
             lab.set_rotation(60)
             lab.set_fontsize(6)
