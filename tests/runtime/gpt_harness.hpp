@@ -39,14 +39,18 @@ inline void gpt_row(int step, int micro, int row, const GptShape& s, int32_t* x,
   }
 }
 
+// `replicas` (MiCS): comm and host span this rank's group of consecutive ranks, replicas
+// the ranks with its index in the other groups; the data is split over all of them.
 inline RunResult train_gpt(coll::Communicator& comm, coll::Communicator& host, const RunSpec& spec, int steps,
                            const std::string& nvme_dir, bool checkpointing = false,
-                           const GptShape& shape = small_gpt()) {
+                           const GptShape& shape = small_gpt(), coll::Communicator* replicas = nullptr) {
   auto device = make_device({});
   // Look-ahead: three blocks; with parts, the bucket bounds both (one key in strata train).
   EngineOptions o = test_engine_options(spec, spec.part_bucket ? spec.part_bucket : 13'333, nvme_dir);
   o.optimizer.lr = 1e-2f;
-  const int world = comm.size(), rank = comm.rank(), local = kGptGlobalBatch / world;
+  const int groups = replicas ? replicas->size() : 1;
+  const int world = comm.size() * groups, rank = (replicas ? replicas->rank() : 0) * comm.size() + comm.rank();
+  const int local = kGptGlobalBatch / world;
   GptOptions mo{local, checkpointing ? ActivationCheckpointing::PerBlock : ActivationCheckpointing::None,
                 spec.precision};
   if (spec.checkpoints) {  // the engine holds them, as strata train has it
@@ -70,7 +74,7 @@ inline RunResult train_gpt(coll::Communicator& comm, coll::Communicator& host, c
     o.store.device_budget = L.need[int(Tier::Device)].homes() + L.device_working +
                             L.max_padded * L.elem_bytes(StateRole::GatherBuffer);
   }
-  ZeroEngine engine(*device, comm, host, o, specs, test_engine_ablation(spec));
+  ZeroEngine engine(*device, comm, host, o, specs, test_engine_ablation(spec), replicas);
   const bool parted = engine.num_groups() != static_cast<int>(parts.size());
   if (spec.give_schedule && !parted) engine.set_schedule(gpt_schedule(shape));
   Gpt model(shape, mo);
@@ -87,6 +91,7 @@ inline RunResult train_gpt(coll::Communicator& comm, coll::Communicator& host, c
       loss += model.forward_backward(source, x.data(), y.data(), static_cast<float>(engine.loss_scale()));
     }
     host.all_reduce(std::span<double>(&loss, 1)).wait();
+    if (replicas) replicas->all_reduce(std::span<double>(&loss, 1)).wait();
     r.losses.push_back(loss / (world * spec.accum));
     r.stepped.push_back(engine.step());
     r.norms.push_back(engine.stats().last_grad_norm);

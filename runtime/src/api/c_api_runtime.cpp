@@ -84,6 +84,10 @@ Runtime::Runtime(Config config)
                    "strata.backend is 'sim', whose tensors have sizes but no bytes, so there is nothing to hand "
                    "out; use \"cpu\" or \"cuda\" with the C API");
   RankContext rank = open_rank(config_);  // MPI or self, the device, NCCL on cuda
+  if (rank.shard)
+    throw ApiError(STRATA_ERR_CONFIG,
+                   "zero_optimization.mics_shard_size shards within groups of ranks in strata train only so far; "
+                   "the C API shards over every rank: remove mics_shard_size (or set it to -1)");
   host_comm_ = std::move(rank.host_comm);
   device_ = std::move(rank.device);
   device_comm_ = std::move(rank.nccl);

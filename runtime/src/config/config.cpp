@@ -230,6 +230,14 @@ void apply_override(json& j, const std::string& assignment) {
 
 void validate_for_world(const Config& c, int world_size) {
   STRATA_CHECK(world_size >= 1, "world size " + std::to_string(world_size));
+  if (const int n = c.zero.mics_groups_of(); n > 0 && (n > world_size || world_size % n != 0))
+    throw ConfigError("zero_optimization.mics_shard_size " + std::to_string(n) + " does not divide the world size " +
+                      std::to_string(world_size) + ": give a divisor of " + std::to_string(world_size) +
+                      " (the ranks of one group), or -1 to shard over every rank");
+  if (c.strata.ranks_per_node > 0 && world_size % c.strata.ranks_per_node != 0)
+    throw ConfigError("strata.ranks_per_node " + std::to_string(c.strata.ranks_per_node) +
+                      " does not divide the world size " + std::to_string(world_size) + ": give a divisor of " +
+                      std::to_string(world_size) + ", or 0 to take the launcher's hosts");
   if (!c.train_batch_size) return;
   const int64_t micro = c.train_micro_batch_size_per_gpu, accum = c.gradient_accumulation_steps;
   const int64_t product = micro * accum * world_size;

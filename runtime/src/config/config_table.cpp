@@ -407,6 +407,14 @@ const ConfigSection kZero = {
          .help = "Optimizer step granularity, in elements: states are read, updated and written back per "
                  "sub-group.",
          .field = STRATA_CONFIG_FIELD(Config, zero.sub_group_size)},
+        {.name = "mics_shard_size", .type = KeyType::Double, .lo = -1,
+         .accepted = "-1 (off), or a whole number >= 1 that divides the world size",
+         .help = "MiCS (DeepSpeed's key): parameters, gradients and optimizer states sharded within groups of this "
+                 "many consecutive ranks and replicated across the groups. Gradients are reduce-scattered within "
+                 "the group (all-reduced, stage 1), then all-reduced across the groups, as each group's gradient "
+                 "is ready. Put a group within a node (a divisor of its ranks) or over whole nodes (a multiple): "
+                 "`strata.ranks_per_node` or the launcher says where nodes end. The cpu backend (mpi) only.",
+         .field = STRATA_CONFIG_FIELD(Config, zero.mics_shard_size)},
         {.name = "reduce_bucket_size", .type = KeyType::Whole, .min = 1,
          .help = "DeepSpeed: gradient elements per reduce bucket.", .use = KeyUse::NoEffect,
          .why = "Strata reduces each parameter group (a whole transformer block) as one collective as soon as its "
@@ -436,6 +444,11 @@ void check_zero(const json& j, void* target) {
     throw ConfigError("zero_optimization.offload_optimizer.ratio below 1 splits the optimizer between the GPU and "
                       "offload_optimizer.device, which is \"none\" (all of it on the GPU already): set the device "
                       "to \"cpu\" or \"nvme\", or remove ratio");
+  if (z.mics_shard_size != -1 && !(z.mics_shard_size >= 1 && z.mics_shard_size == std::floor(z.mics_shard_size) &&
+                                    z.mics_shard_size <= kMaxInt))
+    throw ConfigError("zero_optimization.mics_shard_size is " + json(z.mics_shard_size).dump() +
+                      ": give -1 to shard over every rank, or a whole number of ranks >= 1 that divides the world "
+                      "size");
   const int stage = z.stage;
   if (stage == 3) return;
   for (const ConfigKey& k : kZero.keys)
@@ -696,6 +709,12 @@ const ConfigSection kStrata = {
                  "not answer: stopped, hung or gone), then exits with code 6; checkpoints saved before stay "
                  "complete. The default is DeepSpeed's process-group timeout, 30 minutes.",
          .field = STRATA_CONFIG_FIELD(Config, strata.collective_timeout)},
+        {.name = "ranks_per_node", .type = KeyType::Whole, .min = 0, .max = kMaxInt,
+         .note = "0 takes the launcher's hosts",
+         .help = "Ranks a node, for the layouts that tell nodes apart (zero_optimization.mics_shard_size): "
+                 "consecutive ranks make a node. Set it to run those layouts on one host as if on several "
+                 "(the tests do); it must divide the world size.",
+         .field = STRATA_CONFIG_FIELD(Config, strata.ranks_per_node)},
         {.name = "model", .type = KeyType::Section, .section = &kModel},
         {.name = "data", .type = KeyType::Section, .section = &kData},
         {.name = "lora", .type = KeyType::Section,

@@ -81,10 +81,27 @@ struct EngineCore {
   EngineStats& stats;
   DType work_t = DType::F32, grad_t = DType::F32;  // the working and reduced-gradient types
   uint64_t wb = 4, gb = 4;                          // their bytes
-  int world = 1, rank = 0;
+  int world = 1, rank = 0;  // of `comm`: the ranks the states are sharded over
+  // MiCS: the ranks holding the same shard in the other groups, across which each reduced
+  // gradient is all-reduced; nullptr otherwise. data_parallel: every rank whose gradient
+  // is summed (world x the replicas), which the averaging divides by.
+  coll::Communicator* replicas = nullptr;
+  int data_parallel = 1;
 
   // An exposed wait of the model's thread ended now: counted, and traced.
   void waited(double since, const char* what, const GroupState* g) const;
+  // A collective's ring bytes sent by this rank (EngineStats::*_collective_bytes), for a
+  // whole buffer of `elems` elements of `bytes` each over `n` ranks; `all_reduce` doubles.
+  static uint64_t ring_bytes(uint64_t elems, uint64_t bytes, int n, bool all_reduce) {
+    const uint64_t b = elems * bytes / static_cast<uint64_t>(n) * static_cast<uint64_t>(n - 1);
+    return all_reduce ? 2 * b : b;
+  }
+  void sent_in_shard(uint64_t elems, uint64_t bytes, bool all_reduce = false) const {
+    stats.shard_collective_bytes += ring_bytes(elems, bytes, world, all_reduce);
+  }
+  void sent_to_replicas(uint64_t elems, uint64_t bytes) const {
+    stats.replica_collective_bytes += ring_bytes(elems, bytes, replicas->size(), true);
+  }
 };
 
 inline coll::ConstView view(const void* p, uint64_t n, DType t) { return coll::ConstView::elements(p, n, t); }

@@ -44,6 +44,7 @@ void Gatherer::start_gather(int g, bool ahead) {
   s.data = fb.data;
   s.gathered = c_.comm.all_gather(view(ps.data, gr.shard, c_.work_t), view_mut(fb.data, gr.padded, c_.work_t),
                                   when_all({ps.ready, fb.ready}));
+  c_.sent_in_shard(gr.padded, c_.wb);
   s.issued = c_.device.now();
   s.state = State::Gathering;
   live_full_bytes_ += gr.persistent ? 0 : gr.padded * c_.wb;
@@ -186,6 +187,7 @@ void Gatherer::refresh() {
     Acquired f = c_.store.acquire(gr.gathered, Tier::Device);
     const void* mine = at(f.data, static_cast<uint64_t>(c_.rank) * gr.shard, c_.wb);
     Event ev = c_.comm.all_gather(view(mine, gr.shard, c_.work_t), view_mut(f.data, gr.padded, c_.work_t), f.ready);
+    c_.sent_in_shard(gr.padded, c_.wb);
     ev.wait();
     c_.store.release(gr.gathered, Tier::Device, Access::Write);
   }

@@ -42,6 +42,11 @@ class AllReduceAtStep final : public GradientReducer {
     GroupState& gr = c_.groups[g];
     Acquired acc = c_.store.acquire(gr.grad_accumulated, Tier::Device);
     Event reduced = c_.comm.all_reduce(view_mut(acc.data, gr.padded, c_.grad_t), coll::ReduceOp::Sum, acc.ready);
+    c_.sent_in_shard(gr.padded, c_.gb, true);
+    if (c_.replicas) {  // MiCS: then across the groups
+      reduced = c_.replicas->all_reduce(view_mut(acc.data, gr.padded, c_.grad_t), coll::ReduceOp::Sum, reduced);
+      c_.sent_to_replicas(gr.padded, c_.gb);
+    }
     accumulate(gr, at(acc.data, static_cast<uint64_t>(c_.rank) * gr.shard, c_.gb), c_.grad_t, reduced, true, true);
     c_.store.release(gr.grad_accumulated, Tier::Device, Access::Write, reduced);
     slots_[g].reduced = true;
@@ -62,6 +67,13 @@ class ReduceScatterEachMicroStep final : public GradientReducer {
     Event reduced = c_.comm.reduce_scatter(view(s.grad, gr.padded, c_.work_t),
                                            view_mut(out.data, gr.shard, c_.work_t), coll::ReduceOp::Sum,
                                            when_all({s.tail_zeroed, s.reduced_consumed, out.ready}));
+    // MiCS: the group's shard, then all-reduced across the groups (the same shard of each),
+    // on the collective queue behind the reduce-scatter, while the backward pass goes on.
+    c_.sent_in_shard(gr.padded, c_.wb);
+    if (c_.replicas) {
+      reduced = c_.replicas->all_reduce(view_mut(out.data, gr.shard, c_.work_t), coll::ReduceOp::Sum, reduced);
+      c_.sent_to_replicas(gr.shard, c_.wb);
+    }
     c_.store.release(gr.grad_reduced, Tier::Device, Access::Write, reduced);
     accumulate(gr, out.data, c_.work_t, reduced, micro == 0, last);
     s.reduced_consumed = c_.reduce_stream.record();
@@ -148,7 +160,7 @@ double GradientReducer::global_norm(double loss_scale) const {
     for (const SubGroupState& sg : gr.sub_groups) local += sg.grad_sumsq;
   double total = local;
   c_.host_comm.all_reduce(std::span<double>(&total, 1)).wait();
-  const double scale = static_cast<double>(c_.world) * c_.opts.gradient_accumulation_steps * loss_scale;
+  const double scale = static_cast<double>(c_.data_parallel) * c_.opts.gradient_accumulation_steps * loss_scale;
   return std::sqrt(total) / scale;  // of the averaged, unscaled gradient
 }
 

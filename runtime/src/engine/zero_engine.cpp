@@ -55,7 +55,7 @@ std::unique_ptr<CpuAdam> make_adam(const EngineOptions& o) {
 }  // namespace
 
 ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communicator& host_comm, EngineOptions opts,
-                       std::vector<GroupSpec> groups, EngineAblation ablation)
+                       std::vector<GroupSpec> groups, EngineAblation ablation, coll::Communicator* replicas)
     : device_(device), comm_(comm), host_comm_(host_comm),
       resolved_(resolve(opts, ablation, group_sizes(groups), comm.size(), device_traits(device))),
       opts_(resolved_.options) {
@@ -86,6 +86,12 @@ ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communica
   core_.reset(new engine::EngineCore{device_, comm_, host_comm_, resolved_, opts_, *store_, *adam_, *reduce_stream_,
                                      groups_, stats_, work_t_, grad_t, dtype_size(work_t_), dtype_size(grad_t),
                                      comm_.size(), comm_.rank()});
+  if (replicas != nullptr && replicas->size() > 1) {
+    core_->replicas = replicas;
+    core_->data_parallel = comm_.size() * replicas->size();
+  } else {
+    core_->data_parallel = comm_.size();
+  }
   register_tensors();
   gatherer_ = std::make_unique<engine::Gatherer>(*core_);
   reducer_ = engine::GradientReducer::make(*core_);
@@ -217,7 +223,7 @@ void ZeroEngine::set_learning_rate(double lr) {
 }
 
 float ZeroEngine::unclipped_grad_scale() const {
-  return static_cast<float>(1.0 / (static_cast<double>(core_->world) * opts_.gradient_accumulation_steps *
+  return static_cast<float>(1.0 / (static_cast<double>(core_->data_parallel) * opts_.gradient_accumulation_steps *
                                    scaler_.scale()));
 }
 
@@ -252,7 +258,7 @@ bool ZeroEngine::step() {
   const double coef = engine::clip_coefficient(opts_.gradient_clipping, norm);
   // Averaging, clipping and the loss scale, applied by the optimizer as it reads the gradient.
   const float grad_scale = static_cast<float>(
-      coef / (static_cast<double>(core_->world) * opts_.gradient_accumulation_steps * scale_used));
+      coef / (static_cast<double>(core_->data_parallel) * opts_.gradient_accumulation_steps * scale_used));
   scaler_.update(false);
   stats_.loss_scale = scaler_.scale();
   ++step_count_;

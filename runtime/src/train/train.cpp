@@ -158,7 +158,8 @@ StartPoint resume_from(ZeroEngine& engine, coll::Communicator& comm, const std::
   // A checkpoint that strata train did not write (strata import) has no data position:
   // the data starts at its beginning.
   if (info.extra.is_object() && info.extra.contains("data")) start.pos = DataPosition::from_json(info.extra["data"]);
-  if (comm.rank() == 0) log::info("resumed from " + dir + " at step " + std::to_string(info.step));
+  // Once for the job (under MiCS every group's first rank loads).
+  if (comm.rank() == 0 && process_rank() == 0) log::info("resumed from " + dir + " at step " + std::to_string(info.step));
   return start;
 }
 
@@ -465,6 +466,29 @@ std::string non_finite_loss_message(const Config& cfg, const ZeroEngine& engine,
   return m;
 }
 
+// --init-from, and LoRA's adapters: a base model's checkpoint loads the frozen base; its
+// adapters start from strata.lora.init (--lora-init) or peft's default. A LoRA
+// checkpoint's adapters come with it unless strata.lora.init names others. `host`: the
+// engine's (each rank reads its slice of the masters).
+void init_weights(const Config& cfg, ZeroEngine& engine, const PartedSource& source, coll::Communicator& host,
+                  const std::string& init_dir, bool fresh) {
+  const GptShape& shape = cfg.strata.model;
+  const bool announce = process_rank() == 0;
+  bool adapters_loaded = false;
+  if (!init_dir.empty()) {
+    const size_t base_groups = static_cast<size_t>(shape.layers) + 2;
+    adapters_loaded = shape.has_lora() && checkpoint_model_groups(read_checkpoint_info(init_dir)).size() > base_groups;
+    load_checkpoint_weights(engine, host, init_dir, shape.has_lora() && !adapters_loaded ? base_groups : SIZE_MAX);
+    if (announce) log::info("initialised from the weights of " + init_dir + " (fresh optimizer, step 0)");
+  }
+  if (shape.has_lora() && fresh && (!adapters_loaded || !cfg.strata.lora.init.empty())) {
+    write_lora_groups(engine, source, shape, lora_start_values(shape, cfg.strata.lora.init, cfg.strata.seed));
+    if (announce)
+      log::info(cfg.strata.lora.init.empty() ? std::string("LoRA adapters start as peft's default (A kaiming-uniform, B zero)")
+                                             : "LoRA adapters start from " + cfg.strata.lora.init);
+  }
+}
+
 // What the step loop works with, built by train() in the order it needs.
 struct TrainLoop {
   const Config& cfg;
@@ -476,7 +500,36 @@ struct TrainLoop {
   const StepCost& cost;
   const std::vector<std::string>& group_names;  // for checkpoints
   StepLog& log;
+  // What checkpoints are written and read over: the engine's host communicator (its
+  // MiCS group's ranks, or every rank), and whether this rank writes (under MiCS the
+  // first group writes; the others hold the same shards).
+  coll::Communicator& shard_host;
+  bool writes_checkpoints = true;
 };
+
+// Saves a checkpoint. Under MiCS the first group's ranks write it as a checkpoint of
+// their group (any layout reads it: checkpoint.hpp); every rank learns whether it worked.
+std::string save_step(const TrainLoop& t, const nlohmann::json& extra) {
+  const Config& cfg = t.cfg;
+  if (&t.shard_host == &t.comm)
+    return save_checkpoint(t.engine, t.comm, cfg.strata.checkpoint_dir, cfg.raw, extra, t.group_names);
+  std::string path = checkpoint_dir_for(cfg.strata.checkpoint_dir, t.engine.iterations());
+  std::exception_ptr ep;
+  if (t.writes_checkpoints) {
+    try {
+      path = save_checkpoint(t.engine, t.shard_host, cfg.strata.checkpoint_dir, cfg.raw, extra, t.group_names);
+    } catch (...) {
+      ep = std::current_exception();
+    }
+  }
+  std::vector<int32_t> failed{ep ? 1 : 0};
+  t.comm.all_reduce(failed, coll::ReduceOp::Max).wait();
+  if (ep) std::rethrow_exception(ep);
+  if (failed[0] != 0)
+    throw Error("saving " + path + " failed on the ranks of the first MiCS group, which write it (rank 0's "
+                "message says why); this rank holds the same shards and wrote nothing");
+  return path;
+}
 
 // The steps from res.first_step to strata.steps, or to a stop signal: each timed,
 // reported, and checkpointed where due. batches' fill advances `pos` through the data.
@@ -511,7 +564,7 @@ void run_steps(const TrainLoop& t, TrainResult& res, TokenBatches& batches, cons
     if (should_checkpoint(cfg.strata, rec.step, last_step, saved_step, stop.signal != 0 || stop.output_failed)) {
       saved_step = rec.step;
       const nlohmann::json extra = {{"data", pos.to_json()}, {"loss", rec.loss}};
-      res.last_checkpoint = save_checkpoint(t.engine, t.comm, cfg.strata.checkpoint_dir, cfg.raw, extra, t.group_names);
+      res.last_checkpoint = save_step(t, extra);
       t.log.saved(res.last_checkpoint);
     }
     if (stop.output_failed) {
@@ -587,7 +640,9 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
   std::unique_ptr<GptModel> model = make_gpt(cfg.strata.backend, shape, mo);
   std::vector<std::string> group_names;
   for (const auto& g : specs) group_names.push_back(g.name);
-  auto engine = std::make_unique<ZeroEngine>(*ctx.device, ctx.device_comm(), *comm, eo, specs);
+  // Under MiCS the engine shards over its group's ranks and all-reduces across the groups.
+  auto engine = std::make_unique<ZeroEngine>(*ctx.device, ctx.engine_comm(), ctx.engine_host_comm(), eo, specs,
+                                             EngineAblation{}, ctx.engine_replicas());
   // Whole blocks: the schedule is known. Parts: the engine learns their order in the
   // first step (zero_engine.hpp's recorded trace).
   if (!parted) engine->set_schedule(gpt_schedule(shape));
@@ -595,24 +650,9 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
   const LrSchedule lr_schedule{cfg.scheduler};  // a function of optimizer steps: resumes with them
 
   TrainResult res;
-  const StartPoint start = resume_from(*engine, *comm, start_dir);
-  // LoRA: --init-from a base model's checkpoint loads the frozen base; its adapters start
-  // from strata.lora.init (--lora-init) or peft's default. A LoRA checkpoint's adapters
-  // come with it unless strata.lora.init names others.
-  bool adapters_loaded = false;
-  if (!init_dir.empty()) {
-    const size_t base_groups = static_cast<size_t>(shape.layers) + 2;
-    adapters_loaded = shape.has_lora() && checkpoint_model_groups(read_checkpoint_info(init_dir)).size() > base_groups;
-    // each rank reads its slice of the masters
-    load_checkpoint_weights(*engine, *comm, init_dir, shape.has_lora() && !adapters_loaded ? base_groups : SIZE_MAX);
-    if (rank == 0) log::info("initialised from the weights of " + init_dir + " (fresh optimizer, step 0)");
-  }
-  if (shape.has_lora() && start_dir.empty() && (!adapters_loaded || !cfg.strata.lora.init.empty())) {
-    write_lora_groups(*engine, source, shape, lora_start_values(shape, cfg.strata.lora.init, cfg.strata.seed));
-    if (rank == 0)
-      log::info(cfg.strata.lora.init.empty() ? std::string("LoRA adapters start as peft's default (A kaiming-uniform, B zero)")
-                                             : "LoRA adapters start from " + cfg.strata.lora.init);
-  }
+  // Every group reads its slices (a checkpoint of any layout: checkpoint.hpp).
+  const StartPoint start = resume_from(*engine, ctx.engine_host_comm(), start_dir);
+  init_weights(cfg, *engine, source, ctx.engine_host_comm(), init_dir, start_dir.empty());
   res.first_step = start.step;
   DataPosition pos = start.pos;
   res.peak_flops = measure_peak_flops(*comm, cfg.strata.backend, cfg.precision());
@@ -626,7 +666,9 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
     data.batch(pos, rank, world, micro, x, y);
     pos = data.advance(pos, world * micro);
   });
-  run_steps({cfg, *comm, *engine, *model, source, lr_schedule, cost, group_names, step_log}, res, batches, pos);
+  run_steps({cfg, *comm, *engine, *model, source, lr_schedule, cost, group_names, step_log, ctx.engine_host_comm(),
+             ctx.writes_checkpoints()},
+            res, batches, pos);
 
   if (topts.eval_batches > 0 && !res.stop_signal) {
     const HeldOut h = heldout_loss(*model, source, data, *comm, topts.eval_batches, micro, batches.inputs, batches.targets);

@@ -56,6 +56,11 @@ struct ZeroConfig {
   uint64_t stage3_max_reuse_distance = 1'000'000'000;  // elements
   uint64_t stage3_param_persistence_threshold = 100'000;  // elements
   uint64_t sub_group_size = 1'000'000'000;      // elements per optimizer sub-group
+  // MiCS: model states sharded within groups of this many consecutive ranks and
+  // replicated across the groups; -1 (DeepSpeed's default) shards over every rank.
+  // Read as a number so that DeepSpeed's -1 parses; check_zero keeps it -1 or whole >= 1.
+  double mics_shard_size = -1;
+  int mics_groups_of() const { return mics_shard_size < 0 ? 0 : static_cast<int>(mics_shard_size); }
   // No reduce_bucket_size or overlap_comm: each parameter group is reduced as one
   // collective as soon as its gradient is complete, always overlapped with compute.
 };
@@ -102,6 +107,8 @@ struct StrataSection {
   // Seconds a collective may wait for the other ranks before every rank that can says
   // which collective and which ranks, and exits (coll::set_collective_timeout); 0: off.
   double collective_timeout = 1800;
+  // Ranks a node for the node layout (coll::resolve_topology); 0: the launcher's hosts.
+  int ranks_per_node = 0;
 };
 
 // DeepSpeed's `fp16` section: fp16 training with loss scaling (runtime/loss_scaler.hpp).

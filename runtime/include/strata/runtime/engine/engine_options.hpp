@@ -170,6 +170,12 @@ struct EngineStats {
   double speculation_wait_s = 0;
   // The optimizer lane (EngineAblation::speculation_lane): sub-groups it stepped.
   uint64_t lane_sub_groups = 0;
+  // Bytes this rank sent in the step's collectives, summed over the run, as a ring moves
+  // them (all_gather and reduce_scatter: (n-1)/n of the whole buffer; all_reduce: twice
+  // that): over the ranks the states are sharded over (all of them, or a MiCS group), and
+  // across the MiCS replicas. The planner predicts these.
+  uint64_t shard_collective_bytes = 0;
+  uint64_t replica_collective_bytes = 0;
   StoreStats store;
 };
 

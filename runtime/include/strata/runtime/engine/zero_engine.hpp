@@ -70,10 +70,13 @@ DeviceTraits device_traits(const Device& d);
 class ZeroEngine final : public WeightSource {
  public:
   // comm serves device buffers (NCCL on cuda, MPI or self on cpu); host_comm serves
-  // host scalars (norms). They may be the same communicator. Throws ConfigError or
+  // host scalars (norms). They may be the same communicator. The states are sharded over
+  // comm's ranks. `replicas` (MiCS, zero_optimization.mics_shard_size): the ranks of the
+  // other groups that hold this rank's shard; each reduced gradient is all-reduced across
+  // them, and the average is over comm x replicas ranks. Throws ConfigError or
   // OutOfBudget at start-up when the configuration cannot work (resolve.hpp).
   ZeroEngine(Device& device, coll::Communicator& comm, coll::Communicator& host_comm, EngineOptions opts,
-             std::vector<GroupSpec> groups, EngineAblation ablation = {});
+             std::vector<GroupSpec> groups, EngineAblation ablation = {}, coll::Communicator* replicas = nullptr);
   ~ZeroEngine() override;
 
   // WeightSource
