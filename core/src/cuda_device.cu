@@ -396,6 +396,15 @@ bool cuda_device_present(std::string* reason) {
   return true;
 }
 
+int cuda_visible_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
 std::unique_ptr<Device> make_cuda_device(int ordinal) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
