@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "strata/core/device_wait.hpp"
 #include "strata/core/log.hpp"
 
 namespace strata::coll {
@@ -189,7 +190,9 @@ class StagedCommunicator final : public Communicator {
   }
 
   // Runs every step of op even after a failure, so that this rank still takes part in
-  // each of its host collectives; returns the first error.
+  // each of its host collectives; returns the first error. Device work (`after`'s, the
+  // copies') is waited for with wait_device_work: on cuda, a stream of the engine may be
+  // holding CUDA's callback thread until this very operation completes.
   std::exception_ptr run(StagedOp& op) {
     std::exception_ptr err;
     auto keep = [&err](auto&& step) {
@@ -199,7 +202,7 @@ class StagedCommunicator final : public Communicator {
         if (!err) err = std::current_exception();
       }
     };
-    keep([&] { op.after.wait(); });
+    keep([&] { wait_device_work(op.after); });
     if (op.barrier) {
       keep([&] { host_->barrier().wait(); });
       return err;
@@ -221,7 +224,7 @@ class StagedCommunicator final : public Communicator {
       });
     for (size_t i = 0; i < chunks; ++i) {
       auto [first, n] = span_of(i);
-      keep([&] { staged_in.wait(); });
+      keep([&] { wait_device_work(staged_in); });
       Event collected;
       keep([&] { collected = op.collect(*host_, slot(i), n); });
       staged_in = Event();
@@ -234,7 +237,7 @@ class StagedCommunicator final : public Communicator {
       keep([&] { collected.wait(); });
       keep([&] { op.stage_out(*stream_, slot(i), first, n); });
     }
-    keep([&] { stream_->record().wait(); });
+    keep([&] { wait_device_work(stream_->record()); });
     return err;
   }
 

@@ -16,7 +16,12 @@
 //
 // Operations run on a worker thread of this communicator, one after another in call
 // order. `after` is waited for there; if it fails, the operation still runs (so the
-// other ranks do not hang) and its event fails with that error. A failed copy or host
+// other ranks do not hang) and its event fails with that error. Device work (`after`,
+// the copies) is waited for with wait_device_work (core/device_wait.hpp), never through
+// a CUDA host callback: a CUDA stream waiting for one of these operations holds CUDA's
+// callback thread until it completes. On cuda, therefore, the errors of host tasks on
+// the streams that `after` names do not fail the operation (a host wait on `after`
+// still sees them). A failed copy or host
 // collective fails the operation's event; the remaining chunks still run their
 // collectives, for the same reason.
 //
@@ -26,8 +31,8 @@
 // its own (make_host_communicator makes a new one each call).
 //
 // NOTE: the cuda path (pinned staging registered with cudaHostRegister, copies on a CUDA
-// stream) is compiled in CI but has not yet run on a GPU; the cpu path is tested under
-// mpirun at 2 and 4 ranks.
+// stream, waits through cudaEventSynchronize) has not yet run on a GPU; the cpu path is
+// tested under mpirun at 2 and 4 ranks (scripts/gpu-check.sh ranks is the GPU check).
 #pragma once
 
 #include <cstddef>
