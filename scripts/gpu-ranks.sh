@@ -11,6 +11,8 @@
 set -uo pipefail
 strata=$(realpath "$1") out=$(realpath -m "$2") backend=${3:-cuda}
 mpirun=${MPIRUN:-mpirun}
+# One GPU, whatever the machine has: every rank shares it.
+[[ $backend == cuda ]] && export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 mkdir -p "$out"
 work=$(mktemp -d /tmp/strata-ranks-XXXX)
 trap 'rm -rf "$work"' EXIT
