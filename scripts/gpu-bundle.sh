@@ -2,7 +2,7 @@
 # Packs what a lent GPU machine needs to run Strata's GPU tests and benches, for machines
 # that have the NVIDIA driver, CUDA 13's libraries and NCCL (a PyTorch image) but not
 # Strata's other dependencies: the stripped binaries, every shared library they load that
-# is neither glibc nor CUDA's, and the fortunes corpus. Build first (bash scripts/build.sh,
+# is neither glibc nor CUDA's, Open MPI's launcher, and the fortunes corpus. Build first (bash scripts/build.sh,
 # nvcc on PATH), and the Python module for the GPU machine's Python when a Python 3.12
 # is here. Output: gpu/bundle.tar.xz (gpu/ is ignored by git); on the GPU machine,
 # scripts/gpu-check.sh unpacks and runs it.
@@ -26,6 +26,25 @@ ldd "${bins[@]}" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u | while r
   esac
 done
 [[ -s data/fortunes.txt ]] && cp data/fortunes.txt "$out/stage/data/"
+# Open MPI's launcher, for `gpu-check.sh ranks` on a machine without mpirun (a PyTorch
+# image has none): mpirun, its plugins and help texts laid out as under its prefix (Open
+# MPI finds them from OPAL_PREFIX, which gpu-check.sh sets), and the libraries the
+# plugins load, as above.
+prefix=$(ompi_info --parsable --path prefix | cut -d: -f3)
+pkglib=$(ompi_info --parsable --path pkglibdir | cut -d: -f3)
+pkgdata=$(ompi_info --parsable --path pkgdatadir | cut -d: -f3)
+o=$out/stage/ompi
+mkdir -p "$o/bin" "$o${pkglib#"$prefix"}" "$o${pkgdata#"$prefix"}"
+cp -L "$(readlink -f "$(command -v mpirun)")" "$o/bin/mpirun"
+cp -L "$pkglib"/*.so "$o${pkglib#"$prefix"}/"
+cp -rL "$pkgdata"/. "$o${pkgdata#"$prefix"}/"
+ldd "$o/bin/mpirun" "$o${pkglib#"$prefix"}"/*.so | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u | while read -r lib; do
+  case "$(basename "$lib")" in
+    libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libstdc++.so*|libgcc_s.so*) ;;
+    libcudart.so*|libcublas.so*|libcublasLt.so*|libnccl.so*|libcuda.so*) ;;
+    *) [[ -e $out/stage/lib/$(basename "$lib") ]] || cp -L "$lib" "$out/stage/lib/" ;;
+  esac
+done
 # The Python module for the GPU machine's Python (3.12 there; STRATA_GPU_PYTHON names
 # another), for `gpu-check.sh torch`: module.cpp compiled against that Python's headers
 # and PyPI's pybind11, linked to build/'s libstrata (the cuda backend's), beside the

@@ -19,11 +19,14 @@
 #              ZeRO-Offload, ZeRO-Infinity (NVMe) and FSDP2 with CPUOffloadPolicy, within 8 minutes; the
 #              peers run with $STRATA_PEER_PYTHON (default python3), and one it cannot start is skipped
 #              with its reason in the table's notes
+#   ranks      2 and 4 ranks on the one GPU (mpirun, strata.device_communicator "staged"): strata train,
+#              every stage, offload none/cpu/nvme, bf16, losses against world 1, a table in ranks.md, within
+#              8 minutes (scripts/gpu-ranks.sh); mpirun is the bundle's Open MPI, else the machine's
 # Usage: bash scripts/gpu-check.sh PART... (default: tests)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-known=(tests sanitize train bench bench1b lane copy peers torch lora7b)
+known=(tests sanitize train bench bench1b lane copy peers torch lora7b ranks)
 # The parts asked for are checked before anything is unpacked or run: a typo costs
 # nothing of the machine's time.
 for part in "$@"; do
@@ -163,6 +166,21 @@ for part in "${parts[@]}"; do
       --json "$out/bench-peers.json"
     rm -rf "$d"
     tail -n 30 "$out/peers.log"
+    ;;
+  ranks)
+    # Several ranks on one GPU. mpirun: the bundle's Open MPI (gpu-bundle.sh), the version
+    # the binaries' libmpi is, with OPAL_PREFIX at its unpacked place; else the machine's.
+    mpi=$(command -v mpirun)
+    if [[ -x $g/ompi/bin/mpirun ]]; then
+      export OPAL_PREFIX=$g/ompi
+      mpi=$g/ompi/bin/mpirun
+    fi
+    if [[ -z $mpi ]]; then
+      echo "gpu-check.sh ranks: no mpirun on this machine and none in the bundle" | tee -a "$out/ranks.log"
+    else
+      MPIRUN=$mpi run ranks.log 480 bash scripts/gpu-ranks.sh "$B/strata" "$out" cuda
+      tail -n 25 "$out/ranks.log"
+    fi
     ;;
   *) echo "gpu-check.sh: unknown part $part (${known[*]})" >&2; exit 2 ;;
   esac

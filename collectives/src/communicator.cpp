@@ -32,6 +32,7 @@ const char* to_string(CommBackend b) {
     case CommBackend::Self: return "self";
     case CommBackend::Mpi: return "mpi";
     case CommBackend::Nccl: return "nccl";
+    case CommBackend::Staged: return "staged";
     case CommBackend::Sim: return "sim";
   }
   return "?";

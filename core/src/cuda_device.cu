@@ -396,6 +396,20 @@ bool cuda_device_present(std::string* reason) {
   return true;
 }
 
+// device_wait.cpp: the GPU side of a CUDA event, without its settling host callback.
+void cuda_event_synchronize(void* event) {
+  STRATA_CHECK_CUDA(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
+}
+
+int cuda_visible_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
 std::unique_ptr<Device> make_cuda_device(int ordinal) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {

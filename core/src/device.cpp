@@ -9,6 +9,7 @@ std::unique_ptr<Stream> make_host_worker_stream(const std::string& name);
 #ifdef STRATA_HAVE_CUDA
 std::unique_ptr<Device> make_cuda_device(int ordinal);
 bool cuda_device_present(std::string* reason);
+int cuda_visible_device_count();
 #endif
 
 const char* to_string(Backend b) {
@@ -35,6 +36,14 @@ bool cuda_available(std::string* reason) {
 #else
   if (reason) *reason = "Strata was built without the cuda backend (no nvcc at configure time)";
   return false;
+#endif
+}
+
+int cuda_device_count() {
+#ifdef STRATA_HAVE_CUDA
+  return cuda_visible_device_count();
+#else
+  return 0;
 #endif
 }
 

@@ -83,14 +83,15 @@ Runtime::Runtime(Config config)
     throw ApiError(STRATA_ERR_CONFIG,
                    "strata.backend is 'sim', whose tensors have sizes but no bytes, so there is nothing to hand "
                    "out; use \"cpu\" or \"cuda\" with the C API");
-  RankContext rank = open_rank(config_);  // MPI or self, the device, NCCL on cuda
+  RankContext rank = open_rank(config_);  // MPI or self, the device, its communicator (rank.hpp)
   if (rank.shard)
     throw ApiError(STRATA_ERR_CONFIG,
                    "zero_optimization.mics_shard_size shards within groups of ranks in strata train only so far; "
                    "the C API shards over every rank: remove mics_shard_size (or set it to -1)");
   host_comm_ = std::move(rank.host_comm);
   device_ = std::move(rank.device);
-  device_comm_ = std::move(rank.nccl);
+  device_comm_ = std::move(rank.dev_comm);
+  device_ordinal_ = rank.device_ordinal;
   copy_stream_ = device_->create_stream("capi.copy");
 }
 
@@ -111,7 +112,7 @@ strata_runtime_info Runtime::info() const {
   i.rank = host_comm_->rank();
   i.world_size = host_comm_->size();
   i.device_type = device_->backend() == Backend::Cuda ? STRATA_DEVICE_CUDA : STRATA_DEVICE_CPU;
-  i.device_id = device_->backend() == Backend::Cuda ? host_comm_->local_rank() : 0;
+  i.device_id = device_->backend() == Backend::Cuda ? device_ordinal_ : 0;
   i.num_groups = static_cast<int32_t>(groups_.size());
   i.started = engine_ ? 1 : 0;
   i.gradient_accumulation_steps = config_.gradient_accumulation_steps;
@@ -395,7 +396,7 @@ strata_buffer Runtime::buffer(const Group& gr, void* data) const {
   b.numel = gr.numel;
   b.dtype = dtype_;  // the engine's buffers are its working type: no copy, no conversion
   b.device_type = device_->backend() == Backend::Cuda ? STRATA_DEVICE_CUDA : STRATA_DEVICE_CPU;
-  b.device_id = device_->backend() == Backend::Cuda ? host_comm_->local_rank() : 0;
+  b.device_id = device_->backend() == Backend::Cuda ? device_ordinal_ : 0;
   b.ndim = static_cast<int32_t>(gr.shape.size());
   std::copy(gr.shape.begin(), gr.shape.end(), b.shape);
   b.ready_event = nullptr;  // acquire_params and gradient_buffer return with the data ready

@@ -115,7 +115,8 @@ class Runtime {
   DType precision_ = DType::F32;     // config_.precision(): every group's and buffer's type
   strata_dtype dtype_ = STRATA_F32;  // the same, as the C API names it
   std::unique_ptr<coll::Communicator> host_comm_;
-  std::unique_ptr<coll::Communicator> device_comm_;  // cuda: NCCL; cpu: host_comm_ serves both
+  std::unique_ptr<coll::Communicator> device_comm_;  // nccl or staged; null: host_comm_ serves both (rank.hpp)
+  int device_ordinal_ = 0;                           // cuda: the GPU this rank uses
   std::unique_ptr<Device> device_;
   std::unique_ptr<Stream> copy_stream_;  // grad_submit's copies, on either backend
   std::vector<Group> groups_;

@@ -635,6 +635,12 @@ void check_strata(const json& j, void* target) {
                           : "give a size such as \"8GiB\", or remove the key for the default (1 GiB)";
     throw ConfigError("strata." + std::string(k) + " = " + j.at(k).dump() + " is a budget of 0 bytes: " + fix);
   }
+  if (c.device_communicator == DeviceCommunicator::Nccl && c.backend != Backend::Cuda)
+    throw ConfigError(std::string("strata.device_communicator = \"nccl\" needs strata.backend = \"cuda\" (it is \"") +
+                      to_string(c.backend) + "\"): use \"auto\", or \"staged\" on cpu");
+  if (c.device_communicator == DeviceCommunicator::Staged && c.backend == Backend::Sim)
+    throw ConfigError("strata.device_communicator = \"staged\" needs a backend with bytes (cpu or cuda), not "
+                      "\"sim\", whose collectives are only timed: use \"auto\"");
   if (c.checkpoint_every > 0 && c.checkpoint_dir.empty())
     throw ConfigError("strata.checkpoint_every = " + std::to_string(c.checkpoint_every) +
                       " needs a directory to write to: set strata.checkpoint_dir");
@@ -656,6 +662,16 @@ const ConfigSection kStrata = {
          .help = "Device backend: cpu (host memory and threads), cuda (one NVIDIA GPU per process) or sim "
                  "(simulated time from a cost model, no data).",
          .field = STRATA_CONFIG_FIELD(Config, strata.backend)},
+        {.name = "device_communicator", .type = KeyType::Text,
+         .choices = {{"auto", int(DeviceCommunicator::Auto)}, {"nccl", int(DeviceCommunicator::Nccl)},
+                     {"staged", int(DeviceCommunicator::Staged)}},
+         .help = "What carries collectives on device buffers. nccl (cuda only): NCCL, one rank per GPU. staged: "
+                 "each collective copies the device data to pinned host memory, runs it over MPI and copies it "
+                 "back, in 64 MiB chunks; ranks may share a GPU (`mpirun -np 4` on one GPU), and on cpu the "
+                 "engine's device buffers take this path too. auto: on cuda nccl, or staged when a host has more "
+                 "ranks than visible GPUs; on cpu the host communicator. The staged path's cuda side has not yet "
+                 "run on a GPU.",
+         .field = STRATA_CONFIG_FIELD(Config, strata.device_communicator)},
         {.name = "device_budget", .type = KeyType::Bytes, .help = "Bytes of device memory the engine may hold.",
          .field = STRATA_CONFIG_FIELD(Config, strata.device_budget)},
         {.name = "pinned_budget", .type = KeyType::Bytes, .help = "Bytes of pinned host memory.",

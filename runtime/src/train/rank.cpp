@@ -1,7 +1,11 @@
 #include "strata/runtime/train/rank.hpp"
 
+#include <string>
+
 #include "strata/collectives/nccl.hpp"
 #include "strata/collectives/topology.hpp"
+#include "strata/collectives/staged.hpp"
+#include "strata/core/error.hpp"
 #include "strata/core/log.hpp"
 
 namespace strata {
@@ -9,7 +13,7 @@ namespace strata {
 void RankContext::reset() {
   replicas.reset();
   shard.reset();
-  nccl.reset();
+  dev_comm.reset();
   device.reset();
   host_comm.reset();
 }
@@ -31,6 +35,10 @@ void split_mics(const Config& config, RankContext& r) {
     throw ConfigError("zero_optimization.mics_shard_size " + std::to_string(n) +
                       " runs on the cpu backend only for now (the nccl backend cannot split its communicator "
                       "yet): remove mics_shard_size, or set strata.backend to \"cpu\"");
+  if (config.strata.device_communicator == DeviceCommunicator::Staged)
+    throw ConfigError("zero_optimization.mics_shard_size " + std::to_string(n) +
+                      " splits the host communicator, and the staged device communicator cannot be split yet: "
+                      "remove one of mics_shard_size and strata.device_communicator = \"staged\"");
   const coll::Topology t = coll::resolve_topology(host, config.strata.ranks_per_node);
   if (t.ranks_per_node % n != 0 && n % t.ranks_per_node != 0)
     throw ConfigError("zero_optimization.mics_shard_size " + std::to_string(n) + " puts groups across node "
@@ -46,6 +54,65 @@ void split_mics(const Config& config, RankContext& r) {
               "), replicated across them");
 }
 
+// The device communicator strata.device_communicator resolves to on this rank.
+enum class DeviceCommChoice { Host, Nccl, Staged };
+
+struct DeviceCommPlan {
+  DeviceCommChoice choice = DeviceCommChoice::Host;
+  int ordinal = 0;
+  std::string why;  // for the log line
+};
+
+DeviceCommPlan plan_device_comm(const Config& config, const coll::Communicator& host) {
+  const DeviceCommunicator asked = config.strata.device_communicator;
+  const std::string ranks = std::to_string(host.local_size()) + " rank(s) on this host";
+  DeviceCommPlan p;
+  if (config.strata.backend != Backend::Cuda) {
+    // parse_config refused "nccl" on cpu and "staged" on sim.
+    if (asked == DeviceCommunicator::Staged) {
+      p.choice = DeviceCommChoice::Staged;
+      p.why = "strata.device_communicator = \"staged\": the cpu device's buffers go through pinned staging";
+    } else {
+      p.why = std::string("the ") + to_string(config.strata.backend) + " device's buffers are host memory";
+    }
+    return p;
+  }
+  const int gpus = cuda_device_count();
+  // No GPU: make_device says so, with the fix.
+  p.ordinal = gpus > 0 ? host.local_rank() % gpus : host.local_rank();
+  const std::string shape = ranks + ", " + std::to_string(gpus) + " visible GPU(s)";
+  const bool shared = gpus > 0 && host.local_size() > gpus;
+  switch (asked) {
+    case DeviceCommunicator::Nccl:
+      if (shared)
+        throw ConfigError("strata.device_communicator = \"nccl\", but " + shape +
+                          ": NCCL refuses two ranks on one GPU. Use \"staged\" (or \"auto\", which picks it here), "
+                          "or start at most " + std::to_string(gpus) + " rank(s) per host");
+      p.choice = DeviceCommChoice::Nccl;
+      p.why = "strata.device_communicator = \"nccl\" (" + shape + ")";
+      break;
+    case DeviceCommunicator::Staged:
+      p.choice = DeviceCommChoice::Staged;
+      p.why = "strata.device_communicator = \"staged\" (" + shape + ")";
+      break;
+    case DeviceCommunicator::Auto:
+      p.choice = shared ? DeviceCommChoice::Staged : DeviceCommChoice::Nccl;
+      p.why = "strata.device_communicator = \"auto\": " + shape +
+              (shared ? ", so ranks share GPUs, which NCCL refuses" : ", one GPU per rank");
+      break;
+  }
+  return p;
+}
+
+const char* describe(DeviceCommChoice c, const coll::Communicator& host) {
+  switch (c) {
+    case DeviceCommChoice::Nccl: return "nccl";
+    case DeviceCommChoice::Staged: return "staged (pinned host memory over the host communicator)";
+    case DeviceCommChoice::Host: return to_string(host.backend());
+  }
+  return "?";
+}
+
 }  // namespace
 
 RankContext open_rank(const Config& config) {
@@ -53,13 +120,32 @@ RankContext open_rank(const Config& config) {
   coll::set_collective_timeout(config.strata.collective_timeout);
   r.host_comm = coll::make_host_communicator(coll::HostBackend::Auto);
   validate_for_world(config, r.host_comm->size());
+  const DeviceCommPlan plan = plan_device_comm(config, *r.host_comm);
   DeviceOptions d;
   d.backend = config.strata.backend;
-  d.ordinal = d.backend == Backend::Cuda ? r.host_comm->local_rank() : 0;
+  d.ordinal = plan.ordinal;
   r.device_ordinal = d.ordinal;
   r.device = make_device(d);
-  // Device buffers need a communicator that reads device memory: NCCL, even for one rank.
-  if (d.backend == Backend::Cuda) r.nccl = coll::make_nccl_communicator(*r.host_comm, d.ordinal);
+  switch (plan.choice) {
+    case DeviceCommChoice::Nccl:
+      // Device buffers need a communicator that reads device memory: NCCL, even for one rank.
+      r.dev_comm = coll::make_nccl_communicator(*r.host_comm, d.ordinal);
+      break;
+    case DeviceCommChoice::Staged:
+      // A host communicator of its own: the staged one issues its collectives from its
+      // worker thread, which must not interleave with the engine's on host_comm.
+      r.dev_comm = coll::make_staged_communicator(coll::make_host_communicator(coll::HostBackend::Auto), *r.device);
+      break;
+    case DeviceCommChoice::Host: break;
+  }
+  if (r.host_comm->local_rank() == 0) {
+    const std::string line = std::string("device collectives: ") + describe(plan.choice, *r.host_comm) + "; " + plan.why;
+    // cpu without a choice made: today's path, not worth a line at the default level.
+    if (plan.choice == DeviceCommChoice::Host)
+      log::debug(line);
+    else
+      log::info(line);
+  }
   split_mics(config, r);
   return r;
 }

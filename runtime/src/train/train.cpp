@@ -606,7 +606,7 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
       gpt_parts(shape, cfg.zero.stage3_prefetch_bucket_size, cfg.strata.tile_factor, cfg.strata.tile_size);
   const std::vector<GroupSpec> specs = gpt_group_specs(shape, parts);
   const bool parted = specs.size() != parts.size();
-  // MPI (or self), the device (cuda: the GPU of this rank's local rank) and NCCL on cuda.
+  // MPI (or self), the device and its communicator (strata.device_communicator; rank.hpp).
   RankContext ctx = open_rank(cfg);
   coll::Communicator* comm = ctx.host_comm.get();
   const int world = comm->size(), rank = comm->rank();

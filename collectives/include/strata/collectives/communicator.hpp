@@ -1,6 +1,8 @@
 // Communicator: the one interface for collectives between ranks. Backends: `self` (one
 // process, no launcher), `mpi` (host buffers, mpi_backend.hpp), `nccl` (device buffers,
-// nccl.hpp) and `sim` (simulated time, no data; sim_communicator.hpp). Callers never
+// nccl.hpp), `staged` (device buffers through pinned host memory and a host
+// communicator, for ranks that share a GPU; staged.hpp) and `sim` (simulated time, no
+// data; sim_communicator.hpp). Callers never
 // branch on which one they hold, so the engine runs the same code in one process, under
 // mpirun, on GPUs and in simulation.
 //
@@ -41,7 +43,7 @@ namespace strata::coll {
 enum class ReduceOp { Sum, Max };
 const char* to_string(ReduceOp op);
 
-enum class CommBackend { Self, Mpi, Nccl, Sim };
+enum class CommBackend { Self, Mpi, Nccl, Staged, Sim };
 const char* to_string(CommBackend b);
 
 // Buffers that cannot work were passed to a collective. Thrown by the call itself.

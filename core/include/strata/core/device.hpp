@@ -149,5 +149,8 @@ std::unique_ptr<Device> make_sim_device(const SimCostModel& cost);
 
 // True when the cuda backend was compiled in and a GPU is present. reason explains a false.
 bool cuda_available(std::string* reason);
+// GPUs this process can see (CUDA_VISIBLE_DEVICES applies); 0 when the cuda backend is not
+// built or none is present.
+int cuda_device_count();
 
 }  // namespace strata

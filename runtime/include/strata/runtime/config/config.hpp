@@ -86,8 +86,16 @@ struct LoraSection {
   std::string init;                  // a peft adapter directory to start from ("" = peft's default init)
 };
 
+// Which communicator carries collectives on device buffers (strata.device_communicator).
+enum class DeviceCommunicator {
+  Auto,    // cuda: nccl, or staged when this host has more ranks than GPUs; cpu: the host communicator
+  Nccl,    // cuda only: NCCL, one rank per GPU
+  Staged,  // through pinned host memory and MPI (coll::make_staged_communicator); ranks may share a GPU
+};
+
 struct StrataSection {
   Backend backend = Backend::Cpu;
+  DeviceCommunicator device_communicator = DeviceCommunicator::Auto;
   uint64_t device_budget = 1ull << 30;   // bytes
   uint64_t pinned_budget = 1ull << 30;   // bytes
   uint64_t nvme_budget = 0;              // bytes; 0: sized from the plan
