@@ -622,6 +622,10 @@ void check_strata(const json& j, void* target) {
                           : "give a size such as \"8GiB\", or remove the key for the default (1 GiB)";
     throw ConfigError("strata." + std::string(k) + " = " + j.at(k).dump() + " is a budget of 0 bytes: " + fix);
   }
+  if (c.cuda_kernels != CudaKernels::Reference && c.backend != Backend::Cuda)
+    throw ConfigError(std::string("strata.cuda_kernels = \"") + to_string(c.cuda_kernels) +
+                      "\" selects kernels of the cuda backend, and strata.backend is \"" + to_string(c.backend) +
+                      "\": set strata.backend to \"cuda\", or remove strata.cuda_kernels");
   if (c.checkpoint_every > 0 && c.checkpoint_dir.empty())
     throw ConfigError("strata.checkpoint_every = " + std::to_string(c.checkpoint_every) +
                       " needs a directory to write to: set strata.checkpoint_dir");
@@ -696,6 +700,13 @@ const ConfigSection kStrata = {
                  "not answer: stopped, hung or gone), then exits with code 6; checkpoints saved before stay "
                  "complete. The default is DeepSpeed's process-group timeout, 30 minutes.",
          .field = STRATA_CONFIG_FIELD(Config, strata.collective_timeout)},
+        {.name = "cuda_kernels", .type = KeyType::Text,
+         .choices = {{"reference", int(CudaKernels::Reference)}, {"fused", int(CudaKernels::Fused)}},
+         .help = "The cuda backend's model kernels: reference (cuBLAS matmuls, then bias, GELU, column-sum and "
+                 "norm kernels; checked against the cpu model on an H100 and an H200) or fused (cuBLASLt matmuls "
+                 "with bias, GELU, residual and bias gradients in their epilogues, row-parallel norm kernels; NOT yet "
+                 "run on a GPU, docs/training.md). Refused on the cpu and sim backends.",
+         .field = STRATA_CONFIG_FIELD(Config, strata.cuda_kernels)},
         {.name = "model", .type = KeyType::Section, .section = &kModel},
         {.name = "data", .type = KeyType::Section, .section = &kData},
         {.name = "lora", .type = KeyType::Section,

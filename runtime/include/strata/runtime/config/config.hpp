@@ -20,6 +20,7 @@
 #include "strata/core/dtype.hpp"
 #include "strata/core/value_checks.hpp"
 #include "strata/memory/tier.hpp"
+#include "strata/model/cuda_kernel_plan.hpp"
 #include "strata/model/gpt_layout.hpp"
 #include "strata/offload/aio_config.hpp"
 #include "strata/runtime/config/lr_schedule.hpp"
@@ -102,6 +103,9 @@ struct StrataSection {
   // Seconds a collective may wait for the other ranks before every rank that can says
   // which collective and which ranks, and exits (coll::set_collective_timeout); 0: off.
   double collective_timeout = 1800;
+  // The cuda GPT's kernels (GptOptions::cuda_kernels); anything but Reference is refused
+  // on the cpu and sim backends (check_strata).
+  CudaKernels cuda_kernels = CudaKernels::Reference;
 };
 
 // DeepSpeed's `fp16` section: fp16 training with loss scaling (runtime/loss_scaler.hpp).
