@@ -6,7 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "strata/core/error.hpp"
 #include "strata/model/gpt.hpp"
@@ -169,6 +172,158 @@ TEST(ChooseEpilogue, GeluDerivativeOnlyOverTheWholeSumAndGroup) {
   t = r;
   t.out = DType::F32;
   EXPECT_NE(choose_epilogue(t).reason.find("aux in the output's type"), std::string::npos);
+}
+
+// cuBLASLt's semantics as its documentation states them, on the host: column-major
+// D[m, n] = op(A) op(B) (+ beta C), then the epilogue: BIAS adds bias[i] to row i of D;
+// GELU_AUX_BIAS stores aux = that sum and D = gelu(aux); DGELU_BGRAD multiplies D by
+// gelu'(aux) and stores bias[i] = the sum of row i of D; BGRADB stores bias[j] = the sum
+// over k of op(B)[k, j] (B's reduction over the GEMM's k, one per column of D). With it
+// the plans below are checked against the row-major layer they stand for: a wrong
+// operand order, transpose or leading dimension gives a different product.
+float gelu_ref(float x) { return 0.5f * x * (1.0f + std::tanh(0.7978845608f * (x + 0.044715f * x * x * x))); }
+float gelu_grad_ref(float x) {
+  const float u = 0.7978845608f * (x + 0.044715f * x * x * x), th = std::tanh(u);
+  return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * 0.7978845608f * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
+struct Emulated {
+  std::vector<float> d, bias, aux;
+};
+
+Emulated lt_emulate(const EpiloguePlan& p, const float* a, const float* b, const std::vector<float>& c,
+                    const float* bias_in, const float* aux_in, long aux_size) {
+  auto A = [&](long i, long k) { return p.trans_a ? a[i * p.lda + k] : a[k * p.lda + i]; };  // op(A)[i, k]
+  auto B = [&](long k, long j) { return p.trans_b ? b[k * p.ldb + j] : b[j * p.ldb + k]; };  // op(B)[k, j]
+  Emulated e;
+  e.d.assign(static_cast<size_t>(p.ldd * p.n), 0.0f);
+  e.aux.assign(static_cast<size_t>(aux_size), 0.0f);
+  if (aux_in) std::copy(aux_in, aux_in + aux_size, e.aux.begin());
+  e.bias.assign(static_cast<size_t>(std::max(p.m, p.n)), 0.0f);
+  for (long j = 0; j < p.n; ++j)
+    for (long i = 0; i < p.m; ++i) {
+      double acc = 0;
+      for (long k = 0; k < p.k; ++k) acc += static_cast<double>(A(i, k)) * B(k, j);
+      float v = static_cast<float>(acc) + p.beta * (c.empty() ? 0.0f : c[j * p.ldd + i]);
+      if (p.epilogue == LtEpilogue::Bias) v += bias_in[i];
+      if (p.epilogue == LtEpilogue::GeluAuxBias) {
+        v += bias_in[i];
+        e.aux[j * p.aux_ld + i] = v;
+        v = gelu_ref(v);
+      }
+      if (p.epilogue == LtEpilogue::DGeluBGrad) {
+        v *= gelu_grad_ref(e.aux[j * p.aux_ld + i]);
+        e.bias[i] += v;
+      }
+      e.d[j * p.ldd + i] = v;
+    }
+  if (p.epilogue == LtEpilogue::BGradB)
+    for (long j = 0; j < p.n; ++j)
+      for (long k = 0; k < p.k; ++k) e.bias[j] += B(k, j);
+  return e;
+}
+
+std::vector<float> random_matrix(long n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+// A small layer: X [M, K], W [N, K], b [N], dY [M, N], in fp32 (the plan is the same for
+// 16 bits, but for the types).
+constexpr long kM = 6, kN = 16, kK = 8;
+
+EpilogueRequest small(LinearProduct what) {
+  EpilogueRequest r;
+  r.product = what;
+  r.M = kM, r.N = kN, r.K = kK;
+  r.out_addr = kBase, r.bias_addr = kBase + 4096, r.aux_addr = kBase + 8192;
+  return r;
+}
+
+TEST(ChooseEpilogue, ForwardPlansComputeTheRowMajorLayer) {
+  const auto X = random_matrix(kM * kK, 1), W = random_matrix(kN * kK, 2), b = random_matrix(kN, 3);
+  const auto R = random_matrix(kM * kN, 4);
+  EpilogueRequest r = small(LinearProduct::Forward);
+  r.bias = r.residual = true;
+  const EpiloguePlan p = choose_epilogue(r);
+  ASSERT_FALSE(p.fallback) << p.reason;
+  const Emulated e = lt_emulate(p, W.data(), X.data(), R, b.data(), nullptr, 0);  // A = W, B = X (a_is_weight)
+  EpilogueRequest g = small(LinearProduct::ForwardGelu);
+  g.bias = true, g.aux_ld = kN;
+  const EpiloguePlan pg = choose_epilogue(g);
+  ASSERT_FALSE(pg.fallback) << pg.reason;
+  const Emulated eg = lt_emulate(pg, W.data(), X.data(), {}, b.data(), nullptr, kM * kN);
+  for (long m = 0; m < kM; ++m)
+    for (long n = 0; n < kN; ++n) {
+      double y = b[n];
+      for (long k = 0; k < kK; ++k) y += static_cast<double>(X[m * kK + k]) * W[n * kK + k];
+      // Row-major Y[m, n] is column-major D[n, m] at n + m * ldd.
+      EXPECT_NEAR(e.d[m * p.ldd + n], y + R[m * kN + n], 1e-5) << m << ", " << n;
+      EXPECT_NEAR(eg.aux[m * pg.aux_ld + n], y, 1e-5) << m << ", " << n;
+      EXPECT_NEAR(eg.d[m * pg.ldd + n], gelu_ref(static_cast<float>(y)), 1e-5) << m << ", " << n;
+    }
+}
+
+TEST(ChooseEpilogue, BackwardPlansComputeTheRowMajorGradients) {
+  const auto X = random_matrix(kM * kK, 5), W = random_matrix(kN * kK, 6), dY = random_matrix(kM * kN, 7);
+  const auto pre = random_matrix(kM * kK, 8);  // the previous layer's pre-activation [M, K]
+  // dW [N, K] = dY^T X, db = column sums of dY: A = X, B = dY.
+  EpilogueRequest w = small(LinearProduct::WeightGrad);
+  w.bias = true;
+  const EpiloguePlan pw = choose_epilogue(w);
+  ASSERT_FALSE(pw.fallback) << pw.reason;
+  const Emulated ew = lt_emulate(pw, X.data(), dY.data(), {}, nullptr, nullptr, 0);
+  // dX [M, K] = (dY W) * gelu'(pre), db_prev = its column sums: A = W, B = dY.
+  EpilogueRequest x = small(LinearProduct::DataGradDGelu);
+  x.aux_ld = kK;
+  const EpiloguePlan px = choose_epilogue(x);
+  ASSERT_FALSE(px.fallback) << px.reason;
+  const Emulated ex = lt_emulate(px, W.data(), dY.data(), {}, nullptr, pre.data(), kM * kK);
+  for (long n = 0; n < kN; ++n) {
+    double db = 0;
+    for (long m = 0; m < kM; ++m) db += dY[m * kN + n];
+    EXPECT_NEAR(ew.bias[n], db, 1e-5) << n;
+    for (long k = 0; k < kK; ++k) {
+      double dw = 0;
+      for (long m = 0; m < kM; ++m) dw += static_cast<double>(dY[m * kN + n]) * X[m * kK + k];
+      EXPECT_NEAR(ew.d[n * pw.ldd + k], dw, 1e-5) << n << ", " << k;  // row-major dW[n, k]
+    }
+  }
+  for (long k = 0; k < kK; ++k) {
+    double db_prev = 0;
+    for (long m = 0; m < kM; ++m) {
+      double dx = 0;
+      for (long n = 0; n < kN; ++n) dx += static_cast<double>(dY[m * kN + n]) * W[n * kK + k];
+      dx *= gelu_grad_ref(pre[m * kK + k]);
+      db_prev += dx;
+      EXPECT_NEAR(ex.d[m * px.ldd + k], dx, 1e-5) << m << ", " << k;  // row-major dX[m, k]
+    }
+    EXPECT_NEAR(ex.bias[k], db_prev, 1e-5) << k;
+  }
+}
+
+TEST(ChooseEpilogue, ATileOfTheWeightGradientReadsItsColumnsOfDy) {
+  // Rows [r0, r0 + 4) of W: dY's columns from r0, at dY's full pitch kN.
+  const auto X = random_matrix(kM * kK, 9), dY = random_matrix(kM * kN, 10);
+  const long r0 = 8, rows = 4;
+  EpilogueRequest w = small(LinearProduct::WeightGrad);
+  w.N = rows, w.ldy = kN, w.tiles = 4, w.bias = true;
+  const EpiloguePlan p = choose_epilogue(w);
+  ASSERT_FALSE(p.fallback) << p.reason;
+  const Emulated e = lt_emulate(p, X.data(), dY.data() + r0, {}, nullptr, nullptr, 0);
+  for (long n = 0; n < rows; ++n) {
+    double db = 0;
+    for (long m = 0; m < kM; ++m) db += dY[m * kN + r0 + n];
+    EXPECT_NEAR(e.bias[n], db, 1e-5);
+    for (long k = 0; k < kK; ++k) {
+      double dw = 0;
+      for (long m = 0; m < kM; ++m) dw += static_cast<double>(dY[m * kN + r0 + n]) * X[m * kK + k];
+      EXPECT_NEAR(e.d[n * p.ldd + k], dw, 1e-5);
+    }
+  }
 }
 
 TEST(PlanNorm, OneWarpPerRowVectorisedWhereColumnsAllow) {
