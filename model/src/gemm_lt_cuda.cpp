@@ -3,12 +3,25 @@
 #include "gemm_lt_cuda.hpp"
 
 #include <algorithm>
+#include <string>
 
 #include "kernels_cuda.hpp"
+#include "strata/core/log.hpp"
 
 namespace strata::detail::cuda {
 
 namespace {
+
+const char* product_name(LinearProduct p) {
+  switch (p) {
+    case LinearProduct::Forward: return "forward";
+    case LinearProduct::ForwardGelu: return "forward with GELU";
+    case LinearProduct::WeightGrad: return "weight gradient";
+    case LinearProduct::DataGrad: return "data gradient";
+    case LinearProduct::DataGradDGelu: return "data gradient with GELU's derivative";
+  }
+  return "?";
+}
 
 cublasLtEpilogue_t lt_epilogue(LtEpilogue e) {
   switch (e) {
@@ -90,6 +103,12 @@ LtMatmul::~LtMatmul() {
   if (lt_) cublasLtDestroy(lt_);
 }
 
+void LtMatmul::note_fallback(LinearProduct what, const std::string& why) {
+  std::string m = std::string("cuda fused kernels: a linear layer's ") + product_name(what) +
+                  " runs the reference path (cuBLAS, then the kernels): " + why;
+  if (noted_.insert(m).second) log::info(m);
+}
+
 bool LtMatmul::run(const EpiloguePlan& plan, const LtProduct& p) {
   if (plan.fallback) return false;
   const void* c = p.c ? p.c : p.d;
@@ -135,6 +154,11 @@ bool LtMatmul::run(const EpiloguePlan& plan, const LtProduct& p) {
       cublasLtMatmulPreferenceDestroy(pref);
     }
     it = known_.emplace(key, k).first;
+    if (!k.ok)
+      log::info(std::string("cuda fused kernels: cuBLASLt has no algorithm for the ") + to_string(plan.epilogue) +
+                " product " + std::to_string(plan.m) + " x " + std::to_string(plan.n) + " x " +
+                std::to_string(plan.k) + " (" + to_string(p.ab) + " -> " + to_string(p.out) +
+                "); the reference path runs it");
   }
   if (!it->second.ok) return false;
   const float alpha = 1.0f, beta = plan.beta;
@@ -142,6 +166,8 @@ bool LtMatmul::run(const EpiloguePlan& plan, const LtProduct& p) {
                                            &it->second.algo, workspace_, workspace_bytes_, stream_);
   if (rc == CUBLAS_STATUS_NOT_SUPPORTED || rc == CUBLAS_STATUS_INVALID_VALUE) {
     it->second.ok = false;  // refused before anything was queued: the reference path from now on
+    log::info(std::string("cuda fused kernels: cuBLASLt refused the ") + to_string(plan.epilogue) + " product (" +
+              cublasGetStatusString(rc) + "); the reference path runs it");
     return false;
   }
   STRATA_CHECK_CUBLAS(rc);

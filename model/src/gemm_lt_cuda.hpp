@@ -12,6 +12,8 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
+#include <string>
 #include <tuple>
 
 #include "strata/core/dtype.hpp"
@@ -44,6 +46,9 @@ class LtMatmul {
   // algorithm for it or refuses it; the answer is remembered per shape, types and
   // alignment, so the heuristic runs once per distinct product.
   bool run(const EpiloguePlan& plan, const LtProduct& p);
+  // The plan for `what` said fallback: logged once per product and reason (info), so a
+  // run shows which products took the reference path and why.
+  void note_fallback(LinearProduct what, const std::string& why);
 
  private:
   using Key = std::tuple<long, long, long, long, long, long, int, int, int, int, int, int, long, int, int>;
@@ -56,6 +61,7 @@ class LtMatmul {
   void* workspace_;
   uint64_t workspace_bytes_;
   std::map<Key, Known> known_;
+  std::set<std::string> noted_;  // fallbacks already logged
 };
 
 }  // namespace strata::detail::cuda

@@ -452,7 +452,9 @@ struct GptCuda::Impl {
     if (!lt) return false;
     r.ab = t;
     r.out_addr = addr(d), r.bias_addr = addr(bias), r.aux_addr = addr(aux);
-    return lt->run(choose_epilogue(r), {a, b, c, d, bias, aux, t, r.out, t});
+    const EpiloguePlan plan = choose_epilogue(r);
+    if (plan.fallback) lt->note_fallback(r.product, plan.reason);
+    return lt->run(plan, {a, b, c, d, bias, aux, t, r.out, t});
   }
   // Y (type out) = X W^T + b (+ R), or with aux: Y = gelu(X W^T + b), aux = X W^T + b.
   // Whole weights only: a tiled one (several row spans) runs the reference path, each
