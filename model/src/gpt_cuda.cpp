@@ -430,6 +430,13 @@ struct GptCuda::Impl {
     }
     w.done(bias, static_cast<uint64_t>(N));
   }
+  // Y = X W^T + R (fp32): Llama's projections into the residual stream (no bias).
+  void matmul_rows_plus(const void* X, detail::ParamView& w, uint64_t off, float* Y, long M, int N, int K,
+                        const float* residual) {
+    if (lt_forward(X, w, off, nullptr, Y, DType::F32, residual, nullptr, M, N, K)) return;
+    matmul_rows(X, w, off, Y, M, N, K);
+    cu::add_into(Y, residual, M * N, stream);
+  }
   // GPT-2's fc: a.gel = round(gelu(X W^T + b)), the pre-activation kept in a.fc (fp32; as
   // type t when the fused epilogue wrote it, a.pre_typed).
   void linear_gelu(const void* X, detail::ParamView& w, uint64_t off, uint64_t bias, BlockActsCuda& a, long M, int N,
@@ -456,14 +463,14 @@ struct GptCuda::Impl {
     if (plan.fallback) lt->note_fallback(r.product, plan.reason);
     return lt->run(plan, {a, b, c, d, bias, aux, t, r.out, t});
   }
-  // Y (type out) = X W^T + b (+ R), or with aux: Y = gelu(X W^T + b), aux = X W^T + b.
+  // Y (type out) = X W^T (+ b) (+ R), or with aux: Y = gelu(X W^T + b), aux = X W^T + b.
   // Whole weights only: a tiled one (several row spans) runs the reference path, each
   // tile released after its product. True: queued, and W is done.
   bool lt_forward(const void* X, detail::ParamView& w, uint64_t off, const void* b, void* Y, DType out,
                   const float* residual, void* aux, long M, int N, int K) {
     if (!lt || w.rows(off, N, K).size() != 1) return false;
     EpilogueRequest r{.product = aux ? LinearProduct::ForwardGelu : LinearProduct::Forward, .M = M, .N = N, .K = K,
-                      .out = out, .bias = true, .residual = residual != nullptr, .aux_ld = N};
+                      .out = out, .bias = b != nullptr, .residual = residual != nullptr, .aux_ld = N};
     if (!lt_run(r, w.at(off), X, residual, Y, const_cast<void*>(b), aux)) return false;
     w.done(off, static_cast<uint64_t>(N) * static_cast<uint64_t>(K));
     return true;
@@ -643,15 +650,13 @@ struct GptCuda::Impl {
     matmul_rows(a.ln1, w, llay.qkv_w, dqkv, bt, pw, d);
     cu::rope_expand(dqkv, rope_cos, rope_sin, a.qkv, t, bt, T, d, s.heads, s.kv(), stream);
     cu::attention_forward(a.qkv, a.att, t, a.lse, B, T, d, s.heads, attention_path(), stream);
-    matmul_rows(a.att, w, llay.o_w, a.x2, bt, d, d);
-    cu::add_into(a.x2, x, bt * d, stream);
+    matmul_rows_plus(a.att, w, llay.o_w, a.x2, bt, d, d, x);
     rms_forward(a.x2, w.at(llay.mlp_norm), t, a.ln2, a.rstd2, bt, d, eps, stream);
     done_vecs(w, {llay.mlp_norm}, d);
     matmul_rows(a.ln2, w, llay.gate_up_w, a.fc, bt, 2 * ff, d);
     cu::swiglu_forward(a.fc, a.gel, t, bt, ff, stream);
     if (!out) return;
-    matmul_rows(a.gel, w, llay.down_w, out, bt, d, ff);
-    cu::add_into(out, a.x2, bt * d, stream);
+    matmul_rows_plus(a.gel, w, llay.down_w, out, bt, d, ff, a.x2);
   }
 
   // gpt_cpu_blocks.cpp's llama_block_backward: dres in (the output's gradient), out (the input's).
