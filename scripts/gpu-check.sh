@@ -125,20 +125,21 @@ for part in "${parts[@]}"; do
     # The fused kernels (strata.cuda_kernels = "fused") against the cpu model, then the reference ones alone,
     # with the same tolerances; the sanitizers over the fused path only (the reference one is `sanitize`'s).
     for k in fused reference; do
-      run kernels.log 75 env STRATA_TEST_CUDA_KERNELS=$k "$B/test_gpt_cuda"
+      run kernels.log 70 env STRATA_TEST_CUDA_KERNELS=$k "$B/test_gpt_cuda"
     done
     cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
     run kernels.log 90 env STRATA_TEST_CUDA_KERNELS=fused "$cs" --tool memcheck --error-exitcode 9 "$B/test_gpt_cuda" \
       --gtest_filter='Checkpointing/GptCudaBf16VsCpu.*/None:GptCudaFp16VsCpu.*:Checkpointing/GptCudaVsCpu.*/PerBlock'
-    run kernels.log 60 env STRATA_TEST_CUDA_KERNELS=fused "$cs" --tool racecheck --error-exitcode 9 "$B/test_gpt_cuda" \
+    run kernels.log 50 env STRATA_TEST_CUDA_KERNELS=fused "$cs" --tool racecheck --error-exitcode 9 "$B/test_gpt_cuda" \
       --gtest_filter='Checkpointing/GptCudaBf16VsCpu.*/None'
     # The 1.1B GPT of bench1b, bf16, in memory (CPU Adam over pinned states): reference kernels with PyTorch
     # beside, then the fused ones.
+    # Limits: 70 + 70 + 90 + 50 + 100 + 80 s, within 8 minutes.
     d=$(mktemp -d /tmp/strata-bench-XXXX)
     for k in reference fused; do
-      torch=(--python "$(command -v python3)")
-      [[ $k == fused ]] && torch=(--no-torch)
-      run kernels.log 100 "$B/strata" bench step --backend cuda --cuda-kernels $k --dir "$d" --layers 20 --d-model 2048 \
+      torch=(--python "$(command -v python3)") limit=100
+      [[ $k == fused ]] && torch=(--no-torch) limit=80
+      run kernels.log $limit "$B/strata" bench step --backend cuda --cuda-kernels $k --dir "$d" --layers 20 --d-model 2048 \
         --heads 16 --seq 1024 --micro-batch 2 --memory-budget 10G --no-nvme --precision bf16 --no-f32 --reps 3 \
         --warmup 1 "${torch[@]}" --json "$out/kernels-1b-$k.json"
     done
