@@ -75,6 +75,9 @@ void check_args(const StepArgs& a) {
     throw ConfigError("bench step: --cpu-checkpointing moves the checkpoints of --checkpointing: give both");
   if (a.speculation_inline && !a.speculative)
     throw ConfigError("bench step: --speculation-inline says where the speculative optimizer steps: give --speculative too");
+  if (a.cuda_kernels != "reference" && a.backend != "cuda")
+    throw ConfigError("bench step: --cuda-kernels " + a.cuda_kernels +
+                      " selects kernels of the cuda backend: give --backend cuda too, or leave --cuda-kernels out");
   if (a.gpu_optimizer && a.backend != "cuda")
     throw ConfigError("bench step: --gpu-optimizer needs --backend cuda (the cpu backend's optimizer is CpuAdam)");
   if (!a.f32_beside && !sixteen)
@@ -275,10 +278,11 @@ void print_layouts(const Bench& b) {
 // A model per precision, and each configuration's engine.
 void build_engines(Bench& b) {
   const StepArgs& a = b.a;
+  const CudaKernels kernels = a.cuda_kernels == "fused" ? CudaKernels::Fused : CudaKernels::Reference;
   for (DType p : b.precisions)
     b.models.push_back(make_gpt(b.backend, a.shape,
                                 {a.micro_batch, a.checkpointing ? ActivationCheckpointing::PerBlock : ActivationCheckpointing::None, p,
-                                 a.checkpointing}));
+                                 a.checkpointing, kernels}));
   // The traced engine's recorder is the process's active one from its construction on;
   // the other configurations' steps, run in between, are kept out of it.
   for (Setup& s : b.setups) {
@@ -422,6 +426,11 @@ void add_step(CLI::App& bench, Runner& run) {
                 "one with CPU Adam) in the last precision, speculative with --speculative");
   s->add_option("--backend", a.backend, "cpu, or cuda (GptCuda on GPU 0)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  s->add_option("--cuda-kernels", a.cuda_kernels,
+                "With --backend cuda: the model's kernels, reference or fused (strata.cuda_kernels; fused has not run "
+                "on a GPU yet)")
+      ->check(CLI::IsMember({"reference", "fused"}))
+      ->capture_default_str();
   s->add_option("--precision", a.precision,
                 "f32, or bf16 / fp16: each configuration in fp32 and in 16 bits, PyTorch autocast beside them")
       ->check(CLI::IsMember({"f32", "bf16", "fp16"}))

@@ -38,6 +38,7 @@ struct StepArgs {
   std::string device_budget = "1G";      // of the offloaded run
   std::string pinned_budget = "1G";      // of the offloaded run
   std::string backend = "cpu";
+  std::string cuda_kernels = "reference";  // --cuda-kernels: the cuda model's kernels (strata.cuda_kernels)
   std::string precision = "f32";  // 16 bits: beside fp32, and beside PyTorch autocast
   bool f32_beside = true;         // with 16 bits: the fp32 configurations too
   bool nvme = true;               // the NVMe configuration too

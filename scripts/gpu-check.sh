@@ -9,6 +9,9 @@
 #   bench      strata bench step --backend cuda, 124M, fp32 and bf16: CPU Adam plain and speculative, the
 #              GPU optimizer, offload_optimizer.ratio 0.5 plain and speculative, NVMe; PyTorch beside
 #   bench1b    the same in memory, bf16 alone, for a 1.1B GPT
+#   kernels    strata.cuda_kernels: test_gpt_cuda with the reference and the fused kernels each alone,
+#              compute-sanitizer memcheck and racecheck over the fused path, and the 1.1B bf16 step in
+#              memory with reference, then fused kernels, PyTorch beside; within 8 minutes
 #   lane       the speculative optimizer on its lane against in line: 124M in memory
 #   copy       strata bench copy --backend cuda: pinned <-> device through the copy stream, beside cudaMemcpy
 #   torch      strata.torch on the cuda backend with the machine's torch, transformers and peft:
@@ -26,7 +29,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-known=(tests sanitize train bench bench1b lane copy peers torch lora7b ranks)
+known=(tests sanitize train bench bench1b kernels lane copy peers torch lora7b ranks)
 # The parts asked for are checked before anything is unpacked or run: a typo costs
 # nothing of the machine's time.
 for part in "$@"; do
@@ -120,6 +123,32 @@ for part in "${parts[@]}"; do
       --optimizer-ratio 0.5 --reps 3 --warmup 1 --python "$(command -v python3)" --json "$out/bench-1b.json"
     rm -rf "$d"
     tail -n 30 "$out/bench1b.log"
+    ;;
+  kernels)
+    # The fused kernels (strata.cuda_kernels = "fused") against the cpu model, then the reference ones alone,
+    # with the same tolerances; the sanitizers over the fused path only (the reference one is `sanitize`'s).
+    for k in fused reference; do
+      run kernels.log 70 env STRATA_TEST_CUDA_KERNELS=$k "$B/test_gpt_cuda"
+    done
+    cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+    run kernels.log 90 env STRATA_TEST_CUDA_KERNELS=fused "$cs" --tool memcheck --error-exitcode 9 "$B/test_gpt_cuda" \
+      --gtest_filter='Checkpointing/GptCudaBf16VsCpu.*/None:GptCudaFp16VsCpu.*:Checkpointing/GptCudaVsCpu.*/PerBlock'
+    run kernels.log 50 env STRATA_TEST_CUDA_KERNELS=fused "$cs" --tool racecheck --error-exitcode 9 "$B/test_gpt_cuda" \
+      --gtest_filter='Checkpointing/GptCudaBf16VsCpu.*/None'
+    # The 1.1B GPT of bench1b, bf16, in memory (CPU Adam over pinned states): reference kernels with PyTorch
+    # beside, then the fused ones.
+    # Limits: 70 + 70 + 90 + 50 + 100 + 80 s, within 8 minutes.
+    d=$(mktemp -d /tmp/strata-bench-XXXX)
+    for k in reference fused; do
+      torch=(--python "$(command -v python3)") limit=100
+      [[ $k == fused ]] && torch=(--no-torch) limit=80
+      run kernels.log $limit "$B/strata" bench step --backend cuda --cuda-kernels $k --dir "$d" --layers 20 --d-model 2048 \
+        --heads 16 --seq 1024 --micro-batch 2 --memory-budget 10G --no-nvme --precision bf16 --no-f32 --reps 3 \
+        --warmup 1 "${torch[@]}" --json "$out/kernels-1b-$k.json"
+    done
+    rm -rf "$d"
+    grep -E "^\[  (FAILED|PASSED|SKIPPED) |^=== exit|^measured|ERROR SUMMARY|Failure|^(in memory|torch|PyTorch)" "$out/kernels.log" |
+      cut -c1-200 | head -80
     ;;
   lane)
     # The speculative optimizer on its lane against in line (--speculation-inline), bf16, the

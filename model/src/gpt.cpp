@@ -261,6 +261,10 @@ MatmulRate cpu_matmul_rate_while(const std::function<bool()>& keep_going) {
 }
 
 std::unique_ptr<GptModel> make_gpt(Backend backend, const GptShape& shape, const GptOptions& opts) {
+  if (backend != Backend::Cuda && opts.cuda_kernels != CudaKernels::Reference)
+    throw ConfigError(std::string("strata.cuda_kernels = \"") + to_string(opts.cuda_kernels) +
+                      "\" selects kernels of the cuda backend, and strata.backend is \"" + to_string(backend) +
+                      "\": set strata.backend to \"cuda\", or remove strata.cuda_kernels");
   switch (backend) {
     case Backend::Cpu:
       return std::make_unique<Gpt>(shape, opts);

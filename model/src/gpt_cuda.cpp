@@ -27,9 +27,11 @@
 #include <cmath>
 #include <functional>
 #include <initializer_list>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "gemm_lt_cuda.hpp"
 #include "kernels_cuda.hpp"
 #include "strata/core/convert.hpp"
 #include "strata/core/error.hpp"
@@ -100,6 +102,9 @@ struct BlockActsCuda {
   float *mean2, *rstd2;        // [BT], [BT]
   float* fc;                   // [BT, 4d] before GELU (GELU's backward reads it); Llama [BT, 2 ffn] gate, up
   void* gel;                   // [BT, 4d] h, after GELU; Llama [BT, ffn] silu(gate) * up
+  // Fused path: fc holds the pre-activation as type h (cuBLASLt's aux, [BT, 4d] at the
+  // start of the buffer) instead of fp32; set by the forward that wrote it.
+  bool pre_typed = false;
   void carve(Arena& a, long bt, const GptShape& s, DType h) {
     const int d = s.d_model;
     const long means = s.llama() ? 0 : bt;  // RMSNorm keeps no mean
@@ -147,7 +152,12 @@ struct GptCuda::Impl {
   void* dlogits = nullptr;                 // [chunk rows, logits_ld] h: the head's rounded gradient
   float* dwte32 = nullptr;                 // [V, d] the tied wte gradient, head + embedding, rounded once at the end
                                            // (untied: the head's, then the embedding's, each rounded once)
-  void* workspace = nullptr;               // kCublasWorkspaceBytes, cuBLAS's
+  void* workspace = nullptr;               // kCublasWorkspaceBytes, cuBLAS's (16 bits) and cuBLASLt's (fused)
+  // strata.cuda_kernels = "fused" only (cuda_kernel_plan.hpp; NOT yet run on a GPU):
+  bool fused;
+  std::unique_ptr<cu::LtMatmul> lt;        // the epilogue matmuls
+  float* norm_partials = nullptr;          // norm_partial_bytes_max(bt_max, d): the norms' gain gradients
+  int sms = 1;                             // the GPU's multiprocessors (plan_norm)
   void* mem = nullptr;
   uint64_t bytes = 0;
   cudaStream_t stream = nullptr;
@@ -157,7 +167,8 @@ struct GptCuda::Impl {
   struct CountOnly {};
   // Lays the buffers out without allocating: bytes only (activation_bytes).
   Impl(const GptShape& shape, const GptOptions& opts, CountOnly)
-      : s(shape), o(opts), lay(gpt_block_layout(shape.d_model)), llama(shape.llama()), t(opts.precision) {
+      : s(shape), o(opts), lay(gpt_block_layout(shape.d_model)), llama(shape.llama()), t(opts.precision),
+        fused(opts.cuda_kernels == CudaKernels::Fused) {
     validate(s);
     if (s.has_lora())
       throw ConfigError("strata.lora runs on the cpu backend only for now: the cuda GPT has no adapter kernels; set "
@@ -211,6 +222,10 @@ struct GptCuda::Impl {
     }
     host_loss.resize(bt_max);
     if (llama) upload_rope_tables();
+    if (fused) {
+      lt = std::make_unique<cu::LtMatmul>(stream, workspace, kCublasWorkspaceBytes);
+      sms = cu::multiprocessors();
+    }
   }
 
   // The rotary tables (gpt_layout.hpp's rope_tables), computed on the host once.
@@ -261,6 +276,10 @@ struct GptCuda::Impl {
     inputs = a.take<int32_t>(bt_max);
     targets = a.take<int32_t>(bt_max);
     logits_ld = s.vocab;
+    if (fused) {
+      norm_partials = static_cast<float*>(a.take_bytes(norm_partial_bytes_max(bt_max, d)));
+      if (!half) workspace = a.take_bytes(kCublasWorkspaceBytes);
+    }
     if (!half) return;
     // A pitch of 8 elements keeps every row of the gradient chunk 16-byte aligned for the
     // tensor cores whatever the vocabulary (GPT-2's 50257 is odd).
@@ -337,12 +356,36 @@ struct GptCuda::Impl {
     STRATA_CHECK_CUDA(cudaStreamSynchronize(stream));
     gv.finish();
   }
+  // The norms, by strata.cuda_kernels: the reference kernels (one block per row, one thread
+  // per gain column) or the fused ones (norm_cuda.cu, laid out by plan_norm). Same math.
+  void ln_forward(const float* x, const void* w, const void* b, DType ty, void* y, float* mean, float* rstd, long rows,
+                  int n, cudaStream_t st) {
+    if (!fused) return cu::layernorm_forward(x, w, b, ty, y, mean, rstd, rows, n, st);
+    cu::layernorm_forward_rows(x, w, b, ty, y, mean, rstd, rows, n, plan_norm(rows, n, sms, true), st);
+  }
+  void ln_backward(const float* dy, const float* x, const void* w, DType ty, const float* mean, const float* rstd,
+                   float* dx, void* dw, void* db, long rows, int n, cudaStream_t st) {
+    if (!fused) return cu::layernorm_backward(dy, x, w, ty, mean, rstd, dx, dw, db, rows, n, st);
+    cu::layernorm_backward_rows(dy, x, w, ty, mean, rstd, dx, dw, db, norm_partials, rows, n,
+                                plan_norm(rows, n, sms, true), st);
+  }
+  void rms_forward(const float* x, const void* w, DType ty, void* y, float* rstd, long rows, int n, float eps,
+                   cudaStream_t st) {
+    if (!fused) return cu::rmsnorm_forward(x, w, ty, y, rstd, rows, n, eps, st);
+    cu::rmsnorm_forward_rows(x, w, ty, y, rstd, rows, n, eps, plan_norm(rows, n, sms, false), st);
+  }
+  void rms_backward(const float* dy, const float* x, const void* w, DType ty, const float* rstd, float* dx, void* dw,
+                    long rows, int n, cudaStream_t st) {
+    if (!fused) return cu::rmsnorm_backward(dy, x, w, ty, rstd, dx, dw, rows, n, st);
+    cu::rmsnorm_backward_rows(dy, x, w, ty, rstd, dx, dw, norm_partials, rows, n, plan_norm(rows, n, sms, false), st);
+  }
+
   // The final norm over rows of the final residual: LayerNorm, or Llama's RMSNorm.
   void final_norm(const float* x, const void* wf, long rows) {
     if (llama)
-      cu::rmsnorm_forward(x, wf, t, lnf, rstdf, rows, s.d_model, static_cast<float>(s.norm_eps), stream);
+      rms_forward(x, wf, t, lnf, rstdf, rows, s.d_model, static_cast<float>(s.norm_eps), stream);
     else
-      cu::layernorm_forward(x, wf, at(wf, s.d_model), t, lnf, meanf, rstdf, rows, s.d_model, stream);
+      ln_forward(x, wf, at(wf, s.d_model), t, lnf, meanf, rstdf, rows, s.d_model, stream);
   }
   // The output head's weights: wte (tied) or Llama's lm_head after the final norm's gain.
   const void* head_of(const void* wf, const void* wte) const { return s.tied() ? wte : at(wf, s.d_model); }
@@ -374,25 +417,122 @@ struct GptCuda::Impl {
       w.done(o, static_cast<uint64_t>(r.r1 - r.r0) * static_cast<uint64_t>(K));
     }
   }
-  // Y = X W^T + b (fp32 Y); the bias [N] at element `bias` of the block. The bias is read
-  // first, as the cpu model reads it, so both ask the source for parts in the same order.
-  void linear(const void* X, detail::ParamView& w, uint64_t off, uint64_t bias, float* Y, long M, int N, int K) {
+  // Y = X W^T + b (+ residual R [M, N], fp32) (fp32 Y); the bias [N] at element `bias` of
+  // the block. The bias is read first, as the cpu model reads it, so both ask the source
+  // for parts in the same order.
+  void linear(const void* X, detail::ParamView& w, uint64_t off, uint64_t bias, float* Y, long M, int N, int K,
+              const float* residual = nullptr) {
     const void* b = w.at(bias);
-    matmul_rows(X, w, off, Y, M, N, K);
-    cu::add_bias_rows(Y, b, t, M, N, stream);
+    if (!lt_forward(X, w, off, b, Y, DType::F32, residual, nullptr, M, N, K)) {
+      matmul_rows(X, w, off, Y, M, N, K);
+      cu::add_bias_rows(Y, b, t, M, N, stream);
+      if (residual) cu::add_into(Y, residual, M * N, stream);
+    }
     w.done(bias, static_cast<uint64_t>(N));
+  }
+  // Y = X W^T + R (fp32): Llama's projections into the residual stream (no bias).
+  void matmul_rows_plus(const void* X, detail::ParamView& w, uint64_t off, float* Y, long M, int N, int K,
+                        const float* residual) {
+    if (lt_forward(X, w, off, nullptr, Y, DType::F32, residual, nullptr, M, N, K)) return;
+    matmul_rows(X, w, off, Y, M, N, K);
+    cu::add_into(Y, residual, M * N, stream);
+  }
+  // GPT-2's fc: a.gel = round(gelu(X W^T + b)), the pre-activation kept in a.fc (fp32; as
+  // type t when the fused epilogue wrote it, a.pre_typed).
+  void linear_gelu(const void* X, detail::ParamView& w, uint64_t off, uint64_t bias, BlockActsCuda& a, long M, int N,
+                   int K) {
+    const void* b = w.at(bias);
+    a.pre_typed = lt_forward(X, w, off, b, a.gel, t, nullptr, a.fc, M, N, K);
+    if (!a.pre_typed) {
+      matmul_rows(X, w, off, a.fc, M, N, K);
+      cu::add_bias_rows(a.fc, b, t, M, N, stream);
+      cu::gelu_forward(a.fc, a.gel, t, M * N, stream);
+    }
+    w.done(bias, static_cast<uint64_t>(N));
+  }
+
+  // ---- the fused path's matmuls (strata.cuda_kernels = "fused"; NOT yet run on a GPU) ----
+  static uint64_t addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
+  // One cuBLASLt product as choose_epilogue plans it for r (A and B in the plan's order);
+  // false: nothing queued, the caller runs the reference path.
+  bool lt_run(EpilogueRequest r, const void* a, const void* b, const void* c, void* d, void* bias, void* aux) {
+    if (!lt) return false;
+    r.ab = t;
+    r.out_addr = addr(d), r.bias_addr = addr(bias), r.aux_addr = addr(aux);
+    const EpiloguePlan plan = choose_epilogue(r);
+    if (plan.fallback) lt->note_fallback(r.product, plan.reason);
+    return lt->run(plan, {a, b, c, d, bias, aux, t, r.out, t});
+  }
+  // Y (type out) = X W^T (+ b) (+ R), or with aux: Y = gelu(X W^T + b), aux = X W^T + b.
+  // Whole weights only: a tiled one (several row spans) runs the reference path, each
+  // tile released after its product. True: queued, and W is done.
+  bool lt_forward(const void* X, detail::ParamView& w, uint64_t off, const void* b, void* Y, DType out,
+                  const float* residual, void* aux, long M, int N, int K) {
+    if (!lt || w.rows(off, N, K).size() != 1) return false;
+    EpilogueRequest r{.product = aux ? LinearProduct::ForwardGelu : LinearProduct::Forward, .M = M, .N = N, .K = K,
+                      .out = out, .bias = b != nullptr, .residual = residual != nullptr, .aux_ld = N};
+    if (!lt_run(r, w.at(off), X, residual, Y, const_cast<void*>(b), aux)) return false;
+    w.done(off, static_cast<uint64_t>(N) * static_cast<uint64_t>(K));
+    return true;
   }
   // The same stored as type t: round(X W^T + b), the fp32 product held in `scratch`.
   void linear_rounded(const void* X, detail::ParamView& w, uint64_t off, uint64_t bias, void* Y, float* scratch,
                       long M, int N, int K) {
     if (!half) return linear(X, w, off, bias, static_cast<float*>(Y), M, N, K);
     const void* b = w.at(bias);
+    if (lt_forward(X, w, off, b, Y, t, nullptr, nullptr, M, N, K)) return w.done(bias, static_cast<uint64_t>(N));
     matmul_rows(X, w, off, scratch, M, N, K);
     cu::add_bias_rows_to(scratch, b, t, Y, M, N, stream);
     w.done(bias, static_cast<uint64_t>(N));
   }
 
   static constexpr uint64_t kNoBias = UINT64_MAX;  // a linear without bias (Llama's)
+
+  // GELU's backward folded into the data gradient before it (fused path, GPT-2's MLP).
+  struct DGelu {
+    const void* pre;    // a.fc: the pre-activation, type t when pre_typed, else fp32
+    bool pre_typed;
+    void* db;           // fc's bias gradient
+    bool done = false;  // set: dX holds round((dY W) gelu'(pre)) as type t, and db is written
+  };
+  // The fused path's linear backward, whole weights and a whole group only (false before
+  // anything is queued otherwise): dY (fp32; or gy, already of type t, and no bias), then
+  // dX = dY W (or, with dg, with GELU's derivative and fc's bias gradient in the epilogue)
+  // and dW = dY^T X with db in the epilogue (BGRADB). A product cuBLASLt will not run
+  // falls back to cuBLAS and the reference kernels on its own.
+  bool lt_backward(const float* dY, const void* gy, const void* X, detail::ParamView& w, uint64_t off, uint64_t bias,
+                   float* dX, detail::GradView& g, long M, int N, int K, DGelu* dg) {
+    if (!lt || g.parts() != 1 || w.rows(off, N, K).size() != 1) return false;
+    void* db = bias != kNoBias ? g.at(bias) : nullptr;
+    if (!gy) {
+      gy = dY;
+      if (half) {
+        cu::round_to(dY, dh, t, M * N, stream);
+        gy = dh;
+      }
+    }
+    const void* W = w.at(off);
+    if (dX) {
+      bool done = false;
+      if (dg && (dg->pre_typed || !half)) {
+        EpilogueRequest r{.product = LinearProduct::DataGradDGelu, .M = M, .N = N, .K = K, .out = t, .aux_ld = K};
+        done = lt_run(r, W, gy, nullptr, dX, dg->db, const_cast<void*>(dg->pre));
+      }
+      if (dg) dg->done = done;
+      if (!done) matmul(false, false, M, K, N, gy, N, W, K, 0.0f, dX, DType::F32, K);
+    }
+    const uint64_t n = static_cast<uint64_t>(N) * static_cast<uint64_t>(K);
+    w.done(off, n);
+    EpilogueRequest r{.product = LinearProduct::WeightGrad, .M = M, .N = N, .K = K, .out = t, .bias = db != nullptr};
+    if (!lt_run(r, X, gy, nullptr, g.at(off), db, nullptr)) {
+      if (db) cu::column_sums(dY, db, t, M, N, stream);  // dY is fp32 wherever a bias is asked for
+      matmul(true, false, N, K, M, gy, N, X, K, 0.0f, g.at(off), t, K);
+    }
+    if (db) g.wrote(bias, static_cast<uint64_t>(N));
+    g.wrote(off, n);
+    return true;
+  }
+
   // dY (fp32) in. First db = colsum(dY) (summed in fp32 over the fp32 dY, rounded once) at
   // element `bias` of the block unless kNoBias, as the cpu model takes it first; then, in 16
   // bits, dY is rounded for the matmuls. For the [N, K] matrix W at element `off`, tile by
@@ -400,7 +540,8 @@ struct GptCuda::Impl {
   // when null), and each tile's dW = dY[:, r0:r1]^T X (type t, rounded once), handed back
   // as soon as it is written.
   void linear_backward(const float* dY, const void* X, detail::ParamView& w, uint64_t off, uint64_t bias, float* dX,
-                       detail::GradView& g, long M, int N, int K) {
+                       detail::GradView& g, long M, int N, int K, DGelu* dg = nullptr) {
+    if (lt_backward(dY, nullptr, X, w, off, bias, dX, g, M, N, K, dg)) return;
     if (bias != kNoBias) {
       cu::column_sums(dY, g.at(bias), t, M, N, stream);
       g.wrote(bias, static_cast<uint64_t>(N));
@@ -440,30 +581,25 @@ struct GptCuda::Impl {
   void block_forward(detail::ParamView& w, const float* x, BlockActsCuda& a, float* out, int B, int T) {
     const int d = s.d_model;
     const long bt = static_cast<long>(B) * T;
-    cu::layernorm_forward(x, w.at(lay.ln1_w), w.at(lay.ln1_b), t, a.ln1, a.mean1, a.rstd1, bt, d, stream);
+    ln_forward(x, w.at(lay.ln1_w), w.at(lay.ln1_b), t, a.ln1, a.mean1, a.rstd1, bt, d, stream);
     done_vecs(w, {lay.ln1_w, lay.ln1_b}, d);
     // dqkv is free in forward (and in a recompute, before its block's backward).
     linear_rounded(a.ln1, w, lay.qkv_w, lay.qkv_b, a.qkv, dqkv, bt, 3 * d, d);
     cu::attention_forward(a.qkv, a.att, t, a.lse, B, T, d, s.heads, attention_path(), stream);
-    linear(a.att, w, lay.attn_proj_w, lay.attn_proj_b, a.x2, bt, d, d);
-    cu::add_into(a.x2, x, bt * d, stream);
-    cu::layernorm_forward(a.x2, w.at(lay.ln2_w), w.at(lay.ln2_b), t, a.ln2, a.mean2, a.rstd2, bt, d, stream);
+    linear(a.att, w, lay.attn_proj_w, lay.attn_proj_b, a.x2, bt, d, d, x);  // + the residual
+    ln_forward(a.x2, w.at(lay.ln2_w), w.at(lay.ln2_b), t, a.ln2, a.mean2, a.rstd2, bt, d, stream);
     done_vecs(w, {lay.ln2_w, lay.ln2_b}, d);
-    linear(a.ln2, w, lay.fc_w, lay.fc_b, a.fc, bt, 4 * d, d);
-    cu::gelu_forward(a.fc, a.gel, t, bt * 4 * d, stream);
+    linear_gelu(a.ln2, w, lay.fc_w, lay.fc_b, a, bt, 4 * d, d);
     if (!out) return;
-    linear(a.gel, w, lay.mlp_proj_w, lay.mlp_proj_b, out, bt, d, 4 * d);
-    cu::add_into(out, a.x2, bt * d, stream);
+    linear(a.gel, w, lay.mlp_proj_w, lay.mlp_proj_b, out, bt, d, 4 * d, a.x2);
   }
 
   // dres: gradient of the block's output in, of its input out. g: the block's gradient.
   void block_backward(detail::ParamView& w, const float* x, BlockActsCuda& a, detail::GradView& g, int B, int T) {
     const int d = s.d_model;
     const long bt = static_cast<long>(B) * T;
-    linear_backward(dres, a.gel, w, lay.mlp_proj_w, lay.mlp_proj_b, dbig, g, bt, d, 4 * d);
-    cu::gelu_backward(dbig, a.fc, bt * 4 * d, stream);
-    linear_backward(dbig, a.ln2, w, lay.fc_w, lay.fc_b, dsmall, g, bt, 4 * d, d);
-    cu::layernorm_backward(dsmall, a.x2, w.at(lay.ln2_w), t, a.mean2, a.rstd2, dres, g.at(lay.ln2_w),
+    mlp_backward(w, a, g, bt);
+    ln_backward(dsmall, a.x2, w.at(lay.ln2_w), t, a.mean2, a.rstd2, dres, g.at(lay.ln2_w),
                            g.at(lay.ln2_b), bt, d, stream);
     done_vecs(w, {lay.ln2_w}, d);
     wrote_vecs(g, {lay.ln2_w, lay.ln2_b}, d);
@@ -477,10 +613,30 @@ struct GptCuda::Impl {
     }
     cu::attention_backward(a.qkv, a.att, t, a.lse, dout, dqkv, dot, B, T, d, s.heads, attention_path(), stream);
     linear_backward(dqkv, a.ln1, w, lay.qkv_w, lay.qkv_b, dsmall, g, bt, 3 * d, d);
-    cu::layernorm_backward(dsmall, x, w.at(lay.ln1_w), t, a.mean1, a.rstd1, dres, g.at(lay.ln1_w), g.at(lay.ln1_b),
+    ln_backward(dsmall, x, w.at(lay.ln1_w), t, a.mean1, a.rstd1, dres, g.at(lay.ln1_w), g.at(lay.ln1_b),
                            bt, d, stream);
     done_vecs(w, {lay.ln1_w}, d);
     wrote_vecs(g, {lay.ln1_w, lay.ln1_b}, d);
+  }
+
+  // GPT-2's MLP backward: dres in, dsmall = the gradient of ln2's output. Fused, GELU's
+  // derivative and fc's bias gradient ride on mlp_proj's data gradient where they can;
+  // dbig then holds fc's output gradient already rounded to type t.
+  void mlp_backward(detail::ParamView& w, BlockActsCuda& a, detail::GradView& g, long bt) {
+    const int d = s.d_model;
+    DGelu dg{a.fc, a.pre_typed, lt && g.parts() == 1 ? g.at(lay.fc_b) : nullptr};
+    linear_backward(dres, a.gel, w, lay.mlp_proj_w, lay.mlp_proj_b, dbig, g, bt, d, 4 * d, dg.db ? &dg : nullptr);
+    if (dg.done) {
+      g.wrote(lay.fc_b, static_cast<uint64_t>(4 * d));
+      STRATA_CHECK(lt_backward(nullptr, dbig, a.ln2, w, lay.fc_w, kNoBias, dsmall, g, bt, 4 * d, d, nullptr),
+                   "the fused MLP backward lost its whole group between two products");
+      return;
+    }
+    if (a.pre_typed)
+      cu::gelu_backward_typed(dbig, a.fc, t, bt * 4 * d, stream);
+    else
+      cu::gelu_backward(dbig, a.fc, bt * 4 * d, stream);
+    linear_backward(dbig, a.ln2, w, lay.fc_w, lay.fc_b, dsmall, g, bt, 4 * d, d);
   }
 
   // gpt_cpu_blocks.cpp's llama_block_forward: x [BT, d] -> a's activations; out = x + block(x) when
@@ -489,20 +645,18 @@ struct GptCuda::Impl {
     const int d = s.d_model, ff = s.ffn_dim(), pw = d + 2 * s.kv_dim();
     const long bt = static_cast<long>(B) * T;
     const float eps = static_cast<float>(s.norm_eps);
-    cu::rmsnorm_forward(x, w.at(llay.attn_norm), t, a.ln1, a.rstd1, bt, d, eps, stream);
+    rms_forward(x, w.at(llay.attn_norm), t, a.ln1, a.rstd1, bt, d, eps, stream);
     done_vecs(w, {llay.attn_norm}, d);
     matmul_rows(a.ln1, w, llay.qkv_w, dqkv, bt, pw, d);
     cu::rope_expand(dqkv, rope_cos, rope_sin, a.qkv, t, bt, T, d, s.heads, s.kv(), stream);
     cu::attention_forward(a.qkv, a.att, t, a.lse, B, T, d, s.heads, attention_path(), stream);
-    matmul_rows(a.att, w, llay.o_w, a.x2, bt, d, d);
-    cu::add_into(a.x2, x, bt * d, stream);
-    cu::rmsnorm_forward(a.x2, w.at(llay.mlp_norm), t, a.ln2, a.rstd2, bt, d, eps, stream);
+    matmul_rows_plus(a.att, w, llay.o_w, a.x2, bt, d, d, x);
+    rms_forward(a.x2, w.at(llay.mlp_norm), t, a.ln2, a.rstd2, bt, d, eps, stream);
     done_vecs(w, {llay.mlp_norm}, d);
     matmul_rows(a.ln2, w, llay.gate_up_w, a.fc, bt, 2 * ff, d);
     cu::swiglu_forward(a.fc, a.gel, t, bt, ff, stream);
     if (!out) return;
-    matmul_rows(a.gel, w, llay.down_w, out, bt, d, ff);
-    cu::add_into(out, a.x2, bt * d, stream);
+    matmul_rows_plus(a.gel, w, llay.down_w, out, bt, d, ff, a.x2);
   }
 
   // gpt_cpu_blocks.cpp's llama_block_backward: dres in (the output's gradient), out (the input's).
@@ -513,7 +667,7 @@ struct GptCuda::Impl {
     linear_backward(dres, a.gel, w, llay.down_w, kNoBias, dmid, g, bt, d, ff);
     cu::swiglu_backward(dmid, a.fc, dbig, bt, ff, stream);
     linear_backward(dbig, a.ln2, w, llay.gate_up_w, kNoBias, dsmall, g, bt, 2 * ff, d);
-    cu::rmsnorm_backward(dsmall, a.x2, w.at(llay.mlp_norm), t, a.rstd2, dres, g.at(llay.mlp_norm), bt, d, stream);
+    rms_backward(dsmall, a.x2, w.at(llay.mlp_norm), t, a.rstd2, dres, g.at(llay.mlp_norm), bt, d, stream);
     done_vecs(w, {llay.mlp_norm}, d);
     wrote_vecs(g, {llay.mlp_norm}, d);
     linear_backward(dres, a.att, w, llay.o_w, kNoBias, dsmall, g, bt, d, d);
@@ -525,7 +679,7 @@ struct GptCuda::Impl {
     cu::attention_backward(a.qkv, a.att, t, a.lse, dout, dqkv, dot, B, T, d, s.heads, attention_path(), stream);
     cu::rope_reduce(dqkv, rope_cos, rope_sin, dbig, bt, T, d, s.heads, s.kv(), stream);
     linear_backward(dbig, a.ln1, w, llay.qkv_w, kNoBias, dsmall, g, bt, pw, d);
-    cu::rmsnorm_backward(dsmall, x, w.at(llay.attn_norm), t, a.rstd1, dres, g.at(llay.attn_norm), bt, d, stream);
+    rms_backward(dsmall, x, w.at(llay.attn_norm), t, a.rstd1, dres, g.at(llay.attn_norm), bt, d, stream);
     done_vecs(w, {llay.attn_norm}, d);
     wrote_vecs(g, {llay.attn_norm}, d);
   }
@@ -562,9 +716,9 @@ struct GptCuda::Impl {
     if (dwte) {
       STRATA_CHECK_CUDA(cudaMemsetAsync(dres, 0, bt * d * sizeof(float), stream));
       if (llama)
-        cu::rmsnorm_backward(dsmall, xf, wf, t, rstdf, dres, dlnf_wb, bt, d, stream);
+        rms_backward(dsmall, xf, wf, t, rstdf, dres, dlnf_wb, bt, d, stream);
       else
-        cu::layernorm_backward(dsmall, xf, wf, t, meanf, rstdf, dres, dlnf_wb, at(dlnf_wb, d), bt, d, stream);
+        ln_backward(dsmall, xf, wf, t, meanf, rstdf, dres, dlnf_wb, at(dlnf_wb, d), bt, d, stream);
       // An untied head's gradient is complete: rounded into the final group once.
       if (half && !s.tied()) cu::round_to(dwte32, dwte, t, static_cast<long>(V) * d, stream);
     }
@@ -617,100 +771,5 @@ uint64_t GptCuda::activation_bytes(const GptShape& s, const GptOptions& o) {
 }
 
 uint64_t GptCuda::activation_bytes() const { return impl_->bytes; }
-
-namespace {
-
-// Best FLOP/s of `run` (one n x n x n product on `stream`, enqueued by cuBLAS) over
-// batches of a few runs, for about `seconds` of GPU time in total, after one warm-up run
-// (kernel selection, clocks).
-double best_matmul_rate(const std::function<void()>& run, cudaStream_t stream, int n, double seconds) {
-  cudaEvent_t start = nullptr, stop = nullptr;
-  STRATA_CHECK_CUDA(cudaEventCreate(&start));
-  STRATA_CHECK_CUDA(cudaEventCreate(&stop));
-  run();
-  STRATA_CHECK_CUDA(cudaStreamSynchronize(stream));
-  double best = 0, spent = 0;
-  do {
-    constexpr int kReps = 4;
-    STRATA_CHECK_CUDA(cudaEventRecord(start, stream));
-    for (int r = 0; r < kReps; ++r) run();
-    STRATA_CHECK_CUDA(cudaEventRecord(stop, stream));
-    STRATA_CHECK_CUDA(cudaEventSynchronize(stop));
-    float ms = 0;
-    STRATA_CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    spent += ms / 1e3;
-    best = std::max(best, kReps * 2.0 * n * n * static_cast<double>(n) / (ms / 1e3));
-  } while (spent < seconds);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return best;
-}
-
-// Three n x n matrices of `bytes_per` bytes per element on the current GPU, a stream and a
-// cuBLAS handle on it; freed on scope exit.
-struct MatmulBench {
-  void *a = nullptr, *b = nullptr, *c = nullptr;
-  cudaStream_t stream = nullptr;
-  cublasHandle_t h = nullptr;
-  MatmulBench(int n, size_t bytes_per) {
-    const size_t bytes = static_cast<size_t>(n) * n * bytes_per;
-    STRATA_CHECK_CUDA(cudaMalloc(&a, bytes));
-    STRATA_CHECK_CUDA(cudaMalloc(&b, bytes));
-    STRATA_CHECK_CUDA(cudaMalloc(&c, bytes));
-    STRATA_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    STRATA_CHECK_CUBLAS(cublasCreate(&h));
-    STRATA_CHECK_CUBLAS(cublasSetStream(h, stream));
-  }
-  ~MatmulBench() {
-    cudaStreamSynchronize(stream);
-    cublasDestroy(h);
-    cudaStreamDestroy(stream);
-    cudaFree(a);
-    cudaFree(b);
-    cudaFree(c);
-  }
-};
-
-}  // namespace
-
-double measure_cuda_matmul_peak(double seconds) {
-  const int n = 4096;
-  MatmulBench m(n, sizeof(float));
-  STRATA_CHECK_CUDA(cudaMemsetAsync(m.a, 0, static_cast<size_t>(n) * n * sizeof(float), m.stream));
-  STRATA_CHECK_CUDA(cudaMemsetAsync(m.b, 0, static_cast<size_t>(n) * n * sizeof(float), m.stream));
-  STRATA_CHECK_CUBLAS(cublasSetMathMode(m.h, CUBLAS_DEFAULT_MATH));  // fp32, as the model
-  const float one = 1.0f, zero = 0.0f;
-  const auto* a = static_cast<const float*>(m.a);
-  const auto* b = static_cast<const float*>(m.b);
-  auto* c = static_cast<float*>(m.c);
-  return best_matmul_rate(
-      [&] { STRATA_CHECK_CUBLAS(cublasSgemm(m.h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a, n, b, n, &zero, c, n)); },
-      m.stream, n, seconds);
-}
-
-double measure_cuda_matmul_peak(DType precision, double seconds) {
-  if (precision == DType::F32) return measure_cuda_matmul_peak(seconds);
-  if (precision != DType::BF16 && precision != DType::F16)
-    throw ConfigError(std::string("measure_cuda_matmul_peak: no matmul peak for ") + to_string(precision) +
-                      "; the model computes in f32, bf16 or fp16");
-  // 8192: large enough to fill an H100's or H200's tensor cores (16 GFLOP per product,
-  // about 1.4 ms at 800 TFLOP/s); random operands, since zeros run faster than real data.
-  const int n = 8192;
-  const long numel = static_cast<long>(n) * n;
-  MatmulBench m(n, dtype_size(precision));
-  cu::fill_uniform(m.a, precision, numel, 1, m.stream);
-  cu::fill_uniform(m.b, precision, numel, 2, m.stream);
-  // As the model's matmuls: tensor cores, fp32 accumulation, the 16-bit result rounded once.
-  STRATA_CHECK_CUBLAS(cublasSetMathMode(
-      m.h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
-  const cudaDataType_t ty = cuda_type(precision);
-  const float one = 1.0f, zero = 0.0f;
-  return best_matmul_rate(
-      [&] {
-        STRATA_CHECK_CUBLAS(cublasGemmEx(m.h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, m.a, ty, n, m.b, ty, n, &zero,
-                                         m.c, ty, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-      },
-      m.stream, n, seconds);
-}
 
 }  // namespace strata

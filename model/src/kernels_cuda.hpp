@@ -28,6 +28,7 @@
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
 #include "strata/model/attention_plan.hpp"
+#include "strata/model/cuda_kernel_plan.hpp"
 
 // The same checker core/src/cuda_device.cu generates (identical definition, so one
 // inline function): a failing call aborts naming the call, file, line and rank.
@@ -69,6 +70,25 @@ void layernorm_forward(const float* x, const void* w, const void* b, DType t, vo
 // once as type t, overwritten (one thread per column). w of type t.
 void layernorm_backward(const float* dy, const float* x, const void* w, DType t, const float* mean, const float* rstd,
                         float* dx, void* dw, void* db, long rows, int n, cudaStream_t s);
+
+// The fused path's norms (strata.cuda_kernels = "fused"; norm_cuda.cu): the same
+// contracts as layernorm_forward / _backward and rmsnorm_forward / _backward above, laid
+// out by plan_norm(rows, n, multiprocessors(), ...) (cuda_kernel_plan.hpp). `partials` is
+// fp32 scratch of at least the plan's partial_bytes for the gains' (and bias') gradient.
+// NOT yet run on a GPU.
+void layernorm_forward_rows(const float* x, const void* w, const void* b, DType t, void* y, float* mean, float* rstd,
+                            long rows, int n, const NormPlan& p, cudaStream_t s);
+void layernorm_backward_rows(const float* dy, const float* x, const void* w, DType t, const float* mean,
+                             const float* rstd, float* dx, void* dw, void* db, float* partials, long rows, int n,
+                             const NormPlan& p, cudaStream_t s);
+void rmsnorm_forward_rows(const float* x, const void* w, DType t, void* y, float* rstd, long rows, int n, float eps,
+                          const NormPlan& p, cudaStream_t s);
+void rmsnorm_backward_rows(const float* dy, const float* x, const void* w, DType t, const float* rstd, float* dx,
+                           void* dw, float* partials, long rows, int n, const NormPlan& p, cudaStream_t s);
+// grad *= gelu'(pre), pre of type t (the fused path's GELU pre-activation, kept by the
+// matmul's epilogue in the output's type), grad fp32.
+void gelu_backward_typed(float* grad, const void* pre, DType t, long n, cudaStream_t s);
+int multiprocessors();  // of the current GPU
 
 // y[r] += bias (fp32 y, bias of type t).
 void add_bias_rows(float* y, const void* bias, DType t, long rows, int n, cudaStream_t s);

@@ -9,6 +9,15 @@
 // Attention runs on the cuBLAS path by default (attention_cuda.cu); GptCudaFlash runs the
 // flash kernels (STRATA_ATTENTION=flash) against the same cpu model.
 //
+// Every comparison runs twice, with the reference kernels and with the fused ones
+// (strata.cuda_kernels; cuBLASLt epilogues, row-parallel norms), at the same tolerances;
+// STRATA_TEST_CUDA_KERNELS=reference or fused runs one. The fused set has NOT run on a
+// GPU yet (scripts/gpu-check.sh kernels). Where it differs from the reference in what it
+// rounds (the GELU pre-activation kept in the 16-bit type; bias gradients summed from the
+// rounded dY by the matmul's epilogue), the change is one rounding of the kind the 16-bit
+// tolerances below already allow for; if the first run there shows otherwise, the
+// measured figures printed per kernel set say by how much.
+//
 // Needs a GPU: skips with the reason where there is none, or where Strata was built
 // without the cuda backend (CI: compiled, linked and skipped; run on an H100 by hand,
 // docs/training.md says when). The bf16, fp16 and Llama cases have run on an H200: their
@@ -196,6 +205,17 @@ std::vector<std::vector<float>> rounded_to(std::vector<std::vector<float>> group
   return groups;
 }
 
+// The cuda kernel sets each comparison runs with: both, or the one STRATA_TEST_CUDA_KERNELS
+// names ("reference" or "fused"; scripts/gpu-check.sh's `kernels` part runs each alone).
+std::vector<CudaKernels> kernel_sets() {
+  const char* only = std::getenv("STRATA_TEST_CUDA_KERNELS");
+  if (!only || !*only) return {CudaKernels::Reference, CudaKernels::Fused};
+  if (std::string(only) == "reference") return {CudaKernels::Reference};
+  if (std::string(only) == "fused") return {CudaKernels::Fused};
+  ADD_FAILURE() << "STRATA_TEST_CUDA_KERNELS is '" << only << "': set it to reference or fused, or unset it for both";
+  return {};
+}
+
 // One model on both backends: loss, gradients, forward_loss and next-token logits. The
 // cuda model computes in opts.precision, the cpu model in cpu_precision (the same, or
 // fp32 over the same 16-bit weights); both scale the loss's gradient by loss_scale.
@@ -215,38 +235,44 @@ void compare_with_cpu(const GptShape& shape, const GptOptions& opts, DType cpu_p
   auto cpu = make_gpt(Backend::Cpu, shape, cpu_opts);
   const double cpu_loss = cpu->forward_backward(host, inputs.data(), targets.data(), loss_scale);
 
-  DeviceWeights dev(weights, opts.precision);
-  GptCuda gpu(shape, opts);
-  EXPECT_EQ(gpu.activation_bytes(), GptCuda::activation_bytes(shape, opts));
-  const double gpu_loss = gpu.forward_backward(dev, inputs.data(), targets.data(), loss_scale);
-  EXPECT_NEAR(gpu_loss, cpu_loss, tol.loss * std::fabs(cpu_loss));
-  // The measured errors, printed against their tolerances: what the tolerances were set from.
-  double worst_grad = 0, worst_logits = 0;
-  std::string worst_grad_name;
-  for (int g = 0; g < dev.num_groups(); ++g) EXPECT_EQ(dev.held(g), 0) << "group " << g << " still acquired";
+  // Every comparison runs with both kernel sets (strata.cuda_kernels), the same tolerances.
+  for (const CudaKernels kernels : kernel_sets()) {
+    SCOPED_TRACE(std::string(to_string(kernels)) + " kernels");
+    DeviceWeights dev(weights, opts.precision);
+    GptOptions gpu_opts = opts;
+    gpu_opts.cuda_kernels = kernels;
+    GptCuda gpu(shape, gpu_opts);
+    EXPECT_EQ(gpu.activation_bytes(), GptCuda::activation_bytes(shape, gpu_opts));
+    const double gpu_loss = gpu.forward_backward(dev, inputs.data(), targets.data(), loss_scale);
+    EXPECT_NEAR(gpu_loss, cpu_loss, tol.loss * std::fabs(cpu_loss));
+    // The measured errors, printed against their tolerances: what the tolerances were set from.
+    double worst_grad = 0, worst_logits = 0;
+    std::string worst_grad_name;
+    for (int g = 0; g < dev.num_groups(); ++g) EXPECT_EQ(dev.held(g), 0) << "group " << g << " still acquired";
 
-  const auto groups = gpt_groups(shape);
-  for (size_t g = 0; g < groups.size(); ++g) {
-    ASSERT_EQ(dev.grads(static_cast<int>(g)).size(), groups[g].numel) << "grads_ready never called for group " << g;
-    const std::vector<float> ref = host.grads(static_cast<int>(g));
-    for (const GptTensor& t : groups[g].tensors) {
-      const double e = expect_close(dev.grads(static_cast<int>(g)).data() + t.offset, ref.data() + t.offset,
-                                    t.numel(), tol.grads, "gradient of " + t.name);
-      if (e > worst_grad) worst_grad = e, worst_grad_name = t.name;
+    const auto groups = gpt_groups(shape);
+    for (size_t g = 0; g < groups.size(); ++g) {
+      ASSERT_EQ(dev.grads(static_cast<int>(g)).size(), groups[g].numel) << "grads_ready never called for group " << g;
+      const std::vector<float> ref = host.grads(static_cast<int>(g));
+      for (const GptTensor& t : groups[g].tensors) {
+        const double e = expect_close(dev.grads(static_cast<int>(g)).data() + t.offset, ref.data() + t.offset,
+                                      t.numel(), tol.grads, "gradient of " + t.name);
+        if (e > worst_grad) worst_grad = e, worst_grad_name = t.name;
+      }
     }
-  }
 
-  EXPECT_NEAR(gpu.forward_loss(dev, inputs.data(), targets.data()), cpu_loss, tol.loss * std::fabs(cpu_loss));
-  for (int len : {shape.seq_len, std::min(70, shape.seq_len - 1), 1}) {
-    std::vector<float> ref(shape.vocab), got(shape.vocab);
-    cpu->next_token_logits(host, inputs.data(), len, ref.data());
-    gpu.next_token_logits(dev, inputs.data(), len, got.data());
-    worst_logits = std::max(worst_logits, expect_close(got.data(), ref.data(), ref.size(), tol.logits,
-                                                       "logits after " + std::to_string(len) + " tokens"));
+    EXPECT_NEAR(gpu.forward_loss(dev, inputs.data(), targets.data()), cpu_loss, tol.loss * std::fabs(cpu_loss));
+    for (int len : {shape.seq_len, std::min(70, shape.seq_len - 1), 1}) {
+      std::vector<float> ref(shape.vocab), got(shape.vocab);
+      cpu->next_token_logits(host, inputs.data(), len, ref.data());
+      gpu.next_token_logits(dev, inputs.data(), len, got.data());
+      worst_logits = std::max(worst_logits, expect_close(got.data(), ref.data(), ref.size(), tol.logits,
+                                                         "logits after " + std::to_string(len) + " tokens"));
+    }
+    std::printf("measured (%s kernels): loss %.2e (tol %.0e), logits %.2e (tol %.0e), worst gradient %.2e (tol %.0e, %s)\n",
+                to_string(kernels), std::fabs(gpu_loss - cpu_loss) / std::fabs(cpu_loss), tol.loss, worst_logits,
+                tol.logits, worst_grad, tol.grads, worst_grad_name.c_str());
   }
-  std::printf("measured: loss %.2e (tol %.0e), logits %.2e (tol %.0e), worst gradient %.2e (tol %.0e, %s)\n",
-              std::fabs(gpu_loss - cpu_loss) / std::fabs(cpu_loss), tol.loss, worst_logits, tol.logits, worst_grad,
-              tol.grads, worst_grad_name.c_str());
 }
 
 // Sets STRATA_ATTENTION (null: unsets it) for a scope, restoring what was there: the

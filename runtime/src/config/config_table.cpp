@@ -641,6 +641,10 @@ void check_strata(const json& j, void* target) {
   if (c.device_communicator == DeviceCommunicator::Staged && c.backend == Backend::Sim)
     throw ConfigError("strata.device_communicator = \"staged\" needs a backend with bytes (cpu or cuda), not "
                       "\"sim\", whose collectives are only timed: use \"auto\"");
+  if (c.cuda_kernels != CudaKernels::Reference && c.backend != Backend::Cuda)
+    throw ConfigError(std::string("strata.cuda_kernels = \"") + to_string(c.cuda_kernels) +
+                      "\" selects kernels of the cuda backend, and strata.backend is \"" + to_string(c.backend) +
+                      "\": set strata.backend to \"cuda\", or remove strata.cuda_kernels");
   if (c.checkpoint_every > 0 && c.checkpoint_dir.empty())
     throw ConfigError("strata.checkpoint_every = " + std::to_string(c.checkpoint_every) +
                       " needs a directory to write to: set strata.checkpoint_dir");
@@ -731,6 +735,13 @@ const ConfigSection kStrata = {
                  "consecutive ranks make a node. Set it to run those layouts on one host as if on several "
                  "(the tests do); it must divide the world size.",
          .field = STRATA_CONFIG_FIELD(Config, strata.ranks_per_node)},
+        {.name = "cuda_kernels", .type = KeyType::Text,
+         .choices = {{"reference", int(CudaKernels::Reference)}, {"fused", int(CudaKernels::Fused)}},
+         .help = "The cuda backend's model kernels: reference (cuBLAS matmuls, then bias, GELU, column-sum and "
+                 "norm kernels; checked against the cpu model on an H100 and an H200) or fused (cuBLASLt matmuls "
+                 "with bias, GELU, residual and bias gradients in their epilogues, row-parallel norm kernels; NOT yet "
+                 "run on a GPU, docs/training.md). Refused on the cpu and sim backends.",
+         .field = STRATA_CONFIG_FIELD(Config, strata.cuda_kernels)},
         {.name = "model", .type = KeyType::Section, .section = &kModel},
         {.name = "data", .type = KeyType::Section, .section = &kData},
         {.name = "lora", .type = KeyType::Section,

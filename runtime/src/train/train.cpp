@@ -444,6 +444,7 @@ GptOptions model_options(const Config& cfg, EngineOptions& eo) {
   GptOptions mo{micro,
                 cfg.activation_checkpointing.enabled ? ActivationCheckpointing::PerBlock : ActivationCheckpointing::None,
                 cfg.precision()};
+  mo.cuda_kernels = cfg.strata.cuda_kernels;
   if (cfg.activation_checkpointing.enabled) {
     mo.checkpoints_from_source = true;
     eo.checkpoints.count = shape.layers + 1;

@@ -23,6 +23,7 @@
 
 #include "strata/core/device.hpp"
 #include "strata/core/dtype.hpp"
+#include "strata/model/cuda_kernel_plan.hpp"
 #include "strata/model/gpt_layout.hpp"
 #include "strata/model/weight_source.hpp"
 
@@ -32,6 +33,7 @@ enum class ActivationCheckpointing {
   None,      // keep every block's activations from forward for backward
   PerBlock,  // keep only each block's input; recompute the block in backward
 };
+
 
 struct GptOptions {
   int micro_batch = 1;   // sequences per forward
@@ -46,6 +48,7 @@ struct GptOptions {
   // them off the device between forward and backward; the model does not allocate them.
   // The source must offer a store exactly when this is set.
   bool checkpoints_from_source = false;
+  CudaKernels cuda_kernels = CudaKernels::Reference;  // the cuda model's kernels; cpu: Reference only
 };
 
 // A GPT on some backend, as a trainer drives it (make_gpt picks the implementation).

@@ -20,6 +20,7 @@
 #include "strata/core/dtype.hpp"
 #include "strata/core/value_checks.hpp"
 #include "strata/memory/tier.hpp"
+#include "strata/model/cuda_kernel_plan.hpp"
 #include "strata/model/gpt_layout.hpp"
 #include "strata/offload/aio_config.hpp"
 #include "strata/runtime/config/lr_schedule.hpp"
@@ -117,6 +118,9 @@ struct StrataSection {
   double collective_timeout = 1800;
   // Ranks a node for the node layout (coll::resolve_topology); 0: the launcher's hosts.
   int ranks_per_node = 0;
+  // The cuda GPT's kernels (GptOptions::cuda_kernels); anything but Reference is refused
+  // on the cpu and sim backends (check_strata).
+  CudaKernels cuda_kernels = CudaKernels::Reference;
 };
 
 // DeepSpeed's `fp16` section: fp16 training with loss scaling (runtime/loss_scaler.hpp).
