@@ -123,6 +123,36 @@ const std::vector<ClusterPreset>& cluster_presets() {
   return presets;
 }
 
+namespace {
+
+// The machine lent for GPU checks: one H200 SXM (nvidia-smi: 143771 MiB, of which 139 GiB
+// usable), 128 GiB of RAM, a 64 GiB disk, 16 cores, PCIe Gen5 x16. The tier sizes decide
+// what fits; the rates are the parts' data sheets (HBM3e 4.8 TB/s, 989 TFLOP/s dense bf16)
+// and, for the host and the disk of a 16-core VM, estimates that shape only the predicted
+// step time, not the fit.
+ClusterSpec lent_h200() {
+  ClusterSpec c;
+  c.name = "h200-1";
+  c.description = cluster_presets()[4].source;
+  c.gpus_per_node = 1;
+  c.hbm = 139 * GiB;
+  c.device_reserve = 2 * GiB;
+  c.hbm_bandwidth = 4800 * GB;
+  c.gpu_flops = 989e12;
+  c.matmul_efficiency = 0.5;
+  c.host_ram = 128 * GiB;
+  c.host_bandwidth = 100 * GB;
+  c.nvme_capacity = 64 * GiB;
+  c.nvme_read = 2 * GB;
+  c.nvme_write = 1 * GB;
+  c.pcie = 50 * GB;
+  c.intra_node = 50 * GB;
+  c.network = 50 * GB;
+  return c;
+}
+
+}  // namespace
+
 ClusterSpec find_cluster_preset(const std::string& name, const std::string& nvme_dir) {
   ClusterSpec c;
   c.name = name;
@@ -196,26 +226,7 @@ ClusterSpec find_cluster_preset(const std::string& name, const std::string& nvme
     c.intra_node = 50 * GB;
     c.network = 50 * GB;
   } else if (name == "h200-1") {
-    // The machine lent for GPU checks: one H200 SXM (nvidia-smi: 143771 MiB, of which 139
-    // GiB usable), 128 GiB of RAM, a 64 GiB disk, 16 cores, PCIe Gen5 x16. The tier sizes
-    // decide what fits; the rates are the parts' data sheets (HBM3e 4.8 TB/s, 989 TFLOP/s
-    // dense bf16) and, for the host and the disk of a 16-core VM, estimates that shape only
-    // the predicted step time, not the fit.
-    c.description = cluster_presets()[4].source;
-    c.gpus_per_node = 1;
-    c.hbm = 139 * GiB;
-    c.device_reserve = 2 * GiB;
-    c.hbm_bandwidth = 4800 * GB;
-    c.gpu_flops = 989e12;
-    c.matmul_efficiency = 0.5;
-    c.host_ram = 128 * GiB;
-    c.host_bandwidth = 100 * GB;
-    c.nvme_capacity = 64 * GiB;
-    c.nvme_read = 2 * GB;
-    c.nvme_write = 1 * GB;
-    c.pcie = 50 * GB;
-    c.intra_node = 50 * GB;
-    c.network = 50 * GB;
+    return lent_h200();
   } else if (name == "cpu") {
     GptShape s = find_model_preset("gpt-125m").shape;
     return measure_cpu(s, nvme_dir);
