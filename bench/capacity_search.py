@@ -76,6 +76,9 @@ def search(start, run_trial, max_rung, budget_s, trial_timeout_s, clock=time.mon
             status = "budget"
             break
         trials.append(r)
+        if same_error(trials[-2:]):
+            status = "error"  # a broken setup, not a size: bisecting further would only repeat it
+            break
         if r["passed"]:
             lo = max(lo, k)
         else:
@@ -90,6 +93,15 @@ def search(start, run_trial, max_rung, budget_s, trial_timeout_s, clock=time.mon
     return {"trials": trials, "answer": lo, "status": status, "lo": lo, "hi": hi}
 
 
+def same_error(last_two):
+    """Two trials in a row failed with the same error that names no capacity limit (the
+    reasons of classify() that start with "error"), numbers aside."""
+    if len(last_two) < 2 or any(t["passed"] or not t["reason"].startswith("error") for t in last_two):
+        return False
+    a, b = (re.sub(r"[0-9.]+", "#", t["reason"]) for t in last_two)
+    return a == b
+
+
 def verdict(result, layer_step):
     """The answer in words, with its bound where the search did not finish."""
     lo, hi, s = result["lo"], result["hi"], result["status"]
@@ -97,6 +109,10 @@ def verdict(result, layer_step):
         return f"largest that trains: {lo * layer_step} layers (the next rung, {hi * layer_step}, failed)"
     if s == "none":
         return f"none trains: the lowest rung, {layer_step} layers, failed"
+    if s == "error":
+        a, b = (t["rung"] * layer_step for t in result["trials"][-2:])
+        return (f"search stopped: the same error at {a} and {b} layers, not a capacity limit "
+                f"(the table says which); {'>= ' + str(lo * layer_step) + ' layers passed' if lo else 'none passed'}")
     if s == "ceiling":
         return f">= {lo * layer_step} layers: every rung up to --max-layers passed"
     above = f", < {hi * layer_step} layers (failed)" if hi is not None else ""

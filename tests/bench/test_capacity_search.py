@@ -82,6 +82,15 @@ clock = FakeClock()
 run, tried = fake(50, seconds=100, clock=clock)
 r = cs.search(2, run, 100, 1000, 40, clock=clock)
 check("timeout fails", r["trials"][0]["reason"] == "timeout" and r["status"] == "none", r)
+# The same error twice in a row (not a size): the search stops instead of bisecting on.
+run, tried = fake(0, reason="error (exit 1): strata: error: cuda backend: Strata was built without CUDA")
+r = cs.search(9, run, 100, 1e9, 60)
+check("same error stops", r["status"] == "error" and tried == [9, 4], (tried, r))
+check("same error verdict", cs.verdict(r, 4).startswith("search stopped: the same error at 36 and 16 layers"),
+      cs.verdict(r, 4))
+run, tried = fake(2, reason="error (exit 1): something at 40 GiB")
+r = cs.search(3, run, 100, 1e9, 60)
+check("one error is a failure", r["status"] == "exact" and r["answer"] == 2, (tried, r))
 try:
     cs.search(0, fake(1)[0], 10, 100, 10)
     check("bad start", False, "no error")
