@@ -19,8 +19,8 @@
 #              ZeRO-Offload, ZeRO-Infinity (NVMe) and FSDP2 with CPUOffloadPolicy, within 8 minutes; the
 #              peers run with $STRATA_PEER_PYTHON (default python3), and one it cannot start is skipped
 #              with its reason in the table's notes
-#   capacity   the largest GPT that trains (2 steps, the loss falling) with Strata (params and optimizer in
-#              pinned memory), FSDP2 with CPUOffloadPolicy and DeepSpeed ZeRO-Infinity (NVMe), each searched by
+#   capacity   the largest GPT that trains (2 steps, the loss falling) with Strata (params on the GPU,
+#              optimizer states in pinned memory: its largest plan), FSDP2 with CPUOffloadPolicy and DeepSpeed ZeRO-Infinity (NVMe), each searched by
 #              bench/capacity_search.py along strata plan --largest's ladder (gpt-6.7b's width, 4 layers a rung,
 #              seq 1024), within 8 minutes: the plan's predictions (gpt and llama, seconds), then Strata 170 s,
 #              FSDP2 150 s and DeepSpeed 130 s of search (a search cut by its budget reports a bound); tables in
@@ -172,22 +172,25 @@ for part in "${parts[@]}"; do
     ;;
   capacity)
     # The ladder: gpt-6.7b's width (d_model 4096, 32 heads, GPT-2's vocabulary), 4 layers a rung (805M
-    # parameters), seq 1024, micro-batch 1, bf16. Strata and FSDP2 start at the rung the plan predicts
-    # for params and optimizer in host memory; DeepSpeed at the first rung (4 layers: its NVMe traffic
-    # for a 1B model already takes a minute or more), walking up while it passes. Each search stops
+    # parameters), seq 1024, micro-batch 1, bf16. Strata starts at the rung the plan predicts for params
+    # on the GPU and optimizer states in pinned memory, FSDP2 at the one for params and optimizer in host
+    # memory (CPUOffloadPolicy's split); DeepSpeed at the first rung (4 layers: its NVMe traffic for a 1B
+    # model already takes a minute or more), walking up while it passes. Each search stops
     # at its --budget (a trial's limit is cut to what is left), so the part takes about 455 s; the
     # limits of run are the budgets plus 8 s, a guard that should never be reached.
     py=${STRATA_PEER_PYTHON:-$(command -v python3)}
     d=$(mktemp -d /tmp/strata-capacity-XXXX)
     for fam in gpt llama; do
-      for off in cpu nvme; do
+      for off in none/cpu cpu/cpu nvme/nvme; do
         run capacity.log 30 "$B/strata" plan --largest --model "$([[ $fam == gpt ]] && echo gpt-6.7b || echo llama2-7b)" \
-          --cluster h200-1 --seq 1024 --precision bf16 --offload-param "$off" --offload-optimizer "$off" --layer-step 1
+          --cluster h200-1 --seq 1024 --precision bf16 --offload-param "${off%/*}" --offload-optimizer "${off#*/}" \
+          --layer-step 1
       done
     done
     search=(bench/capacity_search.py --family gpt --layer-step 4 --seq 1024 --steps 2 --backend cuda --cluster h200-1
             --strata "$B/strata" --python "$py" --dir "$d" --out "$out")
-    run capacity.log 178 "$py" "${search[@]}" --system strata --trial-timeout 150 --budget 170
+    run capacity.log 178 "$py" "${search[@]}" --system strata --offload-param none --trial-timeout 150 \
+      --budget 170
     run capacity.log 158 "$py" "${search[@]}" --system fsdp2 --trial-timeout 130 --budget 150
     DS_ACCELERATOR=cuda run capacity.log 138 "$py" "${search[@]}" --system deepspeed --start 1 --trial-timeout 120 \
       --budget 130
