@@ -179,7 +179,10 @@ for part in "${parts[@]}"; do
     # at its --budget (a trial's limit is cut to what is left), so the part takes about 455 s; the
     # limits of run are the budgets plus 8 s, a guard that should never be reached.
     py=${STRATA_PEER_PYTHON:-$(command -v python3)}
-    d=$(mktemp -d /tmp/strata-capacity-XXXX)
+    # Scratch (DeepSpeed's swap files) on the repository's disk, not /tmp, which may be in RAM; which
+    # file system it is goes in the log.
+    mkdir -p gpu && d=$(mktemp -d "$root/gpu/capacity-XXXX")
+    df -h "$d" /tmp >> "$out/capacity.log"
     for fam in gpt llama; do
       for off in none/cpu cpu/cpu nvme/nvme; do
         run capacity.log 30 "$B/strata" plan --largest --model "$([[ $fam == gpt ]] && echo gpt-6.7b || echo llama2-7b)" \
