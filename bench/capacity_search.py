@@ -466,7 +466,8 @@ def main(argv=None):
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     w = largest["ladder"]["width"]
-    width = f"{w['arch']}, d_model {w['d_model']}, heads {w['heads']}, vocab {w['vocab']}"
+    width = f"{w['arch']}, d_model {w['d_model']}, heads {w['heads']}, vocab {w['vocab']}" + (
+        f", kv_heads {w['kv_heads']}, ffn {w['ffn']}" if w["arch"] == "llama" else "")
     print(write_tables(args, result, prediction, width, time.monotonic() - t0))
     return 0
 
