@@ -70,7 +70,7 @@ def search(start, run_trial, max_rung, budget_s, trial_timeout_s, clock=time.mon
         timeout = min(trial_timeout_s, left)
         r = dict(run_trial(k, timeout))
         r["rung"] = k
-        if not r["passed"] and r["reason"] == "timeout" and timeout < trial_timeout_s:
+        if not r["passed"] and r["reason"].startswith("timeout") and timeout < trial_timeout_s:
             r["reason"] = "stopped at the search's budget"  # cut short by the budget: not a failure
             trials.append(r)
             status = "budget"
@@ -231,6 +231,8 @@ def run_strata(args, plan, rung, timeout_s, work):
     passed, reason = loss_verdict(losses, args.steps)
     if rc != 0 or c.timed_out:
         passed, reason = False, classify(rc, out, c.timed_out)
+        if c.timed_out:
+            reason += f" after {len(losses)} of {args.steps} steps"
     return trial_result(passed, reason, losses, [r["seconds"] for r in recs], peak_dev, peak_host, t0)
 
 
@@ -244,7 +246,7 @@ def run_peer(args, plan, rung, timeout_s, work):
            str(args.threads), "--precision", "bf16", "--device", args.backend, "--nvme-dir", work, "--fixed-batch"]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     c = Child(cmd, timeout_s, env=env, stdin=subprocess.PIPE)
-    losses, secs, peak_dev, peak_host, error = [], [], None, None, None
+    losses, secs, peak_dev, peak_host, error, ready_seen = [], [], None, None, None, False
 
     def ask(line):
         if line:
@@ -256,6 +258,7 @@ def run_peer(args, plan, rung, timeout_s, work):
     try:
         ready = ask(None)
         error = ready.get("error")
+        ready_seen = bool(ready.get("ready"))
         for _ in range(args.steps if error is None else 0):
             r = ask("step")
             if "error" in r:
@@ -277,6 +280,8 @@ def run_peer(args, plan, rung, timeout_s, work):
     passed, reason = loss_verdict(losses, args.steps)
     if error is not None or c.timed_out:
         passed, reason = False, classify(rc, (error or "") + "\n" + out, c.timed_out)
+        if c.timed_out:  # before ready: building the model (and DeepSpeed's ops, on first use)
+            reason += f" after {len(losses)} of {args.steps} steps" if ready_seen else " before the peer was ready"
     return trial_result(passed, reason, losses, secs, peak_dev, peak_host, t0)
 
 

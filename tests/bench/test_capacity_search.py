@@ -40,7 +40,7 @@ def fake(largest_passing, seconds=10.0, clock=None, reason="device memory: CUDA 
         if clock:
             clock.t += min(seconds, timeout_s)
             if seconds > timeout_s:
-                return {"passed": False, "reason": "timeout"}
+                return {"passed": False, "reason": "timeout after 0 of 2 steps"}
         return {"passed": k <= largest_passing, "reason": "passed" if k <= largest_passing else reason}
     return run, tried
 
@@ -81,7 +81,7 @@ check("budget cut", r["status"] == "budget" and r["hi"] is None and r["answer"] 
 clock = FakeClock()
 run, tried = fake(50, seconds=100, clock=clock)
 r = cs.search(2, run, 100, 1000, 40, clock=clock)
-check("timeout fails", r["trials"][0]["reason"] == "timeout" and r["status"] == "none", r)
+check("timeout fails", r["trials"][0]["reason"] == "timeout after 0 of 2 steps" and r["status"] == "none", r)
 # The same error twice in a row (not a size): the search stops instead of bisecting on.
 run, tried = fake(0, reason="error (exit 1): strata: error: cuda backend: Strata was built without CUDA")
 r = cs.search(9, run, 100, 1e9, 60)
