@@ -20,11 +20,13 @@
 #              peers run with $STRATA_PEER_PYTHON (default python3), and one it cannot start is skipped
 #              with its reason in the table's notes
 #   capacity   the largest GPT that trains (2 steps, the loss falling) with Strata (params on the GPU,
-#              optimizer states in pinned memory: its largest plan), FSDP2 with CPUOffloadPolicy and DeepSpeed ZeRO-Infinity (NVMe), each searched by
-#              bench/capacity_search.py along strata plan --largest's ladder (gpt-6.7b's width, 4 layers a rung,
-#              seq 1024), within 8 minutes: the plan's predictions (gpt and llama, seconds), then Strata 170 s,
-#              FSDP2 150 s and DeepSpeed 130 s of search (a search cut by its budget reports a bound); tables in
-#              $OUT/capacity-*.md and .json. DeepSpeed builds its ops on first use: run after peers on a warm machine
+#              optimizer states in pinned memory: its largest plan), FSDP2 with CPUOffloadPolicy and
+#              DeepSpeed ZeRO-Infinity (NVMe), each searched by bench/capacity_search.py along strata
+#              plan --largest's ladder (gpt-6.7b's width, 4 layers a rung, seq 1024), within 8 minutes:
+#              the plan's predictions (gpt and llama, seconds), then Strata 160 s, FSDP2 145 s and
+#              DeepSpeed 125 s of search (a search cut by its budget reports a bound); tables in
+#              $OUT/capacity-*.md and .json. DeepSpeed builds its ops on first use: run after peers
+#              on a warm machine
 # Usage: bash scripts/gpu-check.sh PART... (default: tests)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -176,8 +178,9 @@ for part in "${parts[@]}"; do
     # on the GPU and optimizer states in pinned memory, FSDP2 at the one for params and optimizer in host
     # memory (CPUOffloadPolicy's split); DeepSpeed at the first rung (4 layers: its NVMe traffic for a 1B
     # model already takes a minute or more), walking up while it passes. Each search stops
-    # at its --budget (a trial's limit is cut to what is left), so the part takes about 455 s; the
-    # limits of run are the budgets plus 8 s, a guard that should never be reached.
+    # at its --budget (a trial's limit is cut to what is left), so the part takes about 435 s, the
+    # script's set-up about 20 more; the limits of run are the budgets plus 8 s, a guard that should
+    # never be reached.
     py=${STRATA_PEER_PYTHON:-$(command -v python3)}
     # Scratch (DeepSpeed's swap files) on the repository's disk, not /tmp, which may be in RAM; which
     # file system it is goes in the log.
@@ -192,11 +195,11 @@ for part in "${parts[@]}"; do
     done
     search=(bench/capacity_search.py --family gpt --layer-step 4 --seq 1024 --steps 2 --backend cuda --cluster h200-1
             --strata "$B/strata" --python "$py" --dir "$d" --out "$out")
-    run capacity.log 178 "$py" "${search[@]}" --system strata --offload-param none --trial-timeout 150 \
-      --budget 170
-    run capacity.log 158 "$py" "${search[@]}" --system fsdp2 --trial-timeout 130 --budget 150
-    DS_ACCELERATOR=cuda run capacity.log 138 "$py" "${search[@]}" --system deepspeed --start 1 --trial-timeout 120 \
-      --budget 130
+    run capacity.log 168 "$py" "${search[@]}" --system strata --offload-param none --trial-timeout 140 \
+      --budget 160
+    run capacity.log 153 "$py" "${search[@]}" --system fsdp2 --trial-timeout 125 --budget 145
+    DS_ACCELERATOR=cuda run capacity.log 133 "$py" "${search[@]}" --system deepspeed --start 1 --trial-timeout 115 \
+      --budget 125
     rm -rf "$d"
     grep -E "^(largest|next rung|## |capacity_search.py|===)" "$out/capacity.log"
     cat "$out"/capacity-*.md 2>/dev/null
