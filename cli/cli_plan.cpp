@@ -97,6 +97,8 @@ struct PlanArgs {
   double frozen_fraction = 0.0;
   bool search = false, simulate = false, json = false;
   int simulate_steps = 3;
+  bool largest = false;
+  int layer_step = 1, max_layers = plan::kMaxLadderLayers;
 };
 
 std::string gib(double b) {
@@ -166,6 +168,8 @@ nlohmann::json plan_json(const plan::Plan& p) {
                           {"window_s", l.window_s}, {"needed", l.needed}});
   j["bottleneck"] = p.bottleneck;
   j["resolved_layout"] = p.resolved.describe();  // the engine's decisions, as bench step prints them
+  // The budgets strata train is given for this plan (strata.device_budget, strata.pinned_budget).
+  j["engine_budgets"] = {{"device", p.engine.store.device_budget}, {"pinned", p.engine.store.pinned_budget}};
   return j;
 }
 
@@ -313,10 +317,64 @@ plan::Strategy plan_strategy(const PlanArgs& a) {
   return st;
 }
 
+nlohmann::json rung_json(const plan::LadderRung& r) {
+  nlohmann::json j = {{"rung", r.rung},         {"layers", r.shape.layers}, {"params", r.params},
+                      {"fits", r.fits},         {"binding", r.binding},     {"step_s", r.plan.step_s},
+                      {"model", model_json(r.shape)}};
+  j["engine_budgets"] = {{"device", r.plan.engine.store.device_budget}, {"pinned", r.plan.engine.store.pinned_budget}};
+  for (const auto& t : r.plan.tiers) j["tiers"].push_back(tier_json(t));
+  return j;
+}
+
+// --largest: the ladder at the model's width, the rungs planned, the answer and its next rung.
+int run_largest(const PlanArgs& a, const GptShape& width, const plan::ClusterSpec& c, const plan::Strategy& st) {
+  if (a.layers) throw ConfigError("--largest walks the layers (rung k has k x --layer-step): drop --layers");
+  if (a.search || a.simulate) throw ConfigError("--largest plans one strategy per rung: drop --search and --simulate");
+  const plan::LargestFit f = plan::largest_fit(width, c, st, a.layer_step, a.max_layers);
+  std::vector<plan::LadderRung> rungs = f.probed;
+  std::sort(rungs.begin(), rungs.end(), [](const auto& x, const auto& y) { return x.rung < y.rung; });
+  if (a.json) {
+    nlohmann::json out;
+    out["ladder"] = {{"width", model_json(width)}, {"layer_step", f.layer_step}, {"max_layers", f.max_layers}};
+    out["cluster"] = c.name;
+    out["strategy"] = st.describe();
+    for (const auto& r : rungs) out["probed"].push_back(rung_json(r));
+    out["largest"] = f.largest >= 0 ? rung_json(f.probed[f.largest]) : nlohmann::json();
+    out["next"] = f.next >= 0 ? rung_json(f.probed[f.next]) : nlohmann::json();
+    out["bounded"] = f.bounded();
+    std::cout << out.dump(2) << "\n";
+  } else {
+    std::printf("ladder   %s, layers in steps of %d up to %d\ncluster  %s\nstrategy %s\n\n", describe(width).c_str(),
+                f.layer_step, f.max_layers, c.name.c_str(), st.describe().c_str());
+    std::printf("  %6s %12s %6s  %s\n", "layers", "parameters", "fits", "binding");
+    for (const auto& r : rungs)
+      std::printf("  %6d %12.4g %6s  %s\n", r.shape.layers, double(r.params), r.fits ? "yes" : "no", r.binding.c_str());
+    if (f.largest >= 0) {
+      const plan::LadderRung& r = f.probed[f.largest];
+      std::printf("\nlargest: %d layers, %.4g parameters (%s); binding: %s\n", r.shape.layers, double(r.params),
+                  describe(r.shape).c_str(), r.binding.c_str());
+      if (f.bounded())
+        std::printf("every rung up to --max-layers %d fits: the largest is at least this\n", f.max_layers);
+      else
+        std::printf("next rung: %d layers, %.4g parameters, does not fit: %s\n", f.probed[f.next].shape.layers,
+                    double(f.probed[f.next].params), f.probed[f.next].binding.c_str());
+    }
+  }
+  if (f.largest < 0) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "strata: not even %d layer(s) of this width fit %s: %s. Give a smaller --d-model, a "
+                 "--layer-step below %d, or offload more (--offload-param, --offload-optimizer)\n",
+                 f.layer_step, c.name.c_str(), f.probed.front().binding.c_str(), f.layer_step);
+    return 3;
+  }
+  return 0;
+}
+
 int run_plan(const PlanArgs& a) {
   const GptShape shape = plan_shape(a);
   const plan::ClusterSpec c = plan_cluster(a, shape);
   const plan::Strategy st = plan_strategy(a);
+  if (a.largest) return run_largest(a, shape, c, st);
 
   nlohmann::json out;
   plan::Plan chosen;
@@ -443,6 +501,12 @@ void add_plan(CLI::App& app) {
   p->add_flag("--search", args->search, "find the fastest strategy that fits, and say why the others lost");
   p->add_flag("--simulate", args->simulate, "also run the real engine on the sim backend for this configuration");
   p->add_option("--simulate-steps", args->simulate_steps, "optimizer steps to simulate")->capture_default_str();
+  p->add_flag("--largest", args->largest,
+              "the largest model of --model's width that fits: every field but the depth kept (d_model, heads, "
+              "kv_heads, ffn, vocab, seq; the family), rung k has k x --layer-step layers; doubling then bisection "
+              "finds the rung that fits whose next rung does not; prints its layers, parameters and binding tier");
+  p->add_option("--layer-step", args->layer_step, "--largest: layers per rung of the ladder")->capture_default_str();
+  p->add_option("--max-layers", args->max_layers, "--largest: the deepest rung tried")->capture_default_str();
   p->add_flag("--json", args->json, "JSON instead of tables");
   p->callback([args] { selected() = [args] { return run_plan(*args); }; });
 }

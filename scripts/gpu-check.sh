@@ -25,11 +25,19 @@
 #   ranks      2 and 4 ranks on the one GPU (mpirun, strata.device_communicator "staged"): strata train,
 #              every stage, offload none/cpu/nvme, bf16, losses against world 1, a table in ranks.md, within
 #              8 minutes (scripts/gpu-ranks.sh); mpirun is the bundle's Open MPI, else the machine's
+#   capacity   the largest GPT that trains (2 steps, the loss falling) with Strata (params on the GPU,
+#              optimizer states in pinned memory: its largest plan), FSDP2 with CPUOffloadPolicy and
+#              DeepSpeed ZeRO-Infinity (NVMe), each searched by bench/capacity_search.py along strata
+#              plan --largest's ladder (gpt-6.7b's width, 4 layers a rung, seq 1024), within 8 minutes:
+#              the plan's predictions (gpt and llama, seconds), then Strata 160 s, FSDP2 145 s and
+#              DeepSpeed 125 s of search (a search cut by its budget reports a bound); tables in
+#              $OUT/capacity-*.md and .json. DeepSpeed builds its ops on first use: run after peers
+#              on a warm machine
 # Usage: bash scripts/gpu-check.sh PART... (default: tests)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-known=(tests sanitize train bench bench1b kernels lane copy peers torch lora7b ranks)
+known=(tests sanitize train bench bench1b kernels lane copy peers torch lora7b ranks capacity)
 # The parts asked for are checked before anything is unpacked or run: a typo costs
 # nothing of the machine's time.
 for part in "$@"; do
@@ -210,6 +218,38 @@ for part in "${parts[@]}"; do
       MPIRUN=$mpi run ranks.log 480 bash scripts/gpu-ranks.sh "$B/strata" "$out" cuda
       tail -n 25 "$out/ranks.log"
     fi
+    ;;
+  capacity)
+    # The ladder: gpt-6.7b's width (d_model 4096, 32 heads, GPT-2's vocabulary), 4 layers a rung (805M
+    # parameters), seq 1024, micro-batch 1, bf16. Strata starts at the rung the plan predicts for params
+    # on the GPU and optimizer states in pinned memory, FSDP2 at the one for params and optimizer in host
+    # memory (CPUOffloadPolicy's split); DeepSpeed at the first rung (4 layers: its NVMe traffic for a 1B
+    # model already takes a minute or more), walking up while it passes. Each search stops
+    # at its --budget (a trial's limit is cut to what is left), so the part takes about 435 s, the
+    # script's set-up about 20 more; the limits of run are the budgets plus 8 s, a guard that should
+    # never be reached.
+    py=${STRATA_PEER_PYTHON:-$(command -v python3)}
+    # Scratch (DeepSpeed's swap files) on the repository's disk, not /tmp, which may be in RAM; which
+    # file system it is goes in the log.
+    mkdir -p gpu && d=$(mktemp -d "$root/gpu/capacity-XXXX")
+    df -h "$d" /tmp >> "$out/capacity.log"
+    for fam in gpt llama; do
+      for off in none/cpu cpu/cpu nvme/nvme; do
+        run capacity.log 30 "$B/strata" plan --largest --model "$([[ $fam == gpt ]] && echo gpt-6.7b || echo llama2-7b)" \
+          --cluster h200-1 --seq 1024 --precision bf16 --offload-param "${off%/*}" --offload-optimizer "${off#*/}" \
+          --layer-step 1
+      done
+    done
+    search=(bench/capacity_search.py --family gpt --layer-step 4 --seq 1024 --steps 2 --backend cuda --cluster h200-1
+            --strata "$B/strata" --python "$py" --dir "$d" --out "$out")
+    run capacity.log 168 "$py" "${search[@]}" --system strata --offload-param none --trial-timeout 140 \
+      --budget 160
+    run capacity.log 153 "$py" "${search[@]}" --system fsdp2 --trial-timeout 125 --budget 145
+    DS_ACCELERATOR=cuda run capacity.log 133 "$py" "${search[@]}" --system deepspeed --start 1 --trial-timeout 115 \
+      --budget 125
+    rm -rf "$d"
+    grep -E "^(largest|next rung|## |capacity_search.py|===)" "$out/capacity.log"
+    cat "$out"/capacity-*.md 2>/dev/null
     ;;
   *) echo "gpu-check.sh: unknown part $part (${known[*]})" >&2; exit 2 ;;
   esac

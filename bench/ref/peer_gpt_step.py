@@ -28,7 +28,8 @@ then per line in:
               "read_bytes", "written_bytes": this process's storage I/O during the step
               (/proc/self/io read_bytes and write_bytes: bytes that reached or came from the
               block layer; DeepSpeed's O_DIRECT aio included, page-cache hits not),
-              "peak_host_bytes": the process's peak resident memory (VmHWM) since ready}
+              "peak_host_bytes": the process's peak resident memory (VmHWM) since ready,
+              "peak_device_bytes": on cuda, torch.cuda.max_memory_allocated() since start}
   quit   ->  exits
 """
 import argparse
@@ -232,7 +233,7 @@ _gen = None
 
 def batch(args, torch):
     global _gen
-    if _gen is None:
+    if _gen is None or args.fixed_batch:  # --fixed-batch: the first batch again, every micro-step
         _gen = torch.Generator().manual_seed(1)
     x = torch.randint(0, args.vocab, (args.micro_batch, args.seq), generator=_gen).to(args.device)
     y = torch.randint(0, args.vocab, (args.micro_batch, args.seq), generator=_gen).to(args.device)
@@ -247,6 +248,9 @@ def main():
     ap.add_argument("--precision", choices=("f32", "bf16", "fp16"), required=True)
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--nvme-dir", help="directory of deepspeed-infinity's swap files")
+    ap.add_argument("--fixed-batch", action="store_true",
+                    help="the same random batch every micro-step, so that a few steps lower the loss "
+                         "(bench/capacity_search.py's pass criterion); default: a new batch each")
     args = ap.parse_args()
     keep_stdout_for_replies()
     if args.peer == "deepspeed-infinity" and not args.nvme_dir:
@@ -307,6 +311,8 @@ def main():
             reply({"error": f"{args.peer}'s loss is {loss}"})
             return 1
         out = {"seconds": seconds, "loss": loss, "peak_host_bytes": peak_rss_bytes()}
+        if args.device == "cuda":
+            out["peak_device_bytes"] = torch.cuda.max_memory_allocated()
         if r0 is not None:
             out["read_bytes"], out["written_bytes"] = r1 - r0, w1 - w0
         reply(out)

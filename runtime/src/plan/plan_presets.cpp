@@ -117,10 +117,41 @@ const std::vector<ClusterPreset>& cluster_presets() {
       {"dgx-a100", "8x A100-SXM4 80 GB, 2 TB DDR4, 30 TB NVMe Gen4, 8x HDR 200 Gb/s"},
       {"dgx-h100", "8x H100-SXM5 80 GB, 2 TB DDR5, 30 TB NVMe Gen4, 8x NDR 400 Gb/s"},
       {"gh200", "1x GH200 Grace Hopper: H100 96 GB HBM3, 480 GB LPDDR5X over NVLink-C2C"},
+      {"h200-1", "1x H200 141 GB (139 GiB usable), 128 GiB RAM, 64 GiB disk, 16 cores: the lent GPU machine (issue #39)"},
       {"cpu", "this machine, Strata's cpu backend, measured now"},
   };
   return presets;
 }
+
+namespace {
+
+// The machine lent for GPU checks: one H200 SXM (nvidia-smi: 143771 MiB, of which 139 GiB
+// usable), 128 GiB of RAM, a 64 GiB disk, 16 cores, PCIe Gen5 x16. The tier sizes decide
+// what fits; the rates are the parts' data sheets (HBM3e 4.8 TB/s, 989 TFLOP/s dense bf16)
+// and, for the host and the disk of a 16-core VM, estimates that shape only the predicted
+// step time, not the fit.
+ClusterSpec lent_h200() {
+  ClusterSpec c;
+  c.name = "h200-1";
+  c.description = cluster_presets()[4].source;
+  c.gpus_per_node = 1;
+  c.hbm = 139 * GiB;
+  c.device_reserve = 2 * GiB;
+  c.hbm_bandwidth = 4800 * GB;
+  c.gpu_flops = 989e12;
+  c.matmul_efficiency = 0.5;
+  c.host_ram = 128 * GiB;
+  c.host_bandwidth = 100 * GB;
+  c.nvme_capacity = 64 * GiB;
+  c.nvme_read = 2 * GB;
+  c.nvme_write = 1 * GB;
+  c.pcie = 50 * GB;
+  c.intra_node = 50 * GB;
+  c.network = 50 * GB;
+  return c;
+}
+
+}  // namespace
 
 ClusterSpec find_cluster_preset(const std::string& name, const std::string& nvme_dir) {
   ClusterSpec c;
@@ -194,6 +225,8 @@ ClusterSpec find_cluster_preset(const std::string& name, const std::string& nvme
     c.pcie = 450 * GB;
     c.intra_node = 50 * GB;
     c.network = 50 * GB;
+  } else if (name == "h200-1") {
+    return lent_h200();
   } else if (name == "cpu") {
     GptShape s = find_model_preset("gpt-125m").shape;
     return measure_cpu(s, nvme_dir);

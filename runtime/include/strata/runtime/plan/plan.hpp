@@ -255,6 +255,35 @@ struct SearchSpace {
 std::vector<Candidate> search(const GptShape& model, const ClusterSpec& cluster, const Strategy& base,
                               const SearchSpace& space = {});
 
+// --largest: the largest model of one width that fits. The ladder keeps every field of
+// `width` but the depth (d_model, heads, kv_heads, ffn, vocab, seq_len, the family) and
+// grows the layers: rung k (k >= 1) has k x layer_step blocks, up to max_layers. The
+// walk doubles the rung until a plan does not fit, then bisects, so the answer is a rung
+// that fits whose next rung does not (each fit is make_plan's: every tier and every
+// problem no budget fixes). The layer count is what the engine's memory grows with at a
+// fixed width; the width ladder a paper would use changes the kernels' shapes too.
+struct LadderRung {
+  int rung = 0;                  // k: layers = k x layer_step
+  GptShape shape;
+  uint64_t params = 0;
+  bool fits = false;
+  std::string binding;           // the tier nearest its budget ("nvme 97%"), or what stops it
+  Plan plan;
+};
+struct LargestFit {
+  int layer_step = 1;
+  int max_layers = 0;
+  std::vector<LadderRung> probed;  // every rung planned, in the order planned
+  int largest = -1;                // index in probed of the answer; -1: not even rung 1 fits
+  int next = -1;                   // index in probed of the rung after it; -1: max_layers reached
+  bool bounded() const { return largest >= 0 && next < 0; }  // every rung up to max_layers fits
+};
+inline constexpr int kMaxLadderLayers = 16384;  // strata.model.layers' limit
+// Throws ConfigError for a layer_step below 1 or a max_layers below layer_step or above
+// kMaxLadderLayers, and for anything make_plan refuses.
+LargestFit largest_fit(const GptShape& width, const ClusterSpec& cluster, const Strategy& strategy,
+                       int layer_step = 1, int max_layers = kMaxLadderLayers);
+
 // --simulate: the real engine on the sim backend, rank 0 of the symmetric data-parallel
 // group, with the plan's cost model, budgets (the device budget less the activations the
 // plan counted, which the synthetic model does not allocate) and the GPT's acquire order.
