@@ -20,6 +20,9 @@ std::unique_ptr<Communicator> split(Communicator& comm, int color, int key) {
     case CommBackend::Nccl:
       throw Unavailable("split: the nccl backend cannot make sub-communicators yet (ncclCommSplit is not wired); "
                         "split the host communicator and make an nccl communicator over each part");
+    case CommBackend::Staged:
+      throw Unavailable("split: the staged communicator cannot make sub-communicators yet; split the host "
+                        "communicator and stage over each part");
     case CommBackend::Sim:
       throw Unavailable("split: a sim communicator plays one rank of a symmetric group and cannot be split; make "
                         "a sim communicator of the sub-group's size instead (make_sim_communicator)");

@@ -18,9 +18,11 @@
 #include "strata/collectives/communicator.hpp"
 #include "strata/collectives/mpi_backend.hpp"
 #include "strata/core/error.hpp"
+#include "wait_all.hpp"
 
 using namespace strata;
 using namespace strata::coll;
+using strata::coll::test_support::wait_all;
 
 namespace {
 
@@ -29,20 +31,6 @@ std::unique_ptr<Communicator> make_mpi() { return make_host_communicator(HostBac
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v ? std::atoi(v) : fallback;
-}
-
-// Wait for every event; returns how many failed (each failure is also reported).
-int wait_all(const std::vector<Event>& events) {
-  int failed = 0;
-  for (const Event& e : events) {
-    try {
-      e.wait();
-    } catch (const std::exception& ex) {
-      ADD_FAILURE() << "operation failed: " << ex.what();
-      ++failed;
-    }
-  }
-  return failed;
 }
 
 }  // namespace

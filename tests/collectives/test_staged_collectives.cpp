@@ -19,9 +19,11 @@
 #include "strata/collectives/staged.hpp"
 #include "strata/core/device.hpp"
 #include "strata/core/error.hpp"
+#include "wait_all.hpp"
 
 using namespace strata;
 using namespace strata::coll;
+using strata::coll::test_support::wait_all;
 
 namespace {
 
@@ -52,19 +54,6 @@ struct DeviceBuf {
   size_t n;
   T* p;
 };
-
-int wait_all(const std::vector<Event>& events) {
-  int failed = 0;
-  for (const Event& e : events) {
-    try {
-      e.wait();
-    } catch (const std::exception& ex) {
-      ADD_FAILURE() << "operation failed: " << ex.what();
-      ++failed;
-    }
-  }
-  return failed;
-}
 
 }  // namespace
 

@@ -14,12 +14,29 @@
 
 namespace strata {
 
-// size (validate_for_world), opens the config's backend and the device communicator
-// strata.device_communicator asks for, and logs which one and why (once per host); under
-// zero_optimization.mics_shard_size, splits the ranks into groups and replicas.
-// Throws ConfigError / Unavailable with the fix (no GPU, "nccl" asked for where ranks
-// share a GPU, a build without NCCL, MiCS groups that straddle nodes, MiCS on cuda or
-// with the staged communicator).
+// Members are destroyed in reverse order: the MiCS communicators, the device
+// communicator (it holds the device's streams and staging), then the device, then the
+// host communicator.
+struct RankContext {
+  std::unique_ptr<coll::Communicator> host_comm;
+  std::unique_ptr<Device> device;
+  std::unique_ptr<coll::Communicator> dev_comm;  // nccl or staged; null: host_comm serves device buffers
+  int device_ordinal = 0;                        // cuda: the GPU this rank uses
+  // zero_optimization.mics_shard_size (cpu backend): `shard` spans this rank's group
+  // (consecutive ranks), `replicas` the ranks with its index in every group.
+  std::unique_ptr<coll::Communicator> shard;
+  std::unique_ptr<coll::Communicator> replicas;
+
+  coll::Communicator& device_comm() { return dev_comm ? *dev_comm : *host_comm; }
+  // What the engine shards over, for device buffers and for host scalars: the group's
+  // ranks under MiCS, every rank otherwise.
+  coll::Communicator& engine_comm() { return shard ? *shard : device_comm(); }
+  coll::Communicator& engine_host_comm() { return shard ? *shard : *host_comm; }
+  // The engine's replicas (ZeroEngine's `replicas`): nullptr without MiCS.
+  coll::Communicator* engine_replicas() { return replicas.get(); }
+  // Whether this rank writes checkpoints: the first group's ranks under MiCS (the other
+  // groups hold the same shards), every rank otherwise.
+  bool writes_checkpoints() const { return !replicas || replicas->rank() == 0; }
   void reset();  // the same order, now
 };
 
