@@ -70,12 +70,9 @@ class ReduceScatterEachMicroStep final : public GradientReducer {
     // MiCS: the group's shard, then all-reduced across the groups (the same shard of each),
     // on the collective queue behind the reduce-scatter, while the backward pass goes on.
     c_.sent_in_shard(gr.padded, c_.wb);
-    if (c_.replicas) {
-      reduced = c_.replicas->all_reduce(view_mut(out.data, gr.shard, c_.work_t), coll::ReduceOp::Sum, reduced);
-      c_.sent_to_replicas(gr.shard, c_.wb);
-    }
     c_.store.release(gr.grad_reduced, Tier::Device, Access::Write, reduced);
-    accumulate(gr, out.data, c_.work_t, reduced, micro == 0, last);
+    // MiCS: the accumulated shard is all-reduced across the groups at the last micro-step.
+    accumulate(gr, out.data, c_.work_t, reduced, micro == 0, last, c_.replicas != nullptr);
     s.reduced_consumed = c_.reduce_stream.record();
     if (gr.grad_full_scratch) c_.store.discard_after(gr.grad_full, reduced);
     c_.store.discard_after(gr.grad_reduced, s.reduced_consumed);
@@ -121,7 +118,7 @@ void GradientReducer::grads_ready(int g, int micro, bool last) {
 }
 
 void GradientReducer::accumulate(GroupState& gr, const void* reduced, DType t, Event reduced_ready, bool first,
-                                 bool last) {
+                                 bool last, bool across_replicas) {
   const uint64_t tb = dtype_size(t);
   Stream& rs = c_.reduce_stream;
   for (SubGroupState& sg : gr.sub_groups) {
@@ -133,6 +130,13 @@ void GradientReducer::accumulate(GroupState& gr, const void* reduced, DType t, E
       rs.convert(a.data, c_.grad_t, src, t, sg.n);  // a copy when the types agree
     else  // later micro-steps: the reduced type is fp32 (grads_dtype)
       rs.accumulate(static_cast<float*>(a.data), src, t, sg.n);
+    if (last && across_replicas) {
+      // MiCS: the step's gradient of this sub-group, summed over the micro-steps, then
+      // across the groups (the same shard of each), once a step, on the collective queue.
+      Event summed = c_.replicas->all_reduce(view_mut(a.data, sg.n, c_.grad_t), coll::ReduceOp::Sum, rs.record());
+      c_.sent_to_replicas(sg.n, c_.gb);
+      rs.wait(summed);
+    }
     if (last) {
       sg.grad_sumsq = 0;
       rs.sum_squares_as(a.data, c_.grad_t, sg.n, &sg.grad_sumsq);

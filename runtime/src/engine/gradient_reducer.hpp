@@ -43,7 +43,8 @@ class GradientReducer {
   virtual void reduce_rest() {}  // what finish_reduction still has to issue
   // Adds the reduced gradient of this rank's shard (`reduced`, of type t) into the
   // group's sub-groups; the first micro-step overwrites them.
-  void accumulate(GroupState& gr, const void* reduced, DType t, Event reduced_ready, bool first, bool last);
+  void accumulate(GroupState& gr, const void* reduced, DType t, Event reduced_ready, bool first, bool last,
+                  bool across_replicas = false);
 
   EngineCore& c_;
   std::vector<Slot> slots_;
