@@ -36,9 +36,13 @@ fi
 # code paths shorter tests cover there (4 ranks where gpt.mpi.np2 and engine.mpi.np2 run 2;
 # 100x-budget training; 200 steps; the matmul peak measurement; the speculative
 # optimizer's bf16 GPT cases, whose code paths engine.mpi.np2 runs in bf16 and
-# test_speculative's fp32 cases run at every stage), and run in the ordinary build.
+# test_speculative's fp32 cases run at every stage; the staged communicator at 4 ranks and
+# through strata train, which coll.staged and gpt.staged.np2 run; strata train under MiCS,
+# whose engine paths mics.mpi.np4 runs; the two-namespace network, which runs bench
+# collectives' code that coll.bench.np2 runs; the Python scripts of bench/ (LoRA step,
+# capacity search), whose Strata side other tests run), and run in the ordinary build.
 # (Parameterised tests' names go on with their parameter, so that pattern is unanchored.)
-exclude=(-E '^(gpt\.mpi\.np4|engine\.mpi\.np4|Train\.StatesHundredTimesTheDeviceBudgetAndFourTimesPinnedTrain|Train\.Bf16FollowsTheFp32LossCurveFor200StepsOnText|Plan\.TheCpuPresetIsMeasuredAndPlansTheCpuBackend)$|^StagesAndPrecisions/Speculative\.BitIdenticalToThePlainStepInEveryRegime/Stage[123]bf16')
+exclude=(-E '^(gpt\.mpi\.np4|engine\.mpi\.np4|gpt\.staged\.np4|train\.staged_mpi|train\.mics_mpi|scripts\.two_nodes|bench\.lora_step_tiny|bench\.capacity_search|Train\.StatesHundredTimesTheDeviceBudgetAndFourTimesPinnedTrain|Train\.Bf16FollowsTheFp32LossCurveFor200StepsOnText|Plan\.TheCpuPresetIsMeasuredAndPlansTheCpuBackend)$|^StagesAndPrecisions/Speculative\.BitIdenticalToThePlainStepInEveryRegime/Stage[123]bf16')
 # Two passes, for LeakSanitizer's stacks. Open MPI's libraries have no frame pointers, so
 # the suppressions (scripts/lsan.supp) find their frames only with full (DWARF) unwinding
 # of every allocation, which made allocation-heavy tests up to 20x slower (the planner's
