@@ -40,9 +40,11 @@ fi
 # through strata train, which coll.staged and gpt.staged.np2 run; strata train under MiCS,
 # whose engine paths mics.mpi.np4 runs; the two-namespace network, which runs bench
 # collectives' code that coll.bench.np2 runs; the Python scripts of bench/ (LoRA step,
-# capacity search), whose Strata side other tests run), and run in the ordinary build.
+# capacity search), whose Strata side other tests run; import from and export to
+# transformers, whose time is torch's and whose Strata side import.hf_gpt2 and export.*
+# run), and run in the ordinary build.
 # (Parameterised tests' names go on with their parameter, so that pattern is unanchored.)
-exclude=(-E '^(gpt\.mpi\.np4|engine\.mpi\.np4|gpt\.staged\.np4|train\.staged_mpi|train\.mics_mpi|scripts\.two_nodes|bench\.lora_step_tiny|bench\.capacity_search|Train\.StatesHundredTimesTheDeviceBudgetAndFourTimesPinnedTrain|Train\.Bf16FollowsTheFp32LossCurveFor200StepsOnText|Plan\.TheCpuPresetIsMeasuredAndPlansTheCpuBackend)$|^StagesAndPrecisions/Speculative\.BitIdenticalToThePlainStepInEveryRegime/Stage[123]bf16')
+exclude=(-E '^(gpt\.mpi\.np4|engine\.mpi\.np4|gpt\.staged\.np4|train\.staged_mpi|train\.mics_mpi|scripts\.two_nodes|bench\.lora_step_tiny|bench\.capacity_search|import\.hf_transformers|export\.pytorch_loss(\.bf16)?|Train\.StatesHundredTimesTheDeviceBudgetAndFourTimesPinnedTrain|Train\.Bf16FollowsTheFp32LossCurveFor200StepsOnText|Plan\.TheCpuPresetIsMeasuredAndPlansTheCpuBackend)$|^StagesAndPrecisions/Speculative\.BitIdenticalToThePlainStepInEveryRegime/Stage[123]bf16')
 # Two passes, for LeakSanitizer's stacks. Open MPI's libraries have no frame pointers, so
 # the suppressions (scripts/lsan.supp) find their frames only with full (DWARF) unwinding
 # of every allocation, which made allocation-heavy tests up to 20x slower (the planner's
