@@ -344,6 +344,10 @@ int run_collectives(const CollectivesOptions& o, const std::string& command) {
 
   // The scopes asked for, each with this rank's communicator (split from the host one:
   // sub-communicators are mpi's, so --scope node/cross need --backend mpi).
+  if (o.ranks_per_node > 0 && host->size() % o.ranks_per_node != 0)
+    throw ConfigError("bench collectives: --ranks-per-node " + std::to_string(o.ranks_per_node) +
+                      " does not divide the " + std::to_string(host->size()) +
+                      " ranks: give a divisor of the ranks (mpirun -np), or 0 to take the launcher's hosts");
   const coll::Topology topo = coll::resolve_topology(*host, o.ranks_per_node);
   coll::NodeCommunicators split;
   std::vector<Scope> scopes;

@@ -175,3 +175,12 @@ TEST(CApiMpi, CheckpointAcrossRanksResumesExactly) {
   std::error_code ec;
   std::filesystem::remove_all(root, ec);
 }
+
+// zero_optimization.mics_shard_size shards within groups in strata train only: the C API
+// refuses it on every rank, naming the fix, rather than shard over every rank silently.
+TEST(CApiMpi, MicsShardSizeIsRefusedNamingTheFix) {
+  strata_runtime rt{};
+  const std::string json = "{\"zero_optimization\": {\"stage\": 3, \"mics_shard_size\": 1}}";
+  EXPECT_STRATA_FAILS(strata_runtime_create(STRATA_API_VERSION, json.c_str(), &rt), STRATA_ERR_CONFIG,
+                      "mics_shard_size shards within groups of ranks in strata train only so far");
+}

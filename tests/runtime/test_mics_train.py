@@ -4,8 +4,8 @@ taken as 2 nodes of 2 (strata.ranks_per_node), parameters and optimizer states o
 - a MiCS checkpoint (written by the first group) resumes flat, and a flat one resumes
   under MiCS, each continuing as the uninterrupted run (checkpoints of any layout);
 - bad input: a shard size that does not divide the world, groups that straddle nodes,
-  a ranks_per_node that does not divide the world, MiCS through... each refused, naming
-  the fix, with exit 2 and nothing written.
+  a ranks_per_node that does not divide the world, MiCS with the staged communicator,
+  a size of 1.5: each refused, naming the fix, with exit 2 and nothing written.
 Usage: test_mics_train.py STRATA MPIRUN"""
 import json
 import os
@@ -103,6 +103,9 @@ with tempfile.TemporaryDirectory(prefix="strata-mics-") as d:
     refused("rpn3", bad, 4, "strata.ranks_per_node 3 does not divide the world size 4")
     straddle = config("straddle", 3)
     refused("straddle", straddle, 6, "zero_optimization.mics_shard_size 3 puts groups across node boundaries")
+    staged = config("staged", 2)
+    staged["strata"]["device_communicator"] = "staged"
+    refused("staged", staged, 4, "the staged device communicator cannot be split yet")
     half = config("half", 2)
     half["zero_optimization"]["mics_shard_size"] = 1.5
     refused("half", half, 4, "zero_optimization.mics_shard_size is 1.5")
