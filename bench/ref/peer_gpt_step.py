@@ -286,37 +286,28 @@ def main():
                 "attention": attention, "precision": args.precision, "device": args.device,
                 "io_counters": read0 is not None}, **info))
     reset_peak_rss()
-    for line in sys.stdin:
-        words = line.split()
-        if not words:
-            continue
-        if words == ["quit"]:
-            return 0
-        if words != ["step"]:
-            reply({"error": f"bad command: {line.strip()!r}"})
-            return 1
-        if args.device == "cuda":
-            torch.cuda.synchronize()
+
+    def timed_step():
         r0, w0 = proc_io()
         start = time.perf_counter()
         try:
             loss = step()
         except Exception as e:  # noqa: BLE001
             last = str(e).strip().splitlines()
-            reply({"error": f"{args.peer}'s step failed: {type(e).__name__}: {last[-1] if last else ''}"})
-            return 1
+            return {"error": f"{args.peer}'s step failed: {type(e).__name__}: {last[-1] if last else ''}"}
         seconds = time.perf_counter() - start
         r1, w1 = proc_io()
         if not math.isfinite(loss):
-            reply({"error": f"{args.peer}'s loss is {loss}"})
-            return 1
+            return {"error": f"{args.peer}'s loss is {loss}"}
         out = {"seconds": seconds, "loss": loss, "peak_host_bytes": peak_rss_bytes()}
         if args.device == "cuda":
             out["peak_device_bytes"] = torch.cuda.max_memory_allocated()
         if r0 is not None:
             out["read_bytes"], out["written_bytes"] = r1 - r0, w1 - w0
-        reply(out)
-    return 0
+        return out
+
+    return load_torch_step().serve_steps(reply, torch.cuda.synchronize if args.device == "cuda" else None,
+                                         timed_step)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,29 @@ def reply(obj):
     sys.stdout.flush()
 
 
+def serve_steps(reply, sync, run_step):
+    """The bench's protocol on stdin, for this script and peer_gpt_step.py: each `step`
+    runs run_step() (after sync(), the GPU's synchronize, when given) and replies the dict
+    it returns; `quit` or the end of input ends with 0. A bad command, or a step whose
+    reply is an {"error": ...}, ends with 1 (the error replied)."""
+    for line in sys.stdin:
+        words = line.split()
+        if not words:
+            continue
+        if words == ["quit"]:
+            return 0
+        if words != ["step"]:
+            reply({"error": f"bad command: {line.strip()!r}"})
+            return 1
+        if sync is not None:
+            sync()
+        out = run_step()
+        reply(out)
+        if "error" in out:
+            return 1
+    return 0
+
+
 def load_reference_gpt():
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "model", "gpt_reference.py")
     spec = importlib.util.spec_from_file_location("gpt_reference", path)
@@ -133,25 +156,16 @@ def main():
     device = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     reply({"ready": True, "torch": torch.__version__, "threads": torch.get_num_threads(), "attention": attention,
            "precision": args.precision, "device": device})
-    for line in sys.stdin:
-        words = line.split()
-        if not words:
-            continue
-        if words == ["quit"]:
-            return 0
-        if words != ["step"]:
-            reply({"error": f"bad command: {line.strip()!r}"})
-            return 1
-        if args.device == "cuda":
-            torch.cuda.synchronize()
+
+    def timed_step():
         start = time.perf_counter()
         loss = step()
         seconds = time.perf_counter() - start
         if not math.isfinite(loss):
-            reply({"error": f"the PyTorch step's loss is {loss}"})
-            return 1
-        reply({"seconds": seconds, "loss": loss})
-    return 0
+            return {"error": f"the PyTorch step's loss is {loss}"}
+        return {"seconds": seconds, "loss": loss}
+
+    return serve_steps(reply, torch.cuda.synchronize if args.device == "cuda" else None, timed_step)
 
 
 if __name__ == "__main__":
