@@ -49,7 +49,14 @@ done
 # another), for `gpu-check.sh torch`: module.cpp compiled against that Python's headers
 # and PyPI's pybind11, linked to build/'s libstrata (the cuda backend's), beside the
 # package's .py files. Skipped, saying so, where no such Python is here.
-gpy=${STRATA_GPU_PYTHON:-$(command -v python3.12 || ls /root/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | head -1 || true)}
+# A pyenv shim is on PATH whether or not its version is selected: take the first
+# candidate that runs.
+gpy=${STRATA_GPU_PYTHON:-}
+if [[ -z $gpy ]]; then
+  for c in $(command -v python3.12) /root/.pyenv/versions/3.12*/bin/python3.12; do
+    if [[ -x $c ]] && "$c" -c 'import sys' 2>/dev/null; then gpy=$c; break; fi
+  done
+fi
 if [[ -n $gpy && -x $gpy ]]; then
   venv=$(mktemp -d)
   "$gpy" -m venv "$venv" && "$venv/bin/pip" install -q --disable-pip-version-check 'pybind11==3.1.0'

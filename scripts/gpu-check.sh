@@ -12,6 +12,11 @@
 #   kernels    strata.cuda_kernels: test_gpt_cuda with the reference and the fused kernels each alone,
 #              compute-sanitizer memcheck and racecheck over the fused path, and the 1.1B bf16 step in
 #              memory with reference, then fused kernels, PyTorch beside; within 8 minutes
+#   fusedtest  test_gpt_cuda with the fused kernels alone (the first part of kernels), about a minute
+#   fusedsan   compute-sanitizer memcheck and racecheck over the fused path (kernels' second part)
+#   step1b     the 1.1B bf16 step (bench1b's shape) with the GPU optimizer, CPU Adam over pinned states
+#              and the split 0.5: fused kernels alone, then the reference kernels with PyTorch and FSDP2
+#              CPUOffloadPolicy beside them (--peers fsdp2); about 4 minutes; wants the H200's memory
 #   lane       the speculative optimizer on its lane against in line: 124M in memory
 #   copy       strata bench copy --backend cuda: pinned <-> device through the copy stream, beside cudaMemcpy
 #   torch      strata.torch on the cuda backend with the machine's torch, transformers and peft:
@@ -37,7 +42,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-known=(tests sanitize train bench bench1b kernels lane copy peers torch lora7b ranks capacity)
+known=(tests sanitize train bench bench1b kernels fusedtest fusedsan step1b lane copy peers torch lora7b ranks capacity)
 # The parts asked for are checked before anything is unpacked or run: a typo costs
 # nothing of the machine's time.
 for part in "$@"; do
@@ -157,6 +162,32 @@ for part in "${parts[@]}"; do
     rm -rf "$d"
     grep -E "^\[  (FAILED|PASSED|SKIPPED) |^=== exit|^measured|ERROR SUMMARY|Failure|^(in memory|torch|PyTorch)" "$out/kernels.log" |
       cut -c1-200 | head -80
+    ;;
+  fusedtest)
+    run kernels.log 70 env STRATA_TEST_CUDA_KERNELS=fused "$B/test_gpt_cuda"
+    grep -E "^\[  (FAILED|PASSED|SKIPPED) |^=== exit|Failure" "$out/kernels.log" | cut -c1-200 | head -40
+    ;;
+  fusedsan)
+    cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+    run sanitize.log 90 env STRATA_TEST_CUDA_KERNELS=fused "$cs" --tool memcheck --error-exitcode 9 "$B/test_gpt_cuda" \
+      --gtest_filter='Checkpointing/GptCudaBf16VsCpu.*/None:GptCudaFp16VsCpu.*:Checkpointing/GptCudaVsCpu.*/PerBlock'
+    run sanitize.log 50 env STRATA_TEST_CUDA_KERNELS=fused "$cs" --tool racecheck --error-exitcode 9 "$B/test_gpt_cuda" \
+      --gtest_filter='Checkpointing/GptCudaBf16VsCpu.*/None'
+    grep -E "ERROR SUMMARY|^=== exit|FAILED" "$out/sanitize.log"
+    ;;
+  step1b)
+    # bench1b's 1.1B shape, bf16, in memory, without the speculative rows: CPU Adam over pinned states,
+    # the GPU optimizer and the split 0.5; the fused kernels first (alone), then the reference ones
+    # with PyTorch (fused AdamW) and FSDP2 CPUOffloadPolicy beside them. Each run holds three 1.1B
+    # engines, the second PyTorch's fp32 states too: about 75 GB of HBM, the H200's.
+    d=$(mktemp -d /tmp/strata-bench-XXXX)
+    shape=(--backend cuda --dir "$d" --layers 20 --d-model 2048 --heads 16 --seq 1024 --micro-batch 2 --memory-budget 10G
+           --no-nvme --precision bf16 --no-f32 --gpu-optimizer --optimizer-ratio 0.5 --reps 3 --warmup 1)
+    run step1b.log 100 "$B/strata" bench step "${shape[@]}" --cuda-kernels fused --no-torch --json "$out/step1b-fused.json"
+    run step1b.log 150 "$B/strata" bench step "${shape[@]}" --cuda-kernels reference --peers fsdp2 \
+      --python "$(command -v python3)" --json "$out/step1b-reference.json"
+    rm -rf "$d"
+    grep -E "^=== exit|^(in memory|params|optimizer|FSDP2|PyTorch|bf16 tokens|Strata |MFU)|skipped|error" "$out/step1b.log" | cut -c1-220
     ;;
   lane)
     # The speculative optimizer on its lane against in line (--speculation-inline), bf16, the

@@ -191,8 +191,9 @@ class StagedCommunicator final : public Communicator {
 
   // Runs every step of op even after a failure, so that this rank still takes part in
   // each of its host collectives; returns the first error. Device work (`after`'s, the
-  // copies') is waited for with wait_device_work: on cuda, a stream of the engine may be
-  // holding CUDA's callback thread until this very operation completes.
+  // copies') is waited for with wait_device_work: on a driver without stream memory
+  // operations, a stream of the engine may be holding CUDA's callback thread until this
+  // very operation completes (device_wait.hpp).
   std::exception_ptr run(StagedOp& op) {
     std::exception_ptr err;
     auto keep = [&err](auto&& step) {

@@ -2,20 +2,25 @@
 // Device memory comes from cudaMalloc (memory/DeviceArena takes one region up front
 // and sub-allocates it, which is the caching allocator), pinned memory is registered
 // with cudaHostRegister, streams and events are CUDA streams and events.
+#include <cuda.h>  // the stream memory operations' types, reached through cudaGetDriverEntryPointByVersion
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "host_memory.hpp"
 #include "strata/core/clock.hpp"
 #include "strata/core/device.hpp"
 #include "strata/core/error.hpp"
+#include "strata/core/log.hpp"
 #include "strata/core/math/half.hpp"
 
 STRATA_DEFINE_CALL_CHECK(check_cuda_call, "cuda", cudaError_t, code == cudaSuccess,
@@ -74,10 +79,25 @@ class CudaEvent final : public detail::EventImpl {
   std::shared_ptr<EventSettlement> settlement_;
 };
 
+// The errors of a stream's host tasks (and of the host events it waited for) since its
+// last record(), which that record's event is handed. Shared: a host event's completion
+// may report into it from another thread.
+struct ErrorSink {
+  std::mutex mu;
+  std::exception_ptr error;
+  void keep(std::exception_ptr e) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!error) error = std::move(e);
+  }
+  std::exception_ptr take() {
+    std::lock_guard<std::mutex> lock(mu);
+    return std::exchange(error, nullptr);
+  }
+};
+
 struct HostCall {
   std::function<void()> fn;
-  std::exception_ptr* sink;
-  std::mutex* mu;
+  ErrorSink* sink;
 };
 
 void CUDART_CB run_host_call(void* arg) {
@@ -85,11 +105,76 @@ void CUDART_CB run_host_call(void* arg) {
   try {
     call->fn();
   } catch (...) {
-    std::lock_guard<std::mutex> lock(*call->mu);
-    if (!*call->sink) *call->sink = std::current_exception();
+    call->sink->keep(std::current_exception());
   }
   delete call;
 }
+
+// A stream told to wait for a host event (an I/O completion, an MPI or staged
+// collective) waits on the GPU: cuStreamWaitValue32 on a 32-bit word of host-mapped
+// pinned memory, which the event's completing thread then writes. Not in a host callback
+// that blocks until the event completes: CUDA runs every stream's host callbacks on one
+// thread, and a stream cannot pass a host callback that has not run, so one blocked
+// callback stalls each stream with a callback queued (every record() queues one), and
+// the thread that would complete the event may be waiting for one of those streams:
+// two ranks on one GPU under the staged communicator hung in their first step on an H200
+// (2026-11-27) that way.
+//
+// A slot is taken per wait and given back when its event has completed and written it.
+// Each wait's value is the slot's last one plus 1, and CU_STREAM_WAIT_VALUE_GEQ compares
+// (int32_t)(*addr - value) >= 0, so values wrap safely: a slot is written in the order of
+// its waits, never reused before its event completed.
+using WaitValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+
+WaitValue32Fn stream_wait_value_fn() {
+  static const WaitValue32Fn fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &f, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    cudaGetLastError();
+    return reinterpret_cast<WaitValue32Fn>(f);
+  }();
+  return fn;
+}
+
+class HostFlagPool {
+ public:
+  ~HostFlagPool() {
+    for (void* p : pages_) cudaFreeHost(p);
+  }
+  // A free slot and its device address; allocates a page of them when none is free.
+  uint32_t* take(CUdeviceptr* device_address) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (free_.empty()) {
+      void* page = nullptr;
+      STRATA_CHECK_CUDA(cudaHostAlloc(&page, kPage * sizeof(uint32_t), cudaHostAllocMapped | cudaHostAllocPortable));
+      pages_.push_back(page);
+      auto* words = static_cast<uint32_t*>(page);
+      for (size_t i = 0; i < kPage; ++i) {
+        words[i] = 0;
+        free_.push_back(words + i);
+      }
+    }
+    uint32_t* slot = free_.back();
+    free_.pop_back();
+    void* d = nullptr;
+    STRATA_CHECK_CUDA(cudaHostGetDevicePointer(&d, slot, 0));
+    *device_address = reinterpret_cast<CUdeviceptr>(d);
+    return slot;
+  }
+  void give(uint32_t* slot) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(slot);
+  }
+
+ private:
+  static constexpr size_t kPage = 1024;
+  std::mutex mu_;
+  std::vector<uint32_t*> free_;
+  std::vector<void*> pages_;
+};
 
 // 16-bit values travel as their bits; the conversions are core/math/half.hpp's, the
 // same as the host's.
@@ -175,7 +260,8 @@ unsigned grid_for(size_t n) { return static_cast<unsigned>(std::min<size_t>((n +
 
 class CudaStream final : public Stream {
  public:
-  CudaStream(int ordinal, std::string name) : ordinal_(ordinal), name_(std::move(name)) {
+  CudaStream(int ordinal, std::string name, std::shared_ptr<HostFlagPool> flags)
+      : ordinal_(ordinal), name_(std::move(name)), flags_(std::move(flags)) {
     STRATA_CHECK_CUDA(cudaSetDevice(ordinal_));
     STRATA_CHECK_CUDA(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
     // sum_squares_as's result: a device double and its pinned host copy (pageable memory
@@ -198,7 +284,7 @@ class CudaStream final : public Stream {
     STRATA_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s_));
   }
   void host_task(std::function<void()> fn) override {
-    auto* call = new HostCall{std::move(fn), &pending_error_, &mu_};
+    auto* call = new HostCall{std::move(fn), sink_.get()};
     STRATA_CHECK_CUDA(cudaLaunchHostFunc(s_, run_host_call, call));
   }
   // The typed ops launch kernels, which go to the calling thread's current device: a
@@ -277,15 +363,7 @@ class CudaStream final : public Stream {
   Event record() override {
     auto ev = std::make_shared<CudaEvent>(s_);
     // Errors raised by host tasks before this point are handed to this event.
-    host_task([this, settlement = ev->settlement()] {
-      std::exception_ptr err;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        err = pending_error_;
-        pending_error_ = nullptr;
-      }
-      settlement->settle(err);
-    });
+    host_task([sink = sink_.get(), settlement = ev->settlement()] { settlement->settle(sink->take()); });
     return Event(ev);
   }
   void synchronize() override { record().wait(); }
@@ -295,15 +373,15 @@ class CudaStream final : public Stream {
   int ordinal_;
   std::string name_;
   cudaStream_t s_{};
-  std::mutex mu_;
-  std::exception_ptr pending_error_;
+  std::shared_ptr<HostFlagPool> flags_;
+  std::shared_ptr<ErrorSink> sink_ = std::make_shared<ErrorSink>();
   double* dev_sum_ = nullptr;   // sum_squares_as: device accumulator
   double* host_sum_ = nullptr;  // and its pinned host copy
 
-  // CUDA events are waited on by the GPU; host events (I/O completions) in a host
-  // callback, which must make no CUDA call, so composite events (when_all, when_done)
-  // are taken apart first: a CUDA part inside one must not reach the callback. A fence
-  // part (when_done) orders only: its error is not this stream's.
+  // CUDA events are waited on by the GPU; host events (I/O completions, MPI and staged
+  // collectives) too, on a host-mapped word their completion writes (HostFlagPool).
+  // Composite events (when_all, when_done) are taken apart first. A fence part
+  // (when_done) orders only: its error is not this stream's.
   void wait_for(const Event& e, bool fence) {
     detail::EventImpl* impl = e.impl();
     if (impl == nullptr) return;
@@ -313,6 +391,30 @@ class CudaStream final : public Stream {
       return;
     }
     if (impl->for_each_part([&](Event& part, bool part_fence) { wait_for(part, fence || part_fence); })) return;
+    if (auto* host = dynamic_cast<HostEvent*>(impl)) {
+      if (WaitValue32Fn wait_value = stream_wait_value_fn()) {
+        CUdeviceptr address = 0;
+        uint32_t* slot = flags_->take(&address);
+        const uint32_t value = __atomic_load_n(slot, __ATOMIC_RELAXED) + 1;
+        STRATA_CHECK_CUDA(cudaSetDevice(ordinal_));
+        const CUresult rc = wait_value(s_, address, value, CU_STREAM_WAIT_VALUE_GEQ);
+        if (rc != CUDA_SUCCESS) {
+          flags_->give(slot);
+          throw Error("cuda stream " + name_ + ": cuStreamWaitValue32 failed (CUresult " + std::to_string(rc) +
+                      ") while ordering the stream after a host event");
+        }
+        // Runs on the completing thread, or here when it has completed already.
+        host->then([flags = flags_, sink = sink_, slot, value, fence](std::exception_ptr err) {
+          if (err && !fence) sink->keep(std::move(err));
+          __atomic_store_n(slot, value, __ATOMIC_RELEASE);
+          flags->give(slot);
+        });
+        return;
+      }
+      log::warn_once("cuda-wait-value",
+                     "cuda: this driver has no cuStreamWaitValue32; streams wait for host events in a blocking host "
+                     "callback, which can stall other streams (ranks sharing a GPU may hang)");
+    }
     if (fence)
       host_task([e] { (void)e.result(); });
     else
@@ -356,7 +458,7 @@ class CudaDevice final : public Device {
   }
   void unregister_host(void* p) override { cudaHostUnregister(p); }
   std::unique_ptr<Stream> create_stream(const std::string& name) override {
-    return std::make_unique<CudaStream>(ordinal_, name);
+    return std::make_unique<CudaStream>(ordinal_, name, flags_);
   }
   int numa_node() const override {
     int node = -1;
@@ -377,6 +479,7 @@ class CudaDevice final : public Device {
   void host_compute(double, const std::function<void()>& fn) override { fn(); }
 
  private:
+  std::shared_ptr<HostFlagPool> flags_ = std::make_shared<HostFlagPool>();  // its streams' waits for host events
   int ordinal_;
   cudaDeviceProp props_{};
 };

@@ -1,11 +1,15 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <thread>
 #include <vector>
 
 #include "strata/core/device.hpp"
+#include "strata/core/device_wait.hpp"
 #include "strata/core/error.hpp"
 
 using namespace strata;
@@ -132,6 +136,68 @@ TEST(Device, BackendsAndCuda) {
     EXPECT_FALSE(why.empty());
     EXPECT_THROW(make_device({Backend::Cuda, 0}), Unavailable);
   }
+}
+
+// A stream told to wait for a host event must not hold CUDA's callback thread: stream a
+// waits for a gate that a thread opens only once stream b, which has a host task queued
+// before its work, has done that work. With the wait in a blocking host callback (as
+// before 2026-11-27) b's task never runs and this hangs, as two ranks on one GPU did.
+TEST(Device, CudaStreamWaitsForAHostEventWithoutHoldingTheCallbackThread) {
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << why;
+  auto dev = make_device({Backend::Cuda, 0});
+  auto a = dev->create_stream("a");
+  auto b = dev->create_stream("b");
+  float* d = static_cast<float*>(dev->allocate(1024 * sizeof(float)));
+  std::vector<float> out(1024, 0.0f);
+  auto [gate, opener] = HostEvent::make();
+  a->wait(gate);
+  a->fill_as(d, DType::F32, 2.0f, 512);  // after the gate
+  Event a_done = a->record();
+  std::atomic<bool> ran{false};
+  b->host_task([&ran] { ran = true; });
+  b->fill_as(d + 512, DType::F32, 3.0f, 512);
+  Event b_done = b->record();
+  std::thread t([&, opener = opener] {
+    wait_device_work(b_done);  // the GPU side only, as the staged communicator's worker waits
+    opener->complete();
+  });
+  std::atomic<bool> finished{false};
+  std::thread watchdog([&finished] {
+    for (int i = 0; i < 600 && !finished; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (!finished) {
+      std::fprintf(stderr, "stream a's wait for the host event held CUDA's callback thread: stream b never ran\n");
+      std::_Exit(1);
+    }
+  });
+  a_done.wait();
+  b_done.wait();
+  finished = true;
+  t.join();
+  watchdog.join();
+  EXPECT_TRUE(ran.load());
+  a->copy_async(out.data(), d, out.size() * sizeof(float));
+  a->synchronize();
+  EXPECT_EQ(out[0], 2.0f);
+  EXPECT_EQ(out[1023], 3.0f);
+  // A failed host event is the error of the waiting stream's next record point, once.
+  auto [bad, failer] = HostEvent::make();
+  a->wait(bad);
+  Event failed = a->record();
+  failer->complete(std::make_exception_ptr(IoError("read", "/f", 0, 4096, EIO)));
+  EXPECT_THROW(failed.wait(), IoError);
+  EXPECT_NO_THROW(a->record().wait());
+  // Many waits at once (more than a page of flags), completed in reverse order.
+  std::vector<std::shared_ptr<HostEvent>> openers;
+  for (int i = 0; i < 1500; ++i) {
+    auto [ev, h] = HostEvent::make();
+    a->wait(ev);
+    openers.push_back(h);
+  }
+  Event all = a->record();
+  for (auto it = openers.rbegin(); it != openers.rend(); ++it) (*it)->complete();
+  EXPECT_NO_THROW(all.wait());
+  dev->deallocate(d, 1024 * sizeof(float));
 }
 
 TEST(Format, Bytes) {
