@@ -95,6 +95,8 @@ struct PlanArgs {
   bool speculative = false;
   double optimizer_ratio = 1.0;
   double frozen_fraction = 0.0;
+  int mics_shard_size = 0;
+  int hpz = 1;
   bool search = false, simulate = false, json = false;
   int simulate_steps = 3;
   bool largest = false;
@@ -151,6 +153,7 @@ nlohmann::json plan_json(const plan::Plan& p) {
                    {"checkpoints", s.checkpointing ? to_string(s.checkpoints) : "none"},
                    {"speculative", s.speculative}, {"optimizer_ratio", s.optimizer_ratio},
                    {"frozen_fraction", s.frozen_fraction},
+                   {"mics_shard_size", s.mics_shard_size}, {"hpz", s.hpz},
                    {"prefetch_groups", s.prefetch_groups}, {"sub_group_elems", p.engine.sub_group_elems},
                    {"tile_factor", s.tile_factor}, {"tile_size", s.tile_size}, {"bucket_elems", s.part_elems}, {"describe", s.describe()}};
   j["world"] = p.world;
@@ -162,6 +165,10 @@ nlohmann::json plan_json(const plan::Plan& p) {
                {"exposed_s", p.exposed_s}};
   j["tokens_per_step"] = p.tokens_per_step;
   j["tokens_per_s"] = p.tokens_per_s;
+  j["collective_bytes"] = {{"shard", p.shard_collective_bytes},
+                           {"replicas", p.replica_collective_bytes},
+                           {"secondary", p.secondary_collective_bytes},
+                           {"inter_node", p.inter_node_bytes}};
   j["mfu"] = p.mfu;
   for (const auto& l : p.links)
     j["links"].push_back({{"name", l.name}, {"bytes", l.bytes}, {"bandwidth", l.bandwidth}, {"busy_s", l.busy_s},
@@ -200,6 +207,10 @@ void print_plan(const plan::Plan& p) {
   for (const auto& l : p.links)
     std::printf("  %-25s %12s %12s %12s %14s\n", l.name.c_str(), gib(l.bytes).c_str(), gbs(l.bandwidth).c_str(),
                 secs(l.busy_s).c_str(), l.window_s > 0 ? gbs(l.needed).c_str() : "-");
+  std::printf("  collectives sent per rank: %s over the shard's ranks, %s across MiCS groups, %s within hpZ "
+              "groups; %s of it between nodes\n",
+              gib(p.shard_collective_bytes).c_str(), gib(p.replica_collective_bytes).c_str(),
+              gib(p.secondary_collective_bytes).c_str(), gib(p.inter_node_bytes).c_str());
   std::printf("\nstep (predicted)  %s: forward %s, backward %s, optimizer %s%s\n", secs(p.step_s).c_str(),
               secs(p.forward_s).c_str(), secs(p.backward_s).c_str(), secs(p.optimizer_s).c_str(),
               p.boundary_s > 0 ? (", stage 1/2 reduction and refresh " + secs(p.boundary_s)).c_str() : "");
@@ -310,6 +321,8 @@ plan::Strategy plan_strategy(const PlanArgs& a) {
   st.speculative = a.speculative;
   st.optimizer_ratio = a.optimizer_ratio;
   st.frozen_fraction = a.frozen_fraction;
+  st.mics_shard_size = a.mics_shard_size;
+  st.hpz = a.hpz;
   st.prefetch_groups = a.prefetch_groups;
   st.sub_group_elems = a.sub_group;
   st.precision = parse_precision(a.precision);
@@ -404,7 +417,7 @@ int run_plan(const PlanArgs& a) {
                    cands.front().plan.problems.empty() ? "" : cands.front().plan.problems.front().c_str());
       return 3;
     }
-    chosen = cands.front().plan;
+    chosen = plan::make_plan(shape, c, cands.front().strategy);  // search keeps candidates without their layouts
     if (!a.json) std::printf("\nthe chosen strategy:\n\n");
   } else {
     chosen = plan::make_plan(shape, c, st);
@@ -492,6 +505,14 @@ void add_plan(CLI::App& app) {
                 "the fraction of the parameters that is frozen (not trained: 0.99 for a LoRA-like run); frozen "
                 "parameters hold their working weights alone, no gradient, master weights or optimizer states")
       ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  p->add_option("--mics-shard-size", args->mics_shard_size,
+                 "MiCS (zero_optimization.mics_shard_size): the states sharded within groups of this many ranks, "
+                 "replicated across them (0: over every rank)")
+      ->capture_default_str();
+  p->add_option("--hpz", args->hpz,
+                "ZeRO++ hpZ (zero_optimization.zero_hpz_partition_size, stage 3): a secondary partition of the "
+                "parameters over this many ranks of a node (1: off)")
       ->capture_default_str();
   p->add_option("--prefetch-groups", args->prefetch_groups, "gathered groups ahead of use")->capture_default_str();
   p->add_option("--sub-group", args->sub_group, "optimizer sub-group, elements (0: chosen)")

@@ -55,6 +55,7 @@ struct ConfigSpec {
   double lr = 0.01, weight_decay = 0.01;
   double clip = 0.0;
   std::string extra;  // more top-level members, e.g. "\"bf16\": {\"enabled\": true}"
+  int hpz = 1;        // zero_optimization.zero_hpz_partition_size (1: absent)
 };
 
 inline std::string config_json(const ConfigSpec& c) {
@@ -71,7 +72,8 @@ inline std::string config_json(const ConfigSpec& c) {
          ", \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": " + std::to_string(c.lr) +
          ", \"weight_decay\": " + std::to_string(c.weight_decay) + "}}" +
          ", \"zero_optimization\": {\"stage\": " + std::to_string(c.stage) +
-         (c.stage == 3 ? ", \"stage3_param_persistence_threshold\": 0" : "") + off + "}" +
+         (c.stage == 3 ? ", \"stage3_param_persistence_threshold\": 0" : "") +
+         (c.hpz > 1 ? ", \"zero_hpz_partition_size\": " + std::to_string(c.hpz) : std::string()) + off + "}" +
          ", \"strata\": {\"backend\": \"cpu\", \"device_budget\": \"16MiB\", \"pinned_budget\": \"16MiB\", "
          "\"checksums\": true}}";
 }

@@ -22,11 +22,14 @@ strata_runtime_info info_of(strata_runtime rt) {
 }
 }  // namespace
 
+// Also with ZeRO++ hpZ over pairs of ranks (zero_hpz_partition_size 2): the C API splits
+// the ranks as strata train does, and the same reference holds.
 TEST(CApiMpi, TrainingAcrossRanksFollowsTheAveragedGradient) {
-  for (int stage : {3, 2}) {
-    SCOPED_TRACE("stage " + std::to_string(stage));
+  for (auto [stage, hpz] : {std::pair{3, 1}, std::pair{2, 1}, std::pair{3, 2}}) {
+    SCOPED_TRACE("stage " + std::to_string(stage) + ", hpz " + std::to_string(hpz));
     TempDir dir("mpi");
-    RuntimeHandle h(config_json({.stage = stage, .accum = 2, .offload = "nvme", .nvme_dir = dir.path.string()}));
+    RuntimeHandle h(
+        config_json({.stage = stage, .accum = 2, .offload = "nvme", .nvme_dir = dir.path.string(), .hpz = hpz}));
     const strata_runtime_info info = info_of(h.rt);
     ASSERT_GT(info.world_size, 1) << "run this test under mpirun";
     auto gs = toy_groups(4);

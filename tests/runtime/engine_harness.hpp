@@ -39,6 +39,7 @@ struct RunSpec {
   bool optimizer_on_stream = false;  // EngineOptions::optimizer_on_stream: the GPU optimizer's path
   bool keep_grads = true;            // EngineAblation::keep_accumulating_grads_on_device
   double optimizer_ratio = 1.0;      // offload_optimizer.ratio
+  int quantized_block = 0;           // qwZ: EngineOptions::quantized_weights_block (0: off)
   // The GPT's activation checkpoints (gpt_harness.hpp, with checkpointing): unset, the
   // model keeps them; None, the engine holds them on the device; Cpu, cpu_checkpointing
   // (pinned memory, or NVMe where the pinned budget is short); Nvme, cpu_checkpointing
@@ -64,6 +65,7 @@ struct RunSpec {
                               (*checkpoints == OffloadDevice::None ? "on the device" : to_string(*checkpoints))
                         : "") +
            (part_bucket ? ", parts of " + std::to_string(part_bucket) : "") +
+           (quantized_block ? ", qwZ blocks of " + std::to_string(quantized_block) : "") +
            (tile_factor > 1 ? ", tile factor " + std::to_string(tile_factor) : "") +
            (minimum_device_budget ? ", the minimum device budget and a group" : "");
   }
@@ -77,7 +79,8 @@ struct RunResult {
   std::vector<std::vector<float>> states;
   std::vector<bool> stepped;
   std::vector<double> norms;  // the gradient norm of every step
-  EngineStats stats;
+  EngineStats stats;          // at the end (the weights' gathers included)
+  EngineStats train_stats;    // after the last step, before the weights are gathered (gpt_harness.hpp)
 };
 
 // Hands the model the engine's buffers, and fills one group's gradient with NaN on the
@@ -109,6 +112,12 @@ class PoisoningSource final : public WeightSource {
 constexpr int kLayers = 4, kWidth = 32, kGlobalBatch = 8;
 
 // Inputs and targets of one micro-batch row: a fixed nonlinear map the MLP can learn.
+// The job's MPI communicator, made on first use (the tests run under mpirun).
+inline coll::Communicator& mpi_world() {
+  static auto comm = coll::make_host_communicator(coll::HostBackend::Mpi);
+  return *comm;
+}
+
 inline void make_row(int step, int micro, int row, float* x, float* y) {
   std::mt19937 rng(static_cast<uint32_t>(step * 7919 + micro * 104729 + row * 1299709 + 17));
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
@@ -152,6 +161,7 @@ inline EngineOptions test_engine_options(const RunSpec& spec, uint64_t group_num
   o.speculative = spec.speculative;
   o.optimizer_on_stream = spec.optimizer_on_stream;
   o.optimizer_ratio = spec.optimizer_ratio;
+  o.quantized_weights_block = spec.quantized_block;
   o.gradient_accumulation_steps = spec.accum;
   o.sub_group_elems = spec.sub_group;
   o.prefetch_bucket_elems = 3 * group_numel;

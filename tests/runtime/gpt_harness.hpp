@@ -41,13 +41,17 @@ inline void gpt_row(int step, int micro, int row, const GptShape& s, int32_t* x,
 
 // `replicas` (MiCS): comm and host span this rank's group of consecutive ranks, replicas
 // the ranks with its index in the other groups; the data is split over all of them.
+// `hpz` (ZeRO++ hpZ): the consecutive ranks of comm that share secondary partitions
+// (EngineOptions::hpz_partition_size is its size).
 inline RunResult train_gpt(coll::Communicator& comm, coll::Communicator& host, const RunSpec& spec, int steps,
                            const std::string& nvme_dir, bool checkpointing = false,
-                           const GptShape& shape = small_gpt(), coll::Communicator* replicas = nullptr) {
+                           const GptShape& shape = small_gpt(), coll::Communicator* replicas = nullptr,
+                           coll::Communicator* hpz = nullptr) {
   auto device = make_device({});
   // Look-ahead: three blocks; with parts, the bucket bounds both (one key in strata train).
   EngineOptions o = test_engine_options(spec, spec.part_bucket ? spec.part_bucket : 13'333, nvme_dir);
   o.optimizer.lr = 1e-2f;
+  if (hpz) o.hpz_partition_size = hpz->size();
   const int groups = replicas ? replicas->size() : 1;
   const int world = comm.size() * groups, rank = (replicas ? replicas->rank() : 0) * comm.size() + comm.rank();
   const int local = kGptGlobalBatch / world;
@@ -74,7 +78,7 @@ inline RunResult train_gpt(coll::Communicator& comm, coll::Communicator& host, c
     o.store.device_budget = L.need[int(Tier::Device)].homes() + L.device_working +
                             L.max_padded * L.elem_bytes(StateRole::GatherBuffer);
   }
-  ZeroEngine engine(*device, comm, host, o, specs, test_engine_ablation(spec), replicas);
+  ZeroEngine engine(*device, comm, host, o, specs, test_engine_ablation(spec), replicas, hpz);
   const bool parted = engine.num_groups() != static_cast<int>(parts.size());
   if (spec.give_schedule && !parted) engine.set_schedule(gpt_schedule(shape));
   Gpt model(shape, mo);
@@ -97,6 +101,7 @@ inline RunResult train_gpt(coll::Communicator& comm, coll::Communicator& host, c
     r.norms.push_back(engine.stats().last_grad_norm);
     if (spec.snapshots) r.states.push_back(snapshot(engine));
   }
+  r.train_stats = engine.stats();
   // The model's groups' weights, parts put back together.
   for (int g = 0, e = 0; g < static_cast<int>(parts.size()); ++g) {
     std::vector<float> w;

@@ -1,12 +1,17 @@
-"""`strata train` with zero_optimization.mics_shard_size under mpirun -np 4, the 4 ranks
-taken as 2 nodes of 2 (strata.ranks_per_node), parameters and optimizer states on NVMe:
-- MiCS 2 follows flat ZeRO-3's losses (1e-5 relative);
-- a MiCS checkpoint (written by the first group) resumes flat, and a flat one resumes
-  under MiCS, each continuing as the uninterrupted run (checkpoints of any layout);
-- bad input: a shard size that does not divide the world, groups that straddle nodes,
-  a ranks_per_node that does not divide the world, MiCS with the staged communicator,
-  a size of 1.5: each refused, naming the fix, with exit 2 and nothing written.
-Usage: test_mics_train.py STRATA MPIRUN"""
+"""`strata train` with the layouts that keep collectives inside a node, under mpirun -np 4,
+the 4 ranks taken as 2 nodes of 2 (strata.ranks_per_node), parameters and optimizer
+states on NVMe: MiCS (zero_optimization.mics_shard_size 2) and ZeRO++ hpZ
+(zero_optimization.zero_hpz_partition_size 2). For each:
+- it follows flat ZeRO-3's losses (1e-5 relative; hpZ bit for bit);
+- its checkpoint (MiCS: written by the first group) resumes flat, and a flat one resumes
+  under it, each continuing as the uninterrupted run (checkpoints of any layout);
+- bad input: a size that does not divide the world, groups that straddle nodes, a
+  ranks_per_node that does not divide the world, the staged communicator, a size of 1.5,
+  hpZ at stage 2, both at once, quantized gradients (qgZ, not built): each refused,
+  naming the fix, with exit 2 and nothing written.
+- qwZ (zero_quantized_weights) over 200 steps on text in bf16, alone and with hpZ: every
+  step's loss within 2% of flat's, the quantization error in the metrics, fewer bytes.
+Usage: test_hybrid_train.py STRATA MPIRUN"""
 import json
 import os
 import pathlib
@@ -50,46 +55,94 @@ def worst(a, b, steps):
     return max(abs(a[s] - b[s]) / abs(b[s]) for s in steps)
 
 
-with tempfile.TemporaryDirectory(prefix="strata-mics-") as d:
+with tempfile.TemporaryDirectory(prefix="strata-hybrid-") as d:
     tmp = pathlib.Path(d)
     data = tmp / "corpus.txt"
     data.write_text(corpus(20000))
 
-    def config(name, mics, steps=6, every=3):
+    def config(name, mics=None, steps=6, every=3, hpz=None):
         cfg = small_config(tmp, data, steps=steps, checkpoint_dir=tmp / f"ckpt-{name}", checkpoint_every=every,
                            nvme=True)
         cfg["strata"]["ranks_per_node"] = 2
         if mics:
             cfg["zero_optimization"]["mics_shard_size"] = mics
+        if hpz:
+            cfg["zero_optimization"]["zero_hpz_partition_size"] = hpz
         return cfg
 
-    rc, out, flat = train(tmp, "flat", config("flat", None))
+    rc, out, flat = train(tmp, "flat", config("flat"))
     check(rc == 0 and sorted(flat) == list(range(1, 7)), f"flat ZeRO-3 at 4 ranks trains 6 steps (rc {rc})\n{out[-2000:]}")
-    rc, out, mics = train(tmp, "mics", config("mics", 2))
-    check(rc == 0 and sorted(mics) == list(range(1, 7)), f"MiCS 2 at 4 ranks trains 6 steps (rc {rc})\n{out[-2000:]}")
-    check("mics_shard_size 2: model states sharded within 2 groups of 2 ranks (within a node; 4 ranks: 2 nodes "
-          "of 2 (strata.ranks_per_node)), replicated across them" in out, "the run says how it shards")
-    if flat and mics:
-        w = worst(mics, flat, range(1, 7))
-        print(f"MiCS 2 against flat over 6 steps: worst relative loss difference {w:.2e}")
-        check(w <= RTOL, f"MiCS follows flat within {RTOL} ({w:.2e})")
-    # The first group wrote the checkpoint: its ranks' files, a world of 2.
-    manifest = tmp / "ckpt-mics" / "step-00000003" / "manifest.json"
-    check(manifest.exists() and json.loads(manifest.read_text())["world_size"] == 2,
-          "the MiCS checkpoint is the first group's: world_size 2")
-    # Across a change of layout, both ways: steps 4-6 as the uninterrupted run's.
-    rc, out, flat_from_mics = train(tmp, "flat-from-mics", config("flat-from-mics", None),
-                                    extra=["--resume-from", str(tmp / "ckpt-mics" / "step-00000003")])
-    check(rc == 0 and sorted(flat_from_mics) == [4, 5, 6], f"flat resumes a MiCS checkpoint (rc {rc})\n{out[-1500:]}")
-    if rc == 0 and mics:
-        w = worst(flat_from_mics, mics, [4, 5, 6])
-        check(w <= RTOL, f"flat resumed from MiCS continues as MiCS ran ({w:.2e})")
-    rc, out, mics_from_flat = train(tmp, "mics-from-flat", config("mics-from-flat", 2),
-                                    extra=["--resume-from", str(tmp / "ckpt-flat" / "step-00000003")])
-    check(rc == 0 and sorted(mics_from_flat) == [4, 5, 6], f"MiCS resumes a flat checkpoint (rc {rc})\n{out[-1500:]}")
-    if rc == 0 and flat:
-        w = worst(mics_from_flat, flat, [4, 5, 6])
-        check(w <= RTOL, f"MiCS resumed from flat continues as flat ran ({w:.2e})")
+
+    def layout(tag, title, key, says, ckpt_world, rtol):
+        """Trains under `key` (a config's layout arguments), compares with flat, resumes both ways."""
+        rc, out, runs = train(tmp, tag, config(tag, **key))
+        check(rc == 0 and sorted(runs) == list(range(1, 7)), f"{title} at 4 ranks trains 6 steps (rc {rc})\n{out[-2000:]}")
+        check(says in out, f"the {title} run says how it shards" + ("" if says in out else "\n" + out[-1500:]))
+        if flat and runs:
+            w = worst(runs, flat, range(1, 7))
+            print(f"{title} against flat over 6 steps: worst relative loss difference {w:.2e}")
+            check(w <= rtol, f"{title} follows flat within {rtol} ({w:.2e})")
+        manifest = tmp / f"ckpt-{tag}" / "step-00000003" / "manifest.json"
+        check(manifest.exists() and json.loads(manifest.read_text())["world_size"] == ckpt_world,
+              f"the {title} checkpoint is written by a world of {ckpt_world}")
+        # Across a change of layout, both ways: steps 4-6 as the uninterrupted run's.
+        rc, out, flat_from = train(tmp, f"flat-from-{tag}", config(f"flat-from-{tag}"),
+                                   extra=["--resume-from", str(tmp / f"ckpt-{tag}" / "step-00000003")])
+        check(rc == 0 and sorted(flat_from) == [4, 5, 6], f"flat resumes a {title} checkpoint (rc {rc})\n{out[-1500:]}")
+        if rc == 0 and runs:
+            w = worst(flat_from, runs, [4, 5, 6])
+            check(w <= rtol, f"flat resumed from {title} continues as {title} ran ({w:.2e})")
+        rc, out, from_flat = train(tmp, f"{tag}-from-flat", config(f"{tag}-from-flat", **key),
+                                   extra=["--resume-from", str(tmp / "ckpt-flat" / "step-00000003")])
+        check(rc == 0 and sorted(from_flat) == [4, 5, 6], f"{title} resumes a flat checkpoint (rc {rc})\n{out[-1500:]}")
+        if rc == 0 and flat:
+            w = worst(from_flat, flat, [4, 5, 6])
+            check(w <= rtol, f"{title} resumed from flat continues as flat ran ({w:.2e})")
+
+    # MiCS: the first group (a world of 2) writes the checkpoint; gradients summed in
+    # another order than flat's.
+    layout("mics", "MiCS 2", {"mics": 2},
+           "mics_shard_size 2: model states sharded within 2 groups of 2 ranks (within a node; 4 ranks: 2 nodes "
+           "of 2 (strata.ranks_per_node)), replicated across them", 2, RTOL)
+    # hpZ: every rank writes its shard; the same arithmetic as flat.
+    layout("hpz", "hpZ 2", {"hpz": 2},
+           "zero_hpz_partition_size 2: parameters gathered over all 4 ranks once after each change, then from "
+           "secondary partitions within 2 groups of 2 ranks", 4, 0.0)
+
+    # qwZ over 200 steps on text: int8 gathers against flat's, in memory and bf16, every
+    # step's loss within 2% (the issue's bound), and each step's quantization error in
+    # the metrics.
+    def long_run(name, qwz, hpz=None):
+        cfg = small_config(tmp, data, steps=200)
+        cfg["bf16"] = {"enabled": True}
+        cfg["strata"]["ranks_per_node"] = 2
+        if qwz:
+            cfg["zero_optimization"]["zero_quantized_weights"] = True
+        if hpz:
+            cfg["zero_optimization"]["zero_hpz_partition_size"] = hpz
+        path = write_config(tmp / f"{name}.json", cfg)
+        metrics = tmp / f"{name}.jsonl"
+        p = subprocess.run([mpirun] + MPI_FLAGS + ["-np", "4", strata, "train", "-c", str(path), "--metrics",
+                           str(metrics)], capture_output=True, text=True, timeout=300, cwd=tmp)
+        rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+        return p.returncode, p.stdout + p.stderr, [r for r in rows if "loss" in r and "step" in r]
+
+    rc, out, flat200 = long_run("flat200", False)
+    check(rc == 0 and len(flat200) == 200, f"flat bf16 trains 200 steps (rc {rc})\n{out[-1500:]}")
+    for tag, hpz in (("qwZ", None), ("qwZ with hpZ 2", 2)):
+        rc, out, q200 = long_run(tag.replace(" ", "-"), True, hpz)
+        check(rc == 0 and len(q200) == 200, f"{tag} trains 200 steps (rc {rc})\n{out[-1500:]}")
+        if len(q200) == 200 and len(flat200) == 200:
+            w = max(abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(q200, flat200))
+            err = max(r.get("quantized_weights_error", 0) for r in q200)
+            crossed = sum(r["collective_bytes"]["shard"] for r in q200) / sum(r["collective_bytes"]["shard"]
+                                                                             for r in flat200)
+            print(f"{tag} against flat over 200 steps on text: worst relative loss difference {w:.2e}, loss "
+                  f"{q200[0]['loss']:.4f} -> {q200[-1]['loss']:.4f} (flat {flat200[-1]['loss']:.4f}); "
+                  f"quantization error at most {err:.2e}; bytes over every rank {crossed:.3f}x flat's")
+            check(w <= 0.02, f"{tag} follows flat within 2% over 200 steps ({w:.2e})")
+            check(0 < err < 0.01, f"{tag} reports its quantization error ({err:.2e})")
+            check(crossed < 0.8, f"{tag} sends fewer bytes over every rank ({crossed:.3f}x; the reduce-scatters are not quantized)")
 
     # Bad input: refused on every rank before anything is written.
     def refused(name, cfg, np, message):
@@ -98,6 +151,23 @@ with tempfile.TemporaryDirectory(prefix="strata-mics-") as d:
               f"{name}: refused with '{message}' (rc {rc})" + ("" if message in out else "\n" + out[-1500:]))
 
     refused("mics3", config("mics3", 3), 4, "zero_optimization.mics_shard_size 3 does not divide the world size 4")
+    refused("hpz3", config("hpz3", hpz=3), 4, "zero_optimization.zero_hpz_partition_size 3 does not divide the world size 4")
+    hpz_straddle = config("hpz-straddle", hpz=2)
+    hpz_straddle["strata"]["ranks_per_node"] = 1
+    refused("hpz-straddle", hpz_straddle, 4,
+            "zero_optimization.zero_hpz_partition_size 2 puts a secondary partition across node boundaries")
+    hpz_staged = config("hpz-staged", hpz=2)
+    hpz_staged["strata"]["device_communicator"] = "staged"
+    refused("hpz-staged", hpz_staged, 4, "the staged device communicator cannot be split yet")
+    hpz_stage2 = config("hpz-stage2", hpz=2)
+    hpz_stage2["zero_optimization"]["stage"] = 2
+    hpz_stage2["zero_optimization"].pop("offload_param", None)
+    refused("hpz-stage2", hpz_stage2, 4, "zero_optimization.zero_hpz_partition_size 2 partitions stage 3's parameters")
+    qgz = config("qgz")
+    qgz["zero_optimization"]["zero_quantized_gradients"] = True
+    refused("qgz", qgz, 4, "zero_optimization.zero_quantized_gradients")
+    refused("hpz-and-mics", config("hpz-and-mics", mics=2, hpz=2), 4,
+            "zero_hpz_partition_size and mics_shard_size are two ways to keep collectives inside a node")
     bad = config("rpn3", 2)
     bad["strata"]["ranks_per_node"] = 3
     refused("rpn3", bad, 4, "strata.ranks_per_node 3 does not divide the world size 4")

@@ -8,6 +8,8 @@
 // runs in seconds. Only simulated time is asserted, never the wall clock.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include <tuple>
 
 #include <cmath>
@@ -767,4 +769,98 @@ TEST(Plan, TheEnginesStartUpMinimumIsEnoughAtRunTime) {
       EXPECT_EQ(m.find("held there from the tied head") != std::string::npos, c.shape.tied()) << m;
     }
   }
+}
+
+// MiCS and hpZ (Strategy::mics_shard_size, hpz): on 4 DGX A100s whose network is a tenth
+// of the preset's (so the collectives show), the plan's step time agrees with the real
+// engine on the sim backend, where each sub-group is a sim communicator at its link's
+// bandwidth (within 15%, as every case above), and its bytes per communicator are the
+// engine's, exactly. Flat is there to compare with: the hybrid layouts send fewer bytes
+// between nodes and are faster.
+TEST(Plan, HybridLayoutsAgreeWithTheSimulatedEngine) {
+  ClusterSpec a100x4 = find_cluster_preset("dgx-a100");
+  a100x4.nodes = 4;
+  a100x4.network /= 10;
+  const OffloadDevice none = OffloadDevice::None, cpu = OffloadDevice::Cpu;
+  auto layout = [](Strategy s, int mics, int hpz) {
+    s.mics_shard_size = mics;
+    s.hpz = hpz;
+    s.precision = DType::BF16;
+    return s;
+  };
+  const GptShape g13 = shrunk("gpt-13b", 8), g67 = shrunk("gpt-6.7b", 8);
+  const std::vector<Case> cases = {
+      {"gpt-13b (8 layers), 4x dgx-a100 / 10, stage 3, optimizer cpu, mb 2, flat", g13, a100x4,
+       layout(strategy(3, none, cpu, 2), 0, 1)},
+      {"... MiCS 8", g13, a100x4, layout(strategy(3, none, cpu, 2), 8, 1)},
+      {"... hpZ 8", g13, a100x4, layout(strategy(3, none, cpu, 2), 0, 8)},
+      {"... accumulation 4, flat", g13, a100x4, layout(strategy(3, none, cpu, 2, true, 4), 0, 1)},
+      {"... accumulation 4, hpZ 8", g13, a100x4, layout(strategy(3, none, cpu, 2, true, 4), 0, 8)},
+      {"... accumulation 4, MiCS 16", g13, a100x4, layout(strategy(3, none, cpu, 2, true, 4), 16, 1)},
+      {"gpt-6.7b (8 layers), 4x dgx-a100 / 10, stage 2, optimizer cpu, mb 2, flat", g67, a100x4,
+       layout(strategy(2, none, cpu, 2), 0, 1)},
+      {"... MiCS 8", g67, a100x4, layout(strategy(2, none, cpu, 2), 8, 1)},
+  };
+  std::map<std::string, Plan> by_label;
+  for (const Case& c : cases) {
+    Plan p = make_plan(c.shape, c.cluster, c.st);
+    ASSERT_TRUE(p.fits) << c.label << ": " << (p.problems.empty() ? "" : p.problems.front());
+    const SimulateReport r = simulate_plan(p, 3);
+    const double ratio = p.step_s / r.step_s_steady;
+    std::cout << "[ figures  ] " << c.label << ": analytic " << p.step_s << " s, simulated " << r.step_s_steady
+              << " s, ratio " << ratio << "; between nodes " << p.inter_node_bytes / (1 << 20) << " MiB a step\n";
+    EXPECT_NEAR(ratio, 1.0, 0.15) << c.label;
+    EXPECT_DOUBLE_EQ(p.shard_collective_bytes, r.shard_collective_bytes) << c.label;
+    EXPECT_DOUBLE_EQ(p.replica_collective_bytes, r.replica_collective_bytes) << c.label;
+    EXPECT_DOUBLE_EQ(p.secondary_collective_bytes, r.secondary_collective_bytes) << c.label;
+    expect_in_budget(p, r, c.label);
+    by_label[c.label] = p;
+  }
+  const Plan& flat = by_label.at(cases[0].label);
+  for (size_t k : {1u, 2u}) {
+    EXPECT_LT(by_label.at(cases[k].label).inter_node_bytes, flat.inter_node_bytes) << cases[k].label;
+    EXPECT_LT(by_label.at(cases[k].label).step_s, flat.step_s) << cases[k].label;
+  }
+  EXPECT_LT(by_label.at(cases[4].label).inter_node_bytes, 0.5 * by_label.at(cases[3].label).inter_node_bytes);
+}
+
+// --search on several nodes tries flat, MiCS (a node a group) and hpZ (a node's
+// partitions, stage 3 only) beside each other; on a slow network a hybrid layout wins, and
+// flat's verdict says what bound it.
+TEST(Plan, SearchChoosesAmongFlatMicsAndHpz) {
+  ClusterSpec a100x4 = find_cluster_preset("dgx-a100");
+  a100x4.nodes = 4;
+  a100x4.network /= 10;
+  SearchSpace space;
+  space.stages = {2, 3};
+  space.param = {OffloadDevice::None};
+  space.optimizer = {OffloadDevice::Cpu};
+  space.micro_batches = {2};
+  space.checkpointing = {true};
+  space.optimizer_ratios = {1.0};
+  space.checkpoints = {OffloadDevice::None};
+  space.tile_factors = {1};
+  Strategy base;
+  base.precision = DType::BF16;
+  const std::vector<Candidate> got = search(shrunk("gpt-13b", 8), a100x4, base, space);
+  ASSERT_EQ(got.size(), 5u) << "stages 2 and 3 flat and MiCS, stage 3 hpZ";
+  ASSERT_TRUE(got.front().chosen);
+  EXPECT_TRUE(got.front().strategy.mics_shard_size == 8 || got.front().strategy.hpz == 8)
+      << "chosen: " << got.front().strategy.describe();
+  int flat = 0, mics = 0, hpz = 0;
+  for (const Candidate& c : got) {
+    flat += c.strategy.mics_shard_size == 0 && c.strategy.hpz == 1;
+    mics += c.strategy.mics_shard_size == 8;
+    hpz += c.strategy.hpz == 8;
+    EXPECT_TRUE(c.strategy.hpz == 1 || c.strategy.stage == 3) << c.strategy.describe();
+    if (c.strategy.mics_shard_size == 0 && c.strategy.hpz == 1) {
+      EXPECT_NE(c.verdict.find("slower by"), std::string::npos) << c.verdict;
+    }
+  }
+  EXPECT_EQ(flat, 2);
+  EXPECT_EQ(mics, 2);
+  EXPECT_EQ(hpz, 1);
+  // Candidates keep their figures, not their layouts' groups.
+  EXPECT_TRUE(got.front().plan.resolved.layout.groups.empty());
+  EXPECT_GT(got.front().plan.tokens_per_s, 0);
 }

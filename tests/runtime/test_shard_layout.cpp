@@ -5,6 +5,8 @@
 // test works out itself from the rule's statement.
 #include <gtest/gtest.h>
 
+#include <stdexcept>
+
 #include "strata/collectives/sim_communicator.hpp"
 #include "strata/core/error.hpp"
 #include "strata/runtime/plan/plan.hpp"
@@ -288,4 +290,60 @@ TEST(ShardLayout, AFrozenGroupHoldsItsParametersAlone) {
     const int grads_at = stage == 1 ? int(Tier::Device) : int(Tier::Pinned);
     EXPECT_EQ(trained.need[grads_at].grads - frozen.need[grads_at].grads, grads_saved) << "stage " << stage;
   }
+}
+
+// ZeRO++ hpZ (ShardStrategy::hpz): stage 3 keeps, beside each parameter shard, a
+// secondary partition of padded / hpz elements of the working type in the parameter
+// shard's home (params bytes), except for persistent groups (gathered once, kept); a
+// gather reads it, so the device's working set passes the larger of the two through.
+// Anything but stage 3 and a divisor of the world is refused, naming the fix.
+TEST(ShardLayout, HpzAddsASecondaryPartitionInTheParameterHome) {
+  ShardStrategy st;
+  st.world = 8;
+  st.stage = 3;
+  st.param_home = Tier::Nvme;
+  st.optimizer_home = Tier::Pinned;
+  st.working = DType::BF16;
+  st.grads = DType::BF16;
+  st.rules.persistence_threshold_elems = 100;
+  const uint64_t n = 16 * 8192;  // 16 units of world x alignment: no padding
+  const std::vector<GroupSize> groups{{"block", n}, {"norm", 64}, {"base", n, true}};
+  const ShardLayout flat = make_shard_layout(groups, st);
+  st.hpz = 4;
+  const ShardLayout hpz = make_shard_layout(groups, st);
+  for (size_t g : {0u, 2u}) {
+    const StateTensor& secondary = [&]() -> const StateTensor& {
+      for (const StateTensor& t : hpz.groups[g].tensors)
+        if (t.role == StateRole::ParamSecondary) return t;
+      throw std::runtime_error("no secondary partition in group " + hpz.groups[g].name);
+    }();
+    EXPECT_EQ(secondary.spec.bytes, n / 4 * 2) << hpz.groups[g].name;
+    EXPECT_EQ(secondary.spec.home, Tier::Nvme);
+    EXPECT_FALSE(secondary.spec.scratch);
+  }
+  for (const StateTensor& t : hpz.groups[1].tensors)
+    EXPECT_NE(t.role, StateRole::ParamSecondary) << "a persistent group has no secondary";
+  EXPECT_EQ(hpz.need[int(Tier::Nvme)].params - flat.need[int(Tier::Nvme)].params, 2 * (n / 4 * 2));
+  EXPECT_EQ(hpz.need[int(Tier::Pinned)].homes(), flat.need[int(Tier::Pinned)].homes());
+  // The source passing through: padded / 4 instead of padded / 8, bf16.
+  EXPECT_EQ(hpz.device_working - flat.device_working, n / 4 * 2 - n / 8 * 2);
+
+  auto refused = [&](ShardStrategy s, const std::string& want) {
+    try {
+      make_shard_layout(groups, s);
+      ADD_FAILURE() << "accepted: " << want;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  ShardStrategy s = st;
+  s.hpz = 3;
+  refused(s, "zero_hpz_partition_size 3 does not divide the 8 ranks");
+  s = st;
+  s.stage = 2;
+  s.param_home = Tier::Device;
+  refused(s, "zero_hpz_partition_size 4 partitions stage 3's parameters, and the stage is 2");
+  s = st;
+  s.hpz = 0;
+  refused(s, "zero_hpz_partition_size 0 is below 1");
 }

@@ -91,6 +91,7 @@ Runtime::Runtime(Config config)
   host_comm_ = std::move(rank.host_comm);
   device_ = std::move(rank.device);
   device_comm_ = std::move(rank.dev_comm);
+  hpz_comm_ = std::move(rank.hpz);
   device_ordinal_ = rank.device_ordinal;
   copy_stream_ = device_->create_stream("capi.copy");
 }
@@ -101,6 +102,7 @@ void Runtime::shutdown() {
   // The engine uses the device and communicators: it goes first.
   engine_.reset();
   copy_stream_.reset();
+  hpz_comm_.reset();
   device_comm_.reset();
   device_.reset();
   host_comm_.reset();
@@ -335,7 +337,8 @@ void Runtime::start() {
   coll::Communicator& dev_comm = device_comm_ ? *device_comm_ : *host_comm_;
   EngineOptions eo = EngineOptions::from_config(config_);
   eo.first_gradient_held = false;  // the caller's groups, not strata.model's: no gradient is held for it
-  auto engine = std::make_unique<ZeroEngine>(*device_, dev_comm, *host_comm_, eo, std::move(specs));
+  auto engine = std::make_unique<ZeroEngine>(*device_, dev_comm, *host_comm_, eo, std::move(specs), EngineAblation{},
+                                             nullptr, hpz_comm_.get());
   engine_ = std::move(engine);
   try {
     load_initial_data();

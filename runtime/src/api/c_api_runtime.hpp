@@ -116,6 +116,7 @@ class Runtime {
   strata_dtype dtype_ = STRATA_F32;  // the same, as the C API names it
   std::unique_ptr<coll::Communicator> host_comm_;
   std::unique_ptr<coll::Communicator> device_comm_;  // nccl or staged; null: host_comm_ serves both (rank.hpp)
+  std::unique_ptr<coll::Communicator> hpz_comm_;     // zero_hpz_partition_size's group (rank.hpp); null without
   int device_ordinal_ = 0;                           // cuda: the GPU this rank uses
   std::unique_ptr<Device> device_;
   std::unique_ptr<Stream> copy_stream_;  // grad_submit's copies, on either backend

@@ -234,6 +234,10 @@ void validate_for_world(const Config& c, int world_size) {
     throw ConfigError("zero_optimization.mics_shard_size " + std::to_string(n) + " does not divide the world size " +
                       std::to_string(world_size) + ": give a divisor of " + std::to_string(world_size) +
                       " (the ranks of one group), or -1 to shard over every rank");
+  if (const uint64_t h = c.zero.zero_hpz_partition_size; h > 1 && (h > uint64_t(world_size) || world_size % h != 0))
+    throw ConfigError("zero_optimization.zero_hpz_partition_size " + std::to_string(h) +
+                      " does not divide the world size " + std::to_string(world_size) + ": give a divisor of " +
+                      std::to_string(world_size) + " (the ranks of a node), or 1 (off)");
   if (c.strata.ranks_per_node > 0 && world_size % c.strata.ranks_per_node != 0)
     throw ConfigError("strata.ranks_per_node " + std::to_string(c.strata.ranks_per_node) +
                       " does not divide the world size " + std::to_string(world_size) + ": give a divisor of " +

@@ -300,6 +300,26 @@ const ConfigSection kZero = {
                  "is ready. Put a group within a node (a divisor of its ranks) or over whole nodes (a multiple): "
                  "`strata.ranks_per_node` or the launcher says where nodes end. The cpu backend (mpi) only.",
          .field = STRATA_CONFIG_FIELD(Config, zero.mics_shard_size)},
+        {.name = "zero_hpz_partition_size", .type = KeyType::Whole, .min = 1, .max = kMaxInt,
+         .help = "ZeRO++ hpZ (DeepSpeed's key), stage 3: each rank also keeps its slice of every gathered group "
+                 "partitioned over this many consecutive ranks (a node's, or a divisor of them). A group's first "
+                 "gather after its parameters change goes over every rank; the later ones (backward's, the next "
+                 "micro-steps') over those ranks alone. 1: off. Costs padded parameters / N of each rank's "
+                 "offload_param tier. The cpu backend (mpi) only.",
+         .field = STRATA_CONFIG_FIELD(Config, zero.zero_hpz_partition_size)},
+        {.name = "zero_quantized_weights", .type = KeyType::Boolean,
+         .help = "ZeRO++ qwZ (DeepSpeed's key), stage 3: the gathers of parameters over every rank move them as "
+                 "int8, in blocks of `strata.quantized_weights_block` elements with one fp32 scale each (symmetric: "
+                 "the block's largest magnitude maps to 127), dequantized to the working type on arrival. The "
+                 "master weights stay exact; each rank measures the relative error of what it sends "
+                 "(`quantized_weights_error` in `--metrics`). hpZ's gathers within the node are not quantized. The "
+                 "cpu backend (mpi) only.",
+         .field = STRATA_CONFIG_FIELD(Config, zero.zero_quantized_weights)},
+        {.name = "zero_quantized_gradients", .type = KeyType::Boolean,
+         .help = "ZeRO++ qgZ (DeepSpeed's key): quantized gradient reduce-scatter.", .use = KeyUse::Refused,
+         .only = false,
+         .why = "Strata's reduce-scatters are not quantized yet (qgZ is not built); gradients reduce in the working "
+                "type, or fp32 when accumulated"},
         {.name = "reduce_bucket_size", .type = KeyType::Whole, .min = 1,
          .help = "DeepSpeed: gradient elements per reduce bucket.", .use = KeyUse::NoEffect,
          .why = "Strata reduces each parameter group (a whole transformer block) as one collective as soon as its "
@@ -334,7 +354,18 @@ void check_zero(const json& j, void* target) {
     throw ConfigError("zero_optimization.mics_shard_size is " + json(z.mics_shard_size).dump() +
                       ": give -1 to shard over every rank, or a whole number of ranks >= 1 that divides the world "
                       "size");
+  if (z.zero_hpz_partition_size > 1 && z.mics_shard_size != -1)
+    throw ConfigError("zero_optimization.zero_hpz_partition_size and mics_shard_size are two ways to keep "
+                      "collectives inside a node, and Strata runs one at a time: remove one of them");
   const int stage = z.stage;
+  if (stage != 3 && z.zero_quantized_weights)
+    throw ConfigError("zero_optimization.zero_quantized_weights quantizes stage 3's parameter gathers "
+                      "(zero_optimization.stage is " + std::to_string(stage) +
+                      "): set zero_optimization.stage to 3, or remove zero_quantized_weights");
+  if (stage != 3 && z.zero_hpz_partition_size > 1)
+    throw ConfigError("zero_optimization.zero_hpz_partition_size " + std::to_string(z.zero_hpz_partition_size) +
+                      " partitions stage 3's parameters (zero_optimization.stage is " + std::to_string(stage) +
+                      "): set zero_optimization.stage to 3, or remove zero_hpz_partition_size");
   if (stage == 3) return;
   for (const ConfigKey& k : kZero.keys)
     if (std::string_view(k.name).starts_with("stage3_") && j.contains(k.name))
@@ -590,6 +621,10 @@ const ConfigSection kStrata = {
                  "divide every linear's rows (an error lists the divisors). Both backends (the "
                  "cuda model's tiles ran on an H200 against the cpu model).",
          .field = STRATA_CONFIG_FIELD(Config, strata.tile_factor)},
+        {.name = "quantized_weights_block", .type = KeyType::Whole, .min = 16, .max = 1 << 20,
+         .help = "zero_optimization.zero_quantized_weights: elements per int8 block, each with one fp32 scale "
+                 "(4 bytes): 256 moves 1.016 bytes per element instead of 2 (bf16) or 4 (fp32).",
+         .field = STRATA_CONFIG_FIELD(Config, strata.quantized_weights_block)},
         {.name = "tile_size", .type = KeyType::Whole, .min = 0,
          .help = "Memory-centric tiling by size, in elements: a block linear whose weight holds more than this is "
                  "cut into the fewest tiles of whole output rows (at least tile_factor, dividing its rows) of at most "

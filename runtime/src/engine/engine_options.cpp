@@ -19,6 +19,8 @@ EngineOptions EngineOptions::from_config(const Config& c) {
   o.persistence_threshold_elems = c.zero.stage3_param_persistence_threshold;
   o.max_reuse_distance_elems = c.zero.stage3_max_reuse_distance;
   o.sub_group_elems = c.zero.sub_group_size;
+  o.hpz_partition_size = static_cast<int>(c.zero.zero_hpz_partition_size);
+  o.quantized_weights_block = c.zero.zero_quantized_weights ? c.strata.quantized_weights_block : 0;
   o.seed = c.strata.seed;
   o.store.device_budget = c.strata.device_budget;
   o.store.pinned_budget = c.strata.pinned_budget;
@@ -55,6 +57,8 @@ ShardStrategy EngineOptions::shard_strategy(int world) const {
   s.optimizer_ratio = optimizer_ratio;
   s.checkpoints = checkpoints;
   s.first_gradient_held = first_gradient_held;
+  s.hpz = hpz_partition_size;
+  s.quantized_block = static_cast<uint64_t>(quantized_weights_block);
   return s;
 }
 

@@ -53,6 +53,8 @@ struct GroupState {
   // Tensors, of the working type unless noted (shard_layout.hpp's StateRole).
   TensorId gathered = 0;          // [padded] stage 3: scratch gather buffer; else the replicated parameters
   TensorId param_shard = 0;       // [shard] stage 3: working parameters, home offload_param
+  TensorId param_secondary = 0;   // [padded / hpz] stage 3 with hpZ: this rank's secondary partition; 0 without
+  TensorId quantized = 0;         // stage 3 with qwZ: bytes, the shard quantized then every rank's; 0 without
   TensorId next_param_shard = 0;  // [shard] fp32, master_in_shard and speculative
   TensorId grad_full = 0;         // [padded] the model's gradient of one micro-batch
   bool grad_full_scratch = true;  // false: held across backward in a device home (first_gradient_held)
@@ -87,6 +89,10 @@ struct EngineCore {
   // is summed (world x the replicas), which the averaging divides by.
   coll::Communicator* replicas = nullptr;
   int data_parallel = 1;
+  // hpZ: the consecutive ranks that share secondary partitions, and this rank's index
+  // among them (which slice of a gathered group its secondary keeps); nullptr otherwise.
+  coll::Communicator* secondary = nullptr;
+  int secondary_rank = 0;
 
   // An exposed wait of the model's thread ended now: counted, and traced.
   void waited(double since, const char* what, const GroupState* g) const;
@@ -101,6 +107,9 @@ struct EngineCore {
   }
   void sent_to_replicas(uint64_t elems, uint64_t bytes) const {
     stats.replica_collective_bytes += ring_bytes(elems, bytes, replicas->size(), true);
+  }
+  void sent_in_secondary(uint64_t elems, uint64_t bytes) const {
+    stats.secondary_collective_bytes += ring_bytes(elems, bytes, secondary->size(), false);
   }
 };
 

@@ -1,13 +1,17 @@
 #include "gatherer.hpp"
 
+#include <algorithm>
 #include <limits>
+#include <utility>
 
 #include "strata/core/error.hpp"
+#include "strata/core/math/quantize.hpp"
 #include "strata/core/log.hpp"
 
 namespace strata::engine {
 
-Gatherer::Gatherer(EngineCore& core) : c_(core), slots_(core.groups.size()) {}
+Gatherer::Gatherer(EngineCore& core)
+    : c_(core), slots_(core.groups.size()), secondary_valid_(core.groups.size(), 0) {}
 
 void Gatherer::set_schedule(std::vector<int> order) {
   for (int g : order)
@@ -39,18 +43,63 @@ void Gatherer::start_gather(int g, bool ahead) {
   GroupState& gr = c_.groups[g];
   Slot& s = slots_[g];
   if (s.state != State::Released) return;
-  Acquired ps = c_.store.acquire(gr.param_shard, Tier::Device);
+  // Every rank decides the same way (validity changes at the same points everywhere), so
+  // each communicator sees its gathers in the same order on all its ranks.
+  const bool from_secondary = gr.param_secondary != 0 && secondary_valid_[g];
+  s.source = from_secondary ? gr.param_secondary : gr.param_shard;
+  s.source_elems = from_secondary ? gr.padded / c_.secondary->size() : gr.shard;
+  s.fills_secondary = gr.param_secondary != 0 && !from_secondary;
+  Acquired ps = c_.store.acquire(s.source, Tier::Device);
   Acquired fb = c_.store.acquire_for_overwrite(gr.gathered, Tier::Device);
   s.data = fb.data;
-  s.gathered = c_.comm.all_gather(view(ps.data, gr.shard, c_.work_t), view_mut(fb.data, gr.padded, c_.work_t),
-                                  when_all({ps.ready, fb.ready}));
-  c_.sent_in_shard(gr.padded, c_.wb);
+  s.quantized = gr.quantized != 0 && !from_secondary;
+  if (s.quantized) {
+    gather_quantized(g, ps, fb);
+  } else {
+    coll::Communicator& over = from_secondary ? *c_.secondary : c_.comm;
+    s.gathered = over.all_gather(view(ps.data, s.source_elems, c_.work_t), view_mut(fb.data, gr.padded, c_.work_t),
+                                 when_all({ps.ready, fb.ready}));
+    if (from_secondary)
+      c_.sent_in_secondary(gr.padded, c_.wb);
+    else
+      c_.sent_in_shard(gr.padded, c_.wb);
+  }
   s.issued = c_.device.now();
   s.state = State::Gathering;
   live_full_bytes_ += gr.persistent ? 0 : gr.padded * c_.wb;
-  gathering_shard_bytes_ += gr.shard * c_.wb;
+  s.passing_bytes = passing_bytes(g, from_secondary);
+  gathering_shard_bytes_ += s.passing_bytes;
   ++c_.stats.gathers;
   if (ahead) ++c_.stats.prefetched;
+}
+
+// qwZ: the shard quantized into the group's scratch (math::quantize_int8), every rank's
+// gathered as bytes after it, then dequantized into the gather buffer: on the engine's
+// stream, as host work (the cpu backend's device memory is the host's).
+void Gatherer::gather_quantized(int g, const Acquired& ps, const Acquired& fb) {
+  GroupState& gr = c_.groups[g];
+  const uint64_t block = static_cast<uint64_t>(c_.opts.quantized_weights_block);
+  const uint64_t q = quantized_bytes(gr.shard, block), world = static_cast<uint64_t>(c_.comm.size());
+  Acquired qb = c_.store.acquire_for_overwrite(gr.quantized, Tier::Device);
+  auto* send = static_cast<uint8_t*>(qb.data);
+  uint8_t* recv = send + q;
+  Stream& st = c_.reduce_stream;
+  st.wait(when_all({ps.ready, fb.ready, qb.ready}));
+  st.host_task([src = ps.data, t = c_.work_t, n = gr.shard, block, send, worst = worst_quantized_error_] {
+    const double e = math::quantize_int8(src, t, n, block, send).relative();
+    double seen = worst->load();
+    while (e > seen && !worst->compare_exchange_weak(seen, e)) {
+    }
+  });
+  const Event quantized = st.record();
+  const Event arrived =
+      c_.comm.all_gather(view(send, q, DType::U8), view_mut(recv, world * q, DType::U8), quantized);
+  c_.stats.shard_collective_bytes += EngineCore::ring_bytes(world * q, 1, c_.world, false);
+  st.wait(arrived);
+  st.host_task([recv, q, world, n = gr.shard, block, dst = fb.data, t = c_.work_t, wb = c_.wb] {
+    for (uint64_t r = 0; r < world; ++r) math::dequantize_int8(recv + r * q, n, block, at(dst, r * n, wb), t);
+  });
+  slots_[g].gathered = st.record();
 }
 
 void Gatherer::wait_gathered(int g) {
@@ -63,19 +112,40 @@ void Gatherer::wait_gathered(int g) {
     e.wait();
   } catch (...) {
     c_.waited(t0, "wait params", &gr);
-    c_.store.release(gr.param_shard, Tier::Device);
+    if (s.quantized) {
+      c_.store.release(gr.quantized, Tier::Device);
+      c_.store.discard(gr.quantized);
+    }
+    c_.store.release(s.source, Tier::Device);
     c_.store.release(gr.gathered, Tier::Device);
     c_.store.discard(gr.gathered);
     s.state = State::Released;
     live_full_bytes_ -= gr.persistent ? 0 : gr.padded * c_.wb;
-    gathering_shard_bytes_ -= gr.shard * c_.wb;
+    gathering_shard_bytes_ -= s.passing_bytes;
     throw;
   }
   c_.waited(t0, "wait params", &gr);
   if (trace::Recorder* r = trace::active()) r->record("gather", "all_gather " + gr.spec.name, s.issued, c_.device.now());
-  c_.store.release(gr.param_shard, Tier::Device);
+  if (s.quantized) {
+    c_.store.release(gr.quantized, Tier::Device);
+    c_.store.discard(gr.quantized);
+    c_.stats.quantized_weights_error = worst_quantized_error_->load();
+  }
+  c_.store.release(s.source, Tier::Device);
   c_.store.release(gr.gathered, Tier::Device, Access::Write);
-  gathering_shard_bytes_ -= gr.shard * c_.wb;
+  gathering_shard_bytes_ -= s.passing_bytes;
+  if (s.fills_secondary) {
+    // hpZ: this rank's slice of the gathered group becomes its secondary partition, copied
+    // on the engine's stream while the model goes on; the buffer is discarded after it.
+    const uint64_t n = gr.padded / c_.secondary->size();
+    Acquired sec = c_.store.acquire_for_overwrite(gr.param_secondary, Tier::Device);
+    c_.reduce_stream.wait(sec.ready);
+    c_.reduce_stream.copy_async(sec.data, at(s.data, static_cast<uint64_t>(c_.secondary_rank) * n, c_.wb), n * c_.wb);
+    s.secondary_copied = c_.reduce_stream.record();
+    c_.store.release(gr.param_secondary, Tier::Device, Access::Write, s.secondary_copied);
+    secondary_valid_[g] = 1;
+    s.fills_secondary = false;
+  }
   s.state = State::Ready;
 }
 
@@ -92,9 +162,14 @@ uint64_t Gatherer::reuse_distance(int g, size_t pos) const {
 void Gatherer::prefetch_after(size_t pos) {
   if (!c_.opts.prefetch || departed_) return;
   uint64_t window = 0;
-  // Every gather in flight holds its parameter shard on the device until it lands; the
-  // working set holds one (the group gathered on demand), the others take prefetch room.
-  const uint64_t shard_in_working = c_.resolved.layout.max_shard * c_.wb;
+  // Every gather in flight holds its source (parameter shard, or hpZ's secondary
+  // partition) on the device until it lands; the working set holds one (the group
+  // gathered on demand), the others take prefetch room.
+  const ShardLayout& L = c_.resolved.layout;
+  const uint64_t max_source = c_.secondary ? std::max(L.max_shard, L.max_padded / c_.secondary->size()) : L.max_shard;
+  const uint64_t block = static_cast<uint64_t>(c_.opts.quantized_weights_block);
+  const uint64_t shard_in_working =
+      max_source * c_.wb + (block > 0 ? (c_.world + 1) * quantized_bytes(L.max_shard, block) : 0);
   for (size_t q = pos + 1; q < schedule_.size(); ++q) {
     const int h = schedule_[q];
     const GroupState& hg = c_.groups[h];
@@ -104,7 +179,7 @@ void Gatherer::prefetch_after(size_t pos) {
     // A persistent group's buffer is counted among the homes, but its first gather still
     // passes its shard through the device.
     const uint64_t bytes = hg.persistent ? 0 : hg.padded * c_.wb;
-    const uint64_t shards = gathering_shard_bytes_ + hg.shard * c_.wb;
+    const uint64_t shards = gathering_shard_bytes_ + passing_bytes(h, hg.param_secondary != 0 && secondary_valid_[h]);
     const uint64_t passing = shards > shard_in_working ? shards - shard_in_working : 0;
     // Decided from sizes and the schedule alone, so every rank gathers in the same order.
     if (live_full_bytes_ + passing + bytes > c_.resolved.prefetch_room) break;
@@ -151,7 +226,11 @@ void Gatherer::drop(int g) {
   Slot& s = slots_[g];
   if (s.state != State::Ready || s.holders > 0) return;
   const GroupState& gr = c_.groups[g];
-  c_.store.discard(gr.gathered);
+  if (s.secondary_copied.impl() != nullptr) {
+    c_.store.discard_after(gr.gathered, std::exchange(s.secondary_copied, Event()));
+  } else {
+    c_.store.discard(gr.gathered);
+  }
   s.state = State::Released;
   s.data = nullptr;
   live_full_bytes_ -= gr.persistent ? 0 : gr.padded * c_.wb;
@@ -174,11 +253,29 @@ void Gatherer::release(int g) {
   drop(g);
 }
 
+uint64_t Gatherer::passing_bytes(int g, bool from_secondary) const {
+  const GroupState& gr = c_.groups[g];
+  if (from_secondary) return gr.padded / c_.secondary->size() * c_.wb;
+  const uint64_t block = static_cast<uint64_t>(c_.opts.quantized_weights_block);
+  return gr.shard * c_.wb + (gr.quantized != 0 ? (c_.world + 1) * quantized_bytes(gr.shard, block) : 0);
+}
+
+void Gatherer::invalidate_secondary(int g) {
+  if (!secondary_valid_[g]) return;
+  secondary_valid_[g] = 0;
+  c_.store.discard_contents(c_.groups[g].param_secondary);  // stale: never written back
+}
+
+void Gatherer::parameters_changed(int g) {
+  drop(g);
+  invalidate_secondary(g);
+}
+
 void Gatherer::refresh() {
-  // A frozen group's parameters did not change: its gathered copy stays good.
+  // A frozen group's parameters did not change: its gathered copy and secondary stay good.
   if (c_.opts.stage == 3) {
     for (size_t g = 0; g < c_.groups.size(); ++g)
-      if (!c_.groups[g].frozen) drop(static_cast<int>(g));
+      if (!c_.groups[g].frozen) parameters_changed(static_cast<int>(g));
     return;
   }
   // Replicated parameters: every rank updated its slice; gather the rest.

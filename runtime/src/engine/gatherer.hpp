@@ -3,10 +3,14 @@
 // schedule (given, or learned from the first micro-step's acquire order), bounded by the
 // prefetch bucket, the live-parameter cap and the device room the resolved layout left;
 // stages 1 and 2 hand out the replicated parameters. Owns each group's gathered buffer
-// and the schedule.
+// and the schedule. With hpZ (EngineCore::secondary) a group's first gather after its
+// parameters change reads the primary shards over every rank and leaves this rank's slice
+// in its secondary partition; later ones read the secondaries over the hpZ ranks alone.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "engine_state.hpp"
@@ -31,9 +35,13 @@ class Gatherer {
   bool held(int g) const { return slots_[g].holders > 0; }
   // Stage 3: a group's gathered copy is dropped (its values changed or are about to).
   void drop(int g);
-  // After the optimizer step: stage 3 drops every gathered copy (they hold the old values);
-  // stages 1 and 2 all-gather the replicated parameters' slices each rank updated.
+  // After the optimizer step: stage 3 drops every gathered copy (they hold the old values)
+  // and every secondary partition of a trained group; stages 1 and 2 all-gather the
+  // replicated parameters' slices each rank updated.
   void refresh();
+  // Group g's parameter shard was written outside the step (loaded): its gathered copy and
+  // secondary partition are stale.
+  void parameters_changed(int g);
   // The full working parameters of group g handed to fn(device pointer) and released
   // after: gathered for the purpose in stage 3 (and dropped again unless kept).
   template <class Fn>
@@ -52,7 +60,21 @@ class Gatherer {
     int holders = 0;
     double issued = 0;  // device clock, for the trace
     bool kept_for_host = false;  // acquire_for_host found it gathered already
+    // What the gather in flight reads: the parameter shard or (hpZ) the secondary
+    // partition, and its elements; whether it fills the secondary when it lands.
+    TensorId source = 0;
+    uint64_t source_elems = 0;
+    bool fills_secondary = false;
+    bool quantized = false;  // qwZ: the gather moved int8 blocks through the group's quantized buffer
+    uint64_t passing_bytes = 0;  // what the gather in flight holds on the device beside its buffer
+    // hpZ: the copy of this rank's slice into the secondary, which reads the buffer.
+    Event secondary_copied;
   };
+  void invalidate_secondary(int g);
+  void gather_quantized(int g, const Acquired& ps, const Acquired& fb);
+  // Bytes a gather of g holds on the device beside the buffer until it lands: its source
+  // (shard or secondary partition) and, quantized, its quantized buffer.
+  uint64_t passing_bytes(int g, bool from_secondary) const;
   void adopt_schedule(std::vector<int> order);
   void start_gather(int g, bool ahead);
   void wait_gathered(int g);
@@ -69,7 +91,11 @@ class Gatherer {
   bool departed_ = false;        // this micro-step left the schedule: on demand only
   size_t pos_ = 0;               // index of the next acquire in schedule_
   uint64_t live_full_bytes_ = 0;        // gathered parameters alive, bytes (persistent ones excluded)
-  uint64_t gathering_shard_bytes_ = 0;  // parameter shards on the device for gathers in flight
+  uint64_t gathering_shard_bytes_ = 0;  // parameter sources on the device for gathers in flight
+  // hpZ: the group's secondary partition holds its current parameters.
+  std::vector<char> secondary_valid_;
+  // qwZ: the largest relative error of a shard quantized so far (the engine's stream writes it).
+  std::shared_ptr<std::atomic<double>> worst_quantized_error_ = std::make_shared<std::atomic<double>>(0.0);
 };
 
 }  // namespace strata::engine

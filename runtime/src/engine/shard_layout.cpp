@@ -13,6 +13,8 @@ const char* suffix(StateRole r) {
   switch (r) {
     case StateRole::GatherBuffer: return ".params.full";
     case StateRole::ParamShard: return ".params.shard";
+    case StateRole::ParamSecondary: return ".params.secondary";
+    case StateRole::QuantizedGather: return ".params.quantized";
     case StateRole::ReplicatedParams: return ".params";
     case StateRole::GradFull: return ".grad.full";
     case StateRole::GradAccumulated: return ".grad_acc";
@@ -33,8 +35,10 @@ const char* suffix(StateRole r) {
 // TierNeed fields.
 const char* owner(StateRole r) {
   switch (r) {
-    case StateRole::GatherBuffer: return "gathered";
+    case StateRole::GatherBuffer:
+    case StateRole::QuantizedGather: return "gathered";
     case StateRole::ParamShard:
+    case StateRole::ParamSecondary:
     case StateRole::ReplicatedParams: return "params";
     case StateRole::Master:
     case StateRole::ExpAvg:
@@ -55,6 +59,7 @@ DType role_dtype(StateRole r, const ShardStrategy& st) {
   switch (r) {
     case StateRole::GatherBuffer:
     case StateRole::ParamShard:
+    case StateRole::ParamSecondary:
     case StateRole::ReplicatedParams:
     case StateRole::GradFull:
     case StateRole::GradReduced: return st.working;
@@ -67,6 +72,7 @@ DType role_dtype(StateRole r, const ShardStrategy& st) {
     case StateRole::ExpAvgNext:
     case StateRole::ExpAvgSqNext:
     case StateRole::ActivationCheckpoint: return DType::F32;
+    case StateRole::QuantizedGather: return DType::U8;
   }
   return DType::F32;
 }
@@ -74,14 +80,18 @@ DType role_dtype(StateRole r, const ShardStrategy& st) {
 // The tensors of one group, in the order the engine registers them.
 std::vector<StateTensor> group_tensors(const GroupLayout& g, const ShardStrategy& st) {
   std::vector<StateTensor> out;
+  const uint64_t qbytes = st.quantized_block > 0 ? quantized_bytes(g.shard, st.quantized_block) : 0;
   auto add = [&](StateRole role, uint64_t elems, Tier home, bool scratch, int sub = -1) {
     const DType t = role_dtype(role, st);
     out.push_back({role, sub, TensorSpec{g.name + suffix(role), elems * dtype_size(t), t, home, owner(role), scratch}});
   };
+  const bool secondary = st.stage == 3 && st.hpz > 1 && !g.persistent;
   if (g.frozen) {  // the parameters alone: nothing is reduced or stepped
     if (st.stage == 3) {
       add(StateRole::GatherBuffer, g.padded, Tier::Device, true);
       add(StateRole::ParamShard, g.shard, st.param_home, false);
+      if (secondary) add(StateRole::ParamSecondary, g.padded / st.hpz, st.param_home, false);
+      if (qbytes) add(StateRole::QuantizedGather, (st.world + 1) * qbytes, Tier::Device, true);
     } else {
       add(StateRole::ReplicatedParams, g.padded, Tier::Device, false);
     }
@@ -90,6 +100,8 @@ std::vector<StateTensor> group_tensors(const GroupLayout& g, const ShardStrategy
   if (st.stage == 3) {
     add(StateRole::GatherBuffer, g.padded, Tier::Device, true);
     add(StateRole::ParamShard, g.shard, st.param_home, false);
+    if (secondary) add(StateRole::ParamSecondary, g.padded / st.hpz, st.param_home, false);
+    if (qbytes) add(StateRole::QuantizedGather, (st.world + 1) * qbytes, Tier::Device, true);
     add(StateRole::GradReduced, g.shard, Tier::Device, true);
   } else {
     add(StateRole::ReplicatedParams, g.padded, Tier::Device, false);
@@ -159,6 +171,17 @@ void check_strategy(const std::vector<GroupSize>& groups, const ShardStrategy& s
   if (cps.count < 0 || (cps.count > 0 && cps.bytes == 0))
     throw ConfigError("shard layout: " + std::to_string(cps.count) + " activation checkpoints of " +
                       std::to_string(cps.bytes) + " bytes");
+  if (st.quantized_block > 0 && st.stage != 3)
+    throw ConfigError("zero_optimization.zero_quantized_weights quantizes stage 3's gathers, and the stage is " +
+                      std::to_string(st.stage) + ": set zero_optimization.stage 3, or drop zero_quantized_weights");
+  const std::string hpz = "zero_optimization.zero_hpz_partition_size " + std::to_string(st.hpz);
+  if (st.hpz < 1) throw ConfigError(hpz + " is below 1: give 1 (off) or the ranks of a node");
+  if (st.hpz > 1 && st.stage != 3)
+    throw ConfigError(hpz + " partitions stage 3's parameters, and the stage is " + std::to_string(st.stage) +
+                      ": set zero_optimization.stage 3, or drop zero_hpz_partition_size");
+  if (st.hpz > 1 && st.world % st.hpz != 0)
+    throw ConfigError(hpz + " does not divide the " + std::to_string(st.world) +
+                      " ranks: give a divisor of the world size (the ranks of a node)");
   if (st.optimizer_ratio < 1.0 && st.optimizer_home == Tier::Device)
     throw ConfigError("zero_optimization.offload_optimizer.ratio below 1 splits the optimizer between the GPU and "
                       "offload_optimizer.device, which is 'none': set the device to 'cpu' or 'nvme', or drop ratio");
@@ -238,6 +261,7 @@ void place_tensors(ShardLayout& L, const ShardStrategy& st) {
       const uint64_t b = tier_allocation_bytes(t.spec.bytes);
       switch (t.role) {
         case StateRole::ParamShard:
+        case StateRole::ParamSecondary:
         case StateRole::ReplicatedParams: need.params += b; break;
         case StateRole::GradFull:
         case StateRole::GradAccumulated:
@@ -284,7 +308,13 @@ void size_working_sets(ShardLayout& L, const ShardStrategy& st) {
     for (size_t g = 1; g < L.groups.size(); ++g) rest = std::max(rest, L.groups[g].padded * wb);
     groups_in_use = std::max(copies * rest, first + copies * last);
   }
-  L.device_working = groups_in_use + (st.stage == 3 ? 2 * ms : ms) + mg + live_checkpoints;
+  // Stage 3: a gather's source passes through the device, the parameter shard or (hpZ)
+  // the larger secondary partition, which the first gather also writes.
+  const uint64_t source = st.stage == 3 && st.hpz > 1 ? std::max(ms, L.max_padded / st.hpz * wb) : ms;
+  // qwZ: the group gathered on demand also holds its quantized buffer.
+  const uint64_t quantized =
+      st.stage == 3 && st.quantized_block > 0 ? (st.world + 1) * quantized_bytes(L.max_shard, st.quantized_block) : 0;
+  L.device_working = groups_in_use + (st.stage == 3 ? ms + source : ms) + mg + live_checkpoints + quantized;
   // Two sub-groups' states (master and moments fp32, the gradient) and a parameter shard.
   const uint64_t per_elem = 3 * L.elem_bytes(StateRole::Master) + L.elem_bytes(StateRole::Grad);
   const uint64_t next_set = st.speculative_sub_groups > 0 ? 3 * L.elem_bytes(StateRole::MasterNext) : 0;

@@ -216,7 +216,7 @@ void write_optimizer_shard(EngineCore& c, Gatherer& gatherer, int g, const float
     c.device.host_compute((4.0 + c.wb) * gr.shard, [&] { convert_from_f32(p.data, c.work_t, master, gr.shard); });
     c.store.release(gr.param_shard, Tier::Pinned, Access::Write);
     if (c.opts.param_home != Tier::Pinned) c.store.drop(gr.param_shard, Tier::Pinned).wait();
-    gatherer.drop(g);
+    gatherer.parameters_changed(g);
     return;
   }
   Acquired f = c.store.acquire(gr.gathered, Tier::Device);

@@ -55,7 +55,8 @@ std::unique_ptr<CpuAdam> make_adam(const EngineOptions& o) {
 }  // namespace
 
 ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communicator& host_comm, EngineOptions opts,
-                       std::vector<GroupSpec> groups, EngineAblation ablation, coll::Communicator* replicas)
+                       std::vector<GroupSpec> groups, EngineAblation ablation, coll::Communicator* replicas,
+                       coll::Communicator* hpz)
     : device_(device), comm_(comm), host_comm_(host_comm),
       resolved_(resolve(opts, ablation, group_sizes(groups), comm.size(), device_traits(device))),
       opts_(resolved_.options) {
@@ -91,6 +92,25 @@ ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communica
     core_->data_parallel = comm_.size() * replicas->size();
   } else {
     core_->data_parallel = comm_.size();
+  }
+  if (opts_.quantized_weights_block > 0 && (!device_.host_addressable() || device_.backend() == Backend::Sim))
+    throw ConfigError(std::string("zero_optimization.zero_quantized_weights runs on the cpu backend only for now (its "
+                                  "quantization runs on the host, and the ") +
+                      to_string(device_.backend()) +
+                      " backend's parameters are not host memory): remove zero_quantized_weights, or set "
+                      "strata.backend to \"cpu\"");
+  if (const int h = opts_.hpz_partition_size; h > 1) {
+    if (hpz == nullptr || hpz->size() != h || hpz->rank() != comm_.rank() % h)
+      throw ConfigError("zero_optimization.zero_hpz_partition_size " + std::to_string(h) +
+                        ": the engine needs the communicator of this rank's " + std::to_string(h) +
+                        " consecutive ranks (rank " + std::to_string(comm_.rank()) + " as its rank " +
+                        std::to_string(comm_.rank() % h) + "), and " +
+                        (hpz == nullptr ? std::string("none was given")
+                                        : "was given one of " + std::to_string(hpz->size()) + " ranks with this rank as " +
+                                              std::to_string(hpz->rank())) +
+                        ": strata train splits it; an embedding trainer passes it or drops the key");
+    core_->secondary = hpz;
+    core_->secondary_rank = hpz->rank();
   }
   register_tensors();
   gatherer_ = std::make_unique<engine::Gatherer>(*core_);
@@ -141,6 +161,8 @@ void ZeroEngine::register_tensors() {
         case StateRole::GatherBuffer:
         case StateRole::ReplicatedParams: gr.gathered = id; break;
         case StateRole::ParamShard: gr.param_shard = id; break;
+        case StateRole::ParamSecondary: gr.param_secondary = id; break;
+        case StateRole::QuantizedGather: gr.quantized = id; break;
         case StateRole::GradFull:
           gr.grad_full = id;
           gr.grad_full_scratch = t.spec.scratch;  // not: a device home (ShardStrategy::first_gradient_held)

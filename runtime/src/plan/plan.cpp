@@ -29,76 +29,6 @@ std::string gib(double bytes) {
 
 }  // namespace
 
-std::string Strategy::describe() const {
-  std::ostringstream os;
-  os << "stage " << stage;
-  if (stage == 3) os << ", params " << to_string(offload_param);
-  os << ", optimizer " << to_string(offload_optimizer) << ", micro-batch " << micro_batch;
-  if (grad_accum > 1) os << " x " << grad_accum << " accumulated";
-  os << (checkpointing ? ", checkpointing" : ", no checkpointing");
-  if (precision != DType::F32) os << ", " << precision_name(precision);
-  if (speculative) os << ", speculative";
-  if (optimizer_ratio < 1.0) os << ", optimizer ratio " << optimizer_ratio;
-  if (checkpointing && checkpoints != OffloadDevice::None) os << ", checkpoints on " << to_string(checkpoints);
-  if (part_elems > 0) os << ", gathers of at most " << part_elems << " elements";
-  if (tile_factor > 1) os << ", tile factor " << tile_factor;
-  if (tile_size > 0) os << ", tiles of at most " << tile_size << " elements";
-  if (stage == 3 && prefetch_groups != Strategy{}.prefetch_groups) os << ", look-ahead " << prefetch_groups;
-  if (frozen_fraction > 0) os << ", " << frozen_fraction << " frozen";
-  return os.str();
-}
-
-void validate(const Strategy& s) {
-  if (s.stage < 1 || s.stage > 3)
-    throw ConfigError("--stage " + std::to_string(s.stage) + " is not a ZeRO stage; give 1, 2 or 3");
-  if (s.stage < 3 && s.offload_param != OffloadDevice::None)
-    throw ConfigError("--offload-param " + std::string(to_string(s.offload_param)) + " needs --stage 3 (stages 1 and 2 "
-                      "keep every parameter on the device); give --stage 3 or --offload-param none");
-  if (s.micro_batch < 1) throw ConfigError("--micro-batch must be at least 1, not " + std::to_string(s.micro_batch));
-  if (s.seq_len < 0) throw ConfigError("--seq must be positive (or 0 for the model's), not " + std::to_string(s.seq_len));
-  if (s.grad_accum < 1) throw ConfigError("--grad-accum must be at least 1, not " + std::to_string(s.grad_accum));
-  if (s.prefetch_groups < 0) throw ConfigError("--prefetch-groups must be 0 or more");
-  if (s.tile_factor < 1) throw ConfigError("--tile-factor must be at least 1 (1: untiled), not " + std::to_string(s.tile_factor));
-  if (s.parted() && s.stage != 3)
-    throw ConfigError("--tile-factor, --tile-size and --bucket-elems cut stage 3's gathers; stages 1 and 2 gather nothing: give "
-                      "--stage 3, or drop them");
-  if (!(s.frozen_fraction >= 0.0 && s.frozen_fraction <= 1.0))
-    throw ConfigError("--frozen-fraction must lie in [0, 1] (the fraction of the parameters that is not trained, "
-                      "0.99 for a LoRA-like run), not " + std::to_string(s.frozen_fraction));
-  if (!s.checkpointing && s.checkpoints != OffloadDevice::None)
-    throw ConfigError("--cpu-checkpointing moves the checkpoints of activation checkpointing, and "
-                      "--no-checkpointing turns it off: drop one of the two");
-}
-
-double activation_bytes(const GptShape& s, int micro_batch, bool checkpointing, DType precision) {
-  // Per token of the micro-batch. A block saves for backward: ln_1's input and output,
-  // q, k, v, the attention output, the residual, ln_2's output, the MLP's input to GELU
-  // and its output (4d each), and per head the softmax statistics: 16 d + 2 heads values.
-  // In 16 bits the ones that feed matmuls (ln_1 and ln_2 outputs, q, k, v, the attention
-  // output, GELU's output: 10 d) are 16-bit, the rest fp32 (docs/mixed-precision.md).
-  // Attention is computed block-wise (no [seq, seq] scores) and the head in row chunks
-  // (no full logits), as the cpu model does (model/gpt.hpp).
-  // Llama's block saves the block input, the residual after attention, gate and up (2 ffn)
-  // and two RMSNorm statistics in fp32, and the norms' outputs, q, k and v repeated to
-  // every head, the attention output and SwiGLU's output (6 d + ffn) in the model's type.
-  const double T = double(micro_batch) * s.seq_len;
-  const double d = s.d_model, f = s.ffn_dim();
-  const double e = double(dtype_size(precision));
-  const double block = s.llama() ? ((2 * d + 2 * f + 2.0 + s.heads) * 4 + (6 * d + f) * e) * T
-                                 : ((6 * d + 2.0 * s.heads) * 4 + 10 * d * e) * T;
-  // Embedding output, final norm in and out; with checkpointing the first two are the
-  // engine's checkpoints 0 and L.
-  const double boundary = (checkpointing ? 1 : 3) * d * 4 * T;
-  const double logits_chunk = std::min<double>(T, 1024) * s.vocab * 4 * 2;  // a chunk and its gradient
-  const double blocks = checkpointing ? block : s.layers * block;
-  // Backward keeps one block's activation gradients alive on top (about 4 d per token).
-  return blocks + boundary + logits_chunk + 4 * d * 4 * T;
-}
-
-double checkpoint_bytes(const GptShape& s, int micro_batch) {
-  return double(micro_batch) * s.seq_len * s.d_model * sizeof(float);
-}
-
 // ----------------------------------------------------------------------------------------
 
 std::vector<std::vector<uint64_t>> plan_parts(const GptShape& shape, const Strategy& st) {
@@ -142,6 +72,7 @@ EngineOptions plan_engine_options(const Plan& p, const Strategy& st, const std::
     e.cpu_checkpointing = e.checkpoints.home != Tier::Device;
   }
   e.first_gradient_held = s.tied();
+  e.hpz_partition_size = st.hpz;
   const double dev_budget = cl.hbm - cl.device_reserve - p.model_activations;
   e.store.device_budget = dev_budget > 0 ? static_cast<uint64_t>(dev_budget) : 0;
   e.store.pinned_budget = static_cast<uint64_t>(cl.pinned_per_rank());
@@ -198,11 +129,13 @@ PlanGroups plan_groups(const GptShape& shape, const Strategy& st) {
 
 }  // namespace
 
+int shard_ranks(int world, const Strategy& st) { return st.mics_shard_size > 0 ? st.mics_shard_size : world; }
+
 ResolvedLayout resolve_plan(Plan& p, const Strategy& st) {
   const std::vector<GroupSize> sizes = plan_groups(p.shape, st).sizes;
   p.model_activations = model_activation_bytes(p.shape, p.cluster, st);
   p.engine = plan_engine_options(p, st, sizes);
-  p.resolved = try_resolve(p.engine, p.ablation, sizes, p.world, DeviceTraits{});
+  p.resolved = try_resolve(p.engine, p.ablation, sizes, shard_ranks(p.world, st), DeviceTraits{});
   p.engine = p.resolved.options;  // as the engine runs them (the simulator starts from these)
   // The strategy as planned says where the checkpoints went (plan --search's rows name it).
   if (p.resolved.checkpoints_moved_to_nvme) p.strategy.checkpoints = OffloadDevice::Nvme;
@@ -294,13 +227,31 @@ class Planner {
   void set_engine();         // p.cost and p.engine: what simulate_plan runs
   void micro_step_lanes();   // forward and backward of one micro-step, per lane
   void checkpoint_lanes();   // of which the activation checkpoints' moves off the device
+  void group_collectives(const GroupLayout& lg, double pd4, bool again_in_backward, bool part_of_block);
   void boundary_lanes();     // stage 1's reduction, the optimizer, the refresh
   void step_time();          // p.*_s, tokens, MFU
   void link_loads();         // p.links
   void explain();            // p.bottleneck
 
  private:
-  double coll(double bytes) const { return w_ > 1 ? clat_ + ring_ * bytes / cbw_ : 0.0; }
+  // A communicator's ranks, whether they span nodes, and the bandwidth its ring gets:
+  // the node's collective bus within a node, collective_bandwidth() across nodes (each
+  // rank's share of the node's network, or the bus if slower).
+  struct Comm {
+    int ranks = 1;
+    bool inter = false;
+    double bw = 1, lat = 0;
+    double ring() const { return ranks > 1 ? (ranks - 1.0) / ranks : 0.0; }
+  };
+  Comm comm_of(int ranks) const;
+  // Seconds of a collective of `bytes` (the whole buffer) on c, and (count) the bytes one
+  // rank sends in it, `times` per step, into the engine's counter and the inter-node total.
+  double on(const Comm& c, double bytes) const { return c.ranks > 1 ? c.lat + c.ring() * bytes / c.bw : 0.0; }
+  void sent(const Comm& c, double bytes, double times, double& counter) {
+    counter += times * c.ring() * bytes;
+    if (c.inter) p_.inter_node_bytes += times * c.ring() * bytes;
+  }
+  double coll(double bytes) const { return on(shard_, bytes); }
   void tier_problem(const TierPlan& t);
 
   Plan& p_;
@@ -317,7 +268,17 @@ class Planner {
   double mp4_ = 0, ms4_ = 0, sh0_ = 0, pd0_ = 0;  // bytes: largest padded group and shard, group 0's
   double home_[kTierCount] = {0, 0, 0};          // bytes of home copies per tier
   double dev_budget_ = 0;
-  double ring_ = 0, cbw_ = 1, clat_ = 0;         // the collective ring
+  double ring_ = 0, cbw_ = 1, clat_ = 0;         // the shard ring (shard_'s)
+  // The communicators: the ranks the states are sharded over (the world, or a MiCS
+  // group), the world, MiCS's replicas (the other groups' ranks with this shard) and
+  // hpZ's secondary groups.
+  Comm shard_, world_, replicas_, secondary_;
+  bool mics_ = false, hpz_ = false;
+  // MiCS: the step's all-reduces across the groups, on a lane of their own in the last
+  // micro-step's backward, each behind its group's reduce-scatter and accumulation on the
+  // engine's one reduce stream (gradient_reducer.cpp): the lane starts a group's backward
+  // in and the first group's (the tied embeddings', or the first block's) ends the step.
+  double replica_lane_ = 0, replica_tail_ = 0;
   // Per micro-step lanes: forward, backward.
   Lane f_coll_, f_h2d_, f_nvr_, f_d2h_, f_nvw_, b_coll_, b_h2d_, b_d2h_, b_nvr_, b_nvw_;
   double fwd_compute_ = 0, bwd_compute_ = 0, fwd_ = 0, bwd_ = 0, tail_ = 0, grad_spill_ = 0;
@@ -420,11 +381,34 @@ void Planner::set_engine() {
   c.collective_bandwidth = cl_.collective_bandwidth();
   c.collective_latency = cl_.collective_latency;
   c.host_bandwidth = cl_.host_bandwidth_per_rank();
-  ring_ = w_ > 1 ? (w_ - 1.0) / w_ : 0.0;
-  cbw_ = c.collective_bandwidth;
-  clat_ = w_ > 1 ? c.collective_latency : 0.0;
+  world_ = comm_of(w_);
+  mics_ = st_.mics_shard_size > 0 && st_.mics_shard_size < w_;
+  hpz_ = s3_ && st_.hpz > 1;
+  shard_ = mics_ ? comm_of(st_.mics_shard_size) : world_;
+  if (mics_) {
+    // The ranks holding one shard, one in each group: across nodes unless every group is
+    // in one node.
+    replicas_ = comm_of(w_ / st_.mics_shard_size);
+    replicas_.inter = w_ > cl_.gpus_per_node;
+    replicas_.bw = replicas_.inter ? cl_.collective_bandwidth() : cl_.intra_node;
+  }
+  if (hpz_) secondary_ = comm_of(st_.hpz);
+  ring_ = shard_.ring();
+  cbw_ = shard_.bw;
+  clat_ = shard_.ranks > 1 ? shard_.lat : 0.0;
+  c.collective_bandwidth = shard_.bw;
   // The engine's options are resolve_plan's; its device budget is this.
   dev_budget_ = cl_.hbm - cl_.device_reserve - p_.model_activations;
+}
+
+Planner::Comm Planner::comm_of(int ranks) const {
+  // Consecutive ranks from a node's first: within one node when they fit in it.
+  Comm c;
+  c.ranks = ranks;
+  c.inter = ranks > cl_.gpus_per_node;
+  c.bw = c.inter ? cl_.collective_bandwidth() : cl_.intra_node;
+  c.lat = ranks > 1 ? cl_.collective_latency : 0.0;
+  return c;
 }
 
 void Planner::micro_step_lanes() {
@@ -451,13 +435,7 @@ void Planner::micro_step_lanes() {
     const double sh4 = wb_ * lg.shard, pd4 = wb_ * lg.padded;
     const bool block = g > 0 && g < M_ - 1;
     block_parts += block;
-    if (s3_) {
-      f_coll_.add_timed(pd4, coll(pd4));                          // all_gather
-      if ((g == 0 && s_.tied()) || block) b_coll_.add_timed(pd4, coll(pd4));  // again: tied head, backward
-      // Parts: the recompute releases each after use and the backward gathers it again.
-      if (block && st_.parted() && st_.checkpointing) b_coll_.add_timed(pd4, coll(pd4));
-    }
-    if (st_.stage >= 2 && !lg.frozen) b_coll_.add_timed(pd4, coll(pd4));  // reduce_scatter (none: frozen)
+    group_collectives(lg, pd4, (g == 0 && s_.tied()) || block, block);
     if (params_move_) {
       f_h2d_.add(sh4, c.h2d_bandwidth, c.pcie_latency);
       if (param_home_ == Tier::Nvme) f_nvr_.add(sh4, c.nvme_read_bandwidth, c.nvme_latency);
@@ -512,6 +490,7 @@ void Planner::micro_step_lanes() {
   if (params_move_) startup += c.pcie_latency + sh0_ / c.h2d_bandwidth;
   if (param_home_ == Tier::Nvme) startup += c.nvme_latency + sh0_ / c.nvme_read_bandwidth;
   tail_ = st_.stage >= 2 ? coll(pd0_) : 0.0;
+  if (mics_ && st_.stage >= 2) replica_tail_ = on(replicas_, 2 * gb_ * L_.groups[0].shard);
   if (grads_move_ && st_.stage >= 2) tail_ += c.pcie_latency + sh0_ / c.d2h_bandwidth;
 
   fwd_ = std::max({fwd_compute_, f_coll_.time, f_h2d_.time, f_nvr_.time, f_d2h_.time, f_nvw_.time}) + startup;
@@ -519,6 +498,48 @@ void Planner::micro_step_lanes() {
   // write-back: backward's NVMe reads and writes take turns instead of overlapping.
   const double b_nvme = grad_spill_ > 0 ? b_nvr_.time + b_nvw_.time : std::max(b_nvr_.time, b_nvw_.time);
   bwd_ = std::max({bwd_compute_, b_coll_.time, b_h2d_.time, b_d2h_.time, b_nvme});
+}
+
+// One group's collectives in a micro-step (per micro-step, as the lanes count; the
+// counters per step): its gathers, from the primary shards or hpZ's secondaries, its
+// reduce-scatter and MiCS's all-reduce across the groups.
+void Planner::group_collectives(const GroupLayout& lg, double pd4, bool again_in_backward, bool part_of_block) {
+  if (s3_) {
+    // all_gather: from the primary shards; with hpZ only the step's first (the first
+    // micro-step's forward; per micro-step, 1 / A of it), the rest from the secondary
+    // partitions within the node. A persistent group has no secondary.
+    const bool secondary = hpz_ && !lg.persistent;
+    if (secondary) {
+      f_coll_.add_timed(pd4, on(shard_, pd4) / A_ + on(secondary_, pd4) * (A_ - 1.0) / A_);
+      sent(shard_, pd4, 1, p_.shard_collective_bytes);
+      sent(secondary_, pd4, A_ - 1, p_.secondary_collective_bytes);
+    } else {
+      f_coll_.add_timed(pd4, coll(pd4));
+      sent(shard_, pd4, A_, p_.shard_collective_bytes);
+    }
+    const Comm& again = secondary ? secondary_ : shard_;
+    double& again_counter = secondary ? p_.secondary_collective_bytes : p_.shard_collective_bytes;
+    if (again_in_backward) {  // again: tied head, backward
+      b_coll_.add_timed(pd4, on(again, pd4));
+      sent(again, pd4, A_, again_counter);
+    }
+    // Parts: the recompute releases each after use and the backward gathers it again.
+    if (part_of_block && st_.parted() && st_.checkpointing) {
+      b_coll_.add_timed(pd4, on(again, pd4));
+      sent(again, pd4, A_, again_counter);
+    }
+  }
+  if (st_.stage >= 2 && !lg.frozen) {  // reduce_scatter (none: frozen)
+    b_coll_.add_timed(pd4, coll(pd4));
+    sent(shard_, pd4, A_, p_.shard_collective_bytes);
+    // MiCS: the step's reduced gradient shard all-reduced across the groups once, in the
+    // last micro-step's backward (per micro-step, 1 / A of it), in the reduced type.
+    if (mics_) {
+      const double rb = 2 * gb_ * lg.shard;
+      replica_lane_ += on(replicas_, rb);
+      sent(replicas_, rb, 1, p_.replica_collective_bytes);
+    }
+  }
 }
 
 void Planner::checkpoint_lanes() {
@@ -542,7 +563,13 @@ void Planner::boundary_lanes() {
   const SimCostModel& c = p_.cost;
   // Stage 1: all-reduce of the full gradient at the step, then its shard to the optimizer.
   if (st_.stage == 1) {
-    for (const GroupLayout& lg : L_.groups) stage1_ += lg.frozen ? 0.0 : coll(2 * gb_ * lg.padded);
+    for (const GroupLayout& lg : L_.groups) {
+      if (lg.frozen) continue;
+      // All-reduced within the group (the world when flat), then across MiCS's groups.
+      stage1_ += coll(2 * gb_ * lg.padded) + (mics_ ? on(replicas_, 2 * gb_ * lg.padded) : 0.0);
+      sent(shard_, 2 * gb_ * lg.padded, 1, p_.shard_collective_bytes);
+      if (mics_) sent(replicas_, 2 * gb_ * lg.padded, 1, p_.replica_collective_bytes);
+    }
     for (const GroupLayout& lg : L_.groups)
       if (lg.optimizer_home != Tier::Device)
         for (const SubGroup& sg : lg.sub_groups) s1_d2h_.add(gb_ * sg.n, c.d2h_bandwidth, c.pcie_latency);
@@ -595,12 +622,20 @@ void Planner::boundary_lanes() {
   opt_ = std::max({opt_compute_ + opt_serial, o_nvr_.time, o_h2d_.time, o_nvw_.time}) + first_read;
   // Stages 1 and 2: every rank's updated slice gathered into the replicated parameters.
   if (!s3_)
-    for (const GroupLayout& lg : L_.groups) refresh_ += lg.frozen ? 0.0 : coll(wb_ * lg.padded);
+    for (const GroupLayout& lg : L_.groups) {
+      if (lg.frozen) continue;
+      refresh_ += coll(wb_ * lg.padded);
+      sent(shard_, wb_ * lg.padded, 1, p_.shard_collective_bytes);
+    }
 }
 
 void Planner::step_time() {
   p_.forward_s = A_ * fwd_;
-  p_.backward_s = A_ * bwd_ + tail_;
+  // The last micro-step's backward, with MiCS's all-reduces on their lane: they start
+  // once the first gradient (one group's backward) is in.
+  const double first_grad = bwd_compute_ / std::max(1, G_);
+  const double bwd_last = std::max(bwd_, replica_lane_ > 0 ? first_grad + replica_lane_ : 0.0);
+  p_.backward_s = (A_ - 1) * bwd_ + bwd_last + tail_ + replica_tail_;
   p_.optimizer_s = opt_;
   if (st_.speculative) {
     // The engine steps a group's sub-groups when the backward pass hands in the next
@@ -627,8 +662,8 @@ void Planner::step_time() {
     const double compute = lane ? bwd_compute_ : bwd_compute_ + speculated;
     const double b_nvme = grad_spill_ > 0 ? b_nvme_r + b_nvme_w : std::max(b_nvme_r, b_nvme_w);
     const double last_bwd =
-        std::max({compute, b_coll_.time, b_h2d_.time + f * o_h2d_.time, b_d2h_.time, b_nvme, bwd_});
-    p_.backward_s = (A_ - 1) * bwd_ + last_bwd + tail_;
+        std::max({compute, b_coll_.time, b_h2d_.time + f * o_h2d_.time, b_d2h_.time, b_nvme, bwd_last});
+    p_.backward_s = (A_ - 1) * bwd_ + last_bwd + tail_ + replica_tail_;
     p_.optimizer_s = (1.0 - f) * opt_;  // what is left for step(): the last groups' share
     // The lane is handed work as gradients come in and no faster: what it has not begun by
     // the end of the backward pass is stepped plainly at step().
@@ -670,8 +705,13 @@ void Planner::link_loads() {
        A_ * (f_h2d_.time + b_h2d_.time) + o_h2d_.time, fb_window);
   link("pcie d2h", A_ * (b_d2h_.bytes + f_d2h_.bytes) + s1_d2h_.bytes, c.d2h_bandwidth,
        A_ * (b_d2h_.time + f_d2h_.time) + s1_d2h_.time, fb_window);
-  link("collectives", A_ * (f_coll_.bytes + b_coll_.bytes) * ring_, cbw_,
+  link("collectives",
+       p_.shard_collective_bytes + p_.replica_collective_bytes + p_.secondary_collective_bytes, cbw_,
        A_ * (f_coll_.time + b_coll_.time) + stage1_ + refresh_, fb_window);
+  // Of them, what crosses between nodes: each rank's share of the node's network.
+  if (cl_.nodes > 1 && p_.inter_node_bytes > 0)
+    link("network", p_.inter_node_bytes, cl_.collective_bandwidth(), p_.inter_node_bytes / cl_.collective_bandwidth(),
+         fb_window);
   if (opt_host_elems_ > 0)
     link("cpu optimizer", opt_host_bytes_, c.host_bandwidth, opt_host_bytes_ / c.host_bandwidth, 0);
   if (opt_device_elems_ > 0)
@@ -709,6 +749,14 @@ void Planner::explain() {
 Plan make_plan(const GptShape& model_in, const ClusterSpec& cluster, const Strategy& st) {
   validate(cluster);
   validate(st);
+  const int world = cluster.world(), gpn = cluster.gpus_per_node;
+  if (const int n = st.mics_shard_size; n > 0 && (world % n != 0 || (gpn % n != 0 && n % gpn != 0)))
+    throw ConfigError("--mics-shard-size " + std::to_string(n) + " on " + std::to_string(cluster.nodes) + " node(s) of " +
+                      std::to_string(gpn) + " GPUs: give a divisor of the world (" + std::to_string(world) +
+                      ") that divides a node's GPUs or is a multiple of them");
+  if (const int n = st.hpz; n > 1 && (world % n != 0 || gpn % n != 0))
+    throw ConfigError("--hpz " + std::to_string(n) + " on nodes of " + std::to_string(gpn) +
+                      " GPUs: give a divisor of a node's GPUs (and of the world, " + std::to_string(world) + ")");
   GptShape s = model_in;
   if (st.seq_len > 0) s.seq_len = st.seq_len;
   validate(s);

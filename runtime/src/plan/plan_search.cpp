@@ -3,16 +3,35 @@
 #include <algorithm>
 #include <cmath>
 #include <sstream>
+#include <utility>
 
 #include "strata/core/error.hpp"
 #include "strata/runtime/plan/plan.hpp"
 
 namespace strata::plan {
 
+namespace {
+
+// (mics_shard_size, hpz) pairs to try: the base's, then flat, MiCS and hpZ with a node a
+// group where there are nodes.
+std::vector<std::pair<int, int>> node_layouts(const ClusterSpec& cluster, const Strategy& base,
+                                              const SearchSpace& space) {
+  std::vector<std::pair<int, int>> layouts{{base.mics_shard_size, base.hpz}};
+  if (space.node_layouts && cluster.nodes > 1 && cluster.gpus_per_node > 1) {
+    const int gpn = cluster.gpus_per_node;
+    for (std::pair<int, int> l : {std::pair{0, 1}, std::pair{gpn, 1}, std::pair{0, gpn}})
+      if (std::find(layouts.begin(), layouts.end(), l) == layouts.end()) layouts.push_back(l);
+  }
+  return layouts;
+}
+
+}  // namespace
+
 std::vector<Candidate> search(const GptShape& model, const ClusterSpec& cluster, const Strategy& base,
                               const SearchSpace& space) {
   validate(cluster);
   std::vector<Candidate> out;
+  for (auto [mics, hpz] : node_layouts(cluster, base, space))
   for (int stage : space.stages)
     for (OffloadDevice pd : space.param)
       for (OffloadDevice od : space.optimizer)
@@ -24,7 +43,10 @@ std::vector<Candidate> search(const GptShape& model, const ClusterSpec& cluster,
               if (!ckpt && cps != OffloadDevice::None) continue;     // no checkpoints to move
               // A split needs a GPU optimizer and a host share.
               if (ratio < 1.0 && (od == OffloadDevice::None || cluster.cpu_backend)) continue;
+              if (hpz > 1 && stage != 3) continue;  // hpZ partitions stage 3's parameters
               Strategy st = base;
+              st.mics_shard_size = mics;
+              st.hpz = hpz;
               st.stage = stage;
               st.offload_param = pd;
               st.offload_optimizer = od;
@@ -60,6 +82,12 @@ std::vector<Candidate> search(const GptShape& model, const ClusterSpec& cluster,
                   bool closer = !fits && c.plan.tiers[0].short_by() <= c.plan.lookahead_bytes;
                   for (size_t t = 1; t < c.plan.tiers.size(); ++t) closer = closer && c.plan.tiers[t].fits();
                   if (tf == 1) whole_fits = whole_fits || fits;
+                  // The resolved layout's per-group tensors are what a plan weighs (a 1T
+                  // model in tiles: thousands of groups); a search keeps thousands of
+                  // plans, so it keeps their figures and drops those (make_plan of the
+                  // chosen strategy gives them again).
+                  c.plan.resolved.layout.groups = {};
+                  c.plan.resolved.layout.checkpoints = {};
                   out.push_back(std::move(c));
                   if (!closer) break;
                 }

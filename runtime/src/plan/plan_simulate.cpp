@@ -58,6 +58,16 @@ SimulateReport simulate_plan(const Plan& plan, int steps) {
   o.cost = plan.cost;
   o.engine = plan.engine;
   o.ablation = plan.ablation;
+  // MiCS's groups and hpZ's, as the planner sees their links (plan.cost's bandwidth is the
+  // shard group's).
+  const ClusterSpec& cl = plan.cluster;
+  const int n = plan.strategy.mics_shard_size;
+  if (n > 0 && n < plan.world) {
+    o.shard_ranks = n;
+    o.replica_bandwidth = plan.world > cl.gpus_per_node ? cl.collective_bandwidth() : cl.intra_node;
+  }
+  if (plan.strategy.hpz > 1) o.secondary_bandwidth = plan.strategy.hpz > cl.gpus_per_node ? cl.collective_bandwidth()
+                                                                                             : cl.intra_node;
   SimModelSpec spec;
   spec.parts = plan_parts(plan.shape, plan.strategy);
   spec.groups = gpt_group_specs(plan.shape, spec.parts);  // as strata train cuts them
@@ -80,6 +90,9 @@ SimulateReport simulate_plan(const Plan& plan, int steps) {
   r.speculation_wait_s = last.speculation_wait_s;
   r.optimizer_s = last.optimizer_s;
   r.bytes_moved = last.bytes_moved;
+  r.shard_collective_bytes = double(run.engine.shard_collective_bytes) / steps;
+  r.replica_collective_bytes = double(run.engine.replica_collective_bytes) / steps;
+  r.secondary_collective_bytes = double(run.engine.secondary_collective_bytes) / steps;
   for (int t = 0; t < kTierCount; ++t) {
     r.peak[t] = run.tiers[t].peak;
     r.budget[t] = run.tiers[t].budget;

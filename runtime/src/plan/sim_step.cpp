@@ -91,10 +91,23 @@ SimRunResult run_simulation(const SimModelSpec& model, const SimRunOptions& opts
   eo.optimizer_threads = 1;  // the optimizer's math never runs on sim
 
   auto device = make_sim_device(opts.cost);
-  auto comm = coll::make_sim_communicator(opts.rank, opts.world, opts.cost);
+  const int shard = opts.shard_ranks > 0 ? opts.shard_ranks : opts.world;
+  if (shard > opts.world || opts.world % shard != 0)
+    throw ConfigError("simulate_training: " + std::to_string(shard) + " ranks a shard group in a world of " +
+                      std::to_string(opts.world));
+  auto comm = coll::make_sim_communicator(opts.rank % shard, shard, opts.cost);
+  auto sub = [&](int ranks, int rank, double bandwidth) {
+    SimCostModel c = opts.cost;
+    if (bandwidth > 0) c.collective_bandwidth = bandwidth;
+    return coll::make_sim_communicator(rank, ranks, c);
+  };
+  std::unique_ptr<coll::Communicator> replicas, hpz;
+  if (shard < opts.world) replicas = sub(opts.world / shard, opts.rank / shard, opts.replica_bandwidth);
+  if (eo.hpz_partition_size > 1) hpz = sub(eo.hpz_partition_size, comm->rank() % eo.hpz_partition_size,
+                                           opts.secondary_bandwidth);
   auto compute = device->create_stream("compute");
   std::unique_ptr<SimModel> net = model.make(*compute);
-  ZeroEngine engine(*device, *comm, *comm, eo, model.groups, opts.ablation);
+  ZeroEngine engine(*device, *comm, *comm, eo, model.groups, opts.ablation, replicas.get(), hpz.get());
   if (!model.schedule.empty()) engine.set_schedule(model.schedule);
   std::unique_ptr<PartedSource> parted;
   if (!model.parts.empty()) parted = std::make_unique<PartedSource>(engine, model.parts);

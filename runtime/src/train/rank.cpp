@@ -11,6 +11,7 @@
 namespace strata {
 
 void RankContext::reset() {
+  hpz.reset();
   replicas.reset();
   shard.reset();
   dev_comm.reset();
@@ -52,6 +53,33 @@ void split_mics(const Config& config, RankContext& r) {
               std::to_string(host.size() / n) + " groups of " + std::to_string(n) + " ranks (" +
               (n <= t.ranks_per_node ? "within a node" : "over whole nodes") + "; " + t.describe() +
               "), replicated across them");
+}
+
+// ZeRO++ hpZ: groups of zero_hpz_partition_size consecutive ranks share secondary
+// partitions; each group lies within a node. Collective over the host communicator.
+void split_hpz(const Config& config, RankContext& r) {
+  const int n = static_cast<int>(config.zero.zero_hpz_partition_size);
+  if (n <= 1) return;
+  const std::string key = "zero_optimization.zero_hpz_partition_size " + std::to_string(n);
+  if (config.strata.backend == Backend::Cuda)
+    throw ConfigError(key + " runs on the cpu backend only for now (the nccl backend cannot split its communicator "
+                            "yet): remove zero_hpz_partition_size, or set strata.backend to \"cpu\"");
+  if (config.strata.device_communicator == DeviceCommunicator::Staged)
+    throw ConfigError(key + " splits the host communicator, and the staged device communicator cannot be split "
+                            "yet: remove one of zero_hpz_partition_size and strata.device_communicator = \"staged\"");
+  coll::Communicator& host = *r.host_comm;
+  const coll::Topology t = coll::resolve_topology(host, config.strata.ranks_per_node);
+  if (t.ranks_per_node % n != 0)
+    throw ConfigError(key + " puts a secondary partition across node boundaries (" + t.describe() +
+                      "): give a divisor of " + std::to_string(t.ranks_per_node) +
+                      " (hpZ keeps backward's gathers inside a node), or set strata.ranks_per_node");
+  const int rank = host.rank();
+  r.hpz = coll::split(host, rank / n, rank % n);
+  if (rank == 0)
+    log::info(key + ": parameters gathered over all " + std::to_string(host.size()) +
+              " ranks once after each change, then from secondary partitions within " +
+              (host.size() == n ? std::string("one group") : std::to_string(host.size() / n) + " groups") + " of " +
+              std::to_string(n) + " ranks (" + t.describe() + ")");
 }
 
 // The device communicator strata.device_communicator resolves to on this rank.
@@ -147,6 +175,7 @@ RankContext open_rank(const Config& config) {
       log::info(line);
   }
   split_mics(config, r);
+  split_hpz(config, r);
   return r;
 }
 

@@ -333,6 +333,12 @@ class StepLog {
       j["peak"][name] = t[k].peak;
       j["budget"][name] = t[k].budget;
     }
+    // Bytes rank 0 sent in the step's collectives (EngineStats, as a ring moves them): over
+    // the ranks the states are sharded over, across MiCS's replicas, within hpZ's groups.
+    j["collective_bytes"] = {{"shard", st.shard_collective_bytes - prev.shard_collective_bytes},
+                             {"replicas", st.replica_collective_bytes - prev.replica_collective_bytes},
+                             {"secondary", st.secondary_collective_bytes - prev.secondary_collective_bytes}};
+    if (st.quantized_weights_error > 0) j["quantized_weights_error"] = st.quantized_weights_error;
     // Bytes moved between tiers in this step, by link ("nvme->pinned", ...).
     for (int from = 0; from < kTierCount; ++from)
       for (int to = 0; to < kTierCount; ++to) {
@@ -643,7 +649,7 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
   for (const auto& g : specs) group_names.push_back(g.name);
   // Under MiCS the engine shards over its group's ranks and all-reduces across the groups.
   auto engine = std::make_unique<ZeroEngine>(*ctx.device, ctx.engine_comm(), ctx.engine_host_comm(), eo, specs,
-                                             EngineAblation{}, ctx.engine_replicas());
+                                             EngineAblation{}, ctx.engine_replicas(), ctx.engine_hpz());
   // Whole blocks: the schedule is known. Parts: the engine learns their order in the
   // first step (zero_engine.hpp's recorded trace).
   if (!parted) engine->set_schedule(gpt_schedule(shape));

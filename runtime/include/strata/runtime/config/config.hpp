@@ -62,6 +62,15 @@ struct ZeroConfig {
   // Read as a number so that DeepSpeed's -1 parses; check_zero keeps it -1 or whole >= 1.
   double mics_shard_size = -1;
   int mics_groups_of() const { return mics_shard_size < 0 ? 0 : static_cast<int>(mics_shard_size); }
+  // ZeRO++ hpZ (DeepSpeed's key): stage 3 keeps a secondary partition of the parameters
+  // over this many consecutive ranks, which the gathers after a group's first one read
+  // (EngineOptions::hpz_partition_size). 1: off.
+  uint64_t zero_hpz_partition_size = 1;
+  // ZeRO++ qwZ (DeepSpeed's key): stage 3's gathers over every rank move the parameters as
+  // int8 in blocks of strata.quantized_weights_block elements, each with an fp32 scale,
+  // and dequantize on arrival (EngineOptions::quantized_weights_block). The master weights
+  // are not touched.
+  bool zero_quantized_weights = false;
   // No reduce_bucket_size or overlap_comm: each parameter group is reduced as one
   // collective as soon as its gradient is complete, always overlapped with compute.
 };
@@ -104,6 +113,7 @@ struct StrataSection {
   OutOfRange out_of_range = OutOfRange::Refuse;  // masters beyond the 16-bit working type's range
   bool speculative_optimizer = false;    // step sub-groups during backward, validate at step()
   int tile_factor = 1;                   // each block linear in this many tiles (gpt_parts); 1: untiled
+  int quantized_weights_block = 256;     // zero_quantized_weights: elements per int8 block (one fp32 scale each)
   uint64_t tile_size = 0;                // elements: larger block linears tiled to at most this (gpt_parts); 0: off
   uint64_t seed = 1234;
   std::string trace;                     // Chrome trace output path ("" = off)

@@ -91,6 +91,19 @@ struct EngineOptions {
   // GPT with a tied head; ShardStrategy::first_gradient_held): the device's working set,
   // and so the start-up minimum, count it. from_config sets it from strata.model.
   bool first_gradient_held = false;
+  // ZeRO++ hpZ (zero_optimization.zero_hpz_partition_size): stage 3 keeps, beside each
+  // parameter shard, a secondary partition of the group's parameters over
+  // hpz_partition_size consecutive ranks (within a node): the group's first gather after
+  // its parameters change goes over every rank, as always, and leaves this rank's
+  // 1/hpz_partition_size of it in the secondary; every later gather until the parameters
+  // change again (backward's, the next micro-steps') goes over those ranks alone
+  // (ShardStrategy::hpz). 1: off. ZeroEngine takes the ranks' communicator.
+  int hpz_partition_size = 1;
+  // ZeRO++ qwZ (zero_optimization.zero_quantized_weights): stage 3's gathers from the
+  // primary shards move int8 blocks of this many elements, each with an fp32 scale, and
+  // dequantize on arrival (ShardStrategy::quantized_block). 0: off. A device the host can
+  // address only (the cpu backend).
+  int quantized_weights_block = 0;
   uint64_t seed = 1234;
   // A master weight beyond the working type's range (fp16: 65504) where the engine rounds
   // initial or loaded masters to it (strata.out_of_range; core/value_checks.hpp).
@@ -174,8 +187,15 @@ struct EngineStats {
   // them (all_gather and reduce_scatter: (n-1)/n of the whole buffer; all_reduce: twice
   // that): over the ranks the states are sharded over (all of them, or a MiCS group), and
   // across the MiCS replicas. The planner predicts these.
+  // hpZ (EngineOptions::hpz_partition_size): the gathers from the secondary partitions,
+  // over the hpZ group's ranks; the gathers from the primary shards count in
+  // shard_collective_bytes.
   uint64_t shard_collective_bytes = 0;
   uint64_t replica_collective_bytes = 0;
+  uint64_t secondary_collective_bytes = 0;
+  // qwZ: the largest relative error (L2 norm of the rounding over that of the values) of a
+  // parameter shard this rank quantized for a gather, since start.
+  double quantized_weights_error = 0;
   StoreStats store;
 };
 

@@ -83,7 +83,19 @@ struct ShardStrategy {
   // first, the embedding lookup's last). The device working set then counts it beside
   // every other group's backward, and the head's moment holding both groups.
   bool first_gradient_held = false;
+  // ZeRO++ hpZ (EngineOptions::hpz_partition_size), stage 3: each group that is not
+  // persistent also keeps a secondary partition, [padded / hpz] elements of the working
+  // type with its parameter shard's home, that later gathers read within hpz ranks. 1: none.
+  int hpz = 1;
+  // ZeRO++ qwZ (EngineOptions::quantized_weights_block), stage 3: a gather from the primary
+  // shards passes the quantized shard and every rank's through a scratch buffer on the
+  // device (StateRole::QuantizedGather). 0: off.
+  uint64_t quantized_block = 0;
 };
+
+// Bytes of n elements quantized in blocks of `block`: one int8 each and an fp32 scale per
+// (possibly partial) block.
+inline uint64_t quantized_bytes(uint64_t n, uint64_t block) { return n + 4 * ((n + block - 1) / block); }
 
 // Checkpoints on the device at once when they live elsewhere: in forward a block's input
 // and output, and the one before still on its way out; in backward the one in use, the
@@ -101,6 +113,8 @@ DType grads_dtype(DType working, int gradient_accumulation_steps);
 enum class StateRole {
   GatherBuffer,    // stage 3: [padded] gathered parameters, scratch on the device
   ParamShard,      // stage 3: [shard] working parameters, home param_home
+  ParamSecondary,  // stage 3 with hpZ: [padded / hpz] working parameters, home param_home
+  QuantizedGather, // stage 3 with qwZ: bytes, this rank's shard and every rank's quantized, scratch on the device
   ReplicatedParams,// stages 1, 2: [padded] working parameters, home device
   GradFull,        // [padded] the model's gradient of one micro-batch, scratch on the device
   GradAccumulated, // stage 1: [padded] accumulated gradient, home device

@@ -73,10 +73,14 @@ class ZeroEngine final : public WeightSource {
   // host scalars (norms). They may be the same communicator. The states are sharded over
   // comm's ranks. `replicas` (MiCS, zero_optimization.mics_shard_size): the ranks of the
   // other groups that hold this rank's shard; each reduced gradient is all-reduced across
-  // them, and the average is over comm x replicas ranks. Throws ConfigError or
-  // OutOfBudget at start-up when the configuration cannot work (resolve.hpp).
+  // them, and the average is over comm x replicas ranks. `hpz` (ZeRO++ hpZ,
+  // EngineOptions::hpz_partition_size > 1): the consecutive ranks of comm that share a
+  // secondary partition (comm's rank r is hpz's rank r % size, with its group's other
+  // ranks). Throws ConfigError or OutOfBudget at start-up when the configuration cannot
+  // work (resolve.hpp).
   ZeroEngine(Device& device, coll::Communicator& comm, coll::Communicator& host_comm, EngineOptions opts,
-             std::vector<GroupSpec> groups, EngineAblation ablation = {}, coll::Communicator* replicas = nullptr);
+             std::vector<GroupSpec> groups, EngineAblation ablation = {}, coll::Communicator* replicas = nullptr,
+             coll::Communicator* hpz = nullptr);
   ~ZeroEngine() override;
 
   // WeightSource

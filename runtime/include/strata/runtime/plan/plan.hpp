@@ -150,6 +150,15 @@ struct Strategy {
   // its adapters: the frozen ones hold their working parameters alone (no gradient,
   // master weights or moments; GroupLayout::frozen) and are never reduced or stepped.
   double frozen_fraction = 0.0;
+  // Layouts that keep collectives inside a node (docs/multinode.md). mics_shard_size N
+  // (zero_optimization.mics_shard_size): the states sharded within groups of N
+  // consecutive ranks (within a node, or whole nodes), each step's gradient shards
+  // all-reduced across the groups; 0: over every rank. hpz N
+  // (zero_optimization.zero_hpz_partition_size, stage 3): a secondary partition of the
+  // parameters over N ranks of a node, which every gather after a group's first in a
+  // step reads; 1: off. At most one of the two.
+  int mics_shard_size = 0;
+  int hpz = 1;
   bool parted() const { return part_elems > 0 || tile_factor > 1 || tile_size > 0; }
   std::string describe() const;     // "stage 3, params nvme, optimizer nvme, mb 4, ckpt"
 };
@@ -199,6 +208,13 @@ struct Plan {
   double tokens_per_step = 0;       // over the whole data-parallel group
   double tokens_per_s = 0;
   double model_flops_per_token = 0; // gpt_flops_per_token (no recompute)
+  // Bytes one rank sends in one step's collectives, as a ring moves them, counted as the
+  // engine counts them (EngineStats::*_collective_bytes): over the ranks the states are
+  // sharded over (every rank, or a MiCS group), across the MiCS groups, and within hpZ's
+  // groups (the gathers from the secondary partitions). inter_node_bytes: the part of
+  // those sent over collectives whose ranks span nodes.
+  double shard_collective_bytes = 0, replica_collective_bytes = 0, secondary_collective_bytes = 0;
+  double inter_node_bytes = 0;
   double mfu = 0;                   // model FLOPs / (step time x world x gpu_flops)
   std::vector<LinkLoad> links;
   std::string bottleneck;           // in words
@@ -249,9 +265,14 @@ struct SearchSpace {
   // Stage 3: shallower look-aheads (prefetch_groups) tried, deepest first, each only
   // where the base's and the deeper ones do not fit (a look-ahead costs room, not speed).
   std::vector<int> shallower_prefetch{1, 0};
+  // On more than one node: the base's layout (flat unless it names one), MiCS with a node
+  // a group (mics_shard_size = GPUs per node) and, at stage 3, hpZ with a node's
+  // secondary partitions (hpz = GPUs per node).
+  bool node_layouts = true;
 };
 // Ranked by tokens/s (fitting ones first). Throws nothing for an empty result: every
-// candidate is there with its verdict.
+// candidate is there with its verdict. Each candidate's plan has its figures but not its
+// resolved layout's groups (make_plan of its strategy gives the whole plan).
 std::vector<Candidate> search(const GptShape& model, const ClusterSpec& cluster, const Strategy& base,
                               const SearchSpace& space = {});
 
@@ -299,6 +320,9 @@ struct SimulateReport {
   std::array<uint64_t, kTierCount> budget{};  // bytes given to the engine
   std::array<std::array<uint64_t, kTierCount>, kTierCount> bytes_moved{};  // last step [from][to]
   double device_budget_less_activations = 0;  // bytes the model's own activations took off the device budget
+  // Bytes rank 0 sent in collectives per step (the engine's counters over the run / steps):
+  // Plan's *_collective_bytes.
+  double shard_collective_bytes = 0, replica_collective_bytes = 0, secondary_collective_bytes = 0;
   double wall_s = 0;                   // real seconds the simulation took
   double peak_rss_bytes = 0;           // the simulator's own peak host memory (getrusage)
   std::string device;

@@ -17,6 +17,8 @@ namespace strata::plan {
 // function the engine calls, over the GPT's groups as strata train cuts them): sets
 // p.engine and p.model_activations, and returns (and keeps in p.resolved) the resolution.
 ResolvedLayout resolve_plan(Plan& p, const Strategy& st);
+// The ranks the states are sharded over: a MiCS group's, or the world.
+int shard_ranks(int world, const Strategy& st);
 // The parts the engine would gather (gpt_parts with the strategy's bucket and tile factor);
 // the resolved layout's groups are these parts, in order.
 std::vector<std::vector<uint64_t>> plan_parts(const GptShape& shape, const Strategy& st);

@@ -34,6 +34,13 @@ struct SimRunOptions {
   EngineOptions engine;
   EngineAblation ablation;      // all on; tests turn one off to measure what it gives
   bool give_schedule = true;    // else the engine learns the order from the first micro-step
+  // Layouts that keep collectives inside a node (docs/multinode.md), each sub-group a sim
+  // communicator of its own at its own bandwidth (0: cost.collective_bandwidth):
+  // shard_ranks, the ranks the states are sharded over (0: world; fewer: MiCS groups,
+  // whose replicas all-reduce across world / shard_ranks ranks at replica_bandwidth);
+  // engine.hpz_partition_size > 1, hpZ's groups at secondary_bandwidth.
+  int shard_ranks = 0;
+  double replica_bandwidth = 0, secondary_bandwidth = 0;
 };
 
 // Simulated seconds, for one optimizer step.

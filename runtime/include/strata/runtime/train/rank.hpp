@@ -26,6 +26,9 @@ struct RankContext {
   // (consecutive ranks), `replicas` the ranks with its index in every group.
   std::unique_ptr<coll::Communicator> shard;
   std::unique_ptr<coll::Communicator> replicas;
+  // zero_optimization.zero_hpz_partition_size (cpu backend): this rank's group of
+  // consecutive ranks that share secondary partitions (ZeroEngine's `hpz`).
+  std::unique_ptr<coll::Communicator> hpz;
 
   coll::Communicator& device_comm() { return dev_comm ? *dev_comm : *host_comm; }
   // What the engine shards over, for device buffers and for host scalars: the group's
@@ -34,6 +37,7 @@ struct RankContext {
   coll::Communicator& engine_host_comm() { return shard ? *shard : *host_comm; }
   // The engine's replicas (ZeroEngine's `replicas`): nullptr without MiCS.
   coll::Communicator* engine_replicas() { return replicas.get(); }
+  coll::Communicator* engine_hpz() { return hpz.get(); }
   // Whether this rank writes checkpoints: the first group's ranks under MiCS (the other
   // groups hold the same shards), every rank otherwise.
   bool writes_checkpoints() const { return !replicas || replicas->rank() == 0; }

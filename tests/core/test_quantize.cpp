@@ -1,0 +1,78 @@
+// Block-wise int8 quantization (core/math/quantize.hpp) against a reference written here:
+// every value within half a step of its block's scale, the scales those of the blocks'
+// largest magnitudes, a partial last block, zeros, the three working types, and
+// non-finite values refused.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+#include "strata/core/convert.hpp"
+#include "strata/core/math/quantize.hpp"
+
+using namespace strata;
+
+namespace {
+uint64_t qbytes(size_t n, size_t block) { return n + 4 * ((n + block - 1) / block); }
+}  // namespace
+
+TEST(QuantizeInt8, EveryValueWithinHalfAStepOfItsBlock) {
+  std::mt19937 rng(11);
+  for (DType t : {DType::F32, DType::BF16, DType::F16})
+    for (size_t n : {1000u, 1024u, 7u}) {
+      const size_t block = 64;
+      std::vector<float> x(n);
+      std::normal_distribution<float> d(0.0f, 0.05f);
+      for (float& v : x) v = d(rng);
+      x[3] = 0.5f;  // one outlier in the first block
+      std::vector<std::byte> src(n * dtype_size(t));
+      convert_from_f32(src.data(), t, x.data(), n);
+      std::vector<float> exact(n);
+      convert_to_f32(exact.data(), src.data(), t, n);  // what was quantized
+      std::vector<uint8_t> q(qbytes(n, block), 0xAB);
+      const math::QuantizeError e = math::quantize_int8(src.data(), t, n, block, q.data());
+      std::vector<std::byte> back(n * dtype_size(t));
+      math::dequantize_int8(q.data(), n, block, back.data(), t);
+      std::vector<float> got(n);
+      convert_to_f32(got.data(), back.data(), t, n);
+      double err = 0, val = 0;
+      for (size_t b = 0; b * block < n; ++b) {
+        float amax = 0;
+        for (size_t i = b * block; i < std::min(n, (b + 1) * block); ++i) amax = std::max(amax, std::fabs(exact[i]));
+        float scale;
+        std::memcpy(&scale, q.data() + n + 4 * b, 4);
+        EXPECT_FLOAT_EQ(scale, amax / 127.0f) << "block " << b;
+        for (size_t i = b * block; i < std::min(n, (b + 1) * block); ++i) {
+          // The buffer's value, as the receiver reads it: the int8 times the block's scale,
+          // within half a step of what was quantized.
+          const double sent = double(reinterpret_cast<const int8_t*>(q.data())[i]) * scale;
+          EXPECT_LE(std::fabs(sent - exact[i]), scale / 2 * 1.0001) << "element " << i;
+          // The dequantized value is that, rounded once more to the working type.
+          const double ulp = t == DType::F32 ? 0x1p-23 : t == DType::BF16 ? 0x1p-7 : 0x1p-10;
+          EXPECT_NEAR(got[i], sent, std::fabs(sent) * ulp) << to_string(t) << " element " << i;
+          err += (sent - exact[i]) * (sent - exact[i]);
+          val += double(exact[i]) * exact[i];
+        }
+      }
+      EXPECT_NEAR(e.relative(), std::sqrt(err / val), 1e-6 * std::sqrt(err / val) + 1e-12);
+      EXPECT_GT(e.relative(), 0.0);
+      EXPECT_LT(e.relative(), 0.02);
+    }
+}
+
+TEST(QuantizeInt8, ZerosStayZeroAndNonFiniteIsRefused) {
+  std::vector<float> z(100, 0.0f);
+  std::vector<uint8_t> q(qbytes(100, 32));
+  EXPECT_EQ(math::quantize_int8(z.data(), DType::F32, 100, 32, q.data()).relative(), 0.0);
+  std::vector<float> back(100, 1.0f);
+  math::dequantize_int8(q.data(), 100, 32, back.data(), DType::F32);
+  for (float v : back) EXPECT_EQ(v, 0.0f);
+  z[40] = std::nanf("");
+  EXPECT_THROW(math::quantize_int8(z.data(), DType::F32, 100, 32, q.data()), std::invalid_argument);
+  z[40] = INFINITY;
+  EXPECT_THROW(math::quantize_int8(z.data(), DType::F32, 100, 32, q.data()), std::invalid_argument);
+  EXPECT_THROW(math::quantize_int8(z.data(), DType::F32, 100, 0, q.data()), std::invalid_argument);
+}

@@ -1,0 +1,215 @@
+// ZeRO++ hpZ (zero_optimization.zero_hpz_partition_size) under mpirun -np 4: stage 3 with
+// secondary partitions over groups of 2 consecutive ranks, against flat stage 3 over the
+// 4 ranks with the same data. hpZ changes which ranks a gather reads, not what it
+// gathers, so the runs must match bit for bit; the bytes say the gathers moved.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "gpt_harness.hpp"
+#include "strata/collectives/topology.hpp"
+#include "strata/runtime/plan/plan.hpp"
+
+using namespace strata;
+using namespace strata::testing_engine;
+
+namespace {
+
+coll::Communicator& world() { return mpi_world(); }
+
+std::unique_ptr<coll::Communicator> groups_of(int n) {
+  coll::Communicator& w = world();
+  return coll::split(w, w.rank() / n, w.rank() % n);
+}
+
+double worst_rel(const RunResult& got, const RunResult& ref) {
+  double worst = 0;
+  for (size_t s = 0; s < ref.losses.size(); ++s)
+    worst = std::max(worst, std::abs(got.losses[s] - ref.losses[s]) / std::abs(ref.losses[s]));
+  return worst;
+}
+
+void expect_same_run(const RunResult& hpz, const RunResult& flat, const std::string& what) {
+  ASSERT_EQ(hpz.losses.size(), flat.losses.size()) << what;
+  // The issue's bound is 1e-5 relative; hpZ reorders no arithmetic, so the runs are equal.
+  EXPECT_EQ(worst_rel(hpz, flat), 0.0) << what;
+  EXPECT_EQ(hpz.norms, flat.norms) << what;
+  EXPECT_EQ(hpz.weights, flat.weights) << what << ": final weights differ";
+  EXPECT_LT(hpz.losses.back(), hpz.losses.front()) << what;
+}
+
+void expect_gathers_moved(const RunResult& hpz, const RunResult& flat, const std::string& what) {
+  // Flat gathers every time over all ranks; hpZ once per change of the parameters, the
+  // rest within its group.
+  EXPECT_EQ(flat.stats.secondary_collective_bytes, 0u) << what;
+  EXPECT_GT(hpz.stats.secondary_collective_bytes, 0u) << what;
+  EXPECT_LT(hpz.stats.shard_collective_bytes, flat.stats.shard_collective_bytes) << what;
+  EXPECT_EQ(hpz.stats.gathers, flat.stats.gathers) << what << ": as many gathers, from other ranks";
+}
+
+void report(const RunResult& hpz, const RunResult& flat, const std::string& what) {
+  if (world().rank() != 0) return;
+  std::printf("hpz 2 of %d, %s: loss %.5f -> %.5f, max rel diff to flat %.2e; bytes over every rank %llu "
+              "(flat %llu), within the group %llu\n",
+              world().size(), what.c_str(), hpz.losses.front(), hpz.losses.back(), worst_rel(hpz, flat),
+              static_cast<unsigned long long>(hpz.stats.shard_collective_bytes),
+              static_cast<unsigned long long>(flat.stats.shard_collective_bytes),
+              static_cast<unsigned long long>(hpz.stats.secondary_collective_bytes));
+}
+
+void hpz_follows_flat(const std::vector<RunSpec>& specs) {
+  coll::Communicator& w = world();
+  ASSERT_EQ(w.size() % 2, 0) << "run this under mpirun with an even number of ranks";
+  auto g = groups_of(2);
+  TempDir dir("hpz-r" + std::to_string(w.rank()));
+  for (const RunSpec& spec : specs) {
+    const RunResult flat = train_gpt(w, w, spec, 20, dir.path.string());
+    const RunResult hpz = train_gpt(w, w, spec, 20, dir.path.string(), false, small_gpt(), nullptr, g.get());
+    expect_same_run(hpz, flat, spec.label());
+    expect_gathers_moved(hpz, flat, spec.label());
+    report(hpz, flat, spec.label());
+  }
+}
+
+}  // namespace
+
+TEST(HpzMpi, GroupsOfTwoFollowFlatStageThreeEveryOffload) {
+  std::vector<RunSpec> specs;
+  for (OffloadDevice off : {OffloadDevice::None, OffloadDevice::Cpu, OffloadDevice::Nvme})
+    specs.push_back({.stage = 3, .param = off, .optimizer = off, .precision = DType::F32});
+  hpz_follows_flat(specs);
+}
+
+TEST(HpzMpi, SixteenBitAccumulationAndSpeculationFollowFlat) {
+  RunSpec bf16{.stage = 3, .param = OffloadDevice::Cpu, .optimizer = OffloadDevice::Cpu, .precision = DType::BF16};
+  RunSpec accum{.stage = 3, .param = OffloadDevice::Nvme, .optimizer = OffloadDevice::Nvme, .accum = 2,
+                .precision = DType::F32};
+  RunSpec spec{.stage = 3, .param = OffloadDevice::Cpu, .optimizer = OffloadDevice::Cpu, .precision = DType::BF16,
+               .speculative = true};
+  hpz_follows_flat({bf16, accum, spec});
+}
+
+// With accumulation, the micro-steps after the first gather from the secondaries too: the
+// bytes over every rank are those of accumulation 1 plus the extra reduce-scatters.
+TEST(HpzMpi, LaterMicroStepsGatherWithinTheGroup) {
+  coll::Communicator& w = world();
+  auto g = groups_of(2);
+  TempDir dir("hpz-accum-r" + std::to_string(w.rank()));
+  RunSpec one{.stage = 3, .precision = DType::F32};
+  RunSpec four = one;
+  four.accum = 4;
+  const RunResult a1 = train_gpt(w, w, one, 5, dir.path.string(), false, small_gpt(), nullptr, g.get());
+  const RunResult a4 = train_gpt(w, w, four, 5, dir.path.string(), false, small_gpt(), nullptr, g.get());
+  const RunResult flat1 = train_gpt(w, w, one, 5, dir.path.string());
+  const RunResult flat4 = train_gpt(w, w, four, 5, dir.path.string());
+  // Over every rank: one gather per group and step however many micro-steps, and one
+  // reduce-scatter per micro-step. So hpZ's growth from 1 to 4 micro-steps is three
+  // steps' reduce-scatters, and flat's is that plus three steps' gathers.
+  EXPECT_GT(a4.stats.secondary_collective_bytes, 3 * a1.stats.secondary_collective_bytes);
+  EXPECT_LT(a4.stats.shard_collective_bytes - a1.stats.shard_collective_bytes,
+            flat4.stats.shard_collective_bytes - flat1.stats.shard_collective_bytes);
+  expect_same_run(a4, flat4, four.label());
+}
+
+// The planner's prediction of the bytes each rank sends (Plan::*_collective_bytes), for
+// the same GPT, world, node layout and strategy, against the engine's counters over the
+// training steps: flat and MiCS 2 at every stage, hpZ 2 at stage 3, accumulation 1 and 4.
+// The issue asks for 15%; the planner counts the engine's gathers and reductions one by
+// one, so they agree exactly.
+TEST(HpzMpi, ThePlannerPredictsTheBytesTheEngineSends) {
+  coll::Communicator& w = world();
+  ASSERT_EQ(w.size(), 4) << "run this under mpirun -np 4";
+  auto hpz = groups_of(2);
+  auto shard = groups_of(2);
+  auto replicas = coll::split(w, w.rank() % 2, w.rank() / 2);
+  TempDir dir("hpz-plan-r" + std::to_string(w.rank()));
+  plan::ClusterSpec cluster = plan::find_cluster_preset("dgx-a100");
+  cluster.gpus_per_node = 2;
+  cluster.nodes = 2;
+  const int steps = 3;
+  for (int accum : {1, 4})
+    for (int stage : {1, 2, 3})
+    for (const char* layout : {"flat", "mics", "hpz"}) {
+      if (stage < 3 && std::string(layout) == "hpz") continue;
+      RunSpec spec{.stage = stage, .accum = accum, .precision = DType::BF16};
+      const std::string what =
+          std::string(layout) + ", stage " + std::to_string(stage) + ", accumulation " + std::to_string(accum);
+      const bool mics = std::string(layout) == "mics", is_hpz = std::string(layout) == "hpz";
+      const RunResult run =
+          mics ? train_gpt(*shard, *shard, spec, steps, dir.path.string(), false, small_gpt(), replicas.get())
+               : train_gpt(w, w, spec, steps, dir.path.string(), false, small_gpt(), nullptr,
+                           is_hpz ? hpz.get() : nullptr);
+      plan::Strategy st;
+      st.stage = stage;
+      st.offload_param = st.offload_optimizer = OffloadDevice::None;
+      st.precision = DType::BF16;
+      st.micro_batch = kGptGlobalBatch / w.size();
+      st.grad_accum = accum;
+      st.checkpointing = false;
+      st.mics_shard_size = mics ? 2 : 0;
+      st.hpz = is_hpz ? 2 : 1;
+      const plan::Plan p = plan::make_plan(small_gpt(), cluster, st);
+      auto near = [&](double predicted, uint64_t measured, const char* counter) {
+        const double per_step = double(measured) / steps;
+        if (per_step == 0) {
+          EXPECT_EQ(predicted, 0.0) << what << ": " << counter;
+          return;
+        }
+        EXPECT_NEAR(predicted / per_step, 1.0, 1e-9)
+            << what << ": " << counter << " predicted " << predicted << ", the engine sent " << per_step;
+      };
+      near(p.shard_collective_bytes, run.train_stats.shard_collective_bytes, "over the shard's ranks");
+      near(p.replica_collective_bytes, run.train_stats.replica_collective_bytes, "across the MiCS groups");
+      near(p.secondary_collective_bytes, run.train_stats.secondary_collective_bytes, "within the hpZ groups");
+      if (w.rank() == 0)
+        std::printf("%s: bytes a step predicted / sent: shard %.0f / %.0f, replicas %.0f / %.0f, secondary %.0f / %.0f;"
+                    " between nodes predicted %.0f\n",
+                    what.c_str(), p.shard_collective_bytes, double(run.train_stats.shard_collective_bytes) / steps,
+                    p.replica_collective_bytes, double(run.train_stats.replica_collective_bytes) / steps,
+                    p.secondary_collective_bytes, double(run.train_stats.secondary_collective_bytes) / steps,
+                    p.inter_node_bytes);
+    }
+}
+
+// ZeRO++ qwZ (EngineOptions::quantized_weights_block): the gathers over every rank move
+// int8 blocks with fp32 scales. Flat stage 3 against the same with qwZ, 20 steps of this
+// toy GPT at lr 1e-2, whose trajectory the 0.6% rounding of every gathered weight moves
+// (4.2% at worst in one step, measured): the losses within 5% (the issue's 2% is over 200
+// steps on text, train.hybrid_mpi), fewer bytes over every rank, and the error each rank
+// measured reported, small and non-zero. With hpZ the gathers within the node stay exact.
+TEST(QwzMpi, QuantizedGathersFollowFlatClosely) {
+  coll::Communicator& w = world();
+  auto g = groups_of(2);
+  TempDir dir("qwz-r" + std::to_string(w.rank()));
+  std::vector<RunSpec> specs;
+  for (OffloadDevice off : {OffloadDevice::None, OffloadDevice::Cpu, OffloadDevice::Nvme})
+    specs.push_back({.stage = 3, .param = off, .optimizer = off, .precision = DType::BF16});
+  specs.push_back({.stage = 3, .accum = 2, .precision = DType::F32});
+  for (const RunSpec& spec : specs)
+    for (bool with_hpz : {false, true}) {
+      RunSpec q = spec;
+      q.quantized_block = 64;
+      const std::string what = q.label() + (with_hpz ? ", hpZ 2" : "");
+      const RunResult flat = train_gpt(w, w, spec, 20, dir.path.string());
+      const RunResult got =
+          train_gpt(w, w, q, 20, dir.path.string(), false, small_gpt(), nullptr, with_hpz ? g.get() : nullptr);
+      const double worst = worst_rel(got, flat);
+      EXPECT_LE(worst, 0.05) << what;
+      EXPECT_GT(worst, 0.0) << what << ": quantized gathers that change nothing were not quantized";
+      EXPECT_LT(got.losses.back(), got.losses.front()) << what;
+      EXPECT_GT(got.train_stats.quantized_weights_error, 0.0) << what;
+      EXPECT_LT(got.train_stats.quantized_weights_error, 0.01) << what << ": int8 blocks of 64 lose under 1%";
+      EXPECT_LT(got.train_stats.shard_collective_bytes, flat.train_stats.shard_collective_bytes) << what;
+      EXPECT_EQ(flat.train_stats.quantized_weights_error, 0.0);
+      if (w.rank() == 0)
+        std::printf("qwZ, %s: loss %.5f -> %.5f, max rel diff to flat %.2e, quantization error %.2e; bytes over "
+                    "every rank %llu (flat %llu)\n",
+                    what.c_str(), got.losses.front(), got.losses.back(), worst,
+                    got.train_stats.quantized_weights_error,
+                    static_cast<unsigned long long>(got.train_stats.shard_collective_bytes),
+                    static_cast<unsigned long long>(flat.train_stats.shard_collective_bytes));
+    }
+}
