@@ -18,6 +18,10 @@ if [[ "${STRATA_SANITIZE:-0}" == 1 ]]; then
 else
   dir=build
   flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo)
+  # STRATA_RELWITHDEBINFO_FLAGS replaces RelWithDebInfo's "-O2 -g -DNDEBUG" (CI: -g1, line
+  # tables only, which compile faster; a debugger wants the full -g).
+  [[ -n ${STRATA_RELWITHDEBINFO_FLAGS:-} ]] &&
+    flags+=("-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$STRATA_RELWITHDEBINFO_FLAGS" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=$STRATA_RELWITHDEBINFO_FLAGS")
 fi
 # nvcc lives outside the default PATH on CUDA toolkit installs.
 [[ -d /usr/local/cuda/bin ]] && export PATH="/usr/local/cuda/bin:$PATH"
