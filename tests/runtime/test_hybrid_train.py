@@ -7,7 +7,8 @@ states on NVMe: MiCS (zero_optimization.mics_shard_size 2) and ZeRO++ hpZ
   under it, each continuing as the uninterrupted run (checkpoints of any layout);
 - bad input: a size that does not divide the world, groups that straddle nodes, a
   ranks_per_node that does not divide the world, the staged communicator, a size of 1.5,
-  hpZ at stage 2, both at once, quantized gradients (qgZ, not built): each refused,
+  hpZ at stage 2, both at once, qwZ at stage 2, quantized gradients (qgZ, not built):
+  each refused,
   naming the fix, with exit 2 and nothing written.
 - qwZ (zero_quantized_weights) over 200 steps on text in bf16, alone and with hpZ: every
   step's loss within 2% of flat's, the quantization error in the metrics, fewer bytes.
@@ -163,6 +164,11 @@ with tempfile.TemporaryDirectory(prefix="strata-hybrid-") as d:
     hpz_stage2["zero_optimization"]["stage"] = 2
     hpz_stage2["zero_optimization"].pop("offload_param", None)
     refused("hpz-stage2", hpz_stage2, 4, "zero_optimization.zero_hpz_partition_size 2 partitions stage 3's parameters")
+    qwz2 = config("qwz-stage2")
+    qwz2["zero_optimization"]["stage"] = 2
+    qwz2["zero_optimization"].pop("offload_param", None)
+    qwz2["zero_optimization"]["zero_quantized_weights"] = True
+    refused("qwz-stage2", qwz2, 4, "zero_optimization.zero_quantized_weights quantizes stage 3's parameter gathers")
     qgz = config("qgz")
     qgz["zero_optimization"]["zero_quantized_gradients"] = True
     refused("qgz", qgz, 4, "zero_optimization.zero_quantized_gradients")

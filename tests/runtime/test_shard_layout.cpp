@@ -347,3 +347,37 @@ TEST(ShardLayout, HpzAddsASecondaryPartitionInTheParameterHome) {
   s.hpz = 0;
   refused(s, "zero_hpz_partition_size 0 is below 1");
 }
+
+// qwZ's quantization runs as host work over the device's memory: an engine on a device
+// whose parameters are not host bytes (sim here; cuda likewise) refuses it at start-up,
+// naming the fix, and the layout counts its buffers only at stage 3.
+TEST(ShardLayout, QuantizedWeightsAreRefusedWhereTheirHostWorkCannotRun) {
+  auto device = make_sim_device(SimCostModel{});
+  auto comm = coll::make_sim_communicator(0, 2, SimCostModel{});
+  EngineOptions eo;
+  eo.stage = 3;
+  eo.quantized_weights_block = 256;
+  eo.store.device_budget = eo.store.pinned_budget = 64 << 20;
+  try {
+    ZeroEngine engine(*device, *comm, *comm, eo, {{"g", 4096, InitKind::Normal, 0.02f, {}}});
+    ADD_FAILURE() << "qwZ ran on the sim backend";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("zero_quantized_weights runs on the cpu backend only"), std::string::npos)
+        << e.what();
+  }
+  ShardStrategy st;
+  st.world = 2;
+  st.stage = 2;
+  st.quantized_block = 256;
+  EXPECT_THROW(make_shard_layout({{"g", 4096}}, st), ConfigError);
+  st.stage = 3;
+  const ShardLayout L = make_shard_layout({{"g", 4096}}, st);
+  bool found = false;
+  for (const StateTensor& t : L.groups[0].tensors)
+    if (t.role == StateRole::QuantizedGather) {
+      found = true;
+      EXPECT_EQ(t.spec.bytes, 3 * quantized_bytes(2048, 256));  // this rank's shard and both ranks'
+      EXPECT_TRUE(t.spec.scratch);
+    }
+  EXPECT_TRUE(found);
+}
