@@ -97,6 +97,8 @@ struct PlanArgs {
   double frozen_fraction = 0.0;
   int mics_shard_size = 0;
   int hpz = 1;
+  bool qwz = false, qgz = false;
+  int quantized_block = 256;
   bool search = false, simulate = false, json = false;
   int simulate_steps = 3;
   bool largest = false;
@@ -154,6 +156,8 @@ nlohmann::json plan_json(const plan::Plan& p) {
                    {"speculative", s.speculative}, {"optimizer_ratio", s.optimizer_ratio},
                    {"frozen_fraction", s.frozen_fraction},
                    {"mics_shard_size", s.mics_shard_size}, {"hpz", s.hpz},
+                   {"quantized_weights", s.qwz}, {"quantized_gradients", s.qgz},
+                   {"quantized_block", s.quantized_block},
                    {"prefetch_groups", s.prefetch_groups}, {"sub_group_elems", p.engine.sub_group_elems},
                    {"tile_factor", s.tile_factor}, {"tile_size", s.tile_size}, {"bucket_elems", s.part_elems}, {"describe", s.describe()}};
   j["world"] = p.world;
@@ -168,7 +172,10 @@ nlohmann::json plan_json(const plan::Plan& p) {
   j["collective_bytes"] = {{"shard", p.shard_collective_bytes},
                            {"replicas", p.replica_collective_bytes},
                            {"secondary", p.secondary_collective_bytes},
+                           {"node", p.node_collective_bytes},
+                           {"cross", p.cross_collective_bytes},
                            {"inter_node", p.inter_node_bytes}};
+  j["notes"] = p.notes;
   j["mfu"] = p.mfu;
   for (const auto& l : p.links)
     j["links"].push_back({{"name", l.name}, {"bytes", l.bytes}, {"bandwidth", l.bandwidth}, {"busy_s", l.busy_s},
@@ -211,6 +218,10 @@ void print_plan(const plan::Plan& p) {
               "groups; %s of it between nodes\n",
               gib(p.shard_collective_bytes).c_str(), gib(p.replica_collective_bytes).c_str(),
               gib(p.secondary_collective_bytes).c_str(), gib(p.inter_node_bytes).c_str());
+  if (p.node_collective_bytes + p.cross_collective_bytes > 0)
+    std::printf("  qgZ's reduce-scatters in two hops: %s within the node, %s across the nodes\n",
+                gib(p.node_collective_bytes).c_str(), gib(p.cross_collective_bytes).c_str());
+  for (const auto& n : p.notes) std::printf("  note: %s\n", n.c_str());
   std::printf("\nstep (predicted)  %s: forward %s, backward %s, optimizer %s%s\n", secs(p.step_s).c_str(),
               secs(p.forward_s).c_str(), secs(p.backward_s).c_str(), secs(p.optimizer_s).c_str(),
               p.boundary_s > 0 ? (", stage 1/2 reduction and refresh " + secs(p.boundary_s)).c_str() : "");
@@ -323,6 +334,9 @@ plan::Strategy plan_strategy(const PlanArgs& a) {
   st.frozen_fraction = a.frozen_fraction;
   st.mics_shard_size = a.mics_shard_size;
   st.hpz = a.hpz;
+  st.qwz = a.qwz;
+  st.qgz = a.qgz;
+  st.quantized_block = a.quantized_block;
   st.prefetch_groups = a.prefetch_groups;
   st.sub_group_elems = a.sub_group;
   st.precision = parse_precision(a.precision);
@@ -513,6 +527,16 @@ void add_plan(CLI::App& app) {
   p->add_option("--hpz", args->hpz,
                 "ZeRO++ hpZ (zero_optimization.zero_hpz_partition_size, stage 3): a secondary partition of the "
                 "parameters over this many ranks of a node (1: off)")
+      ->capture_default_str();
+  p->add_flag("--quantized-weights", args->qwz,
+              "ZeRO++ qwZ (zero_optimization.zero_quantized_weights, stage 3): the gathers from the primary shards "
+              "as int8 blocks");
+  p->add_flag("--quantized-gradients", args->qgz,
+              "ZeRO++ qgZ (zero_optimization.zero_quantized_gradients, stages 2 and 3): the reduce-scatters as int8 "
+              "all-to-alls, within the node then across the nodes");
+  p->add_option("--quantized-block", args->quantized_block,
+                "elements per int8 block of qwZ and qgZ, each with an fp32 scale (strata.quantized_weights_block, "
+                "strata.quantized_gradients_block)")
       ->capture_default_str();
   p->add_option("--prefetch-groups", args->prefetch_groups, "gathered groups ahead of use")->capture_default_str();
   p->add_option("--sub-group", args->sub_group, "optimizer sub-group, elements (0: chosen)")

@@ -115,6 +115,15 @@ class MpiCommunicator final : public Communicator {
                   count * size_of(t));
   }
 
+  Event do_all_to_all(const void* send, void* recv, size_t count, DataType t, Event after) override {
+    const int n = int_count(count, "all_to_all");
+    MPI_Datatype dt = mp_.datatype(t);
+    MPI_Comm c = comm_;
+    return submit({"MPI_Ialltoall", "all_to_all", count, t},
+                  [=](MPI_Request* r) { return MPI_Ialltoall(send, n, dt, recv, n, dt, c, r); }, std::move(after),
+                  count * size_of(t) * static_cast<size_t>(size()));
+  }
+
   Event do_barrier(Event after) override {
     MPI_Comm c = comm_;
     return submit({"MPI_Ibarrier", "barrier", 0, DataType::U8}, [=](MPI_Request* r) { return MPI_Ibarrier(c, r); },

@@ -139,6 +139,22 @@ class NcclCommunicator final : public Communicator {
     return enqueue("broadcast", after, "ncclBroadcast",
                    [&] { return ncclBroadcast(buf, buf, count, nccl_type(t), root, st_->comm, st_->stream); });
   }
+  Event do_all_to_all(const void* send, void* recv, size_t count, DataType t, Event after) override {
+    // NCCL has no all-to-all: one send and one receive per rank, grouped into one launch.
+    const size_t part = count * size_of(t);
+    return enqueue("all_to_all", after, "ncclSend/ncclRecv", [&] {
+      ncclResult_t rc = ncclGroupStart();
+      for (int r = 0; r < size() && rc == ncclSuccess; ++r) {
+        rc = ncclSend(static_cast<const char*>(send) + static_cast<size_t>(r) * part, count, nccl_type(t), r,
+                      st_->comm, st_->stream);
+        if (rc == ncclSuccess)
+          rc = ncclRecv(static_cast<char*>(recv) + static_cast<size_t>(r) * part, count, nccl_type(t), r, st_->comm,
+                        st_->stream);
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return rc != ncclSuccess ? rc : end;
+    });
+  }
   Event do_barrier(Event after) override {
     // NCCL has no barrier: an all_reduce of one word completes only once every rank
     // has enqueued it.

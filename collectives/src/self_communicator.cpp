@@ -35,6 +35,9 @@ class SelfCommunicator final : public Communicator {
     return run(after, [] {});
   }
   Event do_barrier(Event after) override { return run(after, [] {}); }
+  Event do_all_to_all(const void* send, void* recv, size_t count, DataType t, Event after) override {
+    return run(after, [&] { copy(recv, send, count * size_of(t)); });
+  }
 
  private:
   static void copy(void* dst, const void* src, size_t bytes) {

@@ -28,6 +28,11 @@ class SimCommunicator final : public Communicator {
     return run("broadcast", size() > 1 ? static_cast<double>(count * size_of(t)) : 0.0, after);
   }
   Event do_barrier(Event after) override { return run("barrier", 0.0, after); }
+  // Every rank sends size() - 1 parts of `count` elements: what a ring reduce-scatter of
+  // the same buffer sends.
+  Event do_all_to_all(const void*, void*, size_t count, DataType t, Event after) override {
+    return run("all_to_all", ring(count * size_of(t) * size()), after);
+  }
 
  private:
   // Bytes one rank sends on a ring for a collective over `total` bytes.

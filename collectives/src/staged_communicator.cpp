@@ -156,6 +156,28 @@ class StagedCommunicator final : public Communicator {
     return enqueue(std::move(op), std::move(after));
   }
 
+  Event do_all_to_all(const void* send, void* recv, size_t count, DataType t, Event after) override {
+    const size_t esz = size_of(t), world = static_cast<size_t>(size());
+    auto* out = static_cast<char*>(recv);
+    auto* in = static_cast<const char*>(send);
+    StagedOp op;
+    op.total = count;
+    op.per_chunk = slot_bytes_ / (esz * 2 * world);
+    // The slot holds the world parts to send, then the world parts received.
+    op.stage_in = [=](Stream& s, char* slot, size_t first, size_t n) {
+      for (size_t r = 0; r < world; ++r) s.copy_async(slot + r * n * esz, in + (r * count + first) * esz, n * esz);
+    };
+    op.collect = [=](Communicator& host, char* slot, size_t n) {
+      return host.all_to_all(ConstView::elements(slot, n * world, t),
+                             MutView::elements(slot + world * n * esz, n * world, t));
+    };
+    op.stage_out = [=](Stream& s, char* slot, size_t first, size_t n) {
+      for (size_t r = 0; r < world; ++r)
+        s.copy_async(out + (r * count + first) * esz, slot + (world + r) * n * esz, n * esz);
+    };
+    return enqueue(std::move(op), std::move(after));
+  }
+
   Event do_barrier(Event after) override {
     StagedOp op;
     op.barrier = true;
@@ -260,7 +282,8 @@ class StagedCommunicator final : public Communicator {
 }  // namespace
 
 size_t min_staging_bytes(int world_size) {
-  return 2 * kWidestElement * (static_cast<size_t>(std::max(world_size, 1)) + 1);
+  const size_t world = static_cast<size_t>(std::max(world_size, 1));
+  return 2 * kWidestElement * std::max(world + 1, 2 * world);
 }
 
 std::unique_ptr<Communicator> make_staged_communicator(std::unique_ptr<Communicator> host, Device& device,

@@ -111,6 +111,9 @@ TEST(SelfCommunicator, CollectivesCopy) {
   comm->broadcast(b, 0).wait();
   EXPECT_EQ(b, a);
   comm->barrier().wait();
+  std::vector<float> parts(3, 0.0f);
+  comm->all_to_all(send, parts).wait();
+  EXPECT_EQ(parts, send);
   // In-place all_gather: send is recv's own slice.
   std::vector<double> full{4.0, 5.0};
   comm->all_gather(std::span<const double>(full), full).wait();
@@ -142,6 +145,8 @@ TEST(CommunicatorChecks, SizeMismatchesThrowWithTheNumbers) {
             "all_reduce on rank 0 of 1 (self): send holds 3 float but recv holds 4 float; they must match");
   EXPECT_EQ(message_of([&] { comm->all_reduce(f3, d3); }),
             "all_reduce on rank 0 of 1 (self): send holds float but recv holds double; both must have one type");
+  EXPECT_EQ(message_of([&] { comm->all_to_all(f3, f4); }),
+            "all_to_all on rank 0 of 1 (self): send holds 3 float but recv holds 4 float; they must match");
   EXPECT_EQ(message_of([&] { comm->broadcast(f3, 1); }),
             "broadcast on rank 0 of 1 (self): root 1 is not a rank (0..0)");
   EXPECT_EQ(message_of([&] { comm->broadcast(f3, -1); }),
@@ -156,6 +161,8 @@ TEST(CommunicatorChecks, OverlapsThrowUnlessInPlace) {
   std::vector<float> buf(8);
   std::span<float> all(buf);
   EXPECT_NE(message_of([&] { comm->reduce_scatter(all, all); }).find("overlap"), std::string::npos);
+  EXPECT_NE(message_of([&] { comm->all_to_all(all.subspan(0, 4), all.subspan(3, 4)); }).find("overlap"),
+            std::string::npos);
   // all_reduce: the same buffer is in place; a shifted one overlaps.
   EXPECT_NO_THROW(comm->all_reduce(all, all).wait());
   EXPECT_NE(message_of([&] { comm->all_reduce(all.subspan(0, 4), all.subspan(2, 4)); }).find("overlap"),

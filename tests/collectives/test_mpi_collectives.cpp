@@ -115,6 +115,36 @@ TEST(MpiCommunicator, ReduceScatterSumsExactly) {
   }
 }
 
+// Part j of rank r's send goes to rank j, as part r of its recv: checked exactly for
+// every pair, in three types, with a world that does not divide the elements refused.
+TEST(MpiCommunicator, AllToAllDeliversEachPartToItsRank) {
+  auto comm = make_mpi();
+  const int n = comm->size(), r = comm->rank();
+  const size_t count = 333;  // per part
+  std::vector<float> send(count * n), recv(count * n, -1);
+  std::vector<uint8_t> bytes(count * n), bytes_in(count * n, 0xff);
+  std::vector<int64_t> wide(count * n), wide_in(count * n, -1);
+  for (int j = 0; j < n; ++j)
+    for (size_t i = 0; i < count; ++i) {
+      send[j * count + i] = static_cast<float>(r * 100000 + j * 1000 + static_cast<int>(i));
+      bytes[j * count + i] = static_cast<uint8_t>(r * 31 + j * 7 + i);
+      wide[j * count + i] = (int64_t{r} << 40) + (int64_t{j} << 20) + static_cast<int64_t>(i);
+    }
+  std::vector<Event> evs{comm->all_to_all(send, recv), comm->all_to_all(bytes, bytes_in),
+                         comm->all_to_all(wide, wide_in)};
+  ASSERT_EQ(wait_all(evs), 0);
+  for (int k = 0; k < n; ++k)
+    for (size_t i = 0; i < count; ++i) {
+      ASSERT_EQ(recv[k * count + i], static_cast<float>(k * 100000 + r * 1000 + static_cast<int>(i))) << k << "," << i;
+      ASSERT_EQ(bytes_in[k * count + i], static_cast<uint8_t>(k * 31 + r * 7 + i)) << k << "," << i;
+      ASSERT_EQ(wide_in[k * count + i], (int64_t{k} << 40) + (int64_t{r} << 20) + static_cast<int64_t>(i));
+    }
+  if (n > 1) {
+    std::vector<float> odd(n * 3 + 1), odd_in(n * 3 + 1);
+    EXPECT_THROW(comm->all_to_all(odd, odd_in), CollectiveUsageError);
+  }
+}
+
 TEST(MpiCommunicator, AllReduceSumAndMaxInAndOutOfPlace) {
   auto comm = make_mpi();
   const int n = comm->size(), r = comm->rank();

@@ -157,6 +157,26 @@ TEST(StagedCommunicator, ReduceScatterInManyChunks) {
   }
 }
 
+TEST(StagedCommunicator, AllToAllInManyChunks) {
+  auto comm = make_staged();
+  const int n = comm->size(), r = comm->rank();
+  const size_t count = 29;  // per part, odd: several chunks of a few elements
+  DeviceBuf<float> send(count * n, 0), recv(count * n, -1);
+  DeviceBuf<uint8_t> bytes(count * n, 0), bytes_in(count * n, 0xff);
+  for (int j = 0; j < n; ++j)
+    for (size_t i = 0; i < count; ++i) {
+      send[j * count + i] = static_cast<float>(r * 10000 + j * 100 + static_cast<int>(i));
+      bytes[j * count + i] = static_cast<uint8_t>(r * 17 + j * 5 + i);
+    }
+  std::vector<Event> evs{comm->all_to_all(send.span(), recv.span()), comm->all_to_all(bytes.span(), bytes_in.span())};
+  ASSERT_EQ(wait_all(evs), 0);
+  for (int k = 0; k < n; ++k)
+    for (size_t i = 0; i < count; ++i) {
+      ASSERT_EQ(recv[k * count + i], static_cast<float>(k * 10000 + r * 100 + static_cast<int>(i))) << k << "," << i;
+      ASSERT_EQ(bytes_in[k * count + i], static_cast<uint8_t>(k * 17 + r * 5 + i)) << k << "," << i;
+    }
+}
+
 TEST(StagedCommunicator, BroadcastFromEveryRootInManyChunks) {
   auto comm = make_staged();
   const int n = comm->size(), r = comm->rank();

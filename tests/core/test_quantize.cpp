@@ -76,3 +76,46 @@ TEST(QuantizeInt8, ZerosStayZeroAndNonFiniteIsRefused) {
   EXPECT_THROW(math::quantize_int8(z.data(), DType::F32, 100, 32, q.data()), std::invalid_argument);
   EXPECT_THROW(math::quantize_int8(z.data(), DType::F32, 100, 0, q.data()), std::invalid_argument);
 }
+
+// Gradients (qgZ): a non-finite value makes its block NaN on arrival, so the finite check
+// after the reduction sees it; the other blocks arrive as usual, and the error leaves the
+// NaN block out.
+TEST(QuantizeInt8, NonFiniteGradientsPropagateAsTheirBlock) {
+  std::vector<float> g(100);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = 0.01f * static_cast<float>(i) - 0.3f;
+  g[40] = INFINITY;
+  std::vector<uint8_t> q(qbytes(100, 32));
+  const math::QuantizeError e = math::quantize_int8(g.data(), DType::F32, 100, 32, q.data(), math::NonFinite::Propagate);
+  EXPECT_GT(e.relative(), 0.0);
+  EXPECT_LT(e.relative(), 0.01);
+  std::vector<float> back(100, 0.0f);
+  math::dequantize_int8(q.data(), 100, 32, back.data(), DType::F32);
+  for (size_t i = 0; i < 100; ++i) {
+    if (i >= 32 && i < 64)
+      EXPECT_TRUE(std::isnan(back[i])) << i;
+    else
+      EXPECT_NEAR(back[i], g[i], 0.7f / 254) << i;  // half a step of the largest block (0.69)
+  }
+}
+
+// The fp32 sum of several ranks' quantized parts: each adds its dequantized values.
+TEST(QuantizeInt8, DequantizeAddSumsIntoFp32) {
+  const size_t n = 70, block = 16;
+  std::vector<float> a(n), b(n), acc(n, 0.5f), a_back(n), b_back(n);
+  for (size_t i = 0; i < n; ++i) {
+    a[i] = std::sin(0.3f * static_cast<float>(i));
+    b[i] = 2.0f * std::cos(0.7f * static_cast<float>(i));
+  }
+  std::vector<uint8_t> qa(qbytes(n, block)), qb(qbytes(n, block));
+  math::quantize_int8(a.data(), DType::F32, n, block, qa.data());
+  math::quantize_int8(b.data(), DType::F32, n, block, qb.data());
+  math::dequantize_int8(qa.data(), n, block, a_back.data(), DType::F32);
+  math::dequantize_int8(qb.data(), n, block, b_back.data(), DType::F32);
+  math::dequantize_add_int8(qa.data(), n, block, acc.data());
+  math::dequantize_add_int8(qb.data(), n, block, acc.data());
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT_FLOAT_EQ(acc[i], 0.5f + a_back[i] + b_back[i]) << i;
+    EXPECT_NEAR(acc[i], 0.5f + a[i] + b[i], 2.0f / 127 + 1.0f / 127) << i;
+  }
+  EXPECT_THROW(math::dequantize_add_int8(qa.data(), n, 0, acc.data()), std::invalid_argument);
+}

@@ -562,11 +562,10 @@ TEST(Config, EveryKeyThatDoesNotActSaysSoOnce) {
   }
   // fp16.auto_cast, 5 of zero_optimization, 3 of offload_param and 2 of offload_optimizer
   // (ratio acts), 4 of activation_checkpointing; pin_memory twice and overlap_comm;
-  // partition_activations (cpu_checkpointing acts) and zero_quantized_gradients (qgZ is
-  // not built).
+  // partition_activations (cpu_checkpointing acts).
   EXPECT_EQ(no_effect, 15);
   EXPECT_EQ(fixed, 3);
-  EXPECT_EQ(refused, 2);
+  EXPECT_EQ(refused, 1);
 }
 
 // A key that is used stores its value (or is one the section's check reads), and its

@@ -7,11 +7,12 @@ states on NVMe: MiCS (zero_optimization.mics_shard_size 2) and ZeRO++ hpZ
   under it, each continuing as the uninterrupted run (checkpoints of any layout);
 - bad input: a size that does not divide the world, groups that straddle nodes, a
   ranks_per_node that does not divide the world, the staged communicator, a size of 1.5,
-  hpZ at stage 2, both at once, qwZ at stage 2, quantized gradients (qgZ, not built):
-  each refused,
-  naming the fix, with exit 2 and nothing written.
-- qwZ (zero_quantized_weights) over 200 steps on text in bf16, alone and with hpZ: every
-  step's loss within 2% of flat's, the quantization error in the metrics, fewer bytes.
+  hpZ at stage 2, both at once, qwZ at stage 2, qgZ at stage 1, with MiCS and with the
+  staged communicator: each refused, naming the fix, with exit 2 and nothing written.
+- qwZ (zero_quantized_weights) and qgZ (zero_quantized_gradients, two hops over the 2
+  nodes) over 200 steps on text in bf16, each alone and both with hpZ (ZeRO++ whole):
+  every step's loss within 2% of flat's, the quantization errors in the metrics, fewer
+  bytes over every rank.
 Usage: test_hybrid_train.py STRATA MPIRUN"""
 import json
 import os
@@ -110,15 +111,17 @@ with tempfile.TemporaryDirectory(prefix="strata-hybrid-") as d:
            "zero_hpz_partition_size 2: parameters gathered over all 4 ranks once after each change, then from "
            "secondary partitions within 2 groups of 2 ranks", 4, 0.0)
 
-    # qwZ over 200 steps on text: int8 gathers against flat's, in memory and bf16, every
-    # step's loss within 2% (the issue's bound), and each step's quantization error in
-    # the metrics.
-    def long_run(name, qwz, hpz=None):
+    # qwZ and qgZ over 200 steps on text: int8 gathers and reduce-scatters against flat's,
+    # in memory and bf16, every step's loss within 2% (the issue's bound), and each step's
+    # quantization errors in the metrics.
+    def long_run(name, qwz=False, qgz=False, hpz=None):
         cfg = small_config(tmp, data, steps=200)
         cfg["bf16"] = {"enabled": True}
         cfg["strata"]["ranks_per_node"] = 2
         if qwz:
             cfg["zero_optimization"]["zero_quantized_weights"] = True
+        if qgz:
+            cfg["zero_optimization"]["zero_quantized_gradients"] = True
         if hpz:
             cfg["zero_optimization"]["zero_hpz_partition_size"] = hpz
         path = write_config(tmp / f"{name}.json", cfg)
@@ -128,22 +131,32 @@ with tempfile.TemporaryDirectory(prefix="strata-hybrid-") as d:
         rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
         return p.returncode, p.stdout + p.stderr, [r for r in rows if "loss" in r and "step" in r]
 
-    rc, out, flat200 = long_run("flat200", False)
+    def world_bytes(rows):
+        """Bytes over every rank and, for qgZ's two hops, across the nodes: what crosses nodes."""
+        return sum(r["collective_bytes"]["shard"] + r["collective_bytes"]["cross"] for r in rows)
+
+    rc, out, flat200 = long_run("flat200")
     check(rc == 0 and len(flat200) == 200, f"flat bf16 trains 200 steps (rc {rc})\n{out[-1500:]}")
-    for tag, hpz in (("qwZ", None), ("qwZ with hpZ 2", 2)):
-        rc, out, q200 = long_run(tag.replace(" ", "-"), True, hpz)
+    for tag, qwz, qgz, hpz in (("qwZ", True, False, None), ("qgZ", False, True, None),
+                               ("qwZ with qgZ and hpZ 2", True, True, 2)):
+        rc, out, q200 = long_run(tag.replace(" ", "-"), qwz, qgz, hpz)
         check(rc == 0 and len(q200) == 200, f"{tag} trains 200 steps (rc {rc})\n{out[-1500:]}")
         if len(q200) == 200 and len(flat200) == 200:
             w = max(abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(q200, flat200))
-            err = max(r.get("quantized_weights_error", 0) for r in q200)
-            crossed = sum(r["collective_bytes"]["shard"] for r in q200) / sum(r["collective_bytes"]["shard"]
-                                                                             for r in flat200)
+            werr = max(r.get("quantized_weights_error", 0) for r in q200)
+            gerr = max(r.get("quantized_gradients_error", 0) for r in q200)
+            crossed = world_bytes(q200) / world_bytes(flat200)
             print(f"{tag} against flat over 200 steps on text: worst relative loss difference {w:.2e}, loss "
                   f"{q200[0]['loss']:.4f} -> {q200[-1]['loss']:.4f} (flat {flat200[-1]['loss']:.4f}); "
-                  f"quantization error at most {err:.2e}; bytes over every rank {crossed:.3f}x flat's")
+                  f"quantization error at most {werr:.2e} (weights), {gerr:.2e} (gradients); bytes over every "
+                  f"rank and across the nodes {crossed:.3f}x flat's")
             check(w <= 0.02, f"{tag} follows flat within 2% over 200 steps ({w:.2e})")
-            check(0 < err < 0.01, f"{tag} reports its quantization error ({err:.2e})")
-            check(crossed < 0.8, f"{tag} sends fewer bytes over every rank ({crossed:.3f}x; the reduce-scatters are not quantized)")
+            check((0 < werr < 0.01) == qwz, f"{tag} reports its weights' quantization error ({werr:.2e})")
+            check((0 < gerr < 0.05) == qgz, f"{tag} reports its gradients' quantization error ({gerr:.2e})")
+            check(crossed < 0.8, f"{tag} sends fewer bytes over every rank and across the nodes ({crossed:.3f}x)")
+            if qgz:
+                check(all(r["collective_bytes"]["node"] > 0 and r["collective_bytes"]["cross"] > 0 for r in q200),
+                      f"{tag}: every step's reduce-scatters went in two hops (node, then cross)")
 
     # Bad input: refused on every rank before anything is written.
     def refused(name, cfg, np, message):
@@ -169,9 +182,21 @@ with tempfile.TemporaryDirectory(prefix="strata-hybrid-") as d:
     qwz2["zero_optimization"].pop("offload_param", None)
     qwz2["zero_optimization"]["zero_quantized_weights"] = True
     refused("qwz-stage2", qwz2, 4, "zero_optimization.zero_quantized_weights quantizes stage 3's parameter gathers")
-    qgz = config("qgz")
-    qgz["zero_optimization"]["zero_quantized_gradients"] = True
-    refused("qgz", qgz, 4, "zero_optimization.zero_quantized_gradients")
+    qgz1 = config("qgz-stage1")
+    qgz1["zero_optimization"]["stage"] = 1
+    qgz1["zero_optimization"].pop("offload_param", None)
+    qgz1["zero_optimization"]["zero_quantized_gradients"] = True
+    refused("qgz-stage1", qgz1, 4, "zero_optimization.zero_quantized_gradients quantizes the gradient reduce-scatters "
+            "of stages 2 and 3, and stage 1 all-reduces its gradient once a step")
+    qgz_mics = config("qgz-mics", 2)
+    qgz_mics["zero_optimization"]["zero_quantized_gradients"] = True
+    refused("qgz-mics", qgz_mics, 4, "zero_optimization.zero_quantized_gradients quantizes a reduce-scatter over every "
+            "rank, and mics_shard_size reduces within groups")
+    qgz_staged = config("qgz-staged")
+    qgz_staged["zero_optimization"]["zero_quantized_gradients"] = True
+    qgz_staged["strata"]["device_communicator"] = "staged"
+    refused("qgz-staged", qgz_staged, 4, "zero_optimization.zero_quantized_gradients splits the engine's communicator "
+            "by node, and a staged one cannot be split")
     refused("hpz-and-mics", config("hpz-and-mics", mics=2, hpz=2), 4,
             "zero_hpz_partition_size and mics_shard_size are two ways to keep collectives inside a node")
     bad = config("rpn3", 2)

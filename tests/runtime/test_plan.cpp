@@ -827,7 +827,7 @@ TEST(Plan, HybridLayoutsAgreeWithTheSimulatedEngine) {
 // --search on several nodes tries flat, MiCS (a node a group) and hpZ (a node's
 // partitions, stage 3 only) beside each other; on a slow network a hybrid layout wins, and
 // flat's verdict says what bound it.
-TEST(Plan, SearchChoosesAmongFlatMicsAndHpz) {
+TEST(Plan, SearchChoosesAmongFlatMicsHpzAndQuantized) {
   ClusterSpec a100x4 = find_cluster_preset("dgx-a100");
   a100x4.nodes = 4;
   a100x4.network /= 10;
@@ -843,23 +843,44 @@ TEST(Plan, SearchChoosesAmongFlatMicsAndHpz) {
   Strategy base;
   base.precision = DType::BF16;
   const std::vector<Candidate> got = search(shrunk("gpt-13b", 8), a100x4, base, space);
-  ASSERT_EQ(got.size(), 5u) << "stages 2 and 3 flat and MiCS, stage 3 hpZ";
+  ASSERT_EQ(got.size(), 8u) << "stage 2: flat, MiCS, qgZ; stage 3: flat, MiCS, hpZ, qwZ with qgZ, and with hpZ";
   ASSERT_TRUE(got.front().chosen);
-  EXPECT_TRUE(got.front().strategy.mics_shard_size == 8 || got.front().strategy.hpz == 8)
+  EXPECT_TRUE(got.front().strategy.mics_shard_size == 8 || got.front().strategy.hpz == 8 || got.front().strategy.qgz)
       << "chosen: " << got.front().strategy.describe();
-  int flat = 0, mics = 0, hpz = 0;
+  int flat = 0, mics = 0, hpz = 0, quantized = 0;
+  auto tokens = [&](int stage, int m, int h, bool qwz, bool qgz) {
+    for (const Candidate& c : got)
+      if (c.strategy.stage == stage && c.strategy.mics_shard_size == m && c.strategy.hpz == h && c.strategy.qwz == qwz &&
+          c.strategy.qgz == qgz)
+        return c.plan.tokens_per_s;
+    ADD_FAILURE() << "no candidate at stage " << stage << ", MiCS " << m << ", hpZ " << h << ", qwZ " << qwz << ", qgZ "
+                  << qgz;
+    return 0.0;
+  };
   for (const Candidate& c : got) {
-    flat += c.strategy.mics_shard_size == 0 && c.strategy.hpz == 1;
+    const bool q = c.strategy.qwz || c.strategy.qgz;
+    flat += c.strategy.mics_shard_size == 0 && c.strategy.hpz == 1 && !q;
     mics += c.strategy.mics_shard_size == 8;
     hpz += c.strategy.hpz == 8;
+    quantized += q;
     EXPECT_TRUE(c.strategy.hpz == 1 || c.strategy.stage == 3) << c.strategy.describe();
-    if (c.strategy.mics_shard_size == 0 && c.strategy.hpz == 1) {
+    EXPECT_TRUE(!c.strategy.qwz || c.strategy.stage == 3) << c.strategy.describe();
+    EXPECT_FALSE(c.strategy.qgz && c.strategy.mics_shard_size > 0) << c.strategy.describe();
+    if (c.strategy.mics_shard_size == 0 && c.strategy.hpz == 1 && !q) {
       EXPECT_NE(c.verdict.find("slower by"), std::string::npos) << c.verdict;
     }
+    // On GPUs the quantized layouts are plans for kernels Strata lacks: each says so.
+    EXPECT_EQ(!c.plan.notes.empty(), q) << c.strategy.describe();
   }
   EXPECT_EQ(flat, 2);
   EXPECT_EQ(mics, 2);
-  EXPECT_EQ(hpz, 1);
+  EXPECT_EQ(hpz, 2);
+  EXPECT_EQ(quantized, 3);
+  // On a tenth of the network, fewer bytes between nodes are faster: qgZ over flat at
+  // stage 2, qwZ with qgZ over flat at stage 3, and with hpZ over hpZ alone.
+  EXPECT_GT(tokens(2, 0, 1, false, true), tokens(2, 0, 1, false, false));
+  EXPECT_GT(tokens(3, 0, 1, true, true), tokens(3, 0, 1, false, false));
+  EXPECT_GT(tokens(3, 0, 8, true, true), tokens(3, 0, 8, false, false));
   // Candidates keep their figures, not their layouts' groups.
   EXPECT_TRUE(got.front().plan.resolved.layout.groups.empty());
   EXPECT_GT(got.front().plan.tokens_per_s, 0);

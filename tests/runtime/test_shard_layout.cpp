@@ -381,3 +381,54 @@ TEST(ShardLayout, QuantizedWeightsAreRefusedWhereTheirHostWorkCannotRun) {
     }
   EXPECT_TRUE(found);
 }
+
+// qgZ's scratch: per group that reduce-scatters (stages 2 and 3), device scratch of the
+// world's parts sent and received and the fp32 sums, more with two hops; counted in the
+// device's working set; refused at stage 1, where nodes do not divide the world, and on a
+// device whose memory the host cannot reach.
+TEST(ShardLayout, QuantizedGradientsAddAReduceScratchAndAreRefusedWhereTheyCannotRun) {
+  auto device = make_sim_device(SimCostModel{});
+  auto comm = coll::make_sim_communicator(0, 2, SimCostModel{});
+  EngineOptions eo;
+  eo.stage = 3;
+  eo.quantized_gradients_block = 256;
+  eo.store.device_budget = eo.store.pinned_budget = 64 << 20;
+  try {
+    ZeroEngine engine(*device, *comm, *comm, eo, {{"g", 4096, InitKind::Normal, 0.02f, {}}});
+    ADD_FAILURE() << "qgZ ran on the sim backend";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("zero_quantized_gradients runs on the cpu backend only"), std::string::npos)
+        << e.what();
+  }
+  ShardStrategy st;
+  st.world = 8;
+  st.quantized_gradients_block = 256;
+  st.stage = 1;
+  EXPECT_THROW(make_shard_layout({{"g", 8192}}, st), ConfigError);
+  st.stage = 3;
+  st.gradient_nodes = 3;
+  EXPECT_THROW(make_shard_layout({{"g", 8192}}, st), ConfigError);
+  const uint64_t q = quantized_bytes(1024, 256);
+  for (int stage : {2, 3})
+    for (int nodes : {1, 2, 8}) {
+      st.stage = stage;
+      st.gradient_nodes = nodes;
+      const ShardLayout L = make_shard_layout({{"g", 8192}}, st);
+      ShardStrategy plain = st;
+      plain.quantized_gradients_block = 0;
+      const ShardLayout P = make_shard_layout({{"g", 8192}}, plain);
+      // One hop (one node, or a node a rank): the parts and one fp32 shard; two: a shard
+      // and a part sent and received per node besides.
+      const uint64_t expect = nodes == 2 ? 2 * 8 * q + 2 * (4 * 1024 + 2 * q) : 2 * 8 * q + 4 * 1024;
+      int found = 0;
+      for (const StateTensor& t : L.groups[0].tensors)
+        if (t.role == StateRole::QuantizedReduce) {
+          ++found;
+          EXPECT_EQ(t.spec.bytes, expect) << "stage " << stage << ", " << nodes << " nodes";
+          EXPECT_TRUE(t.spec.scratch);
+          EXPECT_EQ(t.spec.home, Tier::Device);
+        }
+      EXPECT_EQ(found, 1) << "stage " << stage << ", " << nodes << " nodes";
+      EXPECT_EQ(L.device_working, P.device_working + expect) << "stage " << stage << ", " << nodes << " nodes";
+    }
+}

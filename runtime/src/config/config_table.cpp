@@ -316,10 +316,14 @@ const ConfigSection kZero = {
                  "cpu backend (mpi) only.",
          .field = STRATA_CONFIG_FIELD(Config, zero.zero_quantized_weights)},
         {.name = "zero_quantized_gradients", .type = KeyType::Boolean,
-         .help = "ZeRO++ qgZ (DeepSpeed's key): quantized gradient reduce-scatter.", .use = KeyUse::Refused,
-         .only = false,
-         .why = "Strata's reduce-scatters are not quantized yet (qgZ is not built); gradients reduce in the working "
-                "type, or fp32 when accumulated"},
+         .help = "ZeRO++ qgZ (DeepSpeed's key), stages 2 and 3: each micro-step's gradient reduce-scatter moves the "
+                 "gradient as int8, in blocks of `strata.quantized_gradients_block` elements with one fp32 scale "
+                 "each, and sums what arrives in fp32. Hierarchical where the world spans nodes: an all-to-all "
+                 "within the node, whose partial sums are quantized again for one all-to-all across the nodes "
+                 "(`strata.ranks_per_node` or the launcher says where nodes end). Each rank measures the relative "
+                 "error of what it sends (`quantized_gradients_error` in `--metrics`); the optimizer's states stay "
+                 "fp32. The cpu backend (mpi) only.",
+         .field = STRATA_CONFIG_FIELD(Config, zero.zero_quantized_gradients)},
         {.name = "reduce_bucket_size", .type = KeyType::Whole, .min = 1,
          .help = "DeepSpeed: gradient elements per reduce bucket.", .use = KeyUse::NoEffect,
          .why = "Strata reduces each parameter group (a whole transformer block) as one collective as soon as its "
@@ -362,6 +366,14 @@ void check_zero(const json& j, void* target) {
     throw ConfigError("zero_optimization.zero_quantized_weights quantizes stage 3's parameter gathers "
                       "(zero_optimization.stage is " + std::to_string(stage) +
                       "): set zero_optimization.stage to 3, or remove zero_quantized_weights");
+  if (stage == 1 && z.zero_quantized_gradients)
+    throw ConfigError("zero_optimization.zero_quantized_gradients quantizes the gradient reduce-scatters of stages 2 "
+                      "and 3, and stage 1 all-reduces its gradient once a step, unquantized (in fp32 when "
+                      "accumulated): set zero_optimization.stage to 2 or 3, or remove zero_quantized_gradients");
+  if (z.zero_quantized_gradients && z.mics_shard_size != -1)
+    throw ConfigError("zero_optimization.zero_quantized_gradients quantizes a reduce-scatter over every rank, and "
+                      "mics_shard_size reduces within groups then all-reduces across them (unquantized): remove one "
+                      "of them");
   if (stage != 3 && z.zero_hpz_partition_size > 1)
     throw ConfigError("zero_optimization.zero_hpz_partition_size " + std::to_string(z.zero_hpz_partition_size) +
                       " partitions stage 3's parameters (zero_optimization.stage is " + std::to_string(stage) +
@@ -625,6 +637,10 @@ const ConfigSection kStrata = {
          .help = "zero_optimization.zero_quantized_weights: elements per int8 block, each with one fp32 scale "
                  "(4 bytes): 256 moves 1.016 bytes per element instead of 2 (bf16) or 4 (fp32).",
          .field = STRATA_CONFIG_FIELD(Config, strata.quantized_weights_block)},
+        {.name = "quantized_gradients_block", .type = KeyType::Whole, .min = 16, .max = 1 << 20,
+         .help = "zero_optimization.zero_quantized_gradients: elements per int8 block of a gradient, each with one "
+                 "fp32 scale (4 bytes): 256 moves 1.016 bytes per element instead of 2 (bf16) or 4 (fp32).",
+         .field = STRATA_CONFIG_FIELD(Config, strata.quantized_gradients_block)},
         {.name = "tile_size", .type = KeyType::Whole, .min = 0,
          .help = "Memory-centric tiling by size, in elements: a block linear whose weight holds more than this is "
                  "cut into the fewest tiles of whole output rows (at least tile_factor, dividing its rows) of at most "

@@ -21,6 +21,8 @@ EngineOptions EngineOptions::from_config(const Config& c) {
   o.sub_group_elems = c.zero.sub_group_size;
   o.hpz_partition_size = static_cast<int>(c.zero.zero_hpz_partition_size);
   o.quantized_weights_block = c.zero.zero_quantized_weights ? c.strata.quantized_weights_block : 0;
+  o.quantized_gradients_block = c.zero.zero_quantized_gradients ? c.strata.quantized_gradients_block : 0;
+  o.ranks_per_node = c.strata.ranks_per_node;
   o.seed = c.strata.seed;
   o.store.device_budget = c.strata.device_budget;
   o.store.pinned_budget = c.strata.pinned_budget;
@@ -59,6 +61,8 @@ ShardStrategy EngineOptions::shard_strategy(int world) const {
   s.first_gradient_held = first_gradient_held;
   s.hpz = hpz_partition_size;
   s.quantized_block = static_cast<uint64_t>(quantized_weights_block);
+  s.quantized_gradients_block = static_cast<uint64_t>(quantized_gradients_block);
+  s.gradient_nodes = gradient_nodes;
   return s;
 }
 

@@ -60,6 +60,7 @@ struct GroupState {
   bool grad_full_scratch = true;  // false: held across backward in a device home (first_gradient_held)
   TensorId grad_accumulated = 0;  // [padded] stage 1: accumulated gradient (reduced type), home device
   TensorId grad_reduced = 0;      // [shard] stages 2, 3: reduce-scatter output, scratch
+  TensorId quantized_reduce = 0;  // stages 2, 3 with qgZ: bytes (qgz_scratch_bytes), scratch; 0 without
   std::vector<SubGroupState> sub_groups;
 };
 
@@ -93,6 +94,10 @@ struct EngineCore {
   // among them (which slice of a gathered group its secondary keeps); nullptr otherwise.
   coll::Communicator* secondary = nullptr;
   int secondary_rank = 0;
+  // qgZ in two hops (qgz_hierarchical): this rank's node, and the ranks with its index in
+  // every node; nullptr otherwise (one all-to-all over comm).
+  coll::Communicator* qgz_node = nullptr;
+  coll::Communicator* qgz_cross = nullptr;
 
   // An exposed wait of the model's thread ended now: counted, and traced.
   void waited(double since, const char* what, const GroupState* g) const;
@@ -108,6 +113,8 @@ struct EngineCore {
   void sent_to_replicas(uint64_t elems, uint64_t bytes) const {
     stats.replica_collective_bytes += ring_bytes(elems, bytes, replicas->size(), true);
   }
+  // An all-to-all of `part` bytes to each of n ranks: n - 1 parts leave this rank.
+  static uint64_t all_to_all_bytes(uint64_t part, int n) { return part * static_cast<uint64_t>(n - 1); }
   void sent_in_secondary(uint64_t elems, uint64_t bytes) const {
     stats.secondary_collective_bytes += ring_bytes(elems, bytes, secondary->size(), false);
   }

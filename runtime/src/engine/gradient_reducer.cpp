@@ -1,8 +1,14 @@
 #include "gradient_reducer.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstring>
+#include <memory>
+#include <vector>
 
 #include "strata/core/error.hpp"
+#include "strata/core/math/quantize.hpp"
 
 namespace strata::engine {
 
@@ -64,20 +70,116 @@ class ReduceScatterEachMicroStep final : public GradientReducer {
     Slot& s = slots_[g];
     Acquired out = c_.store.acquire_for_overwrite(gr.grad_reduced, Tier::Device);
     // Written only once the previous accumulation has read the last contents.
-    Event reduced = c_.comm.reduce_scatter(view(s.grad, gr.padded, c_.work_t),
-                                           view_mut(out.data, gr.shard, c_.work_t), coll::ReduceOp::Sum,
-                                           when_all({s.tail_zeroed, s.reduced_consumed, out.ready}));
-    // MiCS: the group's shard, then all-reduced across the groups (the same shard of each),
-    // on the collective queue behind the reduce-scatter, while the backward pass goes on.
-    c_.sent_in_shard(gr.padded, c_.wb);
+    const Event ready = when_all({s.tail_zeroed, s.reduced_consumed, out.ready});
+    const Event reduced = gr.quantized_reduce != 0
+                              ? reduce_quantized(gr, s.grad, out.data, ready)
+                              : c_.comm.reduce_scatter(view(s.grad, gr.padded, c_.work_t),
+                                                       view_mut(out.data, gr.shard, c_.work_t), coll::ReduceOp::Sum,
+                                                       ready);
+    if (gr.quantized_reduce == 0) c_.sent_in_shard(gr.padded, c_.wb);
     c_.store.release(gr.grad_reduced, Tier::Device, Access::Write, reduced);
-    // MiCS: the accumulated shard is all-reduced across the groups at the last micro-step.
+    // MiCS: the accumulated shard is all-reduced across the groups at the last micro-step,
+    // on the collective queue behind the reduce-scatters, while the backward pass goes on.
     accumulate(gr, out.data, c_.work_t, reduced, micro == 0, last, c_.replicas != nullptr);
     s.reduced_consumed = c_.reduce_stream.record();
     if (gr.grad_full_scratch) c_.store.discard_after(gr.grad_full, reduced);
     c_.store.discard_after(gr.grad_reduced, s.reduced_consumed);
     s.consumed = reduced;
   }
+
+  // ZeRO++ qgZ: the reduce-scatter of `grad` ([padded], the working type) into `out`
+  // ([shard]) as all-to-alls of int8 blocks, summed in fp32 where they arrive. Host work
+  // on the engine's stream (the cpu backend's device memory is the host's), through the
+  // group's scratch (qgz_scratch_bytes):
+  //   [send: world parts][received: world parts][fp32: a shard per node][send 2][received 2]
+  // One hop: part r of the send is the gradient's slice r quantized, to rank r, and the
+  // slice is the sum of what arrives. Two hops (world = nodes x L ranks a node): the send
+  // is ordered by local index, then node, so that local rank l gets, in one part, the
+  // slices of every node's rank l; each rank sums what its node sent it for those
+  // slices (one per node), quantizes the sums again and sends each to its node's rank
+  // over `cross`; its own slice is the sum of those. Returns when `out` is written.
+  Event reduce_quantized(GroupState& gr, const void* grad, void* out, const Event& ready) {
+    const uint64_t n = gr.shard, block = static_cast<uint64_t>(c_.opts.quantized_gradients_block);
+    const uint64_t q = quantized_bytes(n, block), world = static_cast<uint64_t>(c_.world);
+    const bool two_hops = c_.qgz_node != nullptr;
+    const uint64_t nodes = two_hops ? static_cast<uint64_t>(c_.qgz_cross->size()) : 1;
+    const uint64_t per_node = world / nodes;
+    Acquired qs = c_.store.acquire_for_overwrite(gr.quantized_reduce, Tier::Device);
+    auto* send = static_cast<uint8_t*>(qs.data);
+    uint8_t* recv = send + world * q;
+    auto* sums = reinterpret_cast<float*>(recv + world * q);  // [nodes][n], or [n] in one hop
+    uint8_t* send2 = reinterpret_cast<uint8_t*>(sums + nodes * n);
+    uint8_t* recv2 = send2 + nodes * q;
+    Stream& rs = c_.reduce_stream;
+    rs.wait(when_all({ready, qs.ready}));
+    const DType t = c_.work_t;
+    const uint64_t tb = c_.wb;
+    std::shared_ptr<std::atomic<double>> worst = worst_error_;
+    rs.host_task([=] {
+      double e = 0;
+      for (uint64_t r = 0; r < world; ++r) {
+        const uint64_t part = two_hops ? (r % per_node) * nodes + r / per_node : r;
+        e = std::max(e, math::quantize_int8(at(grad, r * n, tb), t, n, block, send + part * q,
+                                            math::NonFinite::Propagate)
+                            .relative());
+      }
+      raise(*worst, e);
+    });
+    Event arrived;
+    if (!two_hops) {
+      arrived = c_.comm.all_to_all(view(send, world * q, DType::U8), view_mut(recv, world * q, DType::U8), rs.record());
+      c_.stats.shard_collective_bytes += EngineCore::all_to_all_bytes(q, c_.comm.size());
+      rs.wait(arrived);
+      rs.host_task([=] { sum_parts(recv, world, q, n, block, sums, out, t); });
+    } else {
+      arrived = c_.qgz_node->all_to_all(view(send, world * q, DType::U8), view_mut(recv, world * q, DType::U8),
+                                        rs.record());
+      c_.stats.node_collective_bytes += EngineCore::all_to_all_bytes(nodes * q, c_.qgz_node->size());
+      rs.wait(arrived);
+      rs.host_task([=] {
+        // From local rank l, part l holds one slice per node: slice m at (l * nodes + m).
+        std::fill(sums, sums + nodes * n, 0.0f);
+        double e = 0;
+        for (uint64_t m = 0; m < nodes; ++m) {
+          for (uint64_t l = 0; l < per_node; ++l) math::dequantize_add_int8(recv + (l * nodes + m) * q, n, block, sums + m * n);
+          e = std::max(e, math::quantize_int8(sums + m * n, DType::F32, n, block, send2 + m * q,
+                                              math::NonFinite::Propagate)
+                              .relative());
+        }
+        raise(*worst, e);
+      });
+      Event crossed = c_.qgz_cross->all_to_all(view(send2, nodes * q, DType::U8),
+                                               view_mut(recv2, nodes * q, DType::U8), rs.record());
+      c_.stats.cross_collective_bytes += EngineCore::all_to_all_bytes(q, c_.qgz_cross->size());
+      rs.wait(crossed);
+      rs.host_task([=] { sum_parts(recv2, nodes, q, n, block, sums, out, t); });
+    }
+    const Event done = rs.record();
+    c_.store.release(gr.quantized_reduce, Tier::Device, Access::Write, done);
+    c_.store.discard_after(gr.quantized_reduce, done);
+    return done;
+  }
+
+  // out (n of type t) = the fp32 sum of `parts` quantized parts of q bytes each.
+  static void sum_parts(const uint8_t* in, uint64_t parts, uint64_t q, uint64_t n, uint64_t block, float* sum,
+                        void* out, DType t) {
+    std::fill(sum, sum + n, 0.0f);
+    for (uint64_t p = 0; p < parts; ++p) math::dequantize_add_int8(in + p * q, n, block, sum);
+    convert_from_f32(out, t, sum, n);
+  }
+  static void raise(std::atomic<double>& worst, double e) {
+    double seen = worst.load();
+    while (e > seen && !worst.compare_exchange_weak(seen, e)) {
+    }
+  }
+
+  void reductions_done() override {
+    if (c_.opts.quantized_gradients_block > 0) c_.stats.quantized_gradients_error = worst_error_->load();
+  }
+
+  // The largest relative error of a gradient part this rank quantized so far (the
+  // engine's stream writes it; EngineStats::quantized_gradients_error).
+  std::shared_ptr<std::atomic<double>> worst_error_ = std::make_shared<std::atomic<double>>(0.0);
 };
 
 }  // namespace
@@ -156,6 +258,7 @@ void GradientReducer::finish_reduction() {
   const double t0 = c_.device.now();
   c_.reduce_stream.synchronize();
   c_.waited(t0, "wait gradient reduction", nullptr);
+  reductions_done();
 }
 
 double GradientReducer::global_norm(double loss_scale) const {

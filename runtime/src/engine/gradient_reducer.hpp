@@ -41,6 +41,7 @@ class GradientReducer {
   };
   virtual void reduce(int g, int micro, bool last) = 0;
   virtual void reduce_rest() {}  // what finish_reduction still has to issue
+  virtual void reductions_done() {}  // finish_reduction: every reduction has finished
   // Adds the reduced gradient of this rank's shard (`reduced`, of type t) into the
   // group's sub-groups; the first micro-step overwrites them.
   void accumulate(GroupState& gr, const void* reduced, DType t, Event reduced_ready, bool first, bool last,

@@ -19,6 +19,7 @@ const char* suffix(StateRole r) {
     case StateRole::GradFull: return ".grad.full";
     case StateRole::GradAccumulated: return ".grad_acc";
     case StateRole::GradReduced: return ".grad.reduced";
+    case StateRole::QuantizedReduce: return ".grad.quantized";
     case StateRole::Master: return ".master";
     case StateRole::ExpAvg: return ".exp_avg";
     case StateRole::ExpAvgSq: return ".exp_avg_sq";
@@ -49,6 +50,7 @@ const char* owner(StateRole r) {
     case StateRole::GradFull:
     case StateRole::GradAccumulated:
     case StateRole::GradReduced:
+    case StateRole::QuantizedReduce:
     case StateRole::Grad: return "gradients";
     case StateRole::ActivationCheckpoint: return "activations";
   }
@@ -72,7 +74,8 @@ DType role_dtype(StateRole r, const ShardStrategy& st) {
     case StateRole::ExpAvgNext:
     case StateRole::ExpAvgSqNext:
     case StateRole::ActivationCheckpoint: return DType::F32;
-    case StateRole::QuantizedGather: return DType::U8;
+    case StateRole::QuantizedGather:
+    case StateRole::QuantizedReduce: return DType::U8;
   }
   return DType::F32;
 }
@@ -81,6 +84,9 @@ DType role_dtype(StateRole r, const ShardStrategy& st) {
 std::vector<StateTensor> group_tensors(const GroupLayout& g, const ShardStrategy& st) {
   std::vector<StateTensor> out;
   const uint64_t qbytes = st.quantized_block > 0 ? quantized_bytes(g.shard, st.quantized_block) : 0;
+  const uint64_t qgz = st.quantized_gradients_block > 0 && st.stage >= 2
+                           ? qgz_scratch_bytes(g.shard, st.world, st.gradient_nodes, st.quantized_gradients_block)
+                           : 0;
   auto add = [&](StateRole role, uint64_t elems, Tier home, bool scratch, int sub = -1) {
     const DType t = role_dtype(role, st);
     out.push_back({role, sub, TensorSpec{g.name + suffix(role), elems * dtype_size(t), t, home, owner(role), scratch}});
@@ -103,11 +109,13 @@ std::vector<StateTensor> group_tensors(const GroupLayout& g, const ShardStrategy
     if (secondary) add(StateRole::ParamSecondary, g.padded / st.hpz, st.param_home, false);
     if (qbytes) add(StateRole::QuantizedGather, (st.world + 1) * qbytes, Tier::Device, true);
     add(StateRole::GradReduced, g.shard, Tier::Device, true);
+    if (qgz) add(StateRole::QuantizedReduce, qgz, Tier::Device, true);
   } else {
     add(StateRole::ReplicatedParams, g.padded, Tier::Device, false);
-    if (st.stage == 2)
+    if (st.stage == 2) {
       add(StateRole::GradReduced, g.shard, Tier::Device, true);
-    else
+      if (qgz) add(StateRole::QuantizedReduce, qgz, Tier::Device, true);
+    } else
       add(StateRole::GradAccumulated, g.padded, Tier::Device, false);
   }
   add(StateRole::GradFull, g.padded, Tier::Device, true);
@@ -175,6 +183,13 @@ void check_strategy(const std::vector<GroupSize>& groups, const ShardStrategy& s
     throw ConfigError("zero_optimization.zero_quantized_weights quantizes stage 3's gathers, and the stage is " +
                       std::to_string(st.stage) + ": set zero_optimization.stage 3, or drop zero_quantized_weights");
   const std::string hpz = "zero_optimization.zero_hpz_partition_size " + std::to_string(st.hpz);
+  if (st.quantized_gradients_block > 0 && st.stage == 1)
+    throw ConfigError("zero_optimization.zero_quantized_gradients quantizes the reduce-scatters of stages 2 and 3, "
+                      "and the stage is 1: set zero_optimization.stage 2 or 3, or drop zero_quantized_gradients");
+  if (st.quantized_gradients_block > 0 && (st.gradient_nodes < 1 || st.world % st.gradient_nodes != 0))
+    throw ConfigError("zero_optimization.zero_quantized_gradients: " + std::to_string(st.gradient_nodes) +
+                      " nodes do not divide the world of " + std::to_string(st.world) +
+                      " ranks: set strata.ranks_per_node to a divisor of the world");
   if (st.hpz < 1) throw ConfigError(hpz + " is below 1: give 1 (off) or the ranks of a node");
   if (st.hpz > 1 && st.stage != 3)
     throw ConfigError(hpz + " partitions stage 3's parameters, and the stage is " + std::to_string(st.stage) +
@@ -314,7 +329,11 @@ void size_working_sets(ShardLayout& L, const ShardStrategy& st) {
   // qwZ: the group gathered on demand also holds its quantized buffer.
   const uint64_t quantized =
       st.stage == 3 && st.quantized_block > 0 ? (st.world + 1) * quantized_bytes(L.max_shard, st.quantized_block) : 0;
-  L.device_working = groups_in_use + (st.stage == 3 ? ms + source : ms) + mg + live_checkpoints + quantized;
+  // qgZ: the group being reduce-scattered holds its scratch beside its output.
+  const uint64_t qgz = st.stage >= 2 && st.quantized_gradients_block > 0
+                           ? qgz_scratch_bytes(L.max_shard, st.world, st.gradient_nodes, st.quantized_gradients_block)
+                           : 0;
+  L.device_working = groups_in_use + (st.stage == 3 ? ms + source : ms) + mg + live_checkpoints + quantized + qgz;
   // Two sub-groups' states (master and moments fp32, the gradient) and a parameter shard.
   const uint64_t per_elem = 3 * L.elem_bytes(StateRole::Master) + L.elem_bytes(StateRole::Grad);
   const uint64_t next_set = st.speculative_sub_groups > 0 ? 3 * L.elem_bytes(StateRole::MasterNext) : 0;

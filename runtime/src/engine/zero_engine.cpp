@@ -10,6 +10,7 @@
 #include "optimizer_steppers.hpp"
 #include "speculation.hpp"
 #include "state_io.hpp"
+#include "strata/collectives/topology.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/log.hpp"
 #include "strata/core/safe_io.hpp"
@@ -52,13 +53,37 @@ std::unique_ptr<CpuAdam> make_adam(const EngineOptions& o) {
   return std::make_unique<CpuAdam>(hp, ao);
 }
 
+// qgZ: the nodes its reduction crosses, from the node layout (collective over comm), into
+// the options the layout is resolved from. Refused where the quantization cannot run (its
+// work is host code over device buffers) or the communicator cannot be split.
+EngineOptions with_gradient_nodes(EngineOptions o, coll::Communicator& comm, Device& device,
+                                  coll::Communicator* replicas) {
+  if (o.quantized_gradients_block <= 0) return o;
+  const std::string key = "zero_optimization.zero_quantized_gradients";
+  if (!device.host_addressable() || device.backend() == Backend::Sim)
+    throw ConfigError(key + " runs on the cpu backend only for now (its quantization runs on the host, and the " +
+                      to_string(device.backend()) +
+                      " backend's gradients are not host memory): remove zero_quantized_gradients, or set "
+                      "strata.backend to \"cpu\"");
+  if (comm.backend() != coll::CommBackend::Mpi && comm.backend() != coll::CommBackend::Self)
+    throw ConfigError(key + " splits the engine's communicator by node, and a " + to_string(comm.backend()) +
+                      " one cannot be split: use the host communicator (drop strata.device_communicator = "
+                      "\"staged\"), or remove zero_quantized_gradients");
+  if (replicas != nullptr && replicas->size() > 1)
+    throw ConfigError(key + " quantizes a reduce-scatter over every rank, and mics_shard_size reduces within groups "
+                      "then all-reduces across them: remove one of them");
+  o.gradient_nodes = coll::resolve_topology(comm, o.ranks_per_node).nodes;
+  return o;
+}
+
 }  // namespace
 
 ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communicator& host_comm, EngineOptions opts,
                        std::vector<GroupSpec> groups, EngineAblation ablation, coll::Communicator* replicas,
                        coll::Communicator* hpz)
     : device_(device), comm_(comm), host_comm_(host_comm),
-      resolved_(resolve(opts, ablation, group_sizes(groups), comm.size(), device_traits(device))),
+      resolved_(resolve(with_gradient_nodes(std::move(opts), comm, device, replicas), ablation, group_sizes(groups),
+                        comm.size(), device_traits(device))),
       opts_(resolved_.options) {
   if (comm_.rank() == 0 && resolved_.checkpoints_moved_to_nvme)
     log::info("activation_checkpointing.cpu_checkpointing: the pinned budget has no room for the " +
@@ -99,6 +124,14 @@ ZeroEngine::ZeroEngine(Device& device, coll::Communicator& comm, coll::Communica
                       to_string(device_.backend()) +
                       " backend's parameters are not host memory): remove zero_quantized_weights, or set "
                       "strata.backend to \"cpu\"");
+  if (opts_.quantized_gradients_block > 0 && qgz_hierarchical(comm_.size(), opts_.gradient_nodes)) {
+    // The same layout with_gradient_nodes resolved (collective over comm, as is the split).
+    coll::NodeCommunicators nc = coll::split_by_node(comm_, coll::resolve_topology(comm_, opts_.ranks_per_node));
+    qgz_node_ = std::move(nc.node);
+    qgz_cross_ = std::move(nc.cross);
+    core_->qgz_node = qgz_node_.get();
+    core_->qgz_cross = qgz_cross_.get();
+  }
   if (const int h = opts_.hpz_partition_size; h > 1) {
     if (hpz == nullptr || hpz->size() != h || hpz->rank() != comm_.rank() % h)
       throw ConfigError("zero_optimization.zero_hpz_partition_size " + std::to_string(h) +
@@ -169,6 +202,7 @@ void ZeroEngine::register_tensors() {
           break;
         case StateRole::GradAccumulated: gr.grad_accumulated = id; break;
         case StateRole::GradReduced: gr.grad_reduced = id; break;
+        case StateRole::QuantizedReduce: gr.quantized_reduce = id; break;
         case StateRole::Master: sg->master = id; break;
         case StateRole::ExpAvg: sg->exp_avg = id; break;
         case StateRole::ExpAvgSq: sg->exp_avg_sq = id; break;

@@ -73,6 +73,10 @@ EngineOptions plan_engine_options(const Plan& p, const Strategy& st, const std::
   }
   e.first_gradient_held = s.tied();
   e.hpz_partition_size = st.hpz;
+  e.quantized_weights_block = st.qwz ? st.quantized_block : 0;
+  e.quantized_gradients_block = st.qgz ? st.quantized_block : 0;
+  e.ranks_per_node = cl.gpus_per_node;
+  e.gradient_nodes = cl.nodes;  // what the engine resolves from the node layout
   const double dev_budget = cl.hbm - cl.device_reserve - p.model_activations;
   e.store.device_budget = dev_budget > 0 ? static_cast<uint64_t>(dev_budget) : 0;
   e.store.pinned_budget = static_cast<uint64_t>(cl.pinned_per_rank());
@@ -274,6 +278,17 @@ class Planner {
   // hpZ's secondary groups.
   Comm shard_, world_, replicas_, secondary_;
   bool mics_ = false, hpz_ = false;
+  // ZeRO++'s quantized collectives: qwZ (the gathers from the primary shards), qgZ (the
+  // reduce-scatters), in two hops over node_ (a node's ranks) and cross_ (one rank a node).
+  bool qwz_ = false, qgz_ = false, qgz_two_hops_ = false;
+  Comm node_, cross_;
+  uint64_t qblock_ = 256;
+  // Bytes of a gather from the primary shards, and seconds of a group's reduce-scatter.
+  double gather_bytes(const GroupLayout& lg) const {
+    return qwz_ ? double(shard_.ranks) * double(quantized_bytes(lg.shard, qblock_)) : wb_ * double(lg.padded);
+  }
+  double reduce_s(const GroupLayout& lg) const;
+  void reduce_sent(const GroupLayout& lg, double times);
   // MiCS: the step's all-reduces across the groups, on a lane of their own in the last
   // micro-step's backward, each behind its group's reduce-scatter and accumulation on the
   // engine's one reduce stream (gradient_reducer.cpp): the lane starts a group's backward
@@ -393,12 +408,50 @@ void Planner::set_engine() {
     replicas_.bw = replicas_.inter ? cl_.collective_bandwidth() : cl_.intra_node;
   }
   if (hpz_) secondary_ = comm_of(st_.hpz);
+  qwz_ = s3_ && st_.qwz;
+  qgz_ = st_.stage >= 2 && st_.qgz;
+  qblock_ = static_cast<uint64_t>(st_.quantized_block);
+  qgz_two_hops_ = qgz_ && qgz_hierarchical(w_, cl_.nodes);
+  if (qgz_two_hops_) {
+    node_ = comm_of(cl_.gpus_per_node);
+    cross_ = comm_of(cl_.nodes);
+    cross_.inter = true;  // one rank a node
+    cross_.bw = cl_.collective_bandwidth();
+  }
+  if ((qwz_ || qgz_) && !cl_.cpu_backend)
+    p_.notes.push_back(std::string(qwz_ && qgz_ ? "qwZ and qgZ run" : qwz_ ? "qwZ runs" : "qgZ runs") +
+                       " on the cpu backend only today (its quantization is host code): on GPUs this plan is what "
+                       "they would give with quantization kernels, which Strata does not have yet");
   ring_ = shard_.ring();
   cbw_ = shard_.bw;
   clat_ = shard_.ranks > 1 ? shard_.lat : 0.0;
   c.collective_bandwidth = shard_.bw;
   // The engine's options are resolve_plan's; its device budget is this.
   dev_budget_ = cl_.hbm - cl_.device_reserve - p_.model_activations;
+}
+
+// A group's gradient reduce-scatter: plain over the shard's ranks, or qgZ's int8
+// all-to-alls (one over the world; or within the node, then across the nodes, in turn).
+double Planner::reduce_s(const GroupLayout& lg) const {
+  if (!qgz_) return coll(wb_ * double(lg.padded));
+  const double q = double(quantized_bytes(lg.shard, qblock_));
+  if (!qgz_two_hops_) return on(shard_, shard_.ranks * q);
+  return on(node_, double(w_) * q) + on(cross_, cross_.ranks * q);
+}
+
+void Planner::reduce_sent(const GroupLayout& lg, double times) {
+  if (!qgz_) {
+    sent(shard_, wb_ * double(lg.padded), times, p_.shard_collective_bytes);
+    return;
+  }
+  const double q = double(quantized_bytes(lg.shard, qblock_));
+  if (!qgz_two_hops_) {
+    sent(shard_, shard_.ranks * q, times, p_.shard_collective_bytes);
+    return;
+  }
+  // Within the node: a part of one slice per node to each of its ranks; across: one slice.
+  sent(node_, double(w_) * q, times, p_.node_collective_bytes);
+  sent(cross_, cross_.ranks * q, times, p_.cross_collective_bytes);
 }
 
 Planner::Comm Planner::comm_of(int ranks) const {
@@ -486,10 +539,10 @@ void Planner::micro_step_lanes() {
 
   // What cannot overlap: the first group of every micro-step (nothing is fetched across
   // the step boundary) and the last reduction before the optimizer starts.
-  double startup = s3_ ? coll(pd0_) : 0.0;
+  double startup = s3_ ? coll(gather_bytes(L_.groups[0])) : 0.0;
   if (params_move_) startup += c.pcie_latency + sh0_ / c.h2d_bandwidth;
   if (param_home_ == Tier::Nvme) startup += c.nvme_latency + sh0_ / c.nvme_read_bandwidth;
-  tail_ = st_.stage >= 2 ? coll(pd0_) : 0.0;
+  tail_ = st_.stage >= 2 ? reduce_s(L_.groups[0]) : 0.0;
   if (mics_ && st_.stage >= 2) replica_tail_ = on(replicas_, 2 * gb_ * L_.groups[0].shard);
   if (grads_move_ && st_.stage >= 2) tail_ += c.pcie_latency + sh0_ / c.d2h_bandwidth;
 
@@ -508,30 +561,34 @@ void Planner::group_collectives(const GroupLayout& lg, double pd4, bool again_in
     // all_gather: from the primary shards; with hpZ only the step's first (the first
     // micro-step's forward; per micro-step, 1 / A of it), the rest from the secondary
     // partitions within the node. A persistent group has no secondary.
+    // qwZ: the gathers from the primary shards move int8 blocks (gq bytes); those from
+    // the secondaries stay in the working type.
     const bool secondary = hpz_ && !lg.persistent;
+    const double gq = gather_bytes(lg);
     if (secondary) {
-      f_coll_.add_timed(pd4, on(shard_, pd4) / A_ + on(secondary_, pd4) * (A_ - 1.0) / A_);
-      sent(shard_, pd4, 1, p_.shard_collective_bytes);
+      f_coll_.add_timed(gq / A_ + pd4 * (A_ - 1.0) / A_, on(shard_, gq) / A_ + on(secondary_, pd4) * (A_ - 1.0) / A_);
+      sent(shard_, gq, 1, p_.shard_collective_bytes);
       sent(secondary_, pd4, A_ - 1, p_.secondary_collective_bytes);
     } else {
-      f_coll_.add_timed(pd4, coll(pd4));
-      sent(shard_, pd4, A_, p_.shard_collective_bytes);
+      f_coll_.add_timed(gq, coll(gq));
+      sent(shard_, gq, A_, p_.shard_collective_bytes);
     }
     const Comm& again = secondary ? secondary_ : shard_;
+    const double again_bytes = secondary ? pd4 : gq;
     double& again_counter = secondary ? p_.secondary_collective_bytes : p_.shard_collective_bytes;
     if (again_in_backward) {  // again: tied head, backward
-      b_coll_.add_timed(pd4, on(again, pd4));
-      sent(again, pd4, A_, again_counter);
+      b_coll_.add_timed(again_bytes, on(again, again_bytes));
+      sent(again, again_bytes, A_, again_counter);
     }
     // Parts: the recompute releases each after use and the backward gathers it again.
     if (part_of_block && st_.parted() && st_.checkpointing) {
-      b_coll_.add_timed(pd4, on(again, pd4));
-      sent(again, pd4, A_, again_counter);
+      b_coll_.add_timed(again_bytes, on(again, again_bytes));
+      sent(again, again_bytes, A_, again_counter);
     }
   }
   if (st_.stage >= 2 && !lg.frozen) {  // reduce_scatter (none: frozen)
-    b_coll_.add_timed(pd4, coll(pd4));
-    sent(shard_, pd4, A_, p_.shard_collective_bytes);
+    b_coll_.add_timed(pd4, reduce_s(lg));
+    reduce_sent(lg, A_);
     // MiCS: the step's reduced gradient shard all-reduced across the groups once, in the
     // last micro-step's backward (per micro-step, 1 / A of it), in the reduced type.
     if (mics_) {
@@ -706,7 +763,9 @@ void Planner::link_loads() {
   link("pcie d2h", A_ * (b_d2h_.bytes + f_d2h_.bytes) + s1_d2h_.bytes, c.d2h_bandwidth,
        A_ * (b_d2h_.time + f_d2h_.time) + s1_d2h_.time, fb_window);
   link("collectives",
-       p_.shard_collective_bytes + p_.replica_collective_bytes + p_.secondary_collective_bytes, cbw_,
+       p_.shard_collective_bytes + p_.replica_collective_bytes + p_.secondary_collective_bytes +
+           p_.node_collective_bytes + p_.cross_collective_bytes,
+       cbw_,
        A_ * (f_coll_.time + b_coll_.time) + stage1_ + refresh_, fb_window);
   // Of them, what crosses between nodes: each rank's share of the node's network.
   if (cl_.nodes > 1 && p_.inter_node_bytes > 0)

@@ -12,14 +12,25 @@ namespace strata::plan {
 
 namespace {
 
-// (mics_shard_size, hpz) pairs to try: the base's, then flat, MiCS and hpZ with a node a
-// group where there are nodes.
-std::vector<std::pair<int, int>> node_layouts(const ClusterSpec& cluster, const Strategy& base,
-                                              const SearchSpace& space) {
-  std::vector<std::pair<int, int>> layouts{{base.mics_shard_size, base.hpz}};
+// The node layouts to try: the base's, then flat, MiCS and hpZ with a node a group where
+// there are nodes, and ZeRO++'s quantized collectives flat and with hpZ (qwZ and qgZ; at
+// stages 1 and 2 the search drops what does not apply).
+struct NodeLayout {
+  int mics = 0, hpz = 1;
+  bool qwz = false, qgz = false;
+  bool operator==(const NodeLayout&) const = default;
+};
+
+std::vector<NodeLayout> node_layouts(const ClusterSpec& cluster, const Strategy& base, const SearchSpace& space) {
+  std::vector<NodeLayout> layouts{{base.mics_shard_size, base.hpz, base.qwz, base.qgz}};
   if (space.node_layouts && cluster.nodes > 1 && cluster.gpus_per_node > 1) {
     const int gpn = cluster.gpus_per_node;
-    for (std::pair<int, int> l : {std::pair{0, 1}, std::pair{gpn, 1}, std::pair{0, gpn}})
+    std::vector<NodeLayout> more{{0, 1}, {gpn, 1}, {0, gpn}};
+    if (space.quantized) {
+      more.push_back({0, 1, true, true});
+      more.push_back({0, gpn, true, true});
+    }
+    for (const NodeLayout& l : more)
       if (std::find(layouts.begin(), layouts.end(), l) == layouts.end()) layouts.push_back(l);
   }
   return layouts;
@@ -31,7 +42,7 @@ std::vector<Candidate> search(const GptShape& model, const ClusterSpec& cluster,
                               const SearchSpace& space) {
   validate(cluster);
   std::vector<Candidate> out;
-  for (auto [mics, hpz] : node_layouts(cluster, base, space))
+  for (const NodeLayout& layout : node_layouts(cluster, base, space))
   for (int stage : space.stages)
     for (OffloadDevice pd : space.param)
       for (OffloadDevice od : space.optimizer)
@@ -43,10 +54,19 @@ std::vector<Candidate> search(const GptShape& model, const ClusterSpec& cluster,
               if (!ckpt && cps != OffloadDevice::None) continue;     // no checkpoints to move
               // A split needs a GPU optimizer and a host share.
               if (ratio < 1.0 && (od == OffloadDevice::None || cluster.cpu_backend)) continue;
-              if (hpz > 1 && stage != 3) continue;  // hpZ partitions stage 3's parameters
+              if (layout.hpz > 1 && stage != 3) continue;  // hpZ partitions stage 3's parameters
+              // qwZ quantizes stage 3's gathers, qgZ the reduce-scatters of 2 and 3: a
+              // quantized layout at a stage where neither applies, or only qgZ where the
+              // plain qgZ layout is tried already, is the same as another.
+              const bool qwz = layout.qwz && stage == 3, qgz = layout.qgz && stage >= 2;
+              if ((layout.qwz || layout.qgz) && !(layout == NodeLayout{base.mics_shard_size, base.hpz, base.qwz, base.qgz}) &&
+                  !qwz && !(qgz && layout.hpz == 1))
+                continue;
               Strategy st = base;
-              st.mics_shard_size = mics;
-              st.hpz = hpz;
+              st.mics_shard_size = layout.mics;
+              st.hpz = layout.hpz;
+              st.qwz = qwz;
+              st.qgz = qgz;
               st.stage = stage;
               st.offload_param = pd;
               st.offload_optimizer = od;

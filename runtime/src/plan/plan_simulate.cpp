@@ -51,6 +51,10 @@ SimulateReport simulate_plan(const Plan& plan, int steps) {
   if (plan.strategy.frozen_fraction > 0)
     throw ConfigError("--simulate runs strata train's model, whose groups are all trained: drop --frozen-fraction "
                       "to simulate, or plan without --simulate");
+  if (plan.strategy.qwz || plan.strategy.qgz)
+    throw ConfigError("--simulate runs the engine on the sim backend, and qwZ and qgZ quantize on the host, which it "
+                      "cannot time: drop --quantized-weights and --quantized-gradients to simulate, or plan without "
+                      "--simulate");
   const auto t0 = std::chrono::steady_clock::now();
   SimRunOptions o;
   o.steps = steps;
@@ -93,6 +97,8 @@ SimulateReport simulate_plan(const Plan& plan, int steps) {
   r.shard_collective_bytes = double(run.engine.shard_collective_bytes) / steps;
   r.replica_collective_bytes = double(run.engine.replica_collective_bytes) / steps;
   r.secondary_collective_bytes = double(run.engine.secondary_collective_bytes) / steps;
+  r.node_collective_bytes = double(run.engine.node_collective_bytes) / steps;
+  r.cross_collective_bytes = double(run.engine.cross_collective_bytes) / steps;
   for (int t = 0; t < kTierCount; ++t) {
     r.peak[t] = run.tiers[t].peak;
     r.budget[t] = run.tiers[t].budget;

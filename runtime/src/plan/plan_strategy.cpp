@@ -27,6 +27,9 @@ std::string Strategy::describe() const {
   if (frozen_fraction > 0) os << ", " << frozen_fraction << " frozen";
   if (mics_shard_size > 0) os << ", MiCS " << mics_shard_size;
   if (hpz > 1) os << ", hpZ " << hpz;
+  if (qwz) os << ", qwZ";
+  if (qgz) os << ", qgZ";
+  if ((qwz || qgz) && quantized_block != Strategy{}.quantized_block) os << " (blocks of " << quantized_block << ")";
   return os.str();
 }
 
@@ -54,6 +57,17 @@ void validate(const Strategy& s) {
                       "at a time: drop one of them");
   if (s.hpz > 1 && s.stage != 3)
     throw ConfigError("--hpz " + std::to_string(s.hpz) + " partitions stage 3's parameters: give --stage 3, or drop --hpz");
+  if (s.qwz && s.stage != 3)
+    throw ConfigError("--quantized-weights quantizes stage 3's parameter gathers: give --stage 3, or drop "
+                      "--quantized-weights");
+  if (s.qgz && s.stage == 1)
+    throw ConfigError("--quantized-gradients quantizes the reduce-scatters of stages 2 and 3, and stage 1 all-reduces "
+                      "its gradient once a step: give --stage 2 or 3, or drop --quantized-gradients");
+  if (s.qgz && s.mics_shard_size > 0)
+    throw ConfigError("--quantized-gradients quantizes a reduce-scatter over every rank, and --mics-shard-size reduces "
+                      "within groups then all-reduces across them: drop one of them");
+  if (s.quantized_block < 16 || s.quantized_block > (1 << 20))
+    throw ConfigError("--quantized-block must lie in [16, 1048576] elements, not " + std::to_string(s.quantized_block));
   if (!s.checkpointing && s.checkpoints != OffloadDevice::None)
     throw ConfigError("--cpu-checkpointing moves the checkpoints of activation checkpointing, and "
                       "--no-checkpointing turns it off: drop one of the two");

@@ -82,6 +82,20 @@ void split_hpz(const Config& config, RankContext& r) {
               std::to_string(n) + " ranks (" + t.describe() + ")");
 }
 
+// ZeRO++ qgZ: the engine splits its communicator by node and quantizes on the host
+// (ZeroEngine refuses the rest too; here before anything is written).
+void check_qgz(const Config& config, bool staged) {
+  if (!config.zero.zero_quantized_gradients) return;
+  const std::string key = "zero_optimization.zero_quantized_gradients";
+  if (config.strata.backend != Backend::Cpu)
+    throw ConfigError(key + " runs on the cpu backend only for now (its quantization runs on the host): remove "
+                            "zero_quantized_gradients, or set strata.backend to \"cpu\"");
+  if (staged)
+    throw ConfigError(key + " splits the engine's communicator by node, and a staged one cannot be split: use the "
+                            "host communicator (drop strata.device_communicator = \"staged\"), or remove "
+                            "zero_quantized_gradients");
+}
+
 // The device communicator strata.device_communicator resolves to on this rank.
 enum class DeviceCommChoice { Host, Nccl, Staged };
 
@@ -149,6 +163,7 @@ RankContext open_rank(const Config& config) {
   r.host_comm = coll::make_host_communicator(coll::HostBackend::Auto);
   validate_for_world(config, r.host_comm->size());
   const DeviceCommPlan plan = plan_device_comm(config, *r.host_comm);
+  check_qgz(config, plan.choice == DeviceCommChoice::Staged);
   DeviceOptions d;
   d.backend = config.strata.backend;
   d.ordinal = plan.ordinal;

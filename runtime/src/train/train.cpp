@@ -334,11 +334,15 @@ class StepLog {
       j["budget"][name] = t[k].budget;
     }
     // Bytes rank 0 sent in the step's collectives (EngineStats, as a ring moves them): over
-    // the ranks the states are sharded over, across MiCS's replicas, within hpZ's groups.
+    // the ranks the states are sharded over, across MiCS's replicas, within hpZ's groups,
+    // and qgZ's two hops (within the node, across the nodes).
     j["collective_bytes"] = {{"shard", st.shard_collective_bytes - prev.shard_collective_bytes},
                              {"replicas", st.replica_collective_bytes - prev.replica_collective_bytes},
-                             {"secondary", st.secondary_collective_bytes - prev.secondary_collective_bytes}};
+                             {"secondary", st.secondary_collective_bytes - prev.secondary_collective_bytes},
+                             {"node", st.node_collective_bytes - prev.node_collective_bytes},
+                             {"cross", st.cross_collective_bytes - prev.cross_collective_bytes}};
     if (st.quantized_weights_error > 0) j["quantized_weights_error"] = st.quantized_weights_error;
+    if (st.quantized_gradients_error > 0) j["quantized_gradients_error"] = st.quantized_gradients_error;
     // Bytes moved between tiers in this step, by link ("nvme->pinned", ...).
     for (int from = 0; from < kTierCount; ++from)
       for (int to = 0; to < kTierCount; ++to) {

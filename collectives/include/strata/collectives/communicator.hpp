@@ -142,6 +142,11 @@ class Communicator {
   // recv = slice rank() of the element-wise reduction of every rank's send;
   // send.count() must be recv.count() * size(). Buffers must not overlap.
   Event reduce_scatter(ConstView send, MutView recv, ReduceOp op = ReduceOp::Sum, Event after = {});
+  // recv[r*n .. r*n+n) = send[rank()*n .. rank()*n+n) of rank r, with n = send.count() /
+  // size(): each rank's send holds one part for every rank, and its recv one part from
+  // every rank. Counts equal, a multiple of size(); buffers must not overlap. The mpi,
+  // self, sim, staged and nccl (grouped send/recv) backends implement it.
+  Event all_to_all(ConstView send, MutView recv, Event after = {});
   // recv = element-wise reduction of every rank's send; counts equal. In place when
   // send and recv are the same buffer.
   Event all_reduce(ConstView send, MutView recv, ReduceOp op = ReduceOp::Sum, Event after = {});
@@ -173,6 +178,8 @@ class Communicator {
                               Event after) = 0;
   virtual Event do_broadcast(void* buf, size_t count, DataType t, int root, Event after) = 0;
   virtual Event do_barrier(Event after) = 0;
+  // `count`: elements per part (send and recv hold size() parts each).
+  virtual Event do_all_to_all(const void* send, void* recv, size_t count, DataType t, Event after) = 0;
 
   // "all_gather on rank 1 of 4: " — the start of every message about this communicator.
   std::string where(const char* op) const;

@@ -54,7 +54,8 @@ struct StagedOptions {
 };
 
 // The smallest staging_bytes a world of `world_size` ranks can use: one element of the
-// widest type per rank and slot, plus reduce_scatter's result.
+// widest type per rank and slot, plus reduce_scatter's result (all_to_all's: one sent and
+// one received per rank).
 size_t min_staging_bytes(int world_size);
 
 // A communicator over host's ranks for buffers in `device`'s memory. Takes host (see

@@ -17,11 +17,20 @@ struct QuantizeError {
   double relative() const;  // sqrt(error_sq / value_sq); 0 for all-zero values
 };
 
+// What a non-finite value does: Refuse throws std::invalid_argument (weights: a block's
+// scale cannot hold it); Propagate gives its block a NaN scale, so every value of the
+// block dequantizes to NaN and the receiver's finite check sees it (gradients: an fp16
+// overflow skips the step as it does unquantized). Propagated blocks are left out of the
+// error.
+enum class NonFinite { Refuse, Propagate };
+
 // Quantizes n values of type t (F32, BF16 or F16) from src into out; returns the error
-// the receiver will see (dequantize(out) against src). Non-finite values are refused
-// (std::invalid_argument): a block's scale cannot hold them.
-QuantizeError quantize_int8(const void* src, DType t, size_t n, size_t block, uint8_t* out);
+// the receiver will see (dequantize(out) against src).
+QuantizeError quantize_int8(const void* src, DType t, size_t n, size_t block, uint8_t* out,
+                            NonFinite non_finite = NonFinite::Refuse);
 // The inverse: n values of type t into dst.
 void dequantize_int8(const uint8_t* in, size_t n, size_t block, void* dst, DType t);
+// acc[i] += the i-th dequantized value, for i < n (ZeRO++ qgZ's reduction in fp32).
+void dequantize_add_int8(const uint8_t* in, size_t n, size_t block, float* acc);
 
 }  // namespace strata::math

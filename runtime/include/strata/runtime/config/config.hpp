@@ -71,6 +71,11 @@ struct ZeroConfig {
   // and dequantize on arrival (EngineOptions::quantized_weights_block). The master weights
   // are not touched.
   bool zero_quantized_weights = false;
+  // ZeRO++ qgZ (DeepSpeed's key), stages 2 and 3: each micro-step's reduce-scatter moves
+  // the gradient as int8 in blocks of strata.quantized_gradients_block elements, summed in
+  // fp32 on arrival; hierarchical over nodes (an all-to-all within the node, then one
+  // across) (EngineOptions::quantized_gradients_block).
+  bool zero_quantized_gradients = false;
   // No reduce_bucket_size or overlap_comm: each parameter group is reduced as one
   // collective as soon as its gradient is complete, always overlapped with compute.
 };
@@ -114,6 +119,7 @@ struct StrataSection {
   bool speculative_optimizer = false;    // step sub-groups during backward, validate at step()
   int tile_factor = 1;                   // each block linear in this many tiles (gpt_parts); 1: untiled
   int quantized_weights_block = 256;     // zero_quantized_weights: elements per int8 block (one fp32 scale each)
+  int quantized_gradients_block = 256;   // zero_quantized_gradients: the same, for gradients
   uint64_t tile_size = 0;                // elements: larger block linears tiled to at most this (gpt_parts); 0: off
   uint64_t seed = 1234;
   std::string trace;                     // Chrome trace output path ("" = off)

@@ -104,6 +104,19 @@ struct EngineOptions {
   // dequantize on arrival (ShardStrategy::quantized_block). 0: off. A device the host can
   // address only (the cpu backend).
   int quantized_weights_block = 0;
+  // ZeRO++ qgZ (zero_optimization.zero_quantized_gradients), stages 2 and 3: each
+  // reduce-scatter moves int8 blocks of this many elements, each with an fp32 scale, and
+  // sums what arrives in fp32; in two hops (an all-to-all within the node, then one across
+  // the nodes) where the world spans several nodes of several ranks
+  // (ShardStrategy::quantized_gradients_block). 0: off. A device the host can address only
+  // (the cpu backend).
+  int quantized_gradients_block = 0;
+  // Ranks per node for qgZ's hops: 0, the launcher's (coll::resolve_topology); N, N
+  // consecutive ranks a node (strata.ranks_per_node).
+  int ranks_per_node = 0;
+  // Set by the engine from the node layout (not by the caller): the nodes qgZ's reduction
+  // crosses.
+  int gradient_nodes = 1;
   uint64_t seed = 1234;
   // A master weight beyond the working type's range (fp16: 65504) where the engine rounds
   // initial or loaded masters to it (strata.out_of_range; core/value_checks.hpp).
@@ -196,6 +209,12 @@ struct EngineStats {
   // qwZ: the largest relative error (L2 norm of the rounding over that of the values) of a
   // parameter shard this rank quantized for a gather, since start.
   double quantized_weights_error = 0;
+  // qgZ: the same for the gradients this rank quantized for a reduce-scatter (both hops).
+  double quantized_gradients_error = 0;
+  // qgZ in two hops: bytes this rank sent in the all-to-alls within its node, and across
+  // the nodes (the one-hop all-to-all counts in shard_collective_bytes).
+  uint64_t node_collective_bytes = 0;
+  uint64_t cross_collective_bytes = 0;
   StoreStats store;
 };
 

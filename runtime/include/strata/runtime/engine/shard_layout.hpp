@@ -91,11 +91,31 @@ struct ShardStrategy {
   // shards passes the quantized shard and every rank's through a scratch buffer on the
   // device (StateRole::QuantizedGather). 0: off.
   uint64_t quantized_block = 0;
+  // ZeRO++ qgZ (EngineOptions::quantized_gradients_block), stages 2 and 3: each
+  // reduce-scatter passes the gradient quantized per destination rank, what arrives and
+  // the fp32 partial sums through a scratch buffer on the device
+  // (StateRole::QuantizedReduce, qgz_scratch_bytes). gradient_nodes: the nodes the world
+  // spans, where the reduction is hierarchical (qgz_hierarchical). 0: off.
+  uint64_t quantized_gradients_block = 0;
+  int gradient_nodes = 1;
 };
 
 // Bytes of n elements quantized in blocks of `block`: one int8 each and an fp32 scale per
 // (possibly partial) block.
 inline uint64_t quantized_bytes(uint64_t n, uint64_t block) { return n + 4 * ((n + block - 1) / block); }
+
+// qgZ's reduction goes in two hops (within the node, then across) where the world spans
+// several nodes of several ranks each; one all-to-all over the world otherwise.
+inline bool qgz_hierarchical(int world, int nodes) { return nodes > 1 && nodes < world; }
+// qgZ's scratch for a shard of n elements: the world's quantized parts sent and received
+// (world x quantized_bytes(n)), and the fp32 sum of n; two hops also sum one part for each
+// node in fp32 and pass them, quantized again, through a second send and receive.
+inline uint64_t qgz_scratch_bytes(uint64_t n, int world, int nodes, uint64_t block) {
+  const uint64_t q = quantized_bytes(n, block), w = static_cast<uint64_t>(world);
+  if (!qgz_hierarchical(world, nodes)) return 2 * w * q + 4 * n;
+  const uint64_t m = static_cast<uint64_t>(nodes);
+  return 2 * w * q + m * (4 * n + 2 * q);
+}
 
 // Checkpoints on the device at once when they live elsewhere: in forward a block's input
 // and output, and the one before still on its way out; in backward the one in use, the
@@ -119,6 +139,7 @@ enum class StateRole {
   GradFull,        // [padded] the model's gradient of one micro-batch, scratch on the device
   GradAccumulated, // stage 1: [padded] accumulated gradient, home device
   GradReduced,     // stages 2, 3: [shard] reduce-scatter output, scratch on the device
+  QuantizedReduce, // stages 2, 3 with qgZ: bytes (qgz_scratch_bytes), scratch on the device
   Master,          // per sub-group: fp32 master weights, home optimizer_home
   ExpAvg,          // per sub-group: Adam's first moment
   ExpAvgSq,        // per sub-group: Adam's second moment

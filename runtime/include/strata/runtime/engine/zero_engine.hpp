@@ -154,6 +154,9 @@ class ZeroEngine final : public WeightSource {
   Device& device_;
   coll::Communicator& comm_;
   coll::Communicator& host_comm_;
+  // qgZ in two hops: the ranks of this rank's node, and the ranks of every node with its
+  // index there (split from comm_ at start-up); null otherwise. Destroyed last.
+  std::unique_ptr<coll::Communicator> qgz_node_, qgz_cross_;
   const ResolvedLayout resolved_;
   const EngineOptions& opts_;  // resolved_.options
   std::unique_ptr<TieredStore> store_;

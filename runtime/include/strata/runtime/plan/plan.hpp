@@ -159,6 +159,14 @@ struct Strategy {
   // step reads; 1: off. At most one of the two.
   int mics_shard_size = 0;
   int hpz = 1;
+  // ZeRO++'s quantized collectives (docs/multinode.md): qwz (zero_quantized_weights, stage
+  // 3), the gathers from the primary shards as int8 blocks; qgz (zero_quantized_gradients,
+  // stages 2 and 3), the reduce-scatters as int8 all-to-alls, in two hops (the node's
+  // ranks, then one rank a node) where the world spans nodes of several ranks; blocks of
+  // quantized_block elements with an fp32 scale each. The engine runs them on the cpu
+  // backend only: on GPUs the plan says so in its notes. Not with MiCS (qgz).
+  bool qwz = false, qgz = false;
+  int quantized_block = 256;
   bool parted() const { return part_elems > 0 || tile_factor > 1 || tile_size > 0; }
   std::string describe() const;     // "stage 3, params nvme, optimizer nvme, mb 4, ckpt"
 };
@@ -214,7 +222,13 @@ struct Plan {
   // groups (the gathers from the secondary partitions). inter_node_bytes: the part of
   // those sent over collectives whose ranks span nodes.
   double shard_collective_bytes = 0, replica_collective_bytes = 0, secondary_collective_bytes = 0;
+  // qgZ in two hops: the all-to-alls within the node and across the nodes
+  // (EngineStats::node_collective_bytes, cross_collective_bytes).
+  double node_collective_bytes = 0, cross_collective_bytes = 0;
   double inter_node_bytes = 0;
+  // What the reader should know that is not a problem (the plan fits or not without it):
+  // a quantized collective planned for GPUs, where the engine does not run it yet.
+  std::vector<std::string> notes;
   double mfu = 0;                   // model FLOPs / (step time x world x gpu_flops)
   std::vector<LinkLoad> links;
   std::string bottleneck;           // in words
@@ -269,6 +283,9 @@ struct SearchSpace {
   // a group (mics_shard_size = GPUs per node) and, at stage 3, hpZ with a node's
   // secondary partitions (hpz = GPUs per node).
   bool node_layouts = true;
+  // With node_layouts: ZeRO++'s quantized collectives too, flat and with hpZ (qwZ at stage
+  // 3 with qgZ; qgZ alone at stage 2).
+  bool quantized = true;
 };
 // Ranked by tokens/s (fitting ones first). Throws nothing for an empty result: every
 // candidate is there with its verdict. Each candidate's plan has its figures but not its
@@ -323,6 +340,7 @@ struct SimulateReport {
   // Bytes rank 0 sent in collectives per step (the engine's counters over the run / steps):
   // Plan's *_collective_bytes.
   double shard_collective_bytes = 0, replica_collective_bytes = 0, secondary_collective_bytes = 0;
+  double node_collective_bytes = 0, cross_collective_bytes = 0;
   double wall_s = 0;                   // real seconds the simulation took
   double peak_rss_bytes = 0;           // the simulator's own peak host memory (getrusage)
   std::string device;
