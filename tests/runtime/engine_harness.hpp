@@ -42,6 +42,7 @@ struct RunSpec {
   int quantized_block = 0;           // qwZ: EngineOptions::quantized_weights_block (0: off)
   int quantized_gradients_block = 0; // qgZ: EngineOptions::quantized_gradients_block (0: off)
   int ranks_per_node = 0;            // EngineOptions::ranks_per_node (qgZ's hops; 0: the launcher's)
+  uint64_t quantized_scratch = 0;    // EngineOptions::quantized_scratch_bytes (0: its default)
   // The GPT's activation checkpoints (gpt_harness.hpp, with checkpointing): unset, the
   // model keeps them; None, the engine holds them on the device; Cpu, cpu_checkpointing
   // (pinned memory, or NVMe where the pinned budget is short); Nvme, cpu_checkpointing
@@ -70,6 +71,7 @@ struct RunSpec {
            (quantized_block ? ", qwZ blocks of " + std::to_string(quantized_block) : "") +
            (quantized_gradients_block ? ", qgZ blocks of " + std::to_string(quantized_gradients_block) : "") +
            (ranks_per_node ? ", nodes of " + std::to_string(ranks_per_node) : "") +
+           (quantized_scratch ? ", quantized in chunks of " + std::to_string(quantized_scratch) + " bytes" : "") +
            (tile_factor > 1 ? ", tile factor " + std::to_string(tile_factor) : "") +
            (minimum_device_budget ? ", the minimum device budget and a group" : "");
   }
@@ -168,6 +170,7 @@ inline EngineOptions test_engine_options(const RunSpec& spec, uint64_t group_num
   o.quantized_weights_block = spec.quantized_block;
   o.quantized_gradients_block = spec.quantized_gradients_block;
   o.ranks_per_node = spec.ranks_per_node;
+  if (spec.quantized_scratch > 0) o.quantized_scratch_bytes = spec.quantized_scratch;
   o.gradient_accumulation_steps = spec.accum;
   o.sub_group_elems = spec.sub_group;
   o.prefetch_bucket_elems = 3 * group_numel;

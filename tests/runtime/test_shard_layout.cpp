@@ -432,3 +432,37 @@ TEST(ShardLayout, QuantizedGradientsAddAReduceScratchAndAreRefusedWhereTheyCanno
       EXPECT_EQ(L.device_working, P.device_working + expect) << "stage " << stage << ", " << nodes << " nodes";
     }
 }
+
+// A quantized collective whose scratch would pass the cap goes in chunks of whole blocks
+// through two buffers, within the cap; a small one goes whole; and the layout's tensor and
+// working set follow.
+TEST(ShardLayout, QuantizedScratchIsCutIntoChunksWithinTheCap) {
+  const uint64_t block = 256, n = 1 << 20, cap = 1 << 20;
+  const QuantizedChunks whole = qgz_chunks(n, 8, 2, block, uint64_t{1} << 40);
+  EXPECT_EQ(whole.elems, n);
+  EXPECT_EQ(whole.buffers, 1);
+  EXPECT_EQ(whole.bytes, qgz_scratch_bytes(n, 8, 2, block));
+  for (const QuantizedChunks& c : {qgz_chunks(n, 8, 2, block, cap), qgz_chunks(n, 8, 1, block, cap),
+                                   qwz_chunks(n, 8, block, cap)}) {
+    EXPECT_EQ(c.buffers, 2);
+    EXPECT_EQ(c.elems % block, 0u);
+    EXPECT_LE(c.bytes, cap);
+    EXPECT_GT(c.bytes, cap / 2) << "the chunks are as large as the cap allows";
+    EXPECT_EQ(c.count(n), (n + c.elems - 1) / c.elems);
+  }
+  EXPECT_EQ(qgz_chunks(n, 8, 2, block, cap).bytes, 2 * qgz_scratch_bytes(qgz_chunks(n, 8, 2, block, cap).elems, 8, 2, block));
+  // One block's scratch above the cap: a block at a time, the cap exceeded by what one needs.
+  EXPECT_EQ(qgz_chunks(n, 8, 2, block, 100).elems, block);
+  ShardStrategy st;
+  st.world = 8;
+  st.stage = 3;
+  st.quantized_block = block;
+  st.quantized_gradients_block = block;
+  st.gradient_nodes = 2;
+  st.quantized_scratch = cap;
+  const ShardLayout L = make_shard_layout({{"g", 8 * n}}, st);
+  for (const StateTensor& t : L.groups[0].tensors) {
+    if (t.role == StateRole::QuantizedReduce) EXPECT_EQ(t.spec.bytes, qgz_chunks(n, 8, 2, block, cap).bytes);
+    if (t.role == StateRole::QuantizedGather) EXPECT_EQ(t.spec.bytes, qwz_chunks(n, 8, block, cap).bytes);
+  }
+}

@@ -63,6 +63,7 @@ ShardStrategy EngineOptions::shard_strategy(int world) const {
   s.quantized_block = static_cast<uint64_t>(quantized_weights_block);
   s.quantized_gradients_block = static_cast<uint64_t>(quantized_gradients_block);
   s.gradient_nodes = gradient_nodes;
+  s.quantized_scratch = quantized_scratch_bytes;
   return s;
 }
 

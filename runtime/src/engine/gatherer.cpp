@@ -75,29 +75,54 @@ void Gatherer::start_gather(int g, bool ahead) {
 
 // qwZ: the shard quantized into the group's scratch (math::quantize_int8), every rank's
 // gathered as bytes after it, then dequantized into the gather buffer: on the engine's
-// stream, as host work (the cpu backend's device memory is the host's).
+// stream, as host work (the cpu backend's device memory is the host's). A shard whose
+// buffers exceed EngineOptions::quantized_scratch_bytes goes in chunks of each rank's part
+// through two buffers (qwz_chunks): chunk i + 1 is quantized while chunk i moves.
 void Gatherer::gather_quantized(int g, const Acquired& ps, const Acquired& fb) {
   GroupState& gr = c_.groups[g];
   const uint64_t block = static_cast<uint64_t>(c_.opts.quantized_weights_block);
-  const uint64_t q = quantized_bytes(gr.shard, block), world = static_cast<uint64_t>(c_.comm.size());
+  const uint64_t n = gr.shard, world = static_cast<uint64_t>(c_.comm.size());
+  const QuantizedChunks ch = qwz_chunks(n, c_.world, block, c_.opts.quantized_scratch_bytes);
+  const uint64_t stride = (world + 1) * quantized_bytes(ch.elems, block);  // one buffer
   Acquired qb = c_.store.acquire_for_overwrite(gr.quantized, Tier::Device);
-  auto* send = static_cast<uint8_t*>(qb.data);
-  uint8_t* recv = send + q;
+  auto* base = static_cast<uint8_t*>(qb.data);
   Stream& st = c_.reduce_stream;
   st.wait(when_all({ps.ready, fb.ready, qb.ready}));
-  st.host_task([src = ps.data, t = c_.work_t, n = gr.shard, block, send, worst = worst_quantized_error_] {
-    const double e = math::quantize_int8(src, t, n, block, send).relative();
+  struct Moving {
+    Event arrived;
+    uint8_t* recv;
+    uint64_t first, m, q;
+  };
+  auto land = [&](const Moving& mv) {
+    st.wait(mv.arrived);
+    st.host_task([mv, world, n, block, dst = fb.data, t = c_.work_t, wb = c_.wb] {
+      for (uint64_t r = 0; r < world; ++r)
+        math::dequantize_int8(mv.recv + r * mv.q, mv.m, block, at(dst, r * n + mv.first, wb), t);
+    });
+  };
+  Moving last{};
+  // The shard's error over its chunks (the stream's tasks run one at a time).
+  auto err = std::make_shared<math::QuantizeError>();
+  for (uint64_t first = 0, i = 0; first < n; first += ch.elems, ++i) {
+    const uint64_t m = std::min(ch.elems, n - first), q = quantized_bytes(m, block);
+    uint8_t* send = base + (i % static_cast<uint64_t>(ch.buffers)) * stride;
+    uint8_t* recv = send + q;
+    st.host_task([src = at(ps.data, first, c_.wb), t = c_.work_t, m, block, send, err] {
+      const math::QuantizeError e = math::quantize_int8(src, t, m, block, send);
+      err->error_sq += e.error_sq;
+      err->value_sq += e.value_sq;
+    });
+    const Event arrived = c_.comm.all_gather(view(send, q, DType::U8), view_mut(recv, world * q, DType::U8), st.record());
+    c_.stats.shard_collective_bytes += EngineCore::ring_bytes(world * q, 1, c_.world, false);
+    if (i > 0) land(last);
+    last = {arrived, recv, first, m, q};
+  }
+  land(last);
+  st.host_task([err, worst = worst_quantized_error_] {
+    const double e = err->relative();
     double seen = worst->load();
     while (e > seen && !worst->compare_exchange_weak(seen, e)) {
     }
-  });
-  const Event quantized = st.record();
-  const Event arrived =
-      c_.comm.all_gather(view(send, q, DType::U8), view_mut(recv, world * q, DType::U8), quantized);
-  c_.stats.shard_collective_bytes += EngineCore::ring_bytes(world * q, 1, c_.world, false);
-  st.wait(arrived);
-  st.host_task([recv, q, world, n = gr.shard, block, dst = fb.data, t = c_.work_t, wb = c_.wb] {
-    for (uint64_t r = 0; r < world; ++r) math::dequantize_int8(recv + r * q, n, block, at(dst, r * n, wb), t);
   });
   slots_[g].gathered = st.record();
 }
@@ -169,7 +194,8 @@ void Gatherer::prefetch_after(size_t pos) {
   const uint64_t max_source = c_.secondary ? std::max(L.max_shard, L.max_padded / c_.secondary->size()) : L.max_shard;
   const uint64_t block = static_cast<uint64_t>(c_.opts.quantized_weights_block);
   const uint64_t shard_in_working =
-      max_source * c_.wb + (block > 0 ? (c_.world + 1) * quantized_bytes(L.max_shard, block) : 0);
+      max_source * c_.wb +
+      (block > 0 ? qwz_chunks(L.max_shard, c_.world, block, c_.opts.quantized_scratch_bytes).bytes : 0);
   for (size_t q = pos + 1; q < schedule_.size(); ++q) {
     const int h = schedule_[q];
     const GroupState& hg = c_.groups[h];
@@ -257,7 +283,8 @@ uint64_t Gatherer::passing_bytes(int g, bool from_secondary) const {
   const GroupState& gr = c_.groups[g];
   if (from_secondary) return gr.padded / c_.secondary->size() * c_.wb;
   const uint64_t block = static_cast<uint64_t>(c_.opts.quantized_weights_block);
-  return gr.shard * c_.wb + (gr.quantized != 0 ? (c_.world + 1) * quantized_bytes(gr.shard, block) : 0);
+  return gr.shard * c_.wb +
+         (gr.quantized != 0 ? qwz_chunks(gr.shard, c_.world, block, c_.opts.quantized_scratch_bytes).bytes : 0);
 }
 
 void Gatherer::invalidate_secondary(int g) {

@@ -90,70 +90,93 @@ class ReduceScatterEachMicroStep final : public GradientReducer {
   // ZeRO++ qgZ: the reduce-scatter of `grad` ([padded], the working type) into `out`
   // ([shard]) as all-to-alls of int8 blocks, summed in fp32 where they arrive. Host work
   // on the engine's stream (the cpu backend's device memory is the host's), through the
-  // group's scratch (qgz_scratch_bytes):
-  //   [send: world parts][received: world parts][fp32: a shard per node][send 2][received 2]
+  // group's scratch (qgz_scratch_bytes of a chunk, qgz_chunks):
+  //   [send: world parts][received: world parts][fp32: a chunk per node][send 2][received 2]
   // One hop: part r of the send is the gradient's slice r quantized, to rank r, and the
   // slice is the sum of what arrives. Two hops (world = nodes x L ranks a node): the send
   // is ordered by local index, then node, so that local rank l gets, in one part, the
   // slices of every node's rank l; each rank sums what its node sent it for those
   // slices (one per node), quantizes the sums again and sends each to its node's rank
-  // over `cross`; its own slice is the sum of those. Returns when `out` is written.
+  // over `cross`; its own slice is the sum of those. A shard whose scratch would exceed
+  // EngineOptions::quantized_scratch_bytes goes in chunks of each slice through two
+  // buffers: chunk i + 1 is quantized while chunk i moves. Returns when `out` is written.
   Event reduce_quantized(GroupState& gr, const void* grad, void* out, const Event& ready) {
     const uint64_t n = gr.shard, block = static_cast<uint64_t>(c_.opts.quantized_gradients_block);
-    const uint64_t q = quantized_bytes(n, block), world = static_cast<uint64_t>(c_.world);
+    const uint64_t world = static_cast<uint64_t>(c_.world);
     const bool two_hops = c_.qgz_node != nullptr;
     const uint64_t nodes = two_hops ? static_cast<uint64_t>(c_.qgz_cross->size()) : 1;
-    const uint64_t per_node = world / nodes;
+    const QuantizedChunks ch =
+        qgz_chunks(n, c_.world, two_hops ? c_.qgz_cross->size() : 1, block, c_.opts.quantized_scratch_bytes);
+    const uint64_t stride = qgz_scratch_bytes(ch.elems, c_.world, two_hops ? c_.qgz_cross->size() : 1, block);
     Acquired qs = c_.store.acquire_for_overwrite(gr.quantized_reduce, Tier::Device);
-    auto* send = static_cast<uint8_t*>(qs.data);
-    uint8_t* recv = send + world * q;
-    auto* sums = reinterpret_cast<float*>(recv + world * q);  // [nodes][n], or [n] in one hop
-    uint8_t* send2 = reinterpret_cast<uint8_t*>(sums + nodes * n);
-    uint8_t* recv2 = send2 + nodes * q;
     Stream& rs = c_.reduce_stream;
     rs.wait(when_all({ready, qs.ready}));
-    const DType t = c_.work_t;
-    const uint64_t tb = c_.wb;
-    std::shared_ptr<std::atomic<double>> worst = worst_error_;
-    rs.host_task([=] {
-      double e = 0;
-      for (uint64_t r = 0; r < world; ++r) {
-        const uint64_t part = two_hops ? (r % per_node) * nodes + r / per_node : r;
-        e = std::max(e, math::quantize_int8(at(grad, r * n, tb), t, n, block, send + part * q,
-                                            math::NonFinite::Propagate)
-                            .relative());
+    // What this rank quantized for this reduce-scatter, both hops, every chunk (the
+    // stream's tasks run one at a time): its relative error is the one reported.
+    auto err = std::make_shared<math::QuantizeError>();
+    struct Moving {
+      Event arrived;
+      uint8_t* recv;
+      float* sums;
+      uint8_t *send2, *recv2;
+      uint64_t first, m, q;
+    };
+    // The chunk's parts have arrived: summed into `out` (two hops: via the cross hop).
+    auto land = [&](const Moving& mv) {
+      rs.wait(mv.arrived);
+      if (!two_hops) {
+        rs.host_task([mv, world, block, out = at(out, mv.first, c_.wb), t = c_.work_t] {
+          sum_parts(mv.recv, world, mv.q, mv.m, block, mv.sums, out, t);
+        });
+        return;
       }
-      raise(*worst, e);
-    });
-    Event arrived;
-    if (!two_hops) {
-      arrived = c_.comm.all_to_all(view(send, world * q, DType::U8), view_mut(recv, world * q, DType::U8), rs.record());
-      c_.stats.shard_collective_bytes += EngineCore::all_to_all_bytes(q, c_.comm.size());
-      rs.wait(arrived);
-      rs.host_task([=] { sum_parts(recv, world, q, n, block, sums, out, t); });
-    } else {
-      arrived = c_.qgz_node->all_to_all(view(send, world * q, DType::U8), view_mut(recv, world * q, DType::U8),
-                                        rs.record());
-      c_.stats.node_collective_bytes += EngineCore::all_to_all_bytes(nodes * q, c_.qgz_node->size());
-      rs.wait(arrived);
-      rs.host_task([=] {
-        // From local rank l, part l holds one slice per node: slice m at (l * nodes + m).
-        std::fill(sums, sums + nodes * n, 0.0f);
-        double e = 0;
-        for (uint64_t m = 0; m < nodes; ++m) {
-          for (uint64_t l = 0; l < per_node; ++l) math::dequantize_add_int8(recv + (l * nodes + m) * q, n, block, sums + m * n);
-          e = std::max(e, math::quantize_int8(sums + m * n, DType::F32, n, block, send2 + m * q,
-                                              math::NonFinite::Propagate)
-                              .relative());
+      const uint64_t per_node = world / nodes;
+      rs.host_task([mv, nodes, per_node, block, err] {
+        // From local rank l, part l holds one slice per node: slice k at (l * nodes + k).
+        std::fill(mv.sums, mv.sums + nodes * mv.m, 0.0f);
+        for (uint64_t k = 0; k < nodes; ++k) {
+          for (uint64_t l = 0; l < per_node; ++l)
+            math::dequantize_add_int8(mv.recv + (l * nodes + k) * mv.q, mv.m, block, mv.sums + k * mv.m);
+          add(*err, math::quantize_int8(mv.sums + k * mv.m, DType::F32, mv.m, block, mv.send2 + k * mv.q,
+                                        math::NonFinite::Propagate));
         }
-        raise(*worst, e);
       });
-      Event crossed = c_.qgz_cross->all_to_all(view(send2, nodes * q, DType::U8),
-                                               view_mut(recv2, nodes * q, DType::U8), rs.record());
-      c_.stats.cross_collective_bytes += EngineCore::all_to_all_bytes(q, c_.qgz_cross->size());
+      const Event crossed = c_.qgz_cross->all_to_all(view(mv.send2, nodes * mv.q, DType::U8),
+                                                     view_mut(mv.recv2, nodes * mv.q, DType::U8), rs.record());
+      c_.stats.cross_collective_bytes += EngineCore::all_to_all_bytes(mv.q, c_.qgz_cross->size());
       rs.wait(crossed);
-      rs.host_task([=] { sum_parts(recv2, nodes, q, n, block, sums, out, t); });
+      rs.host_task([mv, nodes, block, out = at(out, mv.first, c_.wb), t = c_.work_t] {
+        sum_parts(mv.recv2, nodes, mv.q, mv.m, block, mv.sums, out, t);
+      });
+    };
+    Moving last{};
+    for (uint64_t first = 0, i = 0; first < n; first += ch.elems, ++i) {
+      const uint64_t m = std::min(ch.elems, n - first), q = quantized_bytes(m, block);
+      auto* send = static_cast<uint8_t*>(qs.data) + (i % static_cast<uint64_t>(ch.buffers)) * stride;
+      uint8_t* recv = send + world * q;
+      auto* sums = reinterpret_cast<float*>(recv + world * q);  // [nodes][m], or [m] in one hop
+      uint8_t* send2 = reinterpret_cast<uint8_t*>(sums + nodes * m);
+      uint8_t* recv2 = send2 + nodes * q;
+      const uint64_t per_node = world / nodes;
+      rs.host_task([=, t = c_.work_t, tb = c_.wb] {
+        for (uint64_t r = 0; r < world; ++r) {
+          const uint64_t part = two_hops ? (r % per_node) * nodes + r / per_node : r;
+          add(*err, math::quantize_int8(at(grad, r * n + first, tb), t, m, block, send + part * q,
+                                        math::NonFinite::Propagate));
+        }
+      });
+      coll::Communicator& hop = two_hops ? *c_.qgz_node : c_.comm;
+      const Event arrived =
+          hop.all_to_all(view(send, world * q, DType::U8), view_mut(recv, world * q, DType::U8), rs.record());
+      if (two_hops)
+        c_.stats.node_collective_bytes += EngineCore::all_to_all_bytes(nodes * q, hop.size());
+      else
+        c_.stats.shard_collective_bytes += EngineCore::all_to_all_bytes(q, hop.size());
+      if (i > 0) land(last);
+      last = {arrived, recv, sums, send2, recv2, first, m, q};
     }
+    land(last);
+    rs.host_task([err, worst = worst_error_] { raise(*worst, err->relative()); });
     const Event done = rs.record();
     c_.store.release(gr.quantized_reduce, Tier::Device, Access::Write, done);
     c_.store.discard_after(gr.quantized_reduce, done);
@@ -166,6 +189,10 @@ class ReduceScatterEachMicroStep final : public GradientReducer {
     std::fill(sum, sum + n, 0.0f);
     for (uint64_t p = 0; p < parts; ++p) math::dequantize_add_int8(in + p * q, n, block, sum);
     convert_from_f32(out, t, sum, n);
+  }
+  static void add(math::QuantizeError& into, const math::QuantizeError& e) {
+    into.error_sq += e.error_sq;
+    into.value_sq += e.value_sq;
   }
   static void raise(std::atomic<double>& worst, double e) {
     double seen = worst.load();

@@ -83,10 +83,12 @@ DType role_dtype(StateRole r, const ShardStrategy& st) {
 // The tensors of one group, in the order the engine registers them.
 std::vector<StateTensor> group_tensors(const GroupLayout& g, const ShardStrategy& st) {
   std::vector<StateTensor> out;
-  const uint64_t qbytes = st.quantized_block > 0 ? quantized_bytes(g.shard, st.quantized_block) : 0;
-  const uint64_t qgz = st.quantized_gradients_block > 0 && st.stage >= 2
-                           ? qgz_scratch_bytes(g.shard, st.world, st.gradient_nodes, st.quantized_gradients_block)
-                           : 0;
+  const uint64_t qwz =
+      st.quantized_block > 0 ? qwz_chunks(g.shard, st.world, st.quantized_block, st.quantized_scratch).bytes : 0;
+  const uint64_t qgz =
+      st.quantized_gradients_block > 0 && st.stage >= 2
+          ? qgz_chunks(g.shard, st.world, st.gradient_nodes, st.quantized_gradients_block, st.quantized_scratch).bytes
+          : 0;
   auto add = [&](StateRole role, uint64_t elems, Tier home, bool scratch, int sub = -1) {
     const DType t = role_dtype(role, st);
     out.push_back({role, sub, TensorSpec{g.name + suffix(role), elems * dtype_size(t), t, home, owner(role), scratch}});
@@ -97,7 +99,7 @@ std::vector<StateTensor> group_tensors(const GroupLayout& g, const ShardStrategy
       add(StateRole::GatherBuffer, g.padded, Tier::Device, true);
       add(StateRole::ParamShard, g.shard, st.param_home, false);
       if (secondary) add(StateRole::ParamSecondary, g.padded / st.hpz, st.param_home, false);
-      if (qbytes) add(StateRole::QuantizedGather, (st.world + 1) * qbytes, Tier::Device, true);
+      if (qwz) add(StateRole::QuantizedGather, qwz, Tier::Device, true);
     } else {
       add(StateRole::ReplicatedParams, g.padded, Tier::Device, false);
     }
@@ -107,7 +109,7 @@ std::vector<StateTensor> group_tensors(const GroupLayout& g, const ShardStrategy
     add(StateRole::GatherBuffer, g.padded, Tier::Device, true);
     add(StateRole::ParamShard, g.shard, st.param_home, false);
     if (secondary) add(StateRole::ParamSecondary, g.padded / st.hpz, st.param_home, false);
-    if (qbytes) add(StateRole::QuantizedGather, (st.world + 1) * qbytes, Tier::Device, true);
+    if (qwz) add(StateRole::QuantizedGather, qwz, Tier::Device, true);
     add(StateRole::GradReduced, g.shard, Tier::Device, true);
     if (qgz) add(StateRole::QuantizedReduce, qgz, Tier::Device, true);
   } else {
@@ -328,10 +330,14 @@ void size_working_sets(ShardLayout& L, const ShardStrategy& st) {
   const uint64_t source = st.stage == 3 && st.hpz > 1 ? std::max(ms, L.max_padded / st.hpz * wb) : ms;
   // qwZ: the group gathered on demand also holds its quantized buffer.
   const uint64_t quantized =
-      st.stage == 3 && st.quantized_block > 0 ? (st.world + 1) * quantized_bytes(L.max_shard, st.quantized_block) : 0;
+      st.stage == 3 && st.quantized_block > 0
+          ? qwz_chunks(L.max_shard, st.world, st.quantized_block, st.quantized_scratch).bytes
+          : 0;
   // qgZ: the group being reduce-scattered holds its scratch beside its output.
   const uint64_t qgz = st.stage >= 2 && st.quantized_gradients_block > 0
-                           ? qgz_scratch_bytes(L.max_shard, st.world, st.gradient_nodes, st.quantized_gradients_block)
+                           ? qgz_chunks(L.max_shard, st.world, st.gradient_nodes, st.quantized_gradients_block,
+                                        st.quantized_scratch)
+                                 .bytes
                            : 0;
   L.device_working = groups_in_use + (st.stage == 3 ? ms + source : ms) + mg + live_checkpoints + quantized + qgz;
   // Two sub-groups' states (master and moments fp32, the gradient) and a parameter shard.

@@ -289,6 +289,12 @@ class Planner {
   }
   double reduce_s(const GroupLayout& lg) const;
   void reduce_sent(const GroupLayout& lg, double times);
+  // Seconds of a gather from the primary shards (qwZ: its chunks' latencies too).
+  double gather_s(const GroupLayout& lg) const {
+    if (!qwz_) return coll(gather_bytes(lg));
+    const uint64_t chunks = qwz_chunks(lg.shard, shard_.ranks, qblock_, L_.strategy.quantized_scratch).count(lg.shard);
+    return coll(gather_bytes(lg)) + double(chunks - 1) * shard_.lat;
+  }
   // MiCS: the step's all-reduces across the groups, on a lane of their own in the last
   // micro-step's backward, each behind its group's reduce-scatter and accumulation on the
   // engine's one reduce stream (gradient_reducer.cpp): the lane starts a group's backward
@@ -432,11 +438,16 @@ void Planner::set_engine() {
 
 // A group's gradient reduce-scatter: plain over the shard's ranks, or qgZ's int8
 // all-to-alls (one over the world; or within the node, then across the nodes, in turn).
+// In chunks where the scratch would pass its cap (qgz_chunks): a latency more per chunk.
 double Planner::reduce_s(const GroupLayout& lg) const {
   if (!qgz_) return coll(wb_ * double(lg.padded));
   const double q = double(quantized_bytes(lg.shard, qblock_));
-  if (!qgz_two_hops_) return on(shard_, shard_.ranks * q);
-  return on(node_, double(w_) * q) + on(cross_, cross_.ranks * q);
+  const double more = double(qgz_chunks(lg.shard, w_, qgz_two_hops_ ? cl_.nodes : 1, qblock_,
+                                        L_.strategy.quantized_scratch)
+                                 .count(lg.shard) -
+                             1);
+  if (!qgz_two_hops_) return on(shard_, shard_.ranks * q) + more * shard_.lat;
+  return on(node_, double(w_) * q) + on(cross_, cross_.ranks * q) + more * (node_.lat + cross_.lat);
 }
 
 void Planner::reduce_sent(const GroupLayout& lg, double times) {
@@ -539,7 +550,7 @@ void Planner::micro_step_lanes() {
 
   // What cannot overlap: the first group of every micro-step (nothing is fetched across
   // the step boundary) and the last reduction before the optimizer starts.
-  double startup = s3_ ? coll(gather_bytes(L_.groups[0])) : 0.0;
+  double startup = s3_ ? gather_s(L_.groups[0]) : 0.0;
   if (params_move_) startup += c.pcie_latency + sh0_ / c.h2d_bandwidth;
   if (param_home_ == Tier::Nvme) startup += c.nvme_latency + sh0_ / c.nvme_read_bandwidth;
   tail_ = st_.stage >= 2 ? reduce_s(L_.groups[0]) : 0.0;
@@ -566,23 +577,24 @@ void Planner::group_collectives(const GroupLayout& lg, double pd4, bool again_in
     const bool secondary = hpz_ && !lg.persistent;
     const double gq = gather_bytes(lg);
     if (secondary) {
-      f_coll_.add_timed(gq / A_ + pd4 * (A_ - 1.0) / A_, on(shard_, gq) / A_ + on(secondary_, pd4) * (A_ - 1.0) / A_);
+      f_coll_.add_timed(gq / A_ + pd4 * (A_ - 1.0) / A_, gather_s(lg) / A_ + on(secondary_, pd4) * (A_ - 1.0) / A_);
       sent(shard_, gq, 1, p_.shard_collective_bytes);
       sent(secondary_, pd4, A_ - 1, p_.secondary_collective_bytes);
     } else {
-      f_coll_.add_timed(gq, coll(gq));
+      f_coll_.add_timed(gq, gather_s(lg));
       sent(shard_, gq, A_, p_.shard_collective_bytes);
     }
     const Comm& again = secondary ? secondary_ : shard_;
     const double again_bytes = secondary ? pd4 : gq;
     double& again_counter = secondary ? p_.secondary_collective_bytes : p_.shard_collective_bytes;
+    const double again_s = secondary ? on(secondary_, pd4) : gather_s(lg);
     if (again_in_backward) {  // again: tied head, backward
-      b_coll_.add_timed(again_bytes, on(again, again_bytes));
+      b_coll_.add_timed(again_bytes, again_s);
       sent(again, again_bytes, A_, again_counter);
     }
     // Parts: the recompute releases each after use and the backward gathers it again.
     if (part_of_block && st_.parted() && st_.checkpointing) {
-      b_coll_.add_timed(again_bytes, on(again, again_bytes));
+      b_coll_.add_timed(again_bytes, again_s);
       sent(again, again_bytes, A_, again_counter);
     }
   }

@@ -117,6 +117,9 @@ struct EngineOptions {
   // Set by the engine from the node layout (not by the caller): the nodes qgZ's reduction
   // crosses.
   int gradient_nodes = 1;
+  // qwZ's and qgZ's scratch per group at most: a larger shard's quantized collective goes
+  // in chunks through two buffers (ShardStrategy::quantized_scratch, QuantizedChunks).
+  uint64_t quantized_scratch_bytes = uint64_t{64} << 20;
   uint64_t seed = 1234;
   // A master weight beyond the working type's range (fp16: 65504) where the engine rounds
   // initial or loaded masters to it (strata.out_of_range; core/value_checks.hpp).

@@ -11,6 +11,8 @@
 // all three; tests/runtime/test_shard_layout.cpp checks that it does.
 #pragma once
 
+#include <algorithm>
+
 #include <array>
 #include <cstdint>
 #include <string>
@@ -98,11 +100,41 @@ struct ShardStrategy {
   // spans, where the reduction is hierarchical (qgz_hierarchical). 0: off.
   uint64_t quantized_gradients_block = 0;
   int gradient_nodes = 1;
+  // qwZ's and qgZ's scratch per group at most (EngineOptions::quantized_scratch_bytes): a
+  // shard whose quantized buffers would be larger goes in chunks (QuantizedChunks).
+  uint64_t quantized_scratch = uint64_t{64} << 20;
 };
 
 // Bytes of n elements quantized in blocks of `block`: one int8 each and an fp32 scale per
 // (possibly partial) block.
 inline uint64_t quantized_bytes(uint64_t n, uint64_t block) { return n + 4 * ((n + block - 1) / block); }
+
+// How a quantized collective of a shard of n elements goes: `elems` of each slice at a
+// time (a multiple of the block, or all n), through `buffers` copies of the scratch one
+// chunk needs (two where there are several chunks: the next chunk is quantized while the
+// last one moves). bytes: the scratch in all, within `cap` unless one block's is larger.
+// per_block: the scratch of one block of each slice (exact: the scratch is linear in
+// whole blocks).
+struct QuantizedChunks {
+  uint64_t elems = 0;
+  int buffers = 1;
+  uint64_t bytes = 0;
+  uint64_t count(uint64_t n) const { return elems == 0 ? 0 : (n + elems - 1) / elems; }
+};
+template <class Scratch>
+QuantizedChunks quantized_chunks(uint64_t n, uint64_t block, uint64_t cap, Scratch scratch_of) {
+  const uint64_t whole = scratch_of(n);
+  if (whole <= cap || n <= block) return {n, 1, whole};
+  const uint64_t k = std::max<uint64_t>(1, cap / 2 / scratch_of(block));
+  const uint64_t elems = std::min(n, k * block);
+  if (elems >= n) return {n, 1, whole};
+  return {elems, 2, 2 * scratch_of(elems)};
+}
+// qwZ: this rank's shard quantized and every rank's (world + 1 parts).
+inline QuantizedChunks qwz_chunks(uint64_t n, int world, uint64_t block, uint64_t cap) {
+  return quantized_chunks(n, block, cap,
+                          [&](uint64_t m) { return (static_cast<uint64_t>(world) + 1) * quantized_bytes(m, block); });
+}
 
 // qgZ's reduction goes in two hops (within the node, then across) where the world spans
 // several nodes of several ranks each; one all-to-all over the world otherwise.
@@ -115,6 +147,9 @@ inline uint64_t qgz_scratch_bytes(uint64_t n, int world, int nodes, uint64_t blo
   if (!qgz_hierarchical(world, nodes)) return 2 * w * q + 4 * n;
   const uint64_t m = static_cast<uint64_t>(nodes);
   return 2 * w * q + m * (4 * n + 2 * q);
+}
+inline QuantizedChunks qgz_chunks(uint64_t n, int world, int nodes, uint64_t block, uint64_t cap) {
+  return quantized_chunks(n, block, cap, [&](uint64_t m) { return qgz_scratch_bytes(m, world, nodes, block); });
 }
 
 // Checkpoints on the device at once when they live elsewhere: in forward a block's input
