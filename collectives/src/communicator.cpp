@@ -114,14 +114,21 @@ Event Communicator::reduce_scatter(ConstView send, MutView recv, ReduceOp op, Ev
   return do_reduce_scatter(send.data(), recv.data(), n, send.dtype(), op, std::move(after));
 }
 
-Event Communicator::all_to_all(ConstView send, MutView recv, Event after) {
-  const std::string w = where("all_to_all");
+namespace {
+// send and recv: one type, valid, and as many elements (all_reduce, all_to_all).
+void check_equal_buffers(const std::string& w, ConstView send, MutView recv) {
   check_same_type(w, send.dtype(), recv.dtype());
   check_data(w, "send", send.data(), send.count());
   check_data(w, "recv", recv.data(), recv.count());
   if (send.count() != recv.count())
     throw CollectiveUsageError(w + "send holds " + describe(send.count(), send.dtype()) + " but recv holds " +
                                describe(recv.count(), recv.dtype()) + "; they must match");
+}
+}  // namespace
+
+Event Communicator::all_to_all(ConstView send, MutView recv, Event after) {
+  const std::string w = where("all_to_all");
+  check_equal_buffers(w, send, recv);
   if (send.count() % static_cast<size_t>(size_) != 0)
     throw CollectiveUsageError(w + "send holds " + describe(send.count(), send.dtype()) +
                                ", which is not a whole part for each of the " + std::to_string(size_) +
@@ -134,12 +141,7 @@ Event Communicator::all_to_all(ConstView send, MutView recv, Event after) {
 
 Event Communicator::all_reduce(ConstView send, MutView recv, ReduceOp op, Event after) {
   const std::string w = where("all_reduce");
-  check_same_type(w, send.dtype(), recv.dtype());
-  check_data(w, "send", send.data(), send.count());
-  check_data(w, "recv", recv.data(), recv.count());
-  if (send.count() != recv.count())
-    throw CollectiveUsageError(w + "send holds " + describe(send.count(), send.dtype()) + " but recv holds " +
-                               describe(recv.count(), recv.dtype()) + "; they must match");
+  check_equal_buffers(w, send, recv);
   if (send.data() != recv.data() && overlaps(send.data(), send.bytes(), recv.data(), recv.bytes()))
     throw CollectiveUsageError(w + "send and recv overlap without being the same buffer (in place)");
   return do_all_reduce(send.data(), recv.data(), send.count(), send.dtype(), op, std::move(after));
