@@ -154,7 +154,7 @@ class ReduceScatterEachMicroStep final : public GradientReducer {
       const uint64_t m = std::min(ch.elems, n - first), q = quantized_bytes(m, block);
       auto* send = static_cast<uint8_t*>(qs.data) + (i % static_cast<uint64_t>(ch.buffers)) * stride;
       uint8_t* recv = send + world * q;
-      auto* sums = reinterpret_cast<float*>(recv + world * q);  // [nodes][m], or [m] in one hop
+      auto* sums = reinterpret_cast<float*>(send + qgz_sums_offset(m, c_.world, block));  // [nodes][m], or [m]
       uint8_t* send2 = reinterpret_cast<uint8_t*>(sums + nodes * m);
       uint8_t* recv2 = send2 + nodes * q;
       const uint64_t per_node = world / nodes;

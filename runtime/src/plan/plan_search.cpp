@@ -36,6 +36,30 @@ std::vector<NodeLayout> node_layouts(const ClusterSpec& cluster, const Strategy&
   return layouts;
 }
 
+// Each candidate's verdict, against the fastest that fits (the first, once sorted).
+void explain(std::vector<Candidate>& out) {
+  const Plan* best = out.empty() || !out.front().plan.fits ? nullptr : &out.front().plan;
+  for (Candidate& c : out) {
+    std::ostringstream v;
+    if (best && &c.plan == best) {
+      c.chosen = true;
+      v << "chosen: fastest that fits";
+    } else if (!c.plan.fits) {
+      v << "doesn't fit: ";
+      for (size_t i = 0; i < c.plan.problems.size(); ++i) {
+        const std::string& p = c.plan.problems[i];
+        v << (i ? "; " : "") << p.substr(0, p.find(" per rank"));  // "device short by 3.2 GiB: needs 35 GiB"
+      }
+    } else {
+      const double slower = best->tokens_per_s / c.plan.tokens_per_s - 1;
+      v.precision(3);
+      v << "slower by " << 100 * slower << "% (" << c.plan.tokens_per_s << " vs " << best->tokens_per_s
+        << " tokens/s; " << c.plan.bottleneck.substr(0, c.plan.bottleneck.find(':')) << " bound)";
+    }
+    c.verdict = v.str();
+  }
+}
+
 }  // namespace
 
 std::vector<Candidate> search(const GptShape& model, const ClusterSpec& cluster, const Strategy& base,
@@ -122,26 +146,7 @@ std::vector<Candidate> search(const GptShape& model, const ClusterSpec& cluster,
     for (const auto& t : b.plan.tiers) sb += t.short_by();
     return sa < sb;
   });
-  const Plan* best = out.empty() || !out.front().plan.fits ? nullptr : &out.front().plan;
-  for (Candidate& c : out) {
-    std::ostringstream v;
-    if (best && &c.plan == best) {
-      c.chosen = true;
-      v << "chosen: fastest that fits";
-    } else if (!c.plan.fits) {
-      v << "doesn't fit: ";
-      for (size_t i = 0; i < c.plan.problems.size(); ++i) {
-        const std::string& p = c.plan.problems[i];
-        v << (i ? "; " : "") << p.substr(0, p.find(" per rank"));  // "device short by 3.2 GiB: needs 35 GiB"
-      }
-    } else {
-      const double slower = best->tokens_per_s / c.plan.tokens_per_s - 1;
-      v.precision(3);
-      v << "slower by " << 100 * slower << "% (" << c.plan.tokens_per_s << " vs " << best->tokens_per_s
-        << " tokens/s; " << c.plan.bottleneck.substr(0, c.plan.bottleneck.find(':')) << " bound)";
-    }
-    c.verdict = v.str();
-  }
+  explain(out);
   return out;
 }
 

@@ -142,11 +142,16 @@ inline bool qgz_hierarchical(int world, int nodes) { return nodes > 1 && nodes <
 // qgZ's scratch for a shard of n elements: the world's quantized parts sent and received
 // (world x quantized_bytes(n)), and the fp32 sum of n; two hops also sum one part for each
 // node in fp32 and pass them, quantized again, through a second send and receive.
+// The parts come first, then the fp32 sums at qgz_sums_offset (16-byte aligned whatever
+// the block), then the second hop's parts.
+inline uint64_t qgz_sums_offset(uint64_t n, int world, uint64_t block) {
+  return (2 * static_cast<uint64_t>(world) * quantized_bytes(n, block) + 15) / 16 * 16;
+}
 inline uint64_t qgz_scratch_bytes(uint64_t n, int world, int nodes, uint64_t block) {
-  const uint64_t q = quantized_bytes(n, block), w = static_cast<uint64_t>(world);
-  if (!qgz_hierarchical(world, nodes)) return 2 * w * q + 4 * n;
+  const uint64_t q = quantized_bytes(n, block), sums = qgz_sums_offset(n, world, block);
+  if (!qgz_hierarchical(world, nodes)) return sums + 4 * n;
   const uint64_t m = static_cast<uint64_t>(nodes);
-  return 2 * w * q + m * (4 * n + 2 * q);
+  return sums + m * (4 * n + 2 * q);
 }
 inline QuantizedChunks qgz_chunks(uint64_t n, int world, int nodes, uint64_t block, uint64_t cap) {
   return quantized_chunks(n, block, cap, [&](uint64_t m) { return qgz_scratch_bytes(m, world, nodes, block); });

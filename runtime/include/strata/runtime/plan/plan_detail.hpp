@@ -1,5 +1,5 @@
 // The planner's internals shared by the analytic plan and the simulation driver
-// (runtime/src/plan/plan.cpp, plan_simulate.cpp): the engine's layout of a GPT and each
+// (runtime/src/plan/plan.cpp, plan_layout.cpp, plan_simulate.cpp): the engine's layout of a GPT and each
 // group's kernel time, so that both count the same groups, shards and seconds.
 #pragma once
 
@@ -22,6 +22,15 @@ int shard_ranks(int world, const Strategy& st);
 // The parts the engine would gather (gpt_parts with the strategy's bucket and tile factor);
 // the resolved layout's groups are these parts, in order.
 std::vector<std::vector<uint64_t>> plan_parts(const GptShape& shape, const Strategy& st);
+// The engine's groups as strata train cuts them, each with the model group (index into
+// plan_parts) it belongs to. With Strategy::frozen_fraction, each is split into a frozen
+// group of that share of its elements (rounded) and a trained group of the rest; a part
+// of no elements is left out.
+struct PlanGroups {
+  std::vector<GroupSize> sizes;
+  std::vector<int> model_of;
+};
+PlanGroups plan_groups(const GptShape& shape, const Strategy& st);
 
 // Kernel seconds of one micro-step, per group.
 struct GroupTimes {
