@@ -137,8 +137,12 @@ MPI_Op MpiProgress::reduce_op(ReduceOp op, DataType t) const {
 
 Event MpiProgress::submit(Op op) {
   auto [ev, done] = HostEvent::make();
-  // A host dependency wakes the thread when it completes; others are polled.
-  auto* dep = dynamic_cast<HostEvent*>(op.after.impl());
+  // A host dependency wakes the thread when it completes; others are polled. The copy
+  // keeps it alive here: once queued, the progress thread may run the operation and drop
+  // its own reference (the only one, for an event recorded just for this call) before
+  // then() below is reached.
+  const Event after = op.after;
+  auto* dep = dynamic_cast<HostEvent*>(after.impl());
   {
     std::lock_guard<std::mutex> lock(mu_);
     incoming_.push_back(Pending{std::move(op), done});
