@@ -1003,3 +1003,26 @@ TEST_F(ConfigTest, TheDocumentedExampleParses) {
   EXPECT_TRUE(c.warnings.empty()) << "the page says every key of its example acts: "
                                   << ::testing::PrintToString(c.warnings);
 }
+
+// ZeRO++'s quantized collectives: qgZ at stage 1 and with MiCS is refused; a block size
+// without its collective would act on nothing and is refused too; with it, both parse.
+TEST(Config, QuantizedCollectivesRefuseWhatCannotWork) {
+  EXPECT_HAS(error_of(json::parse(R"({"zero_optimization": {"stage": 1, "zero_quantized_gradients": true}})")),
+             "zero_optimization.zero_quantized_gradients quantizes the gradient reduce-scatters of stages 2 and 3");
+  EXPECT_HAS(error_of(json::parse(
+                 R"({"zero_optimization": {"stage": 3, "zero_quantized_gradients": true, "mics_shard_size": 2}})")),
+             "remove one of them");
+  EXPECT_HAS(error_of(json::parse(R"({"strata": {"quantized_gradients_block": 64}})")),
+             "strata.quantized_gradients_block sizes the blocks of zero_optimization.zero_quantized_gradients, which "
+             "is off: set zero_optimization.zero_quantized_gradients to true, or remove strata.quantized_gradients_block");
+  EXPECT_HAS(error_of(json::parse(R"({"strata": {"quantized_weights_block": 64}})")),
+             "strata.quantized_weights_block sizes the blocks of zero_optimization.zero_quantized_weights, which is off");
+  EXPECT_HAS(error_of(json::parse(R"({"zero_optimization": {"stage": 3, "zero_quantized_gradients": true},
+                                      "strata": {"quantized_gradients_block": 8}})")),
+             "strata.quantized_gradients_block");
+  const Config c = parse_config(json::parse(R"({"zero_optimization": {"stage": 2, "zero_quantized_gradients": true},
+                                                 "strata": {"quantized_gradients_block": 64}})"));
+  EXPECT_TRUE(c.zero.zero_quantized_gradients);
+  EXPECT_EQ(c.strata.quantized_gradients_block, 64);
+  EXPECT_EQ(EngineOptions::from_config(c).quantized_gradients_block, 64);
+}

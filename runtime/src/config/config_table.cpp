@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <tuple>
 
 namespace strata {
 
@@ -60,8 +61,18 @@ void check_nvme_dirs(const std::string& section, const OffloadConfig& o) {
   }
 }
 
-void check_top(const json&, void* target) {
+void check_top(const json& j, void* target) {
   const Config& c = config_of(target);
+  // A quantized block size sizes a collective that is off: refused, as a key that would
+  // act on nothing.
+  const json* strata = j.contains("strata") && j.at("strata").is_object() ? &j.at("strata") : nullptr;
+  for (auto [key, on, feature] : {std::tuple{"quantized_weights_block", c.zero.zero_quantized_weights,
+                                             "zero_quantized_weights"},
+                                  std::tuple{"quantized_gradients_block", c.zero.zero_quantized_gradients,
+                                             "zero_quantized_gradients"}})
+    if (strata != nullptr && strata->contains(key) && !on)
+      throw ConfigError(std::string("strata.") + key + " sizes the blocks of zero_optimization." + feature +
+                        ", which is off: set zero_optimization." + feature + " to true, or remove strata." + key);
   check_nvme_dirs("zero_optimization.offload_param", c.zero.offload_param);
   check_nvme_dirs("zero_optimization.offload_optimizer", c.zero.offload_optimizer);
   if (c.activation_checkpointing.cpu_checkpointing && !c.activation_checkpointing.enabled)

@@ -21,8 +21,8 @@ namespace {
 // this cluster: the device budget is the HBM less what the runtime cannot use and less
 // the activations the model holds itself (the checkpoints are the engine's); the pinned
 // budget is the node's pinned memory per rank. NVMe, where the strategy offloads there,
-// is a placeholder path sized from the layout (nothing is written: the planner and the
-// simulator never touch it).
+// is named "(simulated nvme)" and sized from the layout: the planner and the simulator
+// count its bytes and never open a file.
 EngineOptions plan_engine_options(const Plan& p, const Strategy& st, const std::vector<GroupSize>& sizes) {
   const GptShape& s = p.shape;
   const ClusterSpec& cl = p.cluster;
