@@ -1,4 +1,4 @@
-// Causal multi-head attention on the cuda backend, two ways (kernels_cuda.hpp's
+// Causal multi-head attention on the cuda backend, three ways (kernels_cuda.hpp's
 // AttentionKernels) of the same math, attention_cpu.cpp's: scores scaled by
 // 1/sqrt(head_dim), probabilities by exp_approx, masked ones exactly 0; statistics (max,
 // sum, log-sum-exp) fp32; dq, dk, dv written fp32. In 16 bits both round where
@@ -49,6 +49,14 @@
 // the 16-bit forward takes two passes over the key tiles (the first only for max and
 // sum); fp32 keeps the one-pass online softmax, bit for bit the kernel that ran on the
 // H100.
+//
+// Mma (STRATA_ATTENTION=mma; attention_mma_cuda.cu): the flash kernels' 16-bit path with
+// both products of each tile (Q K^T and P V; in backward Q K^T, dO V^T, dS K, P^T dO and
+// dS^T Q) on the tensor cores through WMMA, 16-bit operands and fp32 accumulators, the
+// scores of a 64 x 64 tile in shared memory: no [T, T] scratch, and the tensor cores the
+// gemm path uses. bf16 and fp16 only, head dimensions multiples of 16 up to 128. Compiled
+// here, NOT yet run on a GPU: the default stays gemm until scripts/gpu-check.sh attn has
+// checked it against the cpu model and timed it.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -57,6 +65,7 @@
 #include <string>
 #include <type_traits>
 
+#include "attention_mma_cuda.hpp"
 #include "kernels_cuda.hpp"
 #include "storage_cuda.cuh"
 
@@ -412,18 +421,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-int max_shared_bytes() {
-  int dev = 0, bytes = 0;
-  STRATA_CHECK_CUDA(cudaGetDevice(&dev));
-  STRATA_CHECK_CUDA(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  return bytes;
-}
-
-template <typename Kernel>
-void allow_shared(Kernel kernel, size_t bytes) {
-  STRATA_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-}
-
 template <int BT, class S>
 void forward_with(const void* qkv, void* out, float* lse, int B, int T, int d, int H, cudaStream_t s) {
   const int hd = d / H;
@@ -650,6 +647,13 @@ void backward_gemm(const void* qkv, DType t, const float* lse, const void* dout,
 
 }  // namespace
 
+int max_shared_bytes() {
+  int dev = 0, bytes = 0;
+  STRATA_CHECK_CUDA(cudaGetDevice(&dev));
+  STRATA_CHECK_CUDA(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return bytes;
+}
+
 int attention_tile(int head_dim) {
   const size_t limit = static_cast<size_t>(max_shared_bytes());
   if (most_floats(64, head_dim) * sizeof(float) <= limit) return 64;
@@ -661,13 +665,17 @@ AttentionKernels attention_kernels_from_env() {
   const char* v = std::getenv("STRATA_ATTENTION");
   if (v == nullptr || *v == '\0' || std::string(v) == "gemm") return AttentionKernels::Gemm;
   if (std::string(v) == "flash") return AttentionKernels::Flash;
+  if (std::string(v) == "mma") return AttentionKernels::Mma;
   throw ConfigError(std::string("STRATA_ATTENTION=") + v +
-                    ": the cuda attention kernels are \"gemm\" (cuBLAS, the default) or \"flash\"");
+                    ": the cuda attention kernels are \"gemm\" (cuBLAS, the default), \"flash\" or \"mma\"");
 }
-
 
 void attention_forward(const void* qkv, void* out, DType t, float* lse, int B, int T, int d, int H,
                        const AttentionPath& path, cudaStream_t s) {
+  if (path.kernels == AttentionKernels::Mma) {
+    attention_mma_forward(qkv, out, t, lse, B, T, d, H, s);
+    return;
+  }
   const int bt = path.kernels == AttentionKernels::Flash ? tile_or_throw(d / H) : 0;
   with_storage(t, [&](auto tag) {
     using S = decltype(tag);
@@ -691,6 +699,8 @@ void attention_backward(const void* qkv, const void* out, DType t, const float* 
     STRATA_CHECK_CUDA(cudaGetLastError());
     if (path.kernels == AttentionKernels::Gemm)
       backward_gemm<S>(qkv, t, lse, dout, dqkv, dotp, B, T, d, H, path, s);
+    else if (path.kernels == AttentionKernels::Mma)
+      attention_mma_backward(qkv, t, lse, dout, dqkv, dotp, B, T, d, H, s);
     else if (bt == 64)
       backward_with<64, S>(qkv, lse, dout, dqkv, dotp, B, T, d, H, s);
     else

@@ -11,9 +11,9 @@
 //
 // Attention (attention_cuda.cu) runs on cuBLAS through this model's handle (its stream,
 // its math mode: no TF32 in fp32), its [T, T] scores in scratch carved with the other
-// buffers, so activation_bytes() counts it; STRATA_ATTENTION=flash, read when the model
-// is built (and by the static activation_bytes), selects the flash kernels instead,
-// which need no scratch.
+// buffers, so activation_bytes() counts it; STRATA_ATTENTION=flash or mma, read when the
+// model is built (and by the static activation_bytes), selects the flash kernels or the
+// tensor-core ones (16 bits only; NOT yet run on a GPU) instead, which need no scratch.
 //
 // Compiled and linked in CI, never run there (no GPU). fp32 was checked on an H100, and
 // fp32, bf16 and fp16, GPT-2 and Llama (its blocks below mirror gpt_cpu_blocks.cpp's
@@ -181,11 +181,16 @@ struct GptCuda::Impl {
     half = t != DType::F32;
     detail::check_checkpoint_options(o);
     attention = cu::attention_kernels_from_env();
-    // The flash kernels put batch x head on the grid's y dimension, at most 65535.
-    if (attention == cu::AttentionKernels::Flash && static_cast<long>(o.micro_batch) * s.heads > 65535)
+    // The flash and mma kernels put batch x head on the grid's y dimension, at most 65535.
+    if (attention != cu::AttentionKernels::Gemm && static_cast<long>(o.micro_batch) * s.heads > 65535)
       throw ConfigError("micro_batch x heads = " + std::to_string(static_cast<long>(o.micro_batch) * s.heads) +
-                        " is more than the cuda flash attention kernels' 65535 (batch x head) blocks; lower "
-                        "train_micro_batch_size_per_gpu, or unset STRATA_ATTENTION");
+                        " is more than the cuda flash and mma attention kernels' 65535 (batch x head) blocks; "
+                        "lower train_micro_batch_size_per_gpu, or unset STRATA_ATTENTION");
+    // The tensor-core kernels' limits that hold on any GPU: 16-bit, head dimensions in 16s.
+    if (attention == cu::AttentionKernels::Mma) {
+      const std::string why = attention_mma_refusal(s.head_dim(), t);
+      if (!why.empty()) throw ConfigError(why);
+    }
     Arena count;
     carve(count);
     bytes = count.used;
@@ -197,6 +202,10 @@ struct GptCuda::Impl {
       throw ConfigError("head dimension d_model / heads = " + std::to_string(head_dim) +
                         " is too large for the cuda flash attention kernels' shared memory on this GPU; use more "
                         "heads, or unset STRATA_ATTENTION");
+    }
+    if (attention == cu::AttentionKernels::Mma) {  // compute capability and shared memory
+      const std::string why = cu::attention_mma_gpu_refusal(head_dim);
+      if (!why.empty()) throw ConfigError(why);
     }
     cudaError_t rc = cudaMalloc(&mem, bytes);
     if (rc != cudaSuccess) {

@@ -1,6 +1,7 @@
-// The cuda backend's GPT kernels (kernels_cuda.cu, attention_cuda.cu), as host launchers
-// on one stream: the counterpart of kernels_cpu.hpp and attention_cpu.hpp. All pointers
-// are device memory; every launch is asynchronous on `s` and checks its launch error.
+// The cuda backend's GPT kernels (kernels_cuda.cu, attention_cuda.cu,
+// attention_mma_cuda.cu), as host launchers on one stream: the counterpart of
+// kernels_cpu.hpp and attention_cpu.hpp. All pointers are device memory; every launch is
+// asynchronous on `s` and checks its launch error.
 //
 // Element types: `t` is the model's precision (F32, BF16 or F16). Pointers typed `void*`
 // hold elements of type t: the weights and gradient buffers, and the activations that
@@ -13,7 +14,8 @@
 // Compiled and linked in CI, where they never run (no GPU): tests/model/test_gpt_cuda.cpp
 // compares them against the cpu model where a GPU is present and skips otherwise (the
 // fp32 kernels have passed on an H100, and all of them, 16-bit and Llama's included, on
-// an H200; docs/training.md, docs/mixed-precision.md).
+// an H200; docs/training.md, docs/mixed-precision.md; the fused path's and the Mma
+// attention's have NOT run on a GPU yet).
 //
 // This header is included from C++20 (gpt_cuda.cpp) and C++17 CUDA sources alike, so it
 // holds plain declarations and small inline helpers only.
@@ -27,6 +29,7 @@
 
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
+#include "strata/model/attention_mma_plan.hpp"
 #include "strata/model/attention_plan.hpp"
 #include "strata/model/cuda_kernel_plan.hpp"
 
@@ -134,8 +137,8 @@ void fill_uniform(void* p, DType t, long n, uint32_t seed, cudaStream_t s);
 
 // Causal attention over qkv [B*T, 3d] (q, k, v; heads contiguous; type t) into out
 // [B*T, d] (type t, rounded once) and the log-sum-exp lse [B, H, T] (fp32); backward
-// writes dqkv. Two implementations of the same math (attention_cuda.cu says how each
-// runs):
+// writes dqkv. Three implementations of the same math (attention_cuda.cu and
+// attention_mma_cuda.cu say how each runs):
 enum class AttentionKernels {
   // Default. The scores of a chunk of heads materialised in scratch by cuBLAS (tensor
   // cores in 16 bits; fp32 GEMMs without TF32 in fp32), softmax and dS by small kernels.
@@ -145,10 +148,16 @@ enum class AttentionKernels {
   // but slow at large head dimensions and long sequences, and limited by shared memory
   // (attention_tile). Selected with STRATA_ATTENTION=flash, to compare the two.
   Flash,
+  // The flash kernels' tiles and rounding with both products of each tile on the tensor
+  // cores (WMMA): no scratch, no [T, T] scores. bf16 and fp16 only, head dimensions that
+  // are multiples of 16 up to kMmaMaxHeadDim (strata/model/attention_mma_plan.hpp),
+  // compute capability 8.0 or newer. Selected with STRATA_ATTENTION=mma. Compiled, NOT
+  // yet run on a GPU.
+  Mma,
 };
 
-// STRATA_ATTENTION: unset, empty or "gemm" -> Gemm; "flash" -> Flash. Anything else
-// throws ConfigError naming the value.
+// STRATA_ATTENTION: unset, empty or "gemm" -> Gemm; "flash" -> Flash; "mma" -> Mma.
+// Anything else throws ConfigError naming the value.
 AttentionKernels attention_kernels_from_env();
 
 // Device bytes of scratch the Gemm path needs: strata::attention_gemm_scratch_bytes
@@ -158,7 +167,7 @@ using strata::attention_gemm_scratch_bytes;
 // What the launchers below run on. Gemm needs the caller's cuBLAS handle, already set to
 // the launchers' stream `s` (checked) and to the math mode the caller wants (the model's:
 // no TF32 in fp32), and scratch of at least attention_gemm_scratch_bytes(T, H, t) bytes
-// for the T and H it is called with. Flash needs neither.
+// for the T and H it is called with. Flash and Mma need neither.
 struct AttentionPath {
   AttentionKernels kernels = AttentionKernels::Flash;
   cublasHandle_t blas = nullptr;
@@ -170,6 +179,11 @@ struct AttentionPath {
 // where a 64-row tile's shared memory is more than a block may have; 0 where neither fits
 // (the flash launchers then throw ConfigError; the Gemm path has no such limit).
 int attention_tile(int head_dim);
+// Why the current GPU cannot run the Mma kernels at this head dimension (compute
+// capability before 8.0, or no tile's shared memory fits), or "" where it can. What the
+// model's type and head dimension allow anywhere is attention_mma_refusal's
+// (strata/model/attention_mma_plan.hpp).
+std::string attention_mma_gpu_refusal(int head_dim);
 void attention_forward(const void* qkv, void* out, DType t, float* lse, int B, int T, int d, int H,
                        const AttentionPath& path, cudaStream_t s);
 // dqkv [B*T, 3d] (fp32, every element overwritten) from dout [B*T, d] (type t: the
