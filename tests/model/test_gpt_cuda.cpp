@@ -7,7 +7,8 @@
 // model fails to write cannot pass.
 //
 // Attention runs on the cuBLAS path by default (attention_cuda.cu); GptCudaFlash runs the
-// flash kernels (STRATA_ATTENTION=flash) against the same cpu model.
+// flash kernels (STRATA_ATTENTION=flash) and GptCudaMma the tensor-core ones
+// (STRATA_ATTENTION=mma, attention_mma_cuda.cu, 16 bits only) against the same cpu model.
 //
 // Every comparison runs twice, with the reference kernels and with the fused ones
 // (strata.cuda_kernels; cuBLASLt epilogues, row-parallel norms), at the same tolerances;
@@ -52,6 +53,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "strata/core/convert.hpp"
@@ -435,6 +437,87 @@ TEST_P(GptCudaBf16VsCpu, LlamaLossLogitsGradients) {
   if (!cuda_available(&why)) GTEST_SKIP() << why;
   compare_with_cpu(cuda_llama(false), {.micro_batch = 2, .checkpointing = GetParam(), .precision = DType::BF16},
                    DType::BF16, kBf16);
+}
+
+// The tensor-core attention (STRATA_ATTENTION=mma, attention_mma_cuda.cu; NOT yet run on
+// a GPU when these were written): the flash kernels' 16-bit path with its products on
+// WMMA, so it is held against the cpu model in the same precision at the same tolerances
+// (its fp32 sums run in another order than the flash kernels' loops: fp32 rounding, far
+// below them), and against the cpu model in fp32 at kBf16VsF32. bf16 and fp16 only. Head
+// dimension 16 in the default shape (80 tokens: the second 64-row tile cut by T), with
+// and without checkpointing; 64 and 128 (GPT-2's and the 1.1B GPT's) at T = 100; Llama's
+// grouped-query shape.
+TEST(GptCudaMma, Bf16) {
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << why;
+  ScopedAttentionKernels mma("mma");
+  const GptShape shape{.layers = 2, .d_model = 64, .heads = 4, .seq_len = 80, .vocab = 97};
+  compare_with_cpu(shape, {.micro_batch = 2, .precision = DType::BF16}, DType::BF16, kBf16);
+  SCOPED_TRACE("per-block checkpointing");
+  compare_with_cpu(shape,
+                   {.micro_batch = 2, .checkpointing = ActivationCheckpointing::PerBlock, .precision = DType::BF16},
+                   DType::BF16, kBf16);
+}
+
+TEST(GptCudaMma, Fp16) {
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << why;
+  ScopedAttentionKernels mma("mma");
+  compare_with_cpu({.layers = 2, .d_model = 64, .heads = 4, .seq_len = 80, .vocab = 97},
+                   {.micro_batch = 2, .precision = DType::F16}, DType::F16, kFp16, 1024.0f);
+}
+
+TEST(GptCudaMma, HeadDims) {
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << why;
+  ScopedAttentionKernels mma("mma");
+  for (const int d : {128, 256}) {
+    SCOPED_TRACE("head dimension " + std::to_string(d / 2) + ", seq_len 100");
+    const GptShape shape{.layers = 1, .d_model = d, .heads = 2, .seq_len = 100, .vocab = 97};
+    compare_with_cpu(shape, {.micro_batch = 2, .precision = DType::BF16}, DType::BF16, kBf16);
+    compare_with_cpu(shape, {.micro_batch = 2, .precision = DType::F16}, DType::F16, kFp16, 1024.0f);
+    SCOPED_TRACE("bf16 against the cpu model in fp32");
+    compare_with_cpu(shape, {.micro_batch = 2, .precision = DType::BF16}, DType::F32, kBf16VsF32);
+  }
+}
+
+TEST(GptCudaMma, Llama) {
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << why;
+  ScopedAttentionKernels mma("mma");
+  compare_with_cpu(cuda_llama(false), {.micro_batch = 2, .precision = DType::BF16}, DType::BF16, kBf16);
+  compare_with_cpu(cuda_llama(true), {.micro_batch = 2, .precision = DType::F16}, DType::F16, kFp16, 1024.0f);
+}
+
+// Host-only: the tensor-core attention refuses what it cannot run before a GPU is asked:
+// fp32 (its operands are 16-bit) and head dimensions that are not multiples of 16 or
+// exceed 128, each naming STRATA_ATTENTION=gemm as the way out. It takes no scratch.
+TEST(GptCudaSizes, MmaRefusesFp32AndOtherHeadDimensions) {
+  ScopedAttentionKernels mma("mma");
+  const auto refusal = [](const GptShape& shape, DType t) -> std::string {
+    try {
+      GptCuda::activation_bytes(shape, {.micro_batch = 2, .precision = t});
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const GptShape hd32{.layers = 1, .d_model = 128, .heads = 4, .seq_len = 64, .vocab = 256};
+  EXPECT_EQ(refusal(hd32, DType::BF16), "");
+  EXPECT_EQ(refusal(hd32, DType::F16), "");
+  const std::string f32 = refusal(hd32, DType::F32);
+  EXPECT_NE(f32.find("bf16 or fp16"), std::string::npos) << f32;
+  EXPECT_NE(f32.find("STRATA_ATTENTION=gemm"), std::string::npos) << f32;
+  for (const auto& [d, heads] : {std::pair{96, 4}, std::pair{288, 2}, std::pair{144, 2}}) {
+    const int hd = d / heads;  // 24, 144, 72
+    const GptShape shape{.layers = 1, .d_model = d, .heads = heads, .seq_len = 64, .vocab = 256};
+    const std::string why = refusal(shape, DType::BF16);
+    EXPECT_NE(why.find("multiples of 16 up to 128, not " + std::to_string(hd)), std::string::npos) << why;
+    EXPECT_NE(why.find("STRATA_ATTENTION=gemm"), std::string::npos) << why;
+  }
+  const uint64_t mma_bytes = GptCuda::activation_bytes(hd32, {.micro_batch = 2, .precision = DType::BF16});
+  ScopedAttentionKernels flash("flash");
+  EXPECT_EQ(mma_bytes, GptCuda::activation_bytes(hd32, {.micro_batch = 2, .precision = DType::BF16}));
 }
 
 // Host-only: Llama's layout sizes without a GPU (its own activations, not GPT-2's).
