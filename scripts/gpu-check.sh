@@ -17,6 +17,9 @@
 #   step1b     the 1.1B bf16 step (bench1b's shape) with the GPU optimizer, CPU Adam over pinned states
 #              and the split 0.5: fused kernels alone, then the reference kernels with PyTorch and FSDP2
 #              CPUOffloadPolicy beside them (--peers fsdp2); about 4 minutes; wants the H200's memory
+#   attn       STRATA_ATTENTION=mma (the tensor-core attention, attention_mma_cuda.cu): test_gpt_cuda's mma
+#              tests, compute-sanitizer memcheck and racecheck over them, then the 1.1B bf16 step (fused
+#              kernels, the GPU optimizer) with mma and then with gemm, PyTorch beside; within 8 minutes
 #   lane       the speculative optimizer on its lane against in line: 124M in memory
 #   copy       strata bench copy --backend cuda: pinned <-> device through the copy stream, beside cudaMemcpy
 #   torch      strata.torch on the cuda backend with the machine's torch, transformers and peft:
@@ -42,7 +45,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-known=(tests sanitize train bench bench1b kernels fusedtest fusedsan step1b lane copy peers torch lora7b ranks capacity)
+known=(tests sanitize train bench bench1b kernels fusedtest fusedsan step1b attn lane copy peers torch lora7b ranks capacity)
 # The parts asked for are checked before anything is unpacked or run: a typo costs
 # nothing of the machine's time.
 for part in "$@"; do
@@ -188,6 +191,29 @@ for part in "${parts[@]}"; do
       --python "$(command -v python3)" --json "$out/step1b-reference.json"
     rm -rf "$d"
     grep -E "^=== exit|^(in memory|params|optimizer|FSDP2|PyTorch|bf16 tokens|Strata |MFU)|skipped|error" "$out/step1b.log" | cut -c1-220
+    ;;
+  attn)
+    # The tensor-core attention (STRATA_ATTENTION=mma): its tests against the cpu model (bf16 and fp16,
+    # head dimensions 16, 64 and 128, GPT-2 and Llama) and the refusals; the sanitizers over them with the
+    # reference kernels alone (the attention is the same under both sets); then the 1.1B bf16 step of
+    # bench1b's shape with the fused kernels and the GPU optimizer, mma without PyTorch, then gemm (the
+    # default) with PyTorch beside, so the two attentions and PyTorch are timed on one machine.
+    # Limits: 70 + 80 + 50 + 100 + 130 s, within 8 minutes.
+    run attn.log 70 "$B/test_gpt_cuda" --gtest_filter='GptCudaMma.*:GptCudaSizes.Mma*'
+    cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+    run attn.log 80 env STRATA_TEST_CUDA_KERNELS=reference "$cs" --tool memcheck --error-exitcode 9 \
+      "$B/test_gpt_cuda" --gtest_filter='GptCudaMma.*'
+    run attn.log 50 env STRATA_TEST_CUDA_KERNELS=reference "$cs" --tool racecheck --error-exitcode 9 \
+      "$B/test_gpt_cuda" --gtest_filter='GptCudaMma.Fp16:GptCudaMma.HeadDims'
+    d=$(mktemp -d /tmp/strata-bench-XXXX)
+    shape=(--backend cuda --dir "$d" --layers 20 --d-model 2048 --heads 16 --seq 1024 --micro-batch 2 --memory-budget 10G
+           --no-nvme --precision bf16 --no-f32 --gpu-optimizer --reps 3 --warmup 1 --cuda-kernels fused)
+    run attn.log 100 env STRATA_ATTENTION=mma "$B/strata" bench step "${shape[@]}" --no-torch --json "$out/attn-1b-mma.json"
+    run attn.log 130 env STRATA_ATTENTION=gemm "$B/strata" bench step "${shape[@]}" --python "$(command -v python3)" \
+      --json "$out/attn-1b-gemm.json"
+    rm -rf "$d"
+    grep -E "^\[  (FAILED|PASSED|SKIPPED) |^=== exit|^measured|ERROR SUMMARY|Failure|^(in memory|params|optimizer|PyTorch|bf16 tokens|Strata |MFU)|error" \
+      "$out/attn.log" | cut -c1-220 | head -80
     ;;
   lane)
     # The speculative optimizer on its lane against in line (--speculation-inline), bf16, the
