@@ -261,6 +261,7 @@ std::vector<Setup> make_setups(const Bench& bench) {
 EngineAblation ablation_of(const StepArgs& a) {
   EngineAblation ablation;
   ablation.speculation_lane = !a.speculation_inline;
+  ablation.plain_state_prefetch = !a.no_state_prefetch;
   return ablation;
 }
 
@@ -447,6 +448,10 @@ void add_step(CLI::App& bench, Runner& run) {
   s->add_flag("--speculation-inline", a.speculation_inline,
               "With --speculative: step its updates on the model's thread between blocks, not on the optimizer "
               "lane beside it (EngineAblation::speculation_lane), to measure what the lane gives");
+  s->add_flag("--no-state-prefetch", a.no_state_prefetch,
+              "Without speculation: the optimizer's states read at step(), each while the one before is stepped, "
+              "not fetched during the last backward pass (EngineAblation::plain_state_prefetch), to measure what "
+              "the prefetch gives");
   s->add_flag("--gpu-optimizer", a.gpu_optimizer,
               "cuda: also parameters and optimizer states on the GPU, stepped there (offload_optimizer none), "
               "and the states split by --optimizer-ratio between CPU Adam and the GPU optimizer");

@@ -45,6 +45,7 @@ struct StepArgs {
   bool checksums = false;         // xxHash of every NVMe extent, verified on read (strata.checksums)
   bool speculative = false;       // each engine configuration also with the speculative optimizer
   bool speculation_inline = false;  // its updates on the model's thread, not the optimizer lane
+  bool no_state_prefetch = false;   // EngineAblation::plain_state_prefetch off
   bool gpu_optimizer = false;     // cuda: also parameters and optimizer states on the GPU (the GPU optimizer)
   unsigned optimizer_threads = 0;  // CPU Adam's threads (EngineOptions::optimizer_threads); 0: every core
   double ratio = 0.5;             // with gpu_optimizer: also offload_optimizer.ratio this (CPU share), concurrently

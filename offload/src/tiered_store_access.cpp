@@ -14,14 +14,29 @@ Event TieredStore::fetch(TensorId id, Tier to) {
   return fetch_locked(lock, r, to);
 }
 
-bool TieredStore::prefetch(TensorId id, Tier to) {
+bool TieredStore::prefetch(TensorId id, Tier to, Room room) {
   std::unique_lock<std::mutex> lock(mu_);
   reap_locked();
   Record& r = rec(id);
   r.last_use = ++clock_;
   bool refused = false;
-  fetch_locked(lock, r, to, &refused);
+  fetch_locked(lock, r, to, &refused, room);
   return !refused;
+}
+
+bool TieredStore::reading_from_nvme(const std::string& except_owner) {
+  std::unique_lock<std::mutex> lock(mu_);
+  reap_locked();
+  for (auto& [id, up] : records_) {
+    Record& r = *up;
+    if (r.spec.owner == except_owner) continue;
+    for (Tier t : {Tier::Device, Tier::Pinned}) {
+      settle(r, t);
+      const Slot& s = r.at(t);
+      if (s.state == Slot::State::Filling && s.filling && s.filling->from == Tier::Nvme) return true;
+    }
+  }
+  return false;
 }
 
 Acquired TieredStore::acquire(TensorId id, Tier tier) {

@@ -24,7 +24,7 @@ RangeAllocator::Placement TieredStore::placement(const Record& r) {
   return r.spec.scratch ? RangeAllocator::Placement::High : RangeAllocator::Placement::Low;
 }
 
-bool TieredStore::allocate_slot(std::unique_lock<std::mutex>& lock, Record& r, Tier t, bool hint) {
+bool TieredStore::allocate_slot(std::unique_lock<std::mutex>& lock, Record& r, Tier t, bool hint, Room room) {
   const uint64_t bytes = r.spec.bytes;
   for (;;) {
     reap_locked();  // frees that are due come first, whichever thread would have made them
@@ -41,7 +41,7 @@ bool TieredStore::allocate_slot(std::unique_lock<std::mutex>& lock, Record& r, T
       s.ptr = p;
       return true;
     }
-    if (evict_one(lock, t, r, !hint)) continue;
+    if (!(hint && room == Room::FreeOnly) && evict_one(lock, t, r, !hint)) continue;
     if (hint) return false;
     // Nothing evictable now. Moves in flight, and work writing copies it was handed
     // (release with Access::Write and an event), unpin or complete their copies when they

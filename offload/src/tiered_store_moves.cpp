@@ -88,7 +88,7 @@ void TieredStore::finish_move(const std::shared_ptr<Move>& m, std::exception_ptr
   changed_.notify_all();
 }
 
-Event TieredStore::fetch_locked(std::unique_lock<std::mutex>& lock, Record& r, Tier to, bool* refused) {
+Event TieredStore::fetch_locked(std::unique_lock<std::mutex>& lock, Record& r, Tier to, bool* refused, Room room) {
   const bool hint = refused != nullptr;
   if (!has_tier(to)) throw ConfigError("tiered store: no NVMe tier is configured; set strata.nvme_path");
   for (;;) {
@@ -97,7 +97,7 @@ Event TieredStore::fetch_locked(std::unique_lock<std::mutex>& lock, Record& r, T
     if (d.state == Slot::State::Valid) return when_all({d.ready});
     if (d.state == Slot::State::Filling) return d.filling->ev;
     if (!d.allocated()) {
-      if (!allocate_slot(lock, r, to, hint)) {  // a hint finding no room
+      if (!allocate_slot(lock, r, to, hint, room)) {  // a hint finding no room
         *refused = true;
         return Event();
       }
@@ -133,7 +133,7 @@ Event TieredStore::fetch_locked(std::unique_lock<std::mutex>& lock, Record& r, T
       // Make (or start) the pinned copy first, then move it on from there. This must not
       // loop back through source selection: a staging read that fails at once would be
       // retried forever. Its failure is this fetch's failure.
-      Event staged = fetch_locked(lock, r, via, refused);  // may unlock
+      Event staged = fetch_locked(lock, r, via, refused, room);  // may unlock
       if (hint && *refused) return Event();
       settle(r, to);
       if (d.state == Slot::State::Valid) return when_all({d.ready});

@@ -241,6 +241,37 @@ TEST(TieredStore, PrefetchNeverWritesHomeToMakeRoom) {
   EXPECT_EQ(s.stats().bytes_moved[1][2], after.bytes_moved[1][2]) << "dead contents were written to NVMe";
 }
 
+// Room::FreeOnly (the plain step's prefetch of states during backward): only room the tier
+// has free. Where the default hint would free a clean cache copy, it refuses and the copy
+// stays; with room free it places the tensor as the default does.
+TEST(TieredStore, PrefetchIntoFreeRoomOnlyEvictsNothing) {
+  TempDir dir("hint-free");
+  auto dev = make_device({});
+  TieredStore s(*dev, options(1 << 20, 256 << 10, 4 << 20, dir.path));  // pinned: two tensors
+  constexpr auto kFree = TieredStore::Room::FreeOnly;
+  std::vector<TensorId> ids;
+  for (const char* name : {"a", "b", "c"}) {
+    ids.push_back(s.add({.name = name, .bytes = 100 << 10, .home = Tier::Nvme}));
+    write_version(s, ids.back(), Tier::Pinned, ids.size());
+    s.drop(ids.back(), Tier::Pinned).wait();  // valid on NVMe only
+  }
+  ASSERT_TRUE(s.prefetch(ids[0], Tier::Pinned, kFree));
+  ASSERT_TRUE(s.prefetch(ids[1], Tier::Pinned, kFree));
+  expect_version(s, ids[0], Tier::Pinned, 1);
+  expect_version(s, ids[1], Tier::Pinned, 2);
+  const StoreStats before = s.stats();
+  EXPECT_FALSE(s.prefetch(ids[2], Tier::Pinned, kFree));
+  EXPECT_TRUE(s.is_valid(ids[0], Tier::Pinned));
+  EXPECT_TRUE(s.is_valid(ids[1], Tier::Pinned));
+  EXPECT_FALSE(s.is_valid(ids[2], Tier::Pinned));
+  EXPECT_EQ(s.stats().evictions, before.evictions);
+  EXPECT_EQ(s.stats().tiers[1].used, before.tiers[1].used) << "a refused hint kept room";
+  // The default hint makes its room from a clean copy.
+  EXPECT_TRUE(s.prefetch(ids[2], Tier::Pinned));
+  EXPECT_EQ(s.stats().evictions, before.evictions + 1);
+  expect_version(s, ids[2], Tier::Pinned, 3);
+}
+
 // Dead contents (an optimizer step's gradient) are not written anywhere: every cache copy
 // is freed, nothing moves towards NVMe, the home stays reserved and the tensor is filled
 // again by acquire_for_overwrite. Acquired, it is refused.

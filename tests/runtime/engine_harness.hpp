@@ -38,6 +38,7 @@ struct RunSpec {
   uint64_t device_budget = 2 << 20;
   bool optimizer_on_stream = false;  // EngineOptions::optimizer_on_stream: the GPU optimizer's path
   bool keep_grads = true;            // EngineAblation::keep_accumulating_grads_on_device
+  bool state_prefetch = true;        // EngineAblation::plain_state_prefetch
   double optimizer_ratio = 1.0;      // offload_optimizer.ratio
   int quantized_block = 0;           // qwZ: EngineOptions::quantized_weights_block (0: off)
   int quantized_gradients_block = 0; // qgZ: EngineOptions::quantized_gradients_block (0: off)
@@ -63,6 +64,7 @@ struct RunSpec {
            (poison_step >= 0 ? ", NaN at step " + std::to_string(poison_step) : "") +
            (optimizer_on_stream ? ", optimizer on the stream" : "") +
            (keep_grads ? "" : ", gradients off the device between micro-steps") +
+           (state_prefetch ? "" : ", states read at step()") +
            (optimizer_ratio < 1.0 ? ", ratio " + std::to_string(optimizer_ratio) : "") +
            (checkpoints ? std::string(", checkpoints ") +
                               (*checkpoints == OffloadDevice::None ? "on the device" : to_string(*checkpoints))
@@ -192,6 +194,7 @@ inline EngineAblation test_engine_ablation(const RunSpec& spec) {
   EngineAblation a;
   a.speculation_lane = spec.lane;
   a.keep_accumulating_grads_on_device = spec.keep_grads;
+  a.plain_state_prefetch = spec.state_prefetch;
   return a;
 }
 

@@ -174,6 +174,43 @@ TEST(SpeculativeOptimizer, ACommittingStepLetsItsKeptGradientsGoUnwritten) {
     EXPECT_LE(got.stats.store.tiers[t].peak, got.stats.store.tiers[t].budget) << to_string(static_cast<Tier>(t));
 }
 
+// Without speculation (EngineAblation::plain_state_prefetch): the states start towards the
+// optimizer's tier during the last micro-step's backward pass, into the room the tier has
+// free, and step() reads ahead into the room the stepped ones leave. The states' bits and
+// the losses after every step are those of the run that reads each sub-group's states at
+// step(), at the smallest pinned budget the layout plans (little room to prefetch into)
+// and at eight times it, with clipping on some steps and a NaN gradient on one (the
+// fetched states of a skipped step stay valid), and the budgets hold.
+TEST(PlainOptimizer, StatesPrefetchedDuringBackwardGiveTheSameSteps) {
+  TempDir dir("plain-prefetch");
+  auto comm = self();
+  for (uint64_t times : {1u, 8u}) {
+    RunSpec base = nvme_at_the_smallest_pinned_budget();
+    base.pinned_budget *= times;
+    base.accum = 2;
+    RunSpec probe = base;
+    probe.snapshots = false;
+    std::vector<double> n = train(*comm, *comm, probe, 12, dir.path).norms;
+    std::nth_element(n.begin(), n.begin() + n.size() / 2, n.end());
+    base.clip = static_cast<float>(n[n.size() / 2]);
+    base.poison_step = 5;
+    RunSpec late = base;
+    late.state_prefetch = false;
+    const RunResult want = train(*comm, *comm, late, 12, dir.path);
+    const RunResult got = train(*comm, *comm, base, 12, dir.path);
+    const std::string label = "pinned budget x" + std::to_string(times);
+    ASSERT_NO_FATAL_FAILURE(expect_same_states(got, want, 12, label));
+    EXPECT_EQ(want.stats.early_state_fetches, 0u) << label;
+    EXPECT_GT(got.stats.early_state_fetches, 0u) << label;
+    if (times > 1) EXPECT_LT(got.stats.early_state_fetches_skipped, got.stats.early_state_fetches) << label;
+    for (int t = 0; t < kTierCount; ++t)
+      EXPECT_LE(got.stats.store.tiers[t].peak, got.stats.store.tiers[t].budget) << label << ", " << to_string(static_cast<Tier>(t));
+    std::printf("[ figures  ] %s: %llu of %llu early fetches placed\n", label.c_str(),
+                static_cast<unsigned long long>(got.stats.early_state_fetches - got.stats.early_state_fetches_skipped),
+                static_cast<unsigned long long>(got.stats.early_state_fetches));
+  }
+}
+
 TEST(SpeculativeOptimizer, NvmeSpaceIsTheSameAfterAHundredStepsWithRollbacks) {
   TempDir dir("spec-nvme");
   auto comm = self();

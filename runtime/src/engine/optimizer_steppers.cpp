@@ -15,12 +15,21 @@ void CpuAdamStepper::launch(const std::vector<Update>& items, const StepArgs& ar
   // The next sub-group's states are fetched while this one is updated and the previous
   // one is written back.
   if (!items.empty()) fetch_update_states(c_, *items[0].group, *items[0].sub, t);
+  // Without speculation (its few plain updates at step() read as they always did).
+  const bool read_ahead = c_.resolved.ablation.plain_state_prefetch && !c_.opts.speculative;
   for (size_t i = 0; i < items.size(); ++i) {
     if (open_ != items[i].group) {
       close_group(args.speculative);
       open_group(items, i, args);
     }
     if (i + 1 < items.size()) fetch_update_states(c_, *items[i + 1].group, *items[i + 1].sub, t);
+    // And, into room the tier has free (nothing evicted for them), the ones after it, in
+    // order until one finds none: the disk reads further ahead than one sub-group while
+    // the room that the stepped ones leave allows.
+    for (size_t j = i + 2; read_ahead && j < items.size() &&
+                           prefetch_update_states(c_, *items[j].group, *items[j].sub, t, true);
+         ++j) {
+    }
     step_one(items[i], args);
   }
   close_group(args.speculative);

@@ -9,6 +9,37 @@ void fetch_update_states(EngineCore& c, const GroupState& gr, const SubGroupStat
   if (gr.master_in_shard && sg.offset == 0) c.store.fetch(gr.param_shard, t);  // the group's master weights
 }
 
+bool prefetch_update_states(EngineCore& c, const GroupState& gr, const SubGroupState& sg, Tier t, bool with_grad) {
+  if (t == gr.optimizer_home || gr.optimizer_on_device) return true;
+  constexpr auto kFree = TieredStore::Room::FreeOnly;
+  bool placed = !gr.master_in_shard || sg.offset != 0 || c.store.prefetch(gr.param_shard, t, kFree);
+  for (TensorId id : {sg.master, sg.exp_avg, sg.exp_avg_sq, with_grad ? sg.grad : TensorId{0}})
+    placed = placed && (id == 0 || c.store.prefetch(id, t, kFree));
+  return placed;
+}
+
+size_t prefetch_states_in_order(EngineCore& c, Tier t, size_t from, uint64_t bytes) {
+  size_t i = 0;
+  uint64_t issued = 0;
+  for (const GroupState& gr : c.groups)
+    for (const SubGroupState& sg : gr.sub_groups) {
+      if (i++ < from) continue;
+      if (issued >= bytes) return i - 1;
+      if (gr.frozen || gr.optimizer_on_device || t == gr.optimizer_home) continue;
+      ++c.stats.early_state_fetches;
+      if (!prefetch_update_states(c, gr, sg, t, false)) {  // gradients still accumulate
+        ++c.stats.early_state_fetches_skipped;
+        return i - 1;  // tried again at the next gradient, when room may have come
+      }
+      issued += state_bytes(gr, sg);
+    }
+  return i;
+}
+
+uint64_t state_bytes(const GroupState& gr, const SubGroupState& sg) {
+  return (gr.master_in_shard ? 8ull : 12ull) * sg.n;
+}
+
 UpdateTensors acquire_for_update(EngineCore& c, SubGroupState& sg, Tier t, bool speculative) {
   UpdateTensors u;
   // master_in_shard: no master of its own (master 0); the caller points m and out[0] into

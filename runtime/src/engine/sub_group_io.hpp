@@ -15,6 +15,21 @@ struct UpdateTensors {
 
 // Starts the sub-group's states and gradient towards tier t (a hint: acquire waits).
 void fetch_update_states(EngineCore& c, const GroupState& gr, const SubGroupState& sg, Tier t);
+// Without speculation, as each gradient completes in the last micro-step: the states of
+// the sub-groups from the from-th on (counting every sub-group of every group, in the
+// order step() steps them) start towards tier t as hints into the room the tier has free
+// (TieredStore::Room::FreeOnly), up to `bytes` of states or the first that finds no
+// room; returns the index to go on from. The states do not depend on the gradient, so
+// the first groups step() takes (the model's first, whose gradients complete last) are
+// read first; paced by the gradients, so that the reads share the disk with the backward
+// pass rather than queue ahead of it. Counts into EngineStats::early_state_fetches.
+size_t prefetch_states_in_order(EngineCore& c, Tier t, size_t from, uint64_t bytes);
+// The bytes of a sub-group's fp32 states: master weights (unless the shard is them) and
+// both moments.
+uint64_t state_bytes(const GroupState& gr, const SubGroupState& sg);
+// One sub-group's states (and, with_grad, its complete gradient) towards tier t into free
+// room only; false where any found none (nothing further is worth asking for then).
+bool prefetch_update_states(EngineCore& c, const GroupState& gr, const SubGroupState& sg, Tier t, bool with_grad);
 UpdateTensors acquire_for_update(EngineCore& c, SubGroupState& sg, Tier t, bool speculative);
 // The bytes the update moves (host_compute's cost on sim).
 double update_bytes(const EngineCore& c, const GroupState& gr, const SubGroupState& sg);

@@ -10,6 +10,7 @@
 #include "optimizer_steppers.hpp"
 #include "speculation.hpp"
 #include "state_io.hpp"
+#include "sub_group_io.hpp"
 #include "strata/collectives/topology.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/log.hpp"
@@ -267,7 +268,17 @@ void ZeroEngine::begin_micro_step() {
 void ZeroEngine::grads_ready(int g) {
   const bool last = micro_ == opts_.gradient_accumulation_steps - 1;
   reducer_->grads_ready(g, micro_, last);
-  if (!speculation_) return;
+  if (!speculation_) {
+    // Not while the backward pass reads from the disk (parameters or gradients re-read
+    // each micro-step): those reads are on its critical path, the states' are not.
+    // Each gradient lets one group's worth of states go.
+    if (last && resolved_.ablation.plain_state_prefetch && !store_->reading_from_nvme("optimizer")) {
+      uint64_t bytes = 0;
+      for (const SubGroupState& sg : groups_[g].sub_groups) bytes += engine::state_bytes(groups_[g], sg);
+      prefetch_cursor_ = engine::prefetch_states_in_order(*core_, resolved_.optimizer_compute_tier, prefetch_cursor_, bytes);
+    }
+    return;
+  }
   if (last) speculation_->group_reduced(g, step_count_ + 1, unclipped_grad_scale());
   speculation_->pump();
 }
@@ -302,6 +313,7 @@ bool ZeroEngine::step() {
     speculation_->end_step();  // the last group(s) are stepped below, knowing the norm
   }
   micro_ = -1;
+  prefetch_cursor_ = 0;
   reducer_->end_step();
   ++iterations_;
   std::vector<Update> speculated, plain;

@@ -128,7 +128,13 @@ class TieredStore {
   // make room and never waits for a move in flight: where it would have to, it places
   // nothing and returns false. Data a later step may find dead
   // (a gradient kept for a rollback) is then not written out only to be thrown away.
-  bool prefetch(TensorId id, Tier to);
+  // Room::FreeOnly: only into room the tier has free now; no copy is evicted for it (a
+  // prefetch for work further off than what the tier's cache copies serve).
+  enum class Room { MayEvictClean, FreeOnly };
+  bool prefetch(TensorId id, Tier to, Room room = Room::MayEvictClean);
+  // Whether a copy of a tensor whose owner (TensorSpec::owner) is not `except_owner` is
+  // being read from NVMe now: work that may wait does not compete with it for the disk.
+  bool reading_from_nvme(const std::string& except_owner);
   // Pins a copy in a memory tier (Device or Pinned) against eviction, fetching it if
   // needed. data is valid once ready completes (ready rethrows a failed move); ready
   // also covers moves still reading the copy, so the holder may write it after ready.
@@ -196,10 +202,12 @@ class TieredStore {
   Record& rec(TensorId id);
   const Record& rec(TensorId id) const;
   // With `refused` given, prefetch()'s rules: where they place nothing, *refused is set.
-  Event fetch_locked(std::unique_lock<std::mutex>& lock, Record& r, Tier to, bool* refused = nullptr);
+  Event fetch_locked(std::unique_lock<std::mutex>& lock, Record& r, Tier to, bool* refused = nullptr,
+                     Room room = Room::MayEvictClean);
   Event start_move(std::unique_lock<std::mutex>& lock, Record& r, Tier from, Tier to);
   // hint: prefetch()'s rules; false when it found no room under them.
-  bool allocate_slot(std::unique_lock<std::mutex>& lock, Record& r, Tier t, bool hint = false);
+  bool allocate_slot(std::unique_lock<std::mutex>& lock, Record& r, Tier t, bool hint = false,
+                     Room room = Room::MayEvictClean);
   static RangeAllocator::Placement placement(const Record& r);
   // write_back false: only copies with a valid copy elsewhere are evicted.
   bool evict_one(std::unique_lock<std::mutex>& lock, Tier t, const Record& for_whom, bool write_back = true);

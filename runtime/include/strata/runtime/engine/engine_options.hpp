@@ -144,6 +144,13 @@ struct EngineAblation {
   // first sub-group's states are fetched as its gradient completes, a group of backward
   // before the update reads them. false: fetched when the update starts.
   bool early_state_fetch = true;
+  // Without speculation, the same for the plain step: with the states away from the
+  // optimizer's tier, they start towards it during the last micro-step's backward pass
+  // (while it reads nothing else from the disk), in the order step() takes them, into the
+  // room the tier has free; and step() reads further ahead than the next sub-group into
+  // the room that the stepped ones leave. false: step() reads each sub-group's states
+  // while the one before is stepped.
+  bool plain_state_prefetch = true;
   // Gradient accumulation with the optimizer off the device: between micro-steps, the
   // accumulating gradient shards stay on the device where its budget has room for all of
   // them beside the plan (taken from the prefetch room), and go to the optimizer's tier
@@ -180,10 +187,11 @@ struct EngineStats {
   uint64_t speculation_commits = 0;
   uint64_t speculation_rollbacks = 0;
   uint64_t speculation_fallback_sub_groups = 0;
-  // Early fetches of a group's first speculative sub-group's states (issued as its
-  // gradient is complete, a group of backward before they are stepped), and of those, the
-  // ones skipped because the optimizer's tier had no room then (they are fetched when
-  // stepped, as without speculation).
+  // Early fetches of optimizer states (issued as a group's gradient is complete): of a
+  // group's first speculative sub-group, a group of backward before it is stepped, or
+  // without speculation of every sub-group (EngineAblation::plain_state_prefetch); and of
+  // those, the ones skipped because the optimizer's tier had no room then (they are
+  // fetched when stepped).
   uint64_t early_state_fetches = 0;
   uint64_t early_state_fetches_skipped = 0;
   // Speculating, gradients kept for a rollback that step() let go unwritten before the

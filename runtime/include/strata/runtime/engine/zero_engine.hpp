@@ -175,6 +175,7 @@ class ZeroEngine final : public WeightSource {
   std::unique_ptr<engine::Speculation> speculation_;
 
   int micro_ = -1;  // index of the current micro-step; -1 before the first
+  size_t prefetch_cursor_ = 0;  // the plain step's next sub-group to prefetch (EngineAblation::plain_state_prefetch)
   int64_t step_count_ = 0;
   int64_t iterations_ = 0;
 };
