@@ -1,5 +1,6 @@
 #include "optimizer_steppers.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "strata/core/error.hpp"
@@ -17,6 +18,7 @@ void CpuAdamStepper::launch(const std::vector<Update>& items, const StepArgs& ar
   if (!items.empty()) fetch_update_states(c_, *items[0].group, *items[0].sub, t);
   // Without speculation (its few plain updates at step() read as they always did).
   const bool read_ahead = c_.resolved.ablation.plain_state_prefetch && !c_.opts.speculative;
+  size_t ahead = 2;  // the first sub-group not yet asked for ahead: each is asked once
   for (size_t i = 0; i < items.size(); ++i) {
     if (open_ != items[i].group) {
       close_group(args.speculative);
@@ -26,10 +28,10 @@ void CpuAdamStepper::launch(const std::vector<Update>& items, const StepArgs& ar
     // And, into room the tier has free (nothing evicted for them), the ones after it, in
     // order until one finds none: the disk reads further ahead than one sub-group while
     // the room that the stepped ones leave allows.
-    for (size_t j = i + 2; read_ahead && j < items.size() &&
-                           prefetch_update_states(c_, *items[j].group, *items[j].sub, t, true);
-         ++j) {
-    }
+    ahead = std::max(ahead, i + 2);
+    while (read_ahead && ahead < items.size() &&
+           prefetch_update_states(c_, *items[ahead].group, *items[ahead].sub, t, true))
+      ++ahead;
     step_one(items[i], args);
   }
   close_group(args.speculative);
