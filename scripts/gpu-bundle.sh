@@ -15,7 +15,9 @@ bins=(build/strata build/tests/core/test_core build/tests/collectives/test_colle
 for b in "${bins[@]}"; do [[ -x $b ]] || { echo "gpu-bundle.sh: $b is missing: build first" >&2; exit 2; }; done
 grep -q '^STRATA_HAVE_CUDA\|Strata CUDA backend: ON' build/CMakeCache.txt 2>/dev/null || true
 rm -rf "$out/stage" && mkdir -p "$out/stage/bin" "$out/stage/lib" "$out/stage/data"
-for b in "${bins[@]}"; do strip -o "$out/stage/bin/$(basename "$b")" "$b"; done
+# Debug information off, the symbol table kept (a megabyte): cuda-gdb's backtraces of a
+# hang there name the functions.
+for b in "${bins[@]}"; do strip --strip-debug -o "$out/stage/bin/$(basename "$b")" "$b"; done
 # Libraries: everything ldd resolves except glibc's, the C++ runtime's and CUDA's (cudart,
 # cuBLAS, NCCL: the GPU machine's own match its driver).
 ldd "${bins[@]}" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u | while read -r lib; do
@@ -67,6 +69,10 @@ if [[ -n $gpy && -x $gpy ]]; then
     "$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')" \
     -L"$libdir" -l:libstrata.so.1 -Wl,-rpath,'$ORIGIN'
   cp -L build/python/strata/libstrata.so.1 build/python/strata/*.py "$out/stage/python/strata/"
+  # The same library as lib/'s, most often: a hard link, which tar stores once.
+  if cmp -s "$out/stage/python/strata/libstrata.so.1" "$out/stage/lib/libstrata.so.1"; then
+    ln -f "$out/stage/lib/libstrata.so.1" "$out/stage/python/strata/libstrata.so.1"
+  fi
   rm -rf "$venv"
   echo "gpu-bundle.sh: the Python module for $("$gpy" --version) is in the bundle (python/strata)"
 else

@@ -30,6 +30,11 @@
 #              ZeRO-Offload, ZeRO-Infinity (NVMe) and FSDP2 with CPUOffloadPolicy, within 8 minutes; the
 #              peers run with $STRATA_PEER_PYTHON (default python3), and one it cannot start is skipped
 #              with its reason in the table's notes
+#   rankshang  why 2 ranks on one GPU hang: the cuda stream's wait for host events (Device.*, and the
+#              hardware-queue check at CUDA_DEVICE_MAX_CONNECTIONS=8, expected to fail), then
+#              strata train at world 2 (stage 1, offload none, staged) with cuda-gdb's backtraces of
+#              every thread of each rank 25 s in (bt-RANKPID.txt), within 2 minutes
+#   attnrace   compute-sanitizer racecheck over every GptCudaMma test, one at a time, within 3 minutes
 #   ranks      2 and 4 ranks on the one GPU (mpirun, strata.device_communicator "staged"): strata train,
 #              every stage, offload none/cpu/nvme, bf16, losses against world 1, a table in ranks.md, within
 #              8 minutes (scripts/gpu-ranks.sh); mpirun is the bundle's Open MPI, else the machine's
@@ -45,7 +50,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-known=(tests sanitize train bench bench1b kernels fusedtest fusedsan step1b attn lane copy peers torch lora7b ranks capacity)
+known=(tests sanitize train bench bench1b kernels fusedtest fusedsan step1b attn attnrace lane copy peers torch lora7b ranks
+       rankshang capacity)
 # The parts asked for are checked before anything is unpacked or run: a typo costs
 # nothing of the machine's time.
 for part in "$@"; do
@@ -215,6 +221,14 @@ for part in "${parts[@]}"; do
     grep -E "^\[  (FAILED|PASSED|SKIPPED) |^=== exit|^measured|ERROR SUMMARY|Failure|^(in memory|params|optimizer|PyTorch|bf16 tokens|Strata |MFU)|error" \
       "$out/attn.log" | cut -c1-220 | head -80
     ;;
+  attnrace)
+    cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+    for t in Fp16 Bf16 Llama HeadDims; do
+      run attn.log 45 env STRATA_TEST_CUDA_KERNELS=reference "$cs" --tool racecheck --error-exitcode 9 \
+        "$B/test_gpt_cuda" --gtest_filter="GptCudaMma.$t"
+    done
+    grep -E "ERROR SUMMARY|^=== exit|FAILED|RACECHECK SUMMARY" "$out/attn.log"
+    ;;
   lane)
     # The speculative optimizer on its lane against in line (--speculation-inline), bf16, the
     # 124M in memory (CPU Adam over pinned states), 4096 tokens per step.
@@ -275,6 +289,39 @@ for part in "${parts[@]}"; do
       MPIRUN=$mpi run ranks.log 480 bash scripts/gpu-ranks.sh "$B/strata" "$out" cuda
       tail -n 25 "$out/ranks.log"
     fi
+    ;;
+  rankshang)
+    # The suspected cause first (cuda_device.cu): with 8 hardware queues (CUDA's default) a stream held
+    # by a wait for a host event holds another; expected to fail at 8 and pass at libstrata's 32.
+    run devwait.log 60 "$B/test_core" --gtest_filter='Device.*:HostEvent.*'
+    run devwait.log 40 env CUDA_DEVICE_MAX_CONNECTIONS=8 "$B/test_core" \
+      --gtest_filter='Device.AStreamWaitingForAHostEventHoldsNoOtherStream'
+    grep -E "^\[  (FAILED|PASSED|SKIPPED) |^\[       OK|^=== exit|Failure|held another|did not end" "$out/devwait.log"
+    mpi=$(command -v mpirun)
+    [[ -x $g/ompi/bin/mpirun ]] && export OPAL_PREFIX=$g/ompi && mpi=$g/ompi/bin/mpirun
+    gdb=$(command -v cuda-gdb || ls /usr/local/cuda*/bin/cuda-gdb 2>/dev/null | head -1)
+    w=$(mktemp -d /tmp/strata-hang-XXXX)
+    python3 -c "open('$w/data.txt', 'w').write(' '.join(['the cat sat on a mat'] * 8000))"
+    cat > "$w/c.json" <<EOF
+{"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 3e-3}}, "bf16": {"enabled": true},
+ "zero_optimization": {"stage": 1}, "strata": {"backend": "cuda", "device_communicator": "staged", "steps": 4,
+ "device_budget": "64MiB", "pinned_budget": "64MiB",
+ "model": {"layers": 2, "d_model": 64, "heads": 4, "seq_len": 32, "vocab": 256}, "data": {"path": "$w/data.txt", "format": "text"}}}
+EOF
+    (cd "$w" && timeout 100 "$mpi" --oversubscribe --allow-run-as-root --bind-to none --mca btl self,vader \
+      --mca btl_vader_single_copy_mechanism none -np 2 "$B/strata" train --config c.json --metrics m.jsonl \
+      > "$out/rankshang.log" 2>&1) &
+    sleep 25
+    for p in $(pgrep -x strata); do
+      timeout 45 "$gdb" -p "$p" -batch -ex "info threads" -ex "thread apply all bt 25" > "$out/bt-$p.txt" 2>&1 &
+    done
+    sleep 1 && while pgrep -x cuda-gdb > /dev/null; do sleep 1; done
+    pkill -x strata
+    wait
+    echo "=== world 2 ended; metrics lines: $(wc -l < "$w/m.jsonl" 2>/dev/null)" | tee -a "$out/rankshang.log"
+    rm -rf "$w"
+    grep -E "^\[  (FAILED|PASSED|SKIPPED) |^=== exit|Failure" "$out/rankshang.log"
+    tail -n 15 "$out/rankshang.log" | cut -c1-200
     ;;
   capacity)
     # The ladder: gpt-6.7b's width (d_model 4096, 32 heads, GPT-2's vocabulary), 4 layers a rung (805M
