@@ -124,6 +124,25 @@ void CUDART_CB run_host_call(void* arg) {
 // Each wait's value is the slot's last one plus 1, and CU_STREAM_WAIT_VALUE_GEQ compares
 // (int32_t)(*addr - value) >= 0, so values wrap safely: a slot is written in the order of
 // its waits, never reused before its event completed.
+//
+// CUDA puts the streams of a context on a few hardware work queues, round-robin
+// (CUDA_DEVICE_MAX_CONNECTIONS, 8 by default), and work on one queue runs in the order it
+// was issued, whatever its stream. A stream held on the GPU by such a wait then also holds
+// the later work of every stream that shares its queue, and where that work is what
+// completes the host event (the staged communicator's copies, whose completion lets the
+// collective finish), nothing moves again: cuStreamWaitValue32's documentation warns that
+// an order CUDA cannot see may be serialised wrongly. That is the suspected cause (not
+// yet confirmed on a GPU: Device.AStreamWaitingForAHostEventHoldsNoOtherStream is the
+// check) of two ranks on one H100 hanging in their first step (2026-11-28,
+// scripts/gpu-check.sh rankshang: in each rank the main thread and the staged
+// communicator's worker waited on CUDA events, nothing on MPI). A training process keeps
+// fewer than 32 streams, so 32 queues (CUDA's most) give each its own: set before any
+// CUDA context exists, when libstrata is loaded, unless the user set it.
+const bool kOwnQueuePerStream = [] {
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0);
+  return true;
+}();
+
 using WaitValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 
 WaitValue32Fn stream_wait_value_fn() {
@@ -145,14 +164,17 @@ class HostFlagPool {
     for (void* p : pages_) cudaFreeHost(p);
   }
   // A free slot and its device address; allocates a page of them when none is free.
+  // The first take allocates kFirstPages pages at once, while no stream waits yet: a
+  // pinned allocation is the one CUDA call here that might wait for the device.
   uint32_t* take(CUdeviceptr* device_address) {
     std::lock_guard<std::mutex> lock(mu_);
     if (free_.empty()) {
+      const size_t n = pages_.empty() ? kFirstPages * kPage : kPage;
       void* page = nullptr;
-      STRATA_CHECK_CUDA(cudaHostAlloc(&page, kPage * sizeof(uint32_t), cudaHostAllocMapped | cudaHostAllocPortable));
+      STRATA_CHECK_CUDA(cudaHostAlloc(&page, n * sizeof(uint32_t), cudaHostAllocMapped | cudaHostAllocPortable));
       pages_.push_back(page);
       auto* words = static_cast<uint32_t*>(page);
-      for (size_t i = 0; i < kPage; ++i) {
+      for (size_t i = 0; i < n; ++i) {
         words[i] = 0;
         free_.push_back(words + i);
       }
@@ -171,6 +193,7 @@ class HostFlagPool {
 
  private:
   static constexpr size_t kPage = 1024;
+  static constexpr size_t kFirstPages = 4;
   std::mutex mu_;
   std::vector<uint32_t*> free_;
   std::vector<void*> pages_;
