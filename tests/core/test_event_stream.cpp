@@ -140,6 +140,28 @@ TEST(Device, BackendsAndCuda) {
   }
 }
 
+// Ends the test process, saying what hung, unless destroyed within `seconds`: a hang on
+// the GPU would otherwise stop the whole suite without a word.
+class Watchdog {
+ public:
+  Watchdog(int seconds, std::string what)
+      : t_([this, seconds, what = std::move(what)] {
+          for (int i = 0; i < seconds * 20 && !done_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          if (!done_) {
+            std::fprintf(stderr, "%s\n", what.c_str());
+            std::_Exit(1);
+          }
+        }) {}
+  ~Watchdog() {
+    done_ = true;
+    t_.join();
+  }
+
+ private:
+  std::atomic<bool> done_{false};
+  std::thread t_;
+};
+
 // A stream told to wait for a host event must not hold CUDA's callback thread: stream a
 // waits for a gate that a thread opens only once stream b, which has a host task queued
 // before its work, has done that work. With the wait in a blocking host callback (as
@@ -164,19 +186,12 @@ TEST(Device, CudaStreamWaitsForAHostEventWithoutHoldingTheCallbackThread) {
     wait_device_work(b_done);  // the GPU side only, as the staged communicator's worker waits
     opener->complete();
   });
-  std::atomic<bool> finished{false};
-  std::thread watchdog([&finished] {
-    for (int i = 0; i < 600 && !finished; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    if (!finished) {
-      std::fprintf(stderr, "stream a's wait for the host event held CUDA's callback thread: stream b never ran\n");
-      std::_Exit(1);
-    }
-  });
-  a_done.wait();
-  b_done.wait();
-  finished = true;
+  {
+    Watchdog watchdog(30, "stream a's wait for the host event held CUDA's callback thread: stream b never ran");
+    a_done.wait();
+    b_done.wait();
+  }
   t.join();
-  watchdog.join();
   EXPECT_TRUE(ran.load());
   a->copy_async(out.data(), d, out.size() * sizeof(float));
   a->synchronize();
@@ -196,14 +211,7 @@ TEST(Device, CudaStreamWaitsForAHostEventWithoutHoldingTheCallbackThread) {
   std::vector<std::unique_ptr<Stream>> many;
   for (int s = 0; s < 8; ++s) many.push_back(dev->create_stream("many." + std::to_string(s)));
   std::vector<std::shared_ptr<HostEvent>> openers;
-  std::atomic<bool> all_done{false};
-  std::thread watchdog2([&all_done] {
-    for (int i = 0; i < 1200 && !all_done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    if (!all_done) {
-      std::fprintf(stderr, "4400 waits for host events over 8 streams did not end within 60 s\n");
-      std::_Exit(1);
-    }
-  });
+  Watchdog watchdog(60, "4400 waits for host events over 8 streams did not end within 60 s");
   std::vector<Event> ends;
   for (auto& st : many) {
     for (int i = 0; i < 550; ++i) {
@@ -215,8 +223,6 @@ TEST(Device, CudaStreamWaitsForAHostEventWithoutHoldingTheCallbackThread) {
   }
   for (auto it = openers.rbegin(); it != openers.rend(); ++it) (*it)->complete();
   for (const Event& e : ends) EXPECT_NO_THROW(e.wait());
-  all_done = true;
-  watchdog2.join();
   dev->deallocate(d, 1024 * sizeof(float));
 }
 
@@ -243,24 +249,18 @@ TEST(Device, AStreamWaitingForAHostEventHoldsNoOtherStream) {
     streams[s]->fill_as(d + 256 * s, DType::F32, static_cast<float>(s + 1), 256);
     others.push_back(streams[s]->record());
   }
-  std::atomic<bool> finished{false};
-  std::thread watchdog([&finished] {
-    for (int i = 0; i < 600 && !finished; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    if (!finished) {
-      std::fprintf(stderr, "a stream waiting for a host event held another stream's work (CUDA_DEVICE_MAX_CONNECTIONS=%s)\n",
-                   std::getenv("CUDA_DEVICE_MAX_CONNECTIONS") ? std::getenv("CUDA_DEVICE_MAX_CONNECTIONS") : "unset");
-      std::_Exit(1);
-    }
-  });
   std::thread t([&, opener = opener] {
     for (const Event& e : others) wait_device_work(e);
     opener->complete();
   });
-  first.wait();
-  for (const Event& e : others) e.wait();
-  finished = true;
+  {
+    const char* queues = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    Watchdog watchdog(30, std::string("a stream waiting for a host event held another stream's work "
+                                      "(CUDA_DEVICE_MAX_CONNECTIONS=") + (queues ? queues : "unset") + ")");
+    first.wait();
+    for (const Event& e : others) e.wait();
+  }
   t.join();
-  watchdog.join();
   std::vector<float> out(16 * 256);
   streams[0]->copy_async(out.data(), d, out.size() * sizeof(float));
   streams[0]->synchronize();
