@@ -33,7 +33,8 @@
 #   rankshang  why 2 ranks on one GPU hang: the cuda stream's wait for host events (Device.*, and the
 #              hardware-queue check at CUDA_DEVICE_MAX_CONNECTIONS=8, expected to fail), then
 #              strata train at world 2 (stage 1, offload none, staged) with cuda-gdb's backtraces of
-#              every thread of each rank 25 s in (bt-RANKPID.txt), within 2 minutes
+#              every thread of each rank 25 s in (bt-RANKPID.txt), then world 2 once more with
+#              STRATA_CUDA_HOST_EVENT_WAIT=host (the issuing thread waits, not the GPU), within 4 minutes
 #   attnrace   compute-sanitizer racecheck over every GptCudaMma test, one at a time, within 3 minutes
 #   ranks      2 and 4 ranks on the one GPU (mpirun, strata.device_communicator "staged"): strata train,
 #              every stage, offload none/cpu/nvme, bf16, losses against world 1, a table in ranks.md, within
@@ -319,6 +320,15 @@ EOF
     pkill -x strata
     wait
     echo "=== world 2 ended; metrics lines: $(wc -l < "$w/m.jsonl" 2>/dev/null)" | tee -a "$out/rankshang.log"
+    # Again with the streams' waits for host events done by the issuing thread instead of the GPU
+    # (STRATA_CUDA_HOST_EVENT_WAIT=host, cuda_device.cu): a run that ends here and hangs above puts the
+    # hang in the GPU-side wait.
+    rm -f "$w/m.jsonl"
+    (cd "$w" && STRATA_CUDA_HOST_EVENT_WAIT=host timeout 60 "$mpi" --oversubscribe --allow-run-as-root --bind-to none \
+      --mca btl self,vader --mca btl_vader_single_copy_mechanism none -x STRATA_CUDA_HOST_EVENT_WAIT -np 2 \
+      "$B/strata" train --config c.json --metrics m.jsonl > "$out/rankshang-hostwait.log" 2>&1)
+    echo "=== world 2, STRATA_CUDA_HOST_EVENT_WAIT=host, exit $?; metrics lines: $(wc -l < "$w/m.jsonl" 2>/dev/null)" |
+      tee -a "$out/rankshang.log"
     rm -rf "$w"
     grep -E "^\[  (FAILED|PASSED|SKIPPED) |^=== exit|Failure" "$out/rankshang.log"
     tail -n 15 "$out/rankshang.log" | cut -c1-200

@@ -145,6 +145,26 @@ const bool kOwnQueuePerStream = [] {
 
 using WaitValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 
+// STRATA_CUDA_HOST_EVENT_WAIT: "stream" (the default: the GPU waits, as above) or "host":
+// the thread that orders a stream after a host event waits for that event itself before
+// it issues anything more, so no GPU queue is ever held by a wait. It costs overlap (the
+// issuing thread blocks, the engine's for every collective of the staged communicator)
+// and exists to tell, on a GPU, whether a hang is the GPU-side wait's. Read once, when
+// the first cuda device is made; anything else is an error naming the two values.
+enum class HostEventWait { Stream, Host };
+
+HostEventWait host_event_wait_mode() {
+  static const HostEventWait mode = [] {
+    const char* v = std::getenv("STRATA_CUDA_HOST_EVENT_WAIT");
+    const std::string s = v ? v : "";
+    if (s.empty() || s == "stream") return HostEventWait::Stream;
+    if (s == "host") return HostEventWait::Host;
+    throw Error("STRATA_CUDA_HOST_EVENT_WAIT is '" + s +
+                "': use \"stream\" (the GPU waits, the default) or \"host\" (the issuing thread waits)");
+  }();
+  return mode;
+}
+
 WaitValue32Fn stream_wait_value_fn() {
   static const WaitValue32Fn fn = [] {
     void* f = nullptr;
@@ -415,6 +435,13 @@ class CudaStream final : public Stream {
     }
     if (impl->for_each_part([&](Event& part, bool part_fence) { wait_for(part, fence || part_fence); })) return;
     if (auto* host = dynamic_cast<HostEvent*>(impl)) {
+      if (host_event_wait_mode() == HostEventWait::Host) {
+        // Its error goes to the stream in stream order, so that the next record() (and
+        // not one issued before this wait) hands it on.
+        std::exception_ptr err = e.result();
+        if (err && !fence) host_task([sink = sink_, err] { sink->keep(err); });
+        return;
+      }
       if (WaitValue32Fn wait_value = stream_wait_value_fn()) {
         CUdeviceptr address = 0;
         uint32_t* slot = flags_->take(&address);
@@ -448,6 +475,7 @@ class CudaStream final : public Stream {
 class CudaDevice final : public Device {
  public:
   explicit CudaDevice(int ordinal) : ordinal_(ordinal) {
+    (void)host_event_wait_mode();  // a bad STRATA_CUDA_HOST_EVENT_WAIT fails here, before any work
     STRATA_CHECK_CUDA(cudaSetDevice(ordinal_));
     STRATA_CHECK_CUDA(cudaGetDeviceProperties(&props_, ordinal_));
   }
