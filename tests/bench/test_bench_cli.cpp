@@ -196,9 +196,12 @@ TEST(BenchIo, BesideComputeMeasuresTheComputeAloneAndBesideEachPoint) {
     EXPECT_GT(b.at("beside_flops").get<double>(), 0);
     EXPECT_GT(b.at("io_bytes").get<uint64_t>(), 0u);
     EXPECT_GT(b.at("io_seconds").get<double>(), 0.2);  // the run's time, not a token transfer
-    // The compute ran while the I/O did, not before or after it: as long, give or take a
-    // product (a few ms on every core, longer on a loaded machine).
-    EXPECT_NEAR(b.at("beside_seconds").get<double>(), b.at("io_seconds").get<double>(), 0.15);
+    // The compute ran while the I/O did, not before or after it: about as long, give or
+    // take a product (a few ms on every core alone, far longer on CI's two cores shared
+    // with another test: 0.15 s of slack failed there once), so bounds, not a tolerance.
+    const double beside_s = b.at("beside_seconds").get<double>(), io_s = b.at("io_seconds").get<double>();
+    EXPECT_GT(beside_s, 0.5 * io_s);
+    EXPECT_LT(beside_s, io_s + 1.0);
     EXPECT_GT(b.at("cores").get<unsigned>(), 0u);
     const double ratio = b.at("beside_flops").get<double>() / b.at("alone_flops").get<double>();
     EXPECT_NEAR(row.at("compute_beside").get<double>(), ratio, 1e-9);
