@@ -5,7 +5,7 @@
 # is neither glibc nor CUDA's, Open MPI's launcher, and the fortunes corpus. Build first (bash scripts/build.sh,
 # nvcc on PATH), and the Python module for the GPU machine's Python when a Python 3.12
 # is here. Output: gpu/bundle.tar.xz (gpu/ is ignored by git); on the GPU machine,
-# scripts/gpu-check.sh unpacks and runs it.
+# scripts/gpu-check.sh unpacks and runs it; gpu/whl holds DeepSpeed's wheels (carry gpu/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=gpu
@@ -77,6 +77,27 @@ if [[ -n $gpy && -x $gpy ]]; then
   echo "gpu-bundle.sh: the Python module for $("$gpy" --version) is in the bundle (python/strata)"
 else
   echo "gpu-bundle.sh: no Python 3.12 here (STRATA_GPU_PYTHON): the bundle has no Python module, gpu-check.sh torch cannot run" >&2
+fi
+# DeepSpeed for the GPU machine, whose image has torch but no DeepSpeed (and no pydantic or
+# hjson), for `gpu-check.sh peers` and `capacity`: DeepSpeed 0.19.8 (the version the cpu runs
+# here use) built into a pure-Python wheel with no ops (it builds cpu_adam and async_io on
+# first use there), and the wheels it needs that the image lacks, for CPython 3.12 on x86-64,
+# in gpu/whl (carried beside the bundle; about 5 MB). Skipped, saying so, without pip or a
+# network here (STRATA_WHEEL_PYTHON: a Python with torch and pip, default .venv's).
+wpy=${STRATA_WHEEL_PYTHON:-.venv/bin/python}
+rm -rf "$out/whl" && mkdir -p "$out/whl"
+if "$wpy" -c 'import torch' 2>/dev/null &&
+   "$wpy" -m pip download -q --no-deps -d "$out/whl/src" deepspeed==0.19.8 &&
+   DS_BUILD_OPS=0 "$wpy" -m pip wheel -q --no-deps --no-build-isolation -w "$out/whl" "$out/whl/src"/deepspeed-0.19.8.tar.gz &&
+   "$wpy" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$out/whl" \
+     hjson==3.1.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
+     typing-extensions==4.16.0; then
+  rm -rf "$out/whl/src"
+  echo "gpu-bundle.sh: DeepSpeed and what it needs are in $out/whl ($(du -sh "$out/whl" | cut -f1))"
+else
+  rm -rf "$out/whl"
+  echo "gpu-bundle.sh: could not make DeepSpeed's wheels ($wpy): gpu-check.sh peers and capacity run without it there" >&2
 fi
 tar -C "$out/stage" -cf - . | xz -T2 -6 > "$out/bundle.tar.xz"
 rm -rf "$out/stage"

@@ -28,7 +28,8 @@
 #              Strata with the base pinned, peft on plain PyTorch, FSDP2 with CPUOffloadPolicy (bench/ref/lora_step.py)
 #   peers      strata bench step --backend cuda --peers deepspeed,fsdp2: 124M bf16, Strata beside DeepSpeed
 #              ZeRO-Offload, ZeRO-Infinity (NVMe) and FSDP2 with CPUOffloadPolicy, within 8 minutes; the
-#              peers run with $STRATA_PEER_PYTHON (default python3), and one it cannot start is skipped
+#              peers run with $STRATA_PEER_PYTHON (default python3), DeepSpeed from gpu/whl (gpu-bundle.sh;
+#              carry gpu/, not just the bundle), and one it cannot start is skipped
 #              with its reason in the table's notes
 #   rankshang  why 2 ranks on one GPU hang: the cuda stream's wait for host events (Device.*, and the
 #              hardware-queue check at CUDA_DEVICE_MAX_CONNECTIONS=8, expected to fail), then
@@ -79,6 +80,13 @@ done
 export LD_LIBRARY_PATH=$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 B=$g/bin
+# DeepSpeed and the packages it needs that the machine lacks (gpu-bundle.sh's gpu/whl), for the peers:
+# installed into a folder of their own, first on PYTHONPATH.
+if compgen -G "gpu/whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$g/site" gpu/whl/*.whl &&
+    export PYTHONPATH=$g/site${PYTHONPATH:+:$PYTHONPATH} ||
+    echo "gpu-check.sh: could not install gpu/whl's wheels: the peers run without DeepSpeed" >&2
+fi
 missing=$(ldd "$B"/* | grep "not found" | sort -u)
 [[ -z $missing ]] || { echo "gpu-check.sh: libraries missing: $missing" >&2; exit 2; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$out/machine.txt"
