@@ -94,6 +94,11 @@ if "$wpy" -c 'import torch' 2>/dev/null &&
      hjson==3.1.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
      typing-extensions==4.16.0; then
   rm -rf "$out/whl/src"
+  # ZeRO-Infinity's async_io op links libaio, whose headers a PyTorch image lacks: Debian's
+  # libaio-dev and libaio1 (43 kB), unpacked there into a folder of their own, not into /.
+  mkdir -p "$out/whl/aio"
+  (cd "$out/whl/aio" && apt-get download libaio-dev libaio1 > /dev/null 2>&1) ||
+    echo "gpu-bundle.sh: apt-get download libaio-dev libaio1 failed: ZeRO-Infinity needs libaio there" >&2
   echo "gpu-bundle.sh: DeepSpeed and what it needs are in $out/whl ($(du -sh "$out/whl" | cut -f1))"
 else
   rm -rf "$out/whl"

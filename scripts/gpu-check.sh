@@ -87,6 +87,15 @@ if compgen -G "gpu/whl/*.whl" > /dev/null; then
     export PYTHONPATH=$g/site${PYTHONPATH:+:$PYTHONPATH} ||
     echo "gpu-check.sh: could not install gpu/whl's wheels: the peers run without DeepSpeed" >&2
 fi
+# libaio for DeepSpeed's async_io op (ZeRO-Infinity), where the machine has no headers: gcc finds
+# the unpacked copy through CPATH and LIBRARY_PATH (DeepSpeed's check and its build), the op
+# through LD_LIBRARY_PATH.
+if [[ ! -e /usr/include/libaio.h ]] && compgen -G "gpu/whl/aio/*.deb" > /dev/null; then
+  for f in gpu/whl/aio/*.deb; do dpkg -x "$f" "$g/aio"; done
+  a=$g/aio/usr/lib/x86_64-linux-gnu
+  export CPATH=$g/aio/usr/include${CPATH:+:$CPATH} LIBRARY_PATH=$a${LIBRARY_PATH:+:$LIBRARY_PATH}
+  export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$a
+fi
 missing=$(ldd "$B"/* | grep "not found" | sort -u)
 [[ -z $missing ]] || { echo "gpu-check.sh: libraries missing: $missing" >&2; exit 2; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$out/machine.txt"
