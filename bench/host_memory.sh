@@ -6,16 +6,22 @@
 # (GNU time's maximum resident set size): what `bench step` cannot give for one of its
 # configurations (they share its process), to set beside a peer's peak host MiB.
 #   bash bench/host_memory.sh STRATA DIR [PINNED_BUDGET...]     (default budgets: 1GiB 2GiB)
-# DIR (created; on the NVMe drive) gets the token file, the configurations and the swap files;
-# the swap files are removed after each run. Prints a table: budget, steps' median seconds, peak MiB.
+# Everything goes into a new folder inside DIR (created; on the NVMe drive), which the script
+# names: the token file, the configurations, the logs and the swap files (removed after each
+# run); nothing else in DIR is touched. Prints a table: budget, steps' median seconds, peak MiB.
 set -euo pipefail
-strata=$(realpath "$1") dir=$2
-shift 2
+usage="usage: bash bench/host_memory.sh STRATA DIR [PINNED_BUDGET...]"
+[[ $# -ge 2 ]] || { echo "host_memory.sh: $usage" >&2; exit 2; }
+[[ -x $1 && -f $1 ]] || { echo "host_memory.sh: '$1' is not an executable strata: build it (bash scripts/build.sh)" >&2; exit 2; }
+strata=$(realpath "$1")
+shift
+mkdir -p "$1"
+dir=$(mktemp -d "$(realpath "$1")/host-memory.XXXXXX")
+shift
 budgets=("$@")
 [[ ${#budgets[@]} -gt 0 ]] || budgets=(1GiB 2GiB)
 [[ -x /usr/bin/time ]] || { echo "host_memory.sh: needs GNU time (/usr/bin/time; apt-get install time)" >&2; exit 2; }
-mkdir -p "$dir"
-dir=$(realpath "$dir")
+echo "host_memory.sh: working in $dir" >&2
 # An llm.c token file of 2M random GPT-2 token ids (the header's magic 20240520, version 1, the
 # count; then uint16 tokens): the step's cost does not depend on which tokens.
 python3 - "$dir/train.bin" <<'PY'
@@ -44,7 +50,8 @@ for b in "${budgets[@]}"; do
 }
 EOF
   /usr/bin/time -f 'peak_kib %M' "$strata" train --config "$dir/nvme-$b.json" > "$dir/train-$b.log" 2>&1 ||
-    { echo "host_memory.sh: strata train failed at pinned budget $b ($dir/train-$b.log)" >&2; exit 1; }
+    { echo "host_memory.sh: strata train failed at pinned budget $b ($dir/train-$b.log):" >&2
+      grep -v '^peak_kib' "$dir/train-$b.log" | tail -n 5 >&2; rm -rf "$dir/swap"; exit 1; }
   med=$(grep -oE 'step +[0-9.]+s$' "$dir/train-$b.log" | tail -n 3 | awk '{print $2+0}' | sort -n | sed -n 2p)
   kib=$(grep -oE '^peak_kib [0-9]+' "$dir/train-$b.log" | awk '{print $2}')
   echo "| $b | $med | $((kib / 1024)) |"

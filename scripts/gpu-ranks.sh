@@ -14,6 +14,11 @@
 set -uo pipefail
 strata=$(realpath "$1") out=$(realpath -m "$2") backend=${3:-cuda}
 mpirun=${MPIRUN:-mpirun}
+[[ ${STRATA_RANKS_RUN_LIMIT:-120} =~ ^[1-9][0-9]*$ ]] ||
+  { echo "gpu-ranks.sh: STRATA_RANKS_RUN_LIMIT is '$STRATA_RANKS_RUN_LIMIT': give whole seconds, such as 120" >&2; exit 2; }
+for st in ${STRATA_RANKS_STAGES:-1 2 3}; do
+  [[ $st == [123] ]] || { echo "gpu-ranks.sh: STRATA_RANKS_STAGES has '$st': give ZeRO stages among 1 2 3, such as \"1 3\"" >&2; exit 2; }
+done
 # One GPU, whatever the machine has: every rank shares it.
 [[ $backend == cuda ]] && export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 mkdir -p "$out"

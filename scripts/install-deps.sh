@@ -15,6 +15,8 @@ pkgs=(
   # libaio's header and libaio.so: DeepSpeed builds its async_io op (ZeRO-Infinity's NVMe
   # swapping, `strata bench step --peers deepspeed`) against them; libaio1 alone has neither.
   libaio-dev
+  # GNU time: bench/host_memory.sh's peak resident memory of a run (its tests in CI too).
+  time
 )
 missing=()
 for p in "${pkgs[@]}"; do
