@@ -19,6 +19,7 @@
 #include "host_memory.hpp"
 #include "strata/core/clock.hpp"
 #include "strata/core/device.hpp"
+#include "strata/core/device_wait.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/log.hpp"
 #include "strata/core/math/half.hpp"
@@ -145,23 +146,12 @@ const bool kOwnQueuePerStream = [] {
 
 using WaitValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 
-// STRATA_CUDA_HOST_EVENT_WAIT: "stream" (the default: the GPU waits, as above) or "host":
-// the thread that orders a stream after a host event waits for that event itself before
-// it issues anything more, so no GPU queue is ever held by a wait. It costs overlap (the
-// issuing thread blocks, the engine's for every collective of the staged communicator)
-// and exists to tell, on a GPU, whether a hang is the GPU-side wait's. Read once, when
-// the first cuda device is made; anything else is an error naming the two values.
-enum class HostEventWait { Stream, Host };
-
+// STRATA_CUDA_HOST_EVENT_WAIT (device_wait.hpp): "host" makes the thread that orders a
+// stream after a host event wait for it itself, so no GPU queue is ever held by a wait;
+// it exists to tell, on a GPU, whether a hang is the GPU-side wait's. Read once, when the
+// first cuda device is made.
 HostEventWait host_event_wait_mode() {
-  static const HostEventWait mode = [] {
-    const char* v = std::getenv("STRATA_CUDA_HOST_EVENT_WAIT");
-    const std::string s = v ? v : "";
-    if (s.empty() || s == "stream") return HostEventWait::Stream;
-    if (s == "host") return HostEventWait::Host;
-    throw Error("STRATA_CUDA_HOST_EVENT_WAIT is '" + s +
-                "': use \"stream\" (the GPU waits, the default) or \"host\" (the issuing thread waits)");
-  }();
+  static const HostEventWait mode = parse_host_event_wait(std::getenv("STRATA_CUDA_HOST_EVENT_WAIT"));
   return mode;
 }
 

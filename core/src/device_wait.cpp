@@ -1,5 +1,9 @@
 #include "strata/core/device_wait.hpp"
 
+#include <string>
+
+#include "strata/core/error.hpp"
+
 namespace strata {
 
 #ifdef STRATA_HAVE_CUDA
@@ -25,5 +29,13 @@ void wait_part(const Event& e, bool fence) {
 }  // namespace
 
 void wait_device_work(const Event& e) { wait_part(e, false); }
+
+HostEventWait parse_host_event_wait(const char* value) {
+  const std::string s = value ? value : "";
+  if (s.empty() || s == "stream") return HostEventWait::Stream;
+  if (s == "host") return HostEventWait::Host;
+  throw Error("STRATA_CUDA_HOST_EVENT_WAIT is '" + s +
+              "': use \"stream\" (the GPU waits, the default) or \"host\" (the issuing thread waits)");
+}
 
 }  // namespace strata

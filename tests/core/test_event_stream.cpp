@@ -268,6 +268,27 @@ TEST(Device, AStreamWaitingForAHostEventHoldsNoOtherStream) {
   dev->deallocate(d, 16 * 256 * sizeof(float));
 }
 
+// STRATA_CUDA_HOST_EVENT_WAIT: unset, empty or "stream" is the GPU-side wait, "host" the
+// issuing thread's; anything else is refused naming both (the cuda device reads it when
+// it is made, before any work).
+TEST(Device, HostEventWaitSettingIsStreamOrHost) {
+  EXPECT_EQ(parse_host_event_wait(nullptr), HostEventWait::Stream);
+  EXPECT_EQ(parse_host_event_wait(""), HostEventWait::Stream);
+  EXPECT_EQ(parse_host_event_wait("stream"), HostEventWait::Stream);
+  EXPECT_EQ(parse_host_event_wait("host"), HostEventWait::Host);
+  for (const char* bad : {"HOST", "gpu", "1", " host"}) {
+    try {
+      parse_host_event_wait(bad);
+      ADD_FAILURE() << "'" << bad << "' was accepted";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(std::string("STRATA_CUDA_HOST_EVENT_WAIT is '") + bad + "'"), std::string::npos) << what;
+      EXPECT_NE(what.find("\"stream\""), std::string::npos) << what;
+      EXPECT_NE(what.find("\"host\""), std::string::npos) << what;
+    }
+  }
+}
+
 TEST(Format, Bytes) {
   EXPECT_EQ(format_bytes(512), "512 B");
   EXPECT_EQ(format_bytes(3ull << 30), "3.00 GiB");

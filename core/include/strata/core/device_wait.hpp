@@ -21,4 +21,11 @@ namespace strata {
 
 void wait_device_work(const Event& e);
 
+// How a cuda stream is ordered after a host event (cuda_device.cu), from
+// STRATA_CUDA_HOST_EVENT_WAIT: "stream" (or unset, or empty: the GPU waits, the default) or
+// "host" (the issuing thread waits for the event before it issues more: no GPU queue is
+// held by a wait, at the cost of overlap). Anything else is an Error naming both values.
+enum class HostEventWait { Stream, Host };
+HostEventWait parse_host_event_wait(const char* value);
+
 }  // namespace strata
