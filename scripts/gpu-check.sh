@@ -31,11 +31,13 @@
 #              peers run with $STRATA_PEER_PYTHON (default python3), DeepSpeed from gpu/whl (gpu-bundle.sh;
 #              carry gpu/, not just the bundle), and one it cannot start is skipped
 #              with its reason in the table's notes
-#   rankshang  why 2 ranks on one GPU hang: the cuda stream's wait for host events (Device.*, and the
-#              hardware-queue check at CUDA_DEVICE_MAX_CONNECTIONS=8, expected to fail), then
-#              strata train at world 2 (stage 1, offload none, staged) with cuda-gdb's backtraces of
-#              every thread of each rank 25 s in (bt-RANKPID.txt), then world 2 once more with
-#              STRATA_CUDA_HOST_EVENT_WAIT=host (the issuing thread waits, not the GPU), within 4 minutes
+#   rankshang  why 2 ranks on one GPU hung: the cuda stream's wait for host events (Device.*, and the
+#              hardware-queue checks at CUDA_DEVICE_MAX_CONNECTIONS=8, the GPU-side wait expected to
+#              fail, and at 1, the staged communicator's host-waited events expected to pass), then
+#              strata train at world 2 (stage 1, offload none, staged: its events waited for on the
+#              host) with cuda-gdb's backtraces of every thread of each rank 25 s in (bt-RANKPID.txt)
+#              if it still runs then, then world 2 once more with STRATA_CUDA_HOST_EVENT_WAIT=host
+#              (every host event waited for by the issuing thread, not the GPU), within 4 minutes
 #   attnrace   compute-sanitizer racecheck over every GptCudaMma test, one at a time, within 3 minutes
 #   ranks      2 and 4 ranks on the one GPU (mpirun, strata.device_communicator "staged"): strata train,
 #              every stage, offload none/cpu/nvme, bf16, losses against world 1, a table in ranks.md, within
@@ -310,10 +312,12 @@ for part in "${parts[@]}"; do
     ;;
   rankshang)
     # The suspected cause first (cuda_device.cu): with 8 hardware queues (CUDA's default) a stream held
-    # by a wait for a host event holds another; expected to fail at 8 and pass at libstrata's 32.
+    # by a wait for a host event holds another; expected to fail at 8 and pass at libstrata's 32. The
+    # staged communicator's events are waited for on the host, which holds no queue even at 1.
     run devwait.log 60 "$B/test_core" --gtest_filter='Device.*:HostEvent.*'
     run devwait.log 40 env CUDA_DEVICE_MAX_CONNECTIONS=8 "$B/test_core" \
       --gtest_filter='Device.AStreamWaitingForAHostEventHoldsNoOtherStream'
+    run devwait.log 40 env CUDA_DEVICE_MAX_CONNECTIONS=1 "$B/test_core" --gtest_filter='Device.AHostWaitedEventHoldsNoQueue'
     grep -E "^\[  (FAILED|PASSED|SKIPPED) |^\[       OK|^=== exit|Failure|held another|did not end" "$out/devwait.log"
     mpi=$(command -v mpirun)
     [[ -x $g/ompi/bin/mpirun ]] && export OPAL_PREFIX=$g/ompi && mpi=$g/ompi/bin/mpirun

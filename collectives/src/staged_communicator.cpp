@@ -185,8 +185,11 @@ class StagedCommunicator final : public Communicator {
   }
 
  private:
+  // The event completes once this op's copies back into device memory are done, GPU work
+  // this worker issues later: a CUDA stream ordered after it waits on the host
+  // (HostEvent::DeviceWait::Host), never holding a GPU queue the copies may share.
   Event enqueue(StagedOp op, Event after) {
-    auto [ev, done] = HostEvent::make();
+    auto [ev, done] = HostEvent::make(HostEvent::DeviceWait::Host);
     op.after = std::move(after);
     op.done = std::move(done);
     {

@@ -149,7 +149,9 @@ using WaitValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned i
 // STRATA_CUDA_HOST_EVENT_WAIT (device_wait.hpp): "host" makes the thread that orders a
 // stream after a host event wait for it itself, so no GPU queue is ever held by a wait;
 // it exists to tell, on a GPU, whether a hang is the GPU-side wait's. Read once, when the
-// first cuda device is made.
+// first cuda device is made. An event made with HostEvent::DeviceWait::Host (the staged
+// communicator's) is always waited for so: its completion needs this process's own GPU
+// copies, issued after the wait, which a held queue could hold too.
 HostEventWait host_event_wait_mode() {
   static const HostEventWait mode = parse_host_event_wait(std::getenv("STRATA_CUDA_HOST_EVENT_WAIT"));
   return mode;
@@ -425,7 +427,7 @@ class CudaStream final : public Stream {
     }
     if (impl->for_each_part([&](Event& part, bool part_fence) { wait_for(part, fence || part_fence); })) return;
     if (auto* host = dynamic_cast<HostEvent*>(impl)) {
-      if (host_event_wait_mode() == HostEventWait::Host) {
+      if (host_event_wait_mode() == HostEventWait::Host || host->device_wait() == HostEvent::DeviceWait::Host) {
         // Its error goes to the stream in stream order, so that the next record() (and
         // not one issued before this wait) hands it on.
         std::exception_ptr err = e.result();

@@ -59,8 +59,8 @@ void HostEvent::then(std::function<void(std::exception_ptr)> fn) {
   fn(err);
 }
 
-std::pair<Event, std::shared_ptr<HostEvent>> HostEvent::make() {
-  auto impl = std::make_shared<HostEvent>();
+std::pair<Event, std::shared_ptr<HostEvent>> HostEvent::make(DeviceWait how) {
+  auto impl = std::make_shared<HostEvent>(how);
   return {Event(impl), impl};
 }
 

@@ -201,6 +201,24 @@ TEST(StagedCommunicator, NoElementsAndBarrierComplete) {
   EXPECT_EQ(wait_all(evs), 0);
 }
 
+// Each operation's event asks a CUDA stream ordered after it to wait on the host
+// (HostEvent::DeviceWait::Host): the copies that complete it are issued later, and a
+// stream held on the GPU could hold them on a shared hardware queue (two ranks on one
+// H100 hung so, 2026-11-28). The host communicator's own events leave it to the GPU.
+TEST(StagedCommunicator, ItsEventsAreWaitedForOnTheHost) {
+  auto comm = make_staged();
+  DeviceBuf<float> buf(64, 1);
+  Event ev = comm->all_reduce(buf.span());
+  auto* host = dynamic_cast<HostEvent*>(ev.impl());
+  ASSERT_NE(host, nullptr) << "a staged operation's event is not a host event";
+  EXPECT_EQ(host->device_wait(), HostEvent::DeviceWait::Host);
+  EXPECT_NO_THROW(ev.wait());
+  EXPECT_EQ(buf[0], static_cast<float>(comm->size()));
+  auto [plain, completer] = HostEvent::make();
+  EXPECT_EQ(static_cast<HostEvent*>(plain.impl())->device_wait(), HostEvent::DeviceWait::Stream);
+  completer->complete();
+}
+
 // One chunk (the default staging): the host communicator's collective on the same
 // elements, so the bits equal those of the mpi backend on host buffers, for arbitrary
 // floats (whose sums round).

@@ -30,6 +30,18 @@ TEST(HostEvent, CompletesAndRunsCallbacks) {
   EXPECT_EQ(called, 11);
 }
 
+// A host event leaves a device stream's wait to the GPU unless its maker asks for a host
+// wait (the staged communicator does; cuda_device.cu).
+TEST(HostEvent, DeviceWaitIsStreamUnlessAsked) {
+  auto [a, ha] = HostEvent::make();
+  auto [b, hb] = HostEvent::make(HostEvent::DeviceWait::Host);
+  EXPECT_EQ(ha->device_wait(), HostEvent::DeviceWait::Stream);
+  EXPECT_EQ(hb->device_wait(), HostEvent::DeviceWait::Host);
+  hb->complete();
+  EXPECT_TRUE(b.ready());
+  ha->complete();
+}
+
 TEST(HostEvent, ErrorIsRethrownOnWait) {
   auto [ev, host] = HostEvent::make();
   host->complete(std::make_exception_ptr(IoError("read", "/x", 4096, 8192, EIO)));
@@ -259,6 +271,50 @@ TEST(Device, AStreamWaitingForAHostEventHoldsNoOtherStream) {
                                       "(CUDA_DEVICE_MAX_CONNECTIONS=") + (queues ? queues : "unset") + ")");
     first.wait();
     for (const Event& e : others) e.wait();
+  }
+  t.join();
+  std::vector<float> out(16 * 256);
+  streams[0]->copy_async(out.data(), d, out.size() * sizeof(float));
+  streams[0]->synchronize();
+  for (int s = 0; s < 16; ++s) EXPECT_EQ(out[256 * s + 255], static_cast<float>(s + 1)) << "stream " << s;
+  dev->deallocate(d, 16 * 256 * sizeof(float));
+}
+
+// An event made with HostEvent::DeviceWait::Host (the staged communicator's) holds no GPU
+// queue, however few there are: the thread that orders stream 0 after it waits for it
+// itself, while another thread, as the staged communicator's worker does, issues work on
+// 15 other streams only after that, waits for it on the GPU, and then completes the event.
+// A GPU-side wait could hold that work on a shared queue; this passes even with
+// CUDA_DEVICE_MAX_CONNECTIONS=1 (scripts/gpu-check.sh rankshang runs it so).
+TEST(Device, AHostWaitedEventHoldsNoQueue) {
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << why;
+  auto dev = make_device({Backend::Cuda, 0});
+  std::vector<std::unique_ptr<Stream>> streams;
+  for (int s = 0; s < 16; ++s) streams.push_back(dev->create_stream("h" + std::to_string(s)));
+  float* d = static_cast<float*>(dev->allocate(16 * 256 * sizeof(float)));
+  auto [gate, opener] = HostEvent::make(HostEvent::DeviceWait::Host);
+  std::atomic<bool> waiting{false};
+  std::thread t([&, opener = opener] {
+    while (!waiting) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the wait is under way
+    std::vector<Event> others;
+    for (int s = 1; s < 16; ++s) {
+      streams[s]->fill_as(d + 256 * s, DType::F32, static_cast<float>(s + 1), 256);
+      others.push_back(streams[s]->record());
+    }
+    for (const Event& e : others) wait_device_work(e);
+    opener->complete();
+  });
+  {
+    const char* queues = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    Watchdog watchdog(30, std::string("a stream ordered after a host-waited event held another stream's work "
+                                      "(CUDA_DEVICE_MAX_CONNECTIONS=") + (queues ? queues : "unset") + ")");
+    waiting = true;
+    streams[0]->wait(gate);
+    EXPECT_TRUE(gate.ready()) << "the issuing thread went on before the host-waited event completed";
+    streams[0]->fill_as(d, DType::F32, 1.0f, 256);
+    streams[0]->synchronize();
   }
   t.join();
   std::vector<float> out(16 * 256);

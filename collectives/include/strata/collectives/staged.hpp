@@ -18,10 +18,13 @@
 // order. `after` is waited for there; if it fails, the operation still runs (so the
 // other ranks do not hang) and its event fails with that error. Device work (`after`,
 // the copies) is waited for with wait_device_work (core/device_wait.hpp), never through
-// a CUDA host callback: a CUDA stream waiting for one of these operations holds CUDA's
-// callback thread until it completes. On cuda, therefore, the errors of host tasks on
-// the streams that `after` names do not fail the operation (a host wait on `after`
-// still sees them). A failed copy or host
+// a CUDA host callback: on a driver without stream memory operations, a CUDA stream
+// waiting for one of these operations holds CUDA's callback thread until it completes.
+// On cuda, therefore, the errors of host tasks on the streams that `after` names do not
+// fail the operation (a host wait on `after` still sees them). An operation's event is
+// made with HostEvent::DeviceWait::Host: a CUDA stream ordered after it waits on the
+// thread that orders it, not on the GPU, since the copies that complete it are issued
+// later and could sit on a hardware queue behind the waiting stream. A failed copy or host
 // collective fails the operation's event; the remaining chunks still run their
 // collectives, for the same reason.
 //
@@ -31,8 +34,10 @@
 // its own (make_host_communicator makes a new one each call).
 //
 // NOTE: the cuda path (pinned staging registered with cudaHostRegister, copies on a CUDA
-// stream, waits through cudaEventSynchronize) has not yet run on a GPU; the cpu path is
-// tested under mpirun at 2 and 4 ranks (scripts/gpu-check.sh ranks is the GPU check).
+// stream, waits through cudaEventSynchronize) hung on an H200 and an H100 (2026-11-27,
+// 2026-11-28; docs/training.md) before its events were waited for on the host, and has
+// not run on a GPU since; the cpu path is tested under mpirun at 2 and 4 ranks
+// (scripts/gpu-check.sh ranks is the GPU check).
 #pragma once
 
 #include <cstddef>

@@ -61,6 +61,17 @@ class Event {
 // A completion flag set from a host thread, with an optional error and callbacks.
 class HostEvent final : public detail::EventImpl {
  public:
+  // How a device stream is ordered after the event (cuda_device.cu). Stream: the GPU
+  // waits (a CUDA stream holds a hardware queue until the event completes). Host: the
+  // thread that orders the stream waits for the event before it issues more, and no GPU
+  // queue is held. An event whose completion needs this process's own later GPU work (the
+  // staged communicator's copies out of and back into device memory) asks for Host: a
+  // stream held on the GPU could hold that work too, where CUDA puts both streams on one
+  // hardware queue, and neither would move again. Other backends wait the same either way.
+  enum class DeviceWait { Stream, Host };
+
+  HostEvent() = default;
+  explicit HostEvent(DeviceWait how) : device_wait_(how) {}
   void wait() override;
   bool ready() override;
   // Completes the event; error may be null. Runs callbacks registered with then().
@@ -69,9 +80,12 @@ class HostEvent final : public detail::EventImpl {
   void then(std::function<void(std::exception_ptr)> fn);
   std::exception_ptr error();
 
-  static std::pair<Event, std::shared_ptr<HostEvent>> make();
+  DeviceWait device_wait() const { return device_wait_; }
+
+  static std::pair<Event, std::shared_ptr<HostEvent>> make(DeviceWait how = DeviceWait::Stream);
 
  private:
+  const DeviceWait device_wait_ = DeviceWait::Stream;
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
