@@ -16,6 +16,7 @@
 // --peers runs what a user who needs offload would pick instead (DeepSpeed ZeRO-Offload and
 // ZeRO-Infinity, FSDP2 with CPU offload; step_peers.hpp) beside them, each in its own process
 // in the precision asked for; step_report.cpp reports the run.
+#include <algorithm>
 #include <cstdio>
 #include <cerrno>
 #include <cstring>
@@ -78,6 +79,12 @@ void check_args(const StepArgs& a) {
   if (a.cuda_kernels != "reference" && a.backend != "cuda")
     throw ConfigError("bench step: --cuda-kernels " + a.cuda_kernels +
                       " selects kernels of the cuda backend: give --backend cuda too, or leave --cuda-kernels out");
+  if (!a.cuda_profile.empty() && a.backend != "cuda")
+    throw ConfigError("bench step: --cuda-profile brackets a configuration's step for a CUDA profiler (ncu, nsys): "
+                      "give --backend cuda too");
+  if (!a.cuda_profile.empty() && a.warmup < 1)
+    throw ConfigError("bench step: --cuda-profile records a configuration's last warm-up step (no timed step runs "
+                      "under the profiler): give --warmup 1 or more");
   if (a.gpu_optimizer && a.backend != "cuda")
     throw ConfigError("bench step: --gpu-optimizer needs --backend cuda (the cpu backend's optimizer is CpuAdam)");
   if (!a.f32_beside && !sixteen)
@@ -258,6 +265,23 @@ std::vector<Setup> make_setups(const Bench& bench) {
   return setups;
 }
 
+// --cuda-profile: each label names one of Strata's configurations or PyTorch's, exactly as
+// the table prints it; a peer's step is its own process's and is not bracketed.
+void mark_profiled(std::vector<Setup>& setups, const std::vector<std::string>& labels) {
+  for (const std::string& l : labels) {
+    auto it = std::find_if(setups.begin(), setups.end(), [&](const Setup& s) { return s.label == l; });
+    if (it == setups.end() || it->peer >= 0) {
+      std::string names;
+      for (const Setup& s : setups)
+        if (s.peer < 0) names += (names.empty() ? "'" : ", '") + s.label + "'";
+      throw ConfigError("bench step: --cuda-profile '" + l + "' is " +
+                        (it == setups.end() ? "no configuration of this run" : "a peer's, whose step is its own") +
+                        "; give one of " + names);
+    }
+    it->profiled = true;
+  }
+}
+
 EngineAblation ablation_of(const StepArgs& a) {
   EngineAblation ablation;
   ablation.speculation_lane = !a.speculation_inline;
@@ -299,10 +323,12 @@ void build_engines(Bench& b) {
 }
 
 // One configuration's timed step (after its lead-in), or the PyTorch reference's.
-void time_one(Bench& b, Setup& s, bool warmup, const std::string& what, TokenBatches& batches) {
+// profile: the step inside CUDA's profiler capture (--cuda-profile: the last warm-up step of
+// a configuration asked for, so no timed step is a profiled one).
+void time_one(Bench& b, Setup& s, bool warmup, bool profile, const std::string& what, TokenBatches& batches) {
   const StepArgs& a = b.a;
   if (s.torch) {
-    const nlohmann::json got = b.torch->command("step");
+    const nlohmann::json got = b.torch->command(profile ? "profile" : "step");
     if (!got.contains("seconds")) throw Unavailable("bench step: the PyTorch reference failed: " + got.dump());
     if (!warmup) s.seconds.push_back(got["seconds"].get<double>());
     return;
@@ -324,7 +350,9 @@ void time_one(Bench& b, Setup& s, bool warmup, const std::string& what, TokenBat
       run_step(*s.engine, *s.model, *s.engine, batches);
     }
   const double cpu0 = process_cpu_seconds();
+  if (profile) cuda_profiler_range(true);
   const StepResult r = run_step(*s.engine, *s.model, *s.engine, batches);
+  if (profile) cuda_profiler_range(false);
   const double cpu = process_cpu_seconds() - cpu0;
   if (warmup) return;
   s.seconds.push_back(r.seconds);
@@ -356,7 +384,7 @@ void time_setups(Bench& b) {
                                                                  std::to_string(a.reps) + ", ") +
                                s.label;
       b.progress.show(what);
-      time_one(b, s, r < a.warmup, what, batches);
+      time_one(b, s, r < a.warmup, s.profiled && r == a.warmup - 1, what, batches);
     }
   trace::set_active(b.recorder);  // as the traced engine left it: it hands the outer one back when it goes
   b.progress.done();
@@ -383,6 +411,7 @@ int run_bench_step(const StepArgs& a) {
   for (const GroupSpec& g : b.specs) b.sizes.push_back({g.name, g.numel});
   b.memory_label = b.cuda ? "params on GPU, optimizer pinned" : "in memory";
   b.setups = make_setups(b);
+  mark_profiled(b.setups, a.cuda_profile);
   if (a.layout) {
     print_layouts(b);
     return 0;
@@ -425,6 +454,10 @@ void add_step(CLI::App& bench, Runner& run) {
   s->add_option("--pinned-budget", a.pinned_budget, "Pinned budget of the offloaded configuration");
   s->add_option("--trace", a.trace, "Write a Chrome trace of one configuration's steps to this file: the NVMe one (with --no-nvme the in-memory "
                 "one with CPU Adam) in the last precision, speculative with --speculative");
+  s->add_option("--cuda-profile", a.cuda_profile,
+                "cuda: the last warm-up step of this configuration (its label as the table prints it, PyTorch's too; "
+                "repeatable) inside CUDA's profiler capture, for `ncu --profile-from-start off` or `nsys profile "
+                "--capture-range=cudaProfilerApi`; the timed steps run outside it");
   s->add_option("--backend", a.backend, "cpu, or cuda (GptCuda on GPU 0)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   s->add_option("--cuda-kernels", a.cuda_kernels,

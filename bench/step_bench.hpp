@@ -56,6 +56,7 @@ struct StepArgs {
   std::vector<std::string> peers;  // --peers: DeepSpeed ZeRO-Offload/-Infinity, FSDP2 beside (step_peers.hpp)
   std::string peer_script = default_peer_script();
   std::string trace;  // Chrome trace of one configuration's engine (see the options lambda)
+  std::vector<std::string> cuda_profile;  // --cuda-profile: labels whose last warm-up step a CUDA profiler records
   OutputOptions out;
 };
 
@@ -70,6 +71,7 @@ struct Setup {
   bool torch = false;                  // the PyTorch reference: no engine, it times its own step
   int peer = -1;                       // index in Bench::peers: a peer's process, which times its own step
   bool traced = false;                 // its engine writes --trace
+  bool profiled = false;               // --cuda-profile: its last warm-up step inside CUDA's profiler capture
   std::unique_ptr<ZeroEngine> engine;
   GptModel* model = nullptr;
   std::vector<double> seconds, exposed, optimizer, nvme_read, nvme_written, cpu;

@@ -42,6 +42,10 @@
 #   ranks      2 and 4 ranks on the one GPU (mpirun, strata.device_communicator "staged"): strata train,
 #              every stage, offload none/cpu/nvme, bf16, losses against world 1, a table in ranks.md, within
 #              8 minutes (scripts/gpu-ranks.sh); mpirun is the bundle's Open MPI, else the machine's
+#   profile    where the 1.1B bf16 step's GPU time goes (bench1b's shape, fused kernels, the GPU optimizer):
+#              ncu times every kernel of one step of Strata and one of PyTorch (bench step --cuda-profile
+#              brackets their warm-up steps in CUDA's profiler capture), serialised; scripts/kernel-times.py sums them by
+#              kernel into $OUT/kernel-times.md (ncu.csv beside it), within 7 minutes
 #   capacity   the largest GPT that trains (2 steps, the loss falling) with Strata (params on the GPU,
 #              optimizer states in pinned memory: its largest plan), FSDP2 with CPUOffloadPolicy and
 #              DeepSpeed ZeRO-Infinity (NVMe), each searched by bench/capacity_search.py along strata
@@ -55,7 +59,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 known=(tests sanitize train bench bench1b kernels fusedtest fusedsan step1b attn attnrace lane copy peers torch lora7b ranks
-       rankshang capacity)
+       rankshang profile capacity)
 # The parts asked for are checked before anything is unpacked or run: a typo costs
 # nothing of the machine's time.
 for part in "$@"; do
@@ -353,6 +357,26 @@ EOF
     rm -rf "$w"
     grep -E "^\[  (FAILED|PASSED|SKIPPED) |^=== exit|Failure" "$out/rankshang.log"
     tail -n 15 "$out/rankshang.log" | cut -c1-200
+    ;;
+  profile)
+    # One step of each under Nsight Compute, kernel by kernel (gpu__time_duration.sum, the clocks and caches
+    # left alone); outside the capture the kernels run unprofiled. The sum is GPU busy time without overlap.
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+    if [[ -z $ncu ]]; then
+      echo "gpu-check.sh profile: no ncu on this machine" | tee -a "$out/profile.log"
+    else
+      d=$(mktemp -d /tmp/strata-prof-XXXX)
+      run profile.log 400 "$ncu" --target-processes all --profile-from-start off --clock-control none \
+        --cache-control none --metrics gpu__time_duration.sum --csv --log-file "$out/ncu.csv" \
+        "$B/strata" bench step --backend cuda --dir "$d" --layers 20 --d-model 2048 --heads 16 --seq 1024 \
+        --micro-batch 2 --memory-budget 10G --no-nvme --precision bf16 --no-f32 --gpu-optimizer --reps 1 --warmup 1 \
+        --cuda-kernels fused --python "$(command -v python3)" --cuda-profile "params and optimizer on GPU, bf16" \
+        --cuda-profile "PyTorch on the GPU, autocast bf16"
+      rm -rf "$d"
+      python3 scripts/kernel-times.py "$out/ncu.csv" --top 30 --out "$out/kernel-times.md" >> "$out/profile.log" 2>&1
+      grep -E "^=== exit|^(params|optimizer|PyTorch|bf16 tokens|MFU)|error|rror" "$out/profile.log" | cut -c1-220 | head -30
+      grep -E "^###|^\| " "$out/kernel-times.md" | head -80
+    fi
     ;;
   capacity)
     # The ladder: gpt-6.7b's width (d_model 4096, 32 heads, GPT-2's vocabulary), 4 layers a rung (805M

@@ -14,8 +14,11 @@ plain fp32 (no TF32), as cuBLAS's are in Strata's GptCuda; the step is timed fro
 start to the loss read back, which waits for the GPU. Started once per benchmark run; answers commands on stdin with one JSON line
 on stdout each:
 
-  step   ->  {"seconds": wall time of one step, "loss": its last micro-batch's loss}
-  quit   ->  exits
+  step     ->  {"seconds": wall time of one step, "loss": its last micro-batch's loss}
+  profile  ->  the same, the step inside CUDA's profiler capture (torch.cuda.profiler.start
+               / stop: what `ncu --profile-from-start off` records; `strata bench step
+               --cuda-profile`); on the CPU an error
+  quit     ->  exits
 
 The first line out is {"ready": true, "torch": version, "threads": n, "attention": ...};
 any failure is {"error": "..."} and a non-zero exit.
@@ -37,20 +40,34 @@ def reply(obj):
 def serve_steps(reply, sync, run_step):
     """The bench's protocol on stdin, for this script and peer_gpt_step.py: each `step`
     runs run_step() (after sync(), the GPU's synchronize, when given) and replies the dict
-    it returns; `quit` or the end of input ends with 0. A bad command, or a step whose
-    reply is an {"error": ...}, ends with 1 (the error replied)."""
+    it returns; `profile` likewise, inside CUDA's profiler capture (only where sync is
+    given: on the GPU); `quit` or the end of input ends with 0. A bad command, or a step
+    whose reply is an {"error": ...}, ends with 1 (the error replied)."""
     for line in sys.stdin:
         words = line.split()
         if not words:
             continue
         if words == ["quit"]:
             return 0
-        if words != ["step"]:
+        if words not in (["step"], ["profile"]):
             reply({"error": f"bad command: {line.strip()!r}"})
+            return 1
+        if words == ["profile"] and sync is None:
+            reply({"error": "profile brackets a step for a CUDA profiler: run with --device cuda"})
             return 1
         if sync is not None:
             sync()
-        out = run_step()
+        if words == ["profile"]:
+            import torch  # on the GPU, torch is imported already
+
+            torch.cuda.profiler.start()
+            try:
+                out = run_step()
+                sync()
+            finally:
+                torch.cuda.profiler.stop()
+        else:
+            out = run_step()
         reply(out)
         if "error" in out:
             return 1

@@ -3,6 +3,7 @@
 // and sub-allocates it, which is the caching allocator), pinned memory is registered
 // with cudaHostRegister, streams and events are CUDA streams and events.
 #include <cuda.h>  // the stream memory operations' types, reached through cudaGetDriverEntryPointByVersion
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -545,6 +546,15 @@ bool cuda_device_present(std::string* reason) {
 // device_wait.cpp: the GPU side of a CUDA event, without its settling host callback.
 void cuda_event_synchronize(void* event) {
   STRATA_CHECK_CUDA(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
+}
+
+void cuda_profiler_capture(bool on) {
+  if (on) {
+    STRATA_CHECK_CUDA(cudaProfilerStart());
+    return;
+  }
+  STRATA_CHECK_CUDA(cudaDeviceSynchronize());  // what was issued inside the capture ends inside it
+  STRATA_CHECK_CUDA(cudaProfilerStop());
 }
 
 int cuda_visible_device_count() {

@@ -10,6 +10,7 @@ std::unique_ptr<Stream> make_host_worker_stream(const std::string& name);
 std::unique_ptr<Device> make_cuda_device(int ordinal);
 bool cuda_device_present(std::string* reason);
 int cuda_visible_device_count();
+void cuda_profiler_capture(bool on);
 #endif
 
 const char* to_string(Backend b) {
@@ -44,6 +45,15 @@ int cuda_device_count() {
   return cuda_visible_device_count();
 #else
   return 0;
+#endif
+}
+
+void cuda_profiler_range(bool start) {
+#ifdef STRATA_HAVE_CUDA
+  cuda_profiler_capture(start);
+#else
+  (void)start;
+  throw Unavailable("cuda profiler capture: Strata was built without CUDA; rebuild with nvcc on PATH (-DSTRATA_CUDA=ON)");
 #endif
 }
 

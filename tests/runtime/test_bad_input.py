@@ -203,6 +203,12 @@ with tempfile.TemporaryDirectory(prefix="strata-bad-input-") as work:
           f"bench step --optimizer-ratio 1.5: a usage error naming the range (rc {rc}): {out.strip()[-300:]}")
     refused("bench step --gpu-optimizer on the cpu backend", ["bench", "step", "--gpu-optimizer", "--dir", work],
             "--gpu-optimizer needs --backend cuda", timeout=30)
+    refused("bench step --cuda-profile on the cpu backend", ["bench", "step", "--cuda-profile", "PyTorch", "--dir", work],
+            "--cuda-profile brackets a configuration's step for a CUDA profiler (ncu, nsys): give --backend cuda too",
+            timeout=30)
+    refused("bench step --cuda-profile with --warmup 0",
+            ["bench", "step", "--backend", "cuda", "--warmup", "0", "--cuda-profile", "PyTorch", "--dir", work],
+            "--cuda-profile records a configuration's last warm-up step", timeout=30)
     refused("bench step --speculation-inline without --speculative", ["bench", "step", "--speculation-inline", "--dir", work],
             "--speculation-inline says where the speculative optimizer steps: give --speculative too", timeout=30)
     rc, out, _ = run(["bench", "step", "--optimizer-threads", "100000", "--dir", work])

@@ -152,5 +152,12 @@ bool cuda_available(std::string* reason);
 // GPUs this process can see (CUDA_VISIBLE_DEVICES applies); 0 when the cuda backend is not
 // built or none is present.
 int cuda_device_count();
+// Starts (true) or stops (false) CUDA's profiler capture (cudaProfilerStart / Stop): the
+// GPU work in between is what `ncu --profile-from-start off` or `nsys profile
+// --capture-range=cudaProfilerApi` records; with no profiler attached it records nothing.
+// Stopping waits for all of the current GPU's work first, so what was issued inside ends
+// inside.
+// Throws Unavailable when the cuda backend is not built, CudaError when CUDA refuses.
+void cuda_profiler_range(bool start);
 
 }  // namespace strata
