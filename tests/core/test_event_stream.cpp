@@ -238,6 +238,27 @@ TEST(Device, CudaStreamWaitsForAHostEventWithoutHoldingTheCallbackThread) {
   dev->deallocate(d, 1024 * sizeof(float));
 }
 
+// Sixteen streams of one GPU, each of which fills its own 256 floats of one buffer with
+// its number + 1; check() reads the buffer back through stream 0.
+struct SixteenStreams {
+  explicit SixteenStreams(const std::string& prefix) : dev(make_device({Backend::Cuda, 0})) {
+    for (int s = 0; s < 16; ++s) streams.push_back(dev->create_stream(prefix + std::to_string(s)));
+    d = static_cast<float*>(dev->allocate(kBytes));
+  }
+  ~SixteenStreams() { dev->deallocate(d, kBytes); }
+  void fill(int s) { streams[s]->fill_as(d + 256 * s, DType::F32, static_cast<float>(s + 1), 256); }
+  void check() {
+    std::vector<float> out(16 * 256);
+    streams[0]->copy_async(out.data(), d, kBytes);
+    streams[0]->synchronize();
+    for (int s = 0; s < 16; ++s) EXPECT_EQ(out[256 * s + 255], static_cast<float>(s + 1)) << "stream " << s;
+  }
+  static constexpr size_t kBytes = 16 * 256 * sizeof(float);
+  std::unique_ptr<Device> dev;
+  std::vector<std::unique_ptr<Stream>> streams;
+  float* d = nullptr;
+};
+
 // A stream held on the GPU by a wait for a host event holds no other stream: a thread
 // opens stream 0's gate only once each of 15 other streams has done its work on the GPU.
 // CUDA puts streams on CUDA_DEVICE_MAX_CONNECTIONS hardware queues round-robin, and a
@@ -248,17 +269,15 @@ TEST(Device, CudaStreamWaitsForAHostEventWithoutHoldingTheCallbackThread) {
 TEST(Device, AStreamWaitingForAHostEventHoldsNoOtherStream) {
   std::string why;
   if (!cuda_available(&why)) GTEST_SKIP() << why;
-  auto dev = make_device({Backend::Cuda, 0});
-  std::vector<std::unique_ptr<Stream>> streams;
-  for (int s = 0; s < 16; ++s) streams.push_back(dev->create_stream("s" + std::to_string(s)));
-  float* d = static_cast<float*>(dev->allocate(16 * 256 * sizeof(float)));
+  SixteenStreams ss("s");
+  auto& streams = ss.streams;
   auto [gate, opener] = HostEvent::make();
   streams[0]->wait(gate);
-  streams[0]->fill_as(d, DType::F32, 1.0f, 256);
+  ss.fill(0);
   Event first = streams[0]->record();
   std::vector<Event> others;
   for (int s = 1; s < 16; ++s) {
-    streams[s]->fill_as(d + 256 * s, DType::F32, static_cast<float>(s + 1), 256);
+    ss.fill(s);
     others.push_back(streams[s]->record());
   }
   std::thread t([&, opener = opener] {
@@ -273,11 +292,7 @@ TEST(Device, AStreamWaitingForAHostEventHoldsNoOtherStream) {
     for (const Event& e : others) e.wait();
   }
   t.join();
-  std::vector<float> out(16 * 256);
-  streams[0]->copy_async(out.data(), d, out.size() * sizeof(float));
-  streams[0]->synchronize();
-  for (int s = 0; s < 16; ++s) EXPECT_EQ(out[256 * s + 255], static_cast<float>(s + 1)) << "stream " << s;
-  dev->deallocate(d, 16 * 256 * sizeof(float));
+  ss.check();
 }
 
 // An event made with HostEvent::DeviceWait::Host (the staged communicator's) holds no GPU
@@ -289,10 +304,8 @@ TEST(Device, AStreamWaitingForAHostEventHoldsNoOtherStream) {
 TEST(Device, AHostWaitedEventHoldsNoQueue) {
   std::string why;
   if (!cuda_available(&why)) GTEST_SKIP() << why;
-  auto dev = make_device({Backend::Cuda, 0});
-  std::vector<std::unique_ptr<Stream>> streams;
-  for (int s = 0; s < 16; ++s) streams.push_back(dev->create_stream("h" + std::to_string(s)));
-  float* d = static_cast<float*>(dev->allocate(16 * 256 * sizeof(float)));
+  SixteenStreams ss("h");
+  auto& streams = ss.streams;
   auto [gate, opener] = HostEvent::make(HostEvent::DeviceWait::Host);
   std::atomic<bool> waiting{false};
   std::thread t([&, opener = opener] {
@@ -300,7 +313,7 @@ TEST(Device, AHostWaitedEventHoldsNoQueue) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the wait is under way
     std::vector<Event> others;
     for (int s = 1; s < 16; ++s) {
-      streams[s]->fill_as(d + 256 * s, DType::F32, static_cast<float>(s + 1), 256);
+      ss.fill(s);
       others.push_back(streams[s]->record());
     }
     for (const Event& e : others) wait_device_work(e);
@@ -313,15 +326,11 @@ TEST(Device, AHostWaitedEventHoldsNoQueue) {
     waiting = true;
     streams[0]->wait(gate);
     EXPECT_TRUE(gate.ready()) << "the issuing thread went on before the host-waited event completed";
-    streams[0]->fill_as(d, DType::F32, 1.0f, 256);
+    ss.fill(0);
     streams[0]->synchronize();
   }
   t.join();
-  std::vector<float> out(16 * 256);
-  streams[0]->copy_async(out.data(), d, out.size() * sizeof(float));
-  streams[0]->synchronize();
-  for (int s = 0; s < 16; ++s) EXPECT_EQ(out[256 * s + 255], static_cast<float>(s + 1)) << "stream " << s;
-  dev->deallocate(d, 16 * 256 * sizeof(float));
+  ss.check();
 }
 
 // STRATA_CUDA_HOST_EVENT_WAIT: unset, empty or "stream" is the GPU-side wait, "host" the
