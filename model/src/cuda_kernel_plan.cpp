@@ -140,4 +140,10 @@ uint64_t norm_partial_bytes_max(long max_rows, int n) {
          sizeof(float) * 2u;
 }
 
+uint64_t partial_bytes_max(long max_rows, std::initializer_list<int> widths) {
+  uint64_t most = 0;
+  for (int n : widths) most = std::max(most, norm_partial_bytes_max(max_rows, n));
+  return most;
+}
+
 }  // namespace strata

@@ -156,7 +156,7 @@ struct GptCuda::Impl {
   // strata.cuda_kernels = "fused" only (cuda_kernel_plan.hpp; NOT yet run on a GPU):
   bool fused;
   std::unique_ptr<cu::LtMatmul> lt;        // the epilogue matmuls
-  float* norm_partials = nullptr;          // norm_partial_bytes_max(bt_max, d): the norms' gain gradients
+  float* norm_partials = nullptr;          // partial_bytes_max: the norms' gain and the biases' gradients
   int sms = 1;                             // the GPU's multiprocessors (plan_norm)
   void* mem = nullptr;
   uint64_t bytes = 0;
@@ -286,7 +286,7 @@ struct GptCuda::Impl {
     targets = a.take<int32_t>(bt_max);
     logits_ld = s.vocab;
     if (fused) {
-      norm_partials = static_cast<float*>(a.take_bytes(norm_partial_bytes_max(bt_max, d)));
+      norm_partials = static_cast<float*>(a.take_bytes(partial_bytes_max(bt_max, {d, 3 * d, static_cast<int>(wide)})));
       if (!half) workspace = a.take_bytes(kCublasWorkspaceBytes);
     }
     if (!half) return;
@@ -309,6 +309,12 @@ struct GptCuda::Impl {
   void* at(void* p, uint64_t i) const { return static_cast<char*>(p) + i * es; }
 
   void sync() { STRATA_CHECK_CUDA(cudaStreamSynchronize(stream)); }
+  // A bias gradient, the column sums of dY [M, N] (fp32): one thread a column on the
+  // reference set; the fused set's over row chunks, then per column (norm_partials).
+  void bias_grad(const float* dY, void* db, long M, int N) {
+    if (!fused) return cu::column_sums(dY, db, t, M, N, stream);
+    cu::column_sums_rows(dY, db, t, norm_partials, M, N, plan_norm(M, N, sms, false), stream);
+  }
   void bind_adapters(const void* a, void*) { STRATA_CHECK(!a, "the cuda GPT has no LoRA adapters"); }
   // The WeightSource contract: the model is done with a buffer when it hands it back.
   void release(WeightSource& ws, int g) {
@@ -534,7 +540,7 @@ struct GptCuda::Impl {
     w.done(off, n);
     EpilogueRequest r{.product = LinearProduct::WeightGrad, .M = M, .N = N, .K = K, .out = t, .bias = db != nullptr};
     if (!lt_run(r, X, gy, nullptr, g.at(off), db, nullptr)) {
-      if (db) cu::column_sums(dY, db, t, M, N, stream);  // dY is fp32 wherever a bias is asked for
+      if (db) bias_grad(dY, db, M, N);  // dY is fp32 wherever a bias is asked for
       matmul(true, false, N, K, M, gy, N, X, K, 0.0f, g.at(off), t, K);
     }
     if (db) g.wrote(bias, static_cast<uint64_t>(N));
@@ -552,7 +558,7 @@ struct GptCuda::Impl {
                        detail::GradView& g, long M, int N, int K, DGelu* dg = nullptr) {
     if (lt_backward(dY, nullptr, X, w, off, bias, dX, g, M, N, K, dg)) return;
     if (bias != kNoBias) {
-      cu::column_sums(dY, g.at(bias), t, M, N, stream);
+      bias_grad(dY, g.at(bias), M, N);
       g.wrote(bias, static_cast<uint64_t>(N));
     }
     const void* gy = dY;

@@ -88,6 +88,13 @@ void rmsnorm_forward_rows(const float* x, const void* w, DType t, void* y, float
                           const NormPlan& p, cudaStream_t s);
 void rmsnorm_backward_rows(const float* dy, const float* x, const void* w, DType t, const float* rstd, float* dx,
                            void* dw, float* partials, long rows, int n, const NormPlan& p, cudaStream_t s);
+// out[c] = sum over the rows of x[r, c] (x fp32 [rows, n], out of type t, rounded once):
+// a bias gradient on the fused path where cuBLASLt's epilogue does not take it. Laid out
+// by plan_norm(rows, n, multiprocessors(), false): each block of the grid sums a chunk of
+// rows for col_tile columns into `partials` (the plan's partial_bytes), then one thread a
+// column adds the chunks, where column_sums gives one thread a column all the rows.
+void column_sums_rows(const float* x, void* out, DType t, float* partials, long rows, int n, const NormPlan& p,
+                      cudaStream_t s);
 // grad *= gelu'(pre), pre of type t (the fused path's GELU pre-activation, kept by the
 // matmul's epilogue in the output's type), grad fp32.
 void gelu_backward_typed(float* grad, const void* pre, DType t, long n, cudaStream_t s);

@@ -122,6 +122,17 @@ __global__ void norm_params_partial_kernel(const float* dy, const float* x, cons
   if (db_part) db_part[static_cast<long>(blockIdx.y) * n + c] = ab;
 }
 
+// Chunk blockIdx.y's column sums of x, for the block's columns (a bias gradient's).
+__global__ void column_partial_kernel(const float* x, float* part, long rows, int n, long rows_per_chunk) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= n) return;
+  const long r0 = static_cast<long>(blockIdx.y) * rows_per_chunk;
+  const long r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+  float a = 0.0f;
+  for (long r = r0; r < r1; ++r) a += x[r * n + c];
+  part[static_cast<long>(blockIdx.y) * n + c] = a;
+}
+
 // out[c] = sum of part[p][c] over the chunks p, stored once as S.
 template <class S>
 __global__ void column_reduce_kernel(const float* part, typename S::Bits* out, long chunks, int n) {
@@ -220,6 +231,20 @@ void rmsnorm_backward_rows(const float* dy, const float* x, const void* w, DType
     STRATA_CHECK_CUDA(cudaGetLastError());
     norm_params<S>(dy, x, nullptr, rstd, dw, nullptr, partials, rows, n, p, s);
   });
+}
+
+void column_sums_rows(const float* x, void* out, DType t, float* partials, long rows, int n, const NormPlan& p,
+                      cudaStream_t s) {
+  if (rows <= 0 || n <= 0) return;
+  const dim3 grid(static_cast<unsigned>(p.col_blocks), static_cast<unsigned>(p.partial_blocks));
+  column_partial_kernel<<<grid, p.col_tile, 0, s>>>(x, partials, rows, n, p.rows_per_partial);
+  STRATA_CHECK_CUDA(cudaGetLastError());
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    column_reduce_kernel<S><<<static_cast<unsigned>(p.col_blocks), p.col_tile, 0, s>>>(partials, as<S>(out),
+                                                                                        p.partial_blocks, n);
+  });
+  STRATA_CHECK_CUDA(cudaGetLastError());
 }
 
 void gelu_backward_typed(float* grad, const void* pre, DType t, long n, cudaStream_t s) {

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "strata/core/error.hpp"
@@ -358,6 +359,32 @@ TEST(PlanNorm, GradientChunksCoverEveryRowOnceAndFillTheGpu) {
   // The 1.1B's norms at 2 x 1024 tokens on an H200: enough blocks for every SM.
   const NormPlan big = plan_norm(2048, 2048, 132, true);
   EXPECT_GE(big.col_blocks * big.partial_blocks, 132);
+}
+
+// The fused path's partial buffer holds every plan it is used with: the norms' (with and
+// without a bias) and the bias gradients' column sums (plan_norm without a bias) at each
+// width given, for any rows up to the most and any GPU; and no more than the widest needs.
+TEST(PlanNorm, OnePartialBufferServesTheNormsAndTheBiasGradients) {
+  const long most = 8192;
+  for (auto [d, wide] : {std::pair{768, 3072}, std::pair{2048, 8192}, std::pair{50, 50}}) {
+    const std::vector<int> widths{d, 3 * d, wide};
+    uint64_t widest = 0;
+    for (int n : widths) widest = std::max(widest, norm_partial_bytes_max(most, n));
+    const uint64_t bytes = partial_bytes_max(most, {d, 3 * d, wide});
+    EXPECT_EQ(bytes, widest);
+    for (long rows : {1L, 33L, 1024L, 2048L, 8192L})
+      for (int n : widths)
+        for (int sms : {1, 78, 132, 1000}) {
+          SCOPED_TRACE(::testing::Message() << rows << " rows, n " << n << ", " << sms << " SMs");
+          EXPECT_LE(plan_norm(rows, n, sms, true).partial_bytes, bytes);
+          EXPECT_LE(plan_norm(rows, n, sms, false).partial_bytes, bytes);
+        }
+  }
+  // The 1.1B's bias gradients at 2 x 1024 rows (the attention and MLP projections, whose
+  // BGRADB cuBLASLt refused on an H200): a grid of at least one block per SM of an H100.
+  const NormPlan bias = plan_norm(2048, 2048, 132, false);
+  EXPECT_GE(bias.col_blocks * bias.partial_blocks, 132);
+  EXPECT_EQ(bias.partial_bytes, static_cast<uint64_t>(bias.partial_blocks) * 2048 * 4);
 }
 
 TEST(CudaKernels, NamesAsTheConfigSpellsThem) {

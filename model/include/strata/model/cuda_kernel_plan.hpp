@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "strata/core/dtype.hpp"
@@ -113,5 +114,11 @@ NormPlan plan_norm(long rows, int n, int sms, bool with_bias);
 // At least plan_norm(rows, n, sms, with_bias).partial_bytes for every rows <= max_rows,
 // sms and with_bias: the buffer is carved once, before the GPU is asked (activation_bytes).
 uint64_t norm_partial_bytes_max(long max_rows, int n);
+
+// The fused path's one partial buffer, shared by the norms' gain gradients and the bias
+// gradients cuBLASLt's epilogue does not take (column_sums_rows, laid out by plan_norm
+// without a bias): the largest norm_partial_bytes_max over the widths given (every
+// width a norm or a bias gradient has), so at least any plan's partial_bytes for them.
+uint64_t partial_bytes_max(long max_rows, std::initializer_list<int> widths);
 
 }  // namespace strata
