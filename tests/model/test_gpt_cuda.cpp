@@ -66,6 +66,8 @@
 #ifdef STRATA_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "kernels_cuda.hpp"  // model/src: the fused set's column_sums_rows
+#include "strata/model/cuda_kernel_plan.hpp"
 #include "strata/model/gpt_cuda.hpp"
 #endif
 
@@ -595,6 +597,47 @@ TEST(GptCudaSizes, AttentionScratch) {
   EXPECT_GT(extra(long_seq, DType::BF16), cap - 8192ull * 12);  // whole rows of 8192 scores: less than one short
   ScopedAttentionKernels bad("flashy");
   EXPECT_THROW(GptCuda::activation_bytes(small, {.micro_batch = 2}), ConfigError);
+}
+
+// The fused set's bias gradient where cuBLASLt takes no BGRADB (column_sums_rows: row
+// chunks, then per column) against the host's sum in double, rounded once to the output
+// type: at the 1.1B's projections (2048 x 2048, where cuBLASLt refused on an H200), a
+// width not a multiple of the 256-column tile and fewer rows than a chunk. The partial
+// buffer is filled with NaN first, so a chunk not written would show.
+TEST(GptCudaKernels, ColumnSumsRowsAddEveryRowOnce) {
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << why;
+  namespace cu = detail::cuda;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (auto [rows, n] : {std::pair{2048L, 2048}, std::pair{1000L, 3100}, std::pair{7L, 50}, std::pair{1L, 1}}) {
+    for (DType t : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE(::testing::Message() << rows << " x " << n << " " << to_string(t));
+      std::vector<float> x(static_cast<size_t>(rows) * n);
+      for (float& v : x) v = dist(rng);
+      const NormPlan p = plan_norm(rows, n, cu::multiprocessors(), false);
+      float *dx = nullptr, *part = nullptr;
+      void* dout = nullptr;
+      expect_cuda(cudaMalloc(reinterpret_cast<void**>(&dx), x.size() * sizeof(float)), "cudaMalloc");
+      expect_cuda(cudaMalloc(reinterpret_cast<void**>(&part), p.partial_bytes), "cudaMalloc");
+      expect_cuda(cudaMalloc(&dout, n * sizeof(float)), "cudaMalloc");
+      expect_cuda(cudaMemcpy(dx, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+      expect_cuda(cudaMemset(part, 0xff, p.partial_bytes), "cudaMemset");  // NaN in every partial
+      cu::column_sums_rows(dx, dout, t, part, rows, n, p, nullptr);
+      std::vector<float> got(n);
+      std::vector<uint16_t> bits(n);
+      expect_cuda(cudaMemcpy(t == DType::F32 ? static_cast<void*>(got.data()) : bits.data(), dout,
+                             n * dtype_size(t), cudaMemcpyDeviceToHost), "cudaMemcpy");
+      if (t != DType::F32) convert_to_f32(got.data(), bits.data(), t, n);
+      cudaFree(dx), cudaFree(part), cudaFree(dout);
+      for (int c = 0; c < n; ++c) {
+        double sum = 0, mag = 0;
+        for (long r = 0; r < rows; ++r) sum += x[r * n + c], mag += std::fabs(x[r * n + c]);
+        const double tol = 1e-6 * mag + (t == DType::F32 ? 0.0 : std::ldexp(std::fabs(sum), -8));
+        ASSERT_NEAR(got[c], sum, tol) << "column " << c;
+      }
+    }
+  }
 }
 
 // Host-only: the peak refuses a type the model does not compute in before touching a GPU.
