@@ -268,18 +268,11 @@ std::vector<Setup> make_setups(const Bench& bench) {
 // --cuda-profile: each label names one of Strata's configurations or PyTorch's, exactly as
 // the table prints it; a peer's step is its own process's and is not bracketed.
 void mark_profiled(std::vector<Setup>& setups, const std::vector<std::string>& labels) {
-  for (const std::string& l : labels) {
-    auto it = std::find_if(setups.begin(), setups.end(), [&](const Setup& s) { return s.label == l; });
-    if (it == setups.end() || it->peer >= 0) {
-      std::string names;
-      for (const Setup& s : setups)
-        if (s.peer < 0) names += (names.empty() ? "'" : ", '") + s.label + "'";
-      throw ConfigError("bench step: --cuda-profile '" + l + "' is " +
-                        (it == setups.end() ? "no configuration of this run" : "a peer's, whose step is its own") +
-                        "; give one of " + names);
-    }
-    it->profiled = true;
-  }
+  std::vector<std::string> names;
+  std::vector<Setup*> own;
+  for (Setup& s : setups)
+    if (s.peer < 0) names.push_back(s.label), own.push_back(&s);
+  for (size_t i : find_labels(names, labels, "bench step: --cuda-profile")) own[i]->profiled = true;
 }
 
 EngineAblation ablation_of(const StepArgs& a) {

@@ -112,6 +112,21 @@ std::string shell_quote(const std::string& s) {
   return q + "'";
 }
 
+std::vector<size_t> find_labels(const std::vector<std::string>& names, const std::vector<std::string>& asked,
+                                const std::string& flag) {
+  std::vector<size_t> found;
+  for (const std::string& l : asked) {
+    const auto it = std::find(names.begin(), names.end(), l);
+    if (it == names.end()) {
+      std::string all;
+      for (const std::string& n : names) all += (all.empty() ? "'" : ", '") + n + "'";
+      throw ConfigError(flag + " '" + l + "' is no configuration of this run; give one of " + all);
+    }
+    found.push_back(static_cast<size_t>(it - names.begin()));
+  }
+  return found;
+}
+
 // Runs a shell command; returns its exit status, with stdout and stderr in *output.
 int run_command(const std::string& cmd, std::string* output) {
   FILE* p = popen((cmd + " 2>&1").c_str(), "r");

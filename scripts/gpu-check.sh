@@ -44,8 +44,8 @@
 #              8 minutes (scripts/gpu-ranks.sh); mpirun is the bundle's Open MPI, else the machine's
 #   profile    where the 1.1B bf16 step's GPU time goes (bench1b's shape, fused kernels, the GPU optimizer):
 #              ncu times every kernel of one step of Strata and one of PyTorch (bench step --cuda-profile
-#              brackets their warm-up steps in CUDA's profiler capture), serialised; scripts/kernel-times.py sums them by
-#              kernel into $OUT/kernel-times.md (ncu.csv beside it), within 7 minutes
+#              brackets their warm-up steps in CUDA's profiler capture), serialised; kernel-times.py sums
+#              them by kernel into $OUT/kernel-times.md (ncu.csv beside it), within 7 minutes
 #   capacity   the largest GPT that trains (2 steps, the loss falling) with Strata (params on the GPU,
 #              optimizer states in pinned memory: its largest plan), FSDP2 with CPUOffloadPolicy and
 #              DeepSpeed ZeRO-Infinity (NVMe), each searched by bench/capacity_search.py along strata

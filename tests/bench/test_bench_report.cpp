@@ -35,6 +35,23 @@ TEST(BenchReport, ParsesSizes) {
   EXPECT_EQ(short_size(1000), "1000");
 }
 
+// bench step --cuda-profile's labels: found where they are, in the order asked; an unknown
+// one refused naming it and every label there is to give.
+TEST(BenchReport, FindsLabelsAndNamesTheChoicesForOneThatIsNot) {
+  const std::vector<std::string> names{"params and optimizer on GPU, bf16", "PyTorch on the GPU, autocast bf16"};
+  EXPECT_EQ(find_labels(names, {"PyTorch on the GPU, autocast bf16", "params and optimizer on GPU, bf16"}, "--f"),
+            (std::vector<size_t>{1, 0}));
+  EXPECT_TRUE(find_labels(names, {}, "--f").empty());
+  try {
+    find_labels(names, {"PyTorch"}, "bench step: --cuda-profile");
+    ADD_FAILURE() << "an unknown label was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(),
+                 "bench step: --cuda-profile 'PyTorch' is no configuration of this run; give one of 'params and "
+                 "optimizer on GPU, bf16', 'PyTorch on the GPU, autocast bf16'");
+  }
+}
+
 TEST(BenchReport, SummarizesRepetitions) {
   Summary odd = summarize({3, 1, 2});
   EXPECT_EQ(odd.median, 2);

@@ -42,6 +42,11 @@ std::string shell_quote(const std::string& s);
 int run_command(const std::string& cmd, std::string* output);
 // The command line as the user gave it, rebuilt from a parsed subcommand.
 std::string command_line(const CLI::App& sub, const std::string& prefix);
+// The index in `names` of each name `asked` gives, in the order asked (a name asked twice,
+// twice). Throws ConfigError "FLAG 'x' is no configuration of this run; give one of 'a',
+// 'b'" for a name not among them.
+std::vector<size_t> find_labels(const std::vector<std::string>& names, const std::vector<std::string>& asked,
+                                const std::string& flag);
 
 // ---------------------------------------------------------------------------------------
 // Statistics over repetitions
