@@ -17,9 +17,10 @@
 #   step1b     the 1.1B bf16 step (bench1b's shape) with the GPU optimizer, CPU Adam over pinned states
 #              and the split 0.5: fused kernels alone, then the reference kernels with PyTorch and FSDP2
 #              CPUOffloadPolicy beside them (--peers fsdp2); about 4 minutes; wants the H200's memory
-#   attn       STRATA_ATTENTION=mma (the tensor-core attention, attention_mma_cuda.cu): test_gpt_cuda's mma
-#              tests, compute-sanitizer memcheck and racecheck over them, then the 1.1B bf16 step (fused
-#              kernels, the GPU optimizer) with mma and then with gemm, PyTorch beside; within 8 minutes
+#   attn       STRATA_ATTENTION=mma (the tensor-core attention, attention_mma_kernels.hpp): test_gpt_cuda's mma
+#              tests and column_sums_rows', compute-sanitizer memcheck and racecheck over them, then the
+#              1.1B bf16 step (fused kernels, the GPU optimizer) with mma and then with gemm, PyTorch
+#              beside; within 8 minutes
 #   lane       the speculative optimizer on its lane against in line: 124M in memory
 #   copy       strata bench copy --backend cuda: pinned <-> device through the copy stream, beside cudaMemcpy
 #   torch      strata.torch on the cuda backend with the machine's torch, transformers and peft:
@@ -224,17 +225,19 @@ for part in "${parts[@]}"; do
     ;;
   attn)
     # The tensor-core attention (STRATA_ATTENTION=mma): its tests against the cpu model (bf16 and fp16,
-    # head dimensions 16, 64 and 128, GPT-2 and Llama) and the refusals; the sanitizers over them with the
-    # reference kernels alone (the attention is the same under both sets); then the 1.1B bf16 step of
-    # bench1b's shape with the fused kernels and the GPU optimizer, mma without PyTorch, then gemm (the
-    # default) with PyTorch beside, so the two attentions and PyTorch are timed on one machine.
+    # head dimensions 16, 64 and 128, GPT-2 and Llama) and the refusals, with the fused set's bias
+    # gradients over row chunks (GptCudaKernels: column_sums_rows against the host's sum); the
+    # sanitizers over them with the reference kernels alone (the attention is the same under both
+    # sets); then the 1.1B bf16 step of bench1b's shape with the fused kernels and the GPU optimizer,
+    # mma without PyTorch, then gemm (the default) with PyTorch beside, so the two attentions and
+    # PyTorch are timed on one machine.
     # Limits: 70 + 80 + 50 + 100 + 130 s, within 8 minutes.
-    run attn.log 70 "$B/test_gpt_cuda" --gtest_filter='GptCudaMma.*:GptCudaSizes.Mma*'
+    run attn.log 70 "$B/test_gpt_cuda" --gtest_filter='GptCudaMma.*:GptCudaSizes.Mma*:GptCudaKernels.*'
     cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
     run attn.log 80 env STRATA_TEST_CUDA_KERNELS=reference "$cs" --tool memcheck --error-exitcode 9 \
-      "$B/test_gpt_cuda" --gtest_filter='GptCudaMma.*'
+      "$B/test_gpt_cuda" --gtest_filter='GptCudaMma.*:GptCudaKernels.*'
     run attn.log 50 env STRATA_TEST_CUDA_KERNELS=reference "$cs" --tool racecheck --error-exitcode 9 \
-      "$B/test_gpt_cuda" --gtest_filter='GptCudaMma.Fp16:GptCudaMma.HeadDims'
+      "$B/test_gpt_cuda" --gtest_filter='GptCudaMma.Fp16:GptCudaMma.HeadDims:GptCudaKernels.*'
     d=$(mktemp -d /tmp/strata-bench-XXXX)
     shape=(--backend cuda --dir "$d" --layers 20 --d-model 2048 --heads 16 --seq 1024 --micro-batch 2 --memory-budget 10G
            --no-nvme --precision bf16 --no-f32 --gpu-optimizer --reps 3 --warmup 1 --cuda-kernels fused)

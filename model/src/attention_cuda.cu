@@ -50,13 +50,13 @@
 // sum); fp32 keeps the one-pass online softmax, bit for bit the kernel that ran on the
 // H100.
 //
-// Mma (STRATA_ATTENTION=mma; attention_mma_cuda.cu): the flash kernels' 16-bit path with
-// both products of each tile (Q K^T and P V; in backward Q K^T, dO V^T, dS K, P^T dO and
-// dS^T Q) on the tensor cores through WMMA, 16-bit operands and fp32 accumulators, the
-// scores of a 64 x 64 tile in shared memory: no [T, T] scratch, and the tensor cores the
-// gemm path uses. bf16 and fp16 only, head dimensions multiples of 16 up to 128. Compiled
-// here, NOT yet run on a GPU: the default stays gemm until scripts/gpu-check.sh attn has
-// checked it against the cpu model and timed it.
+// Mma (STRATA_ATTENTION=mma; attention_mma_cuda.cu, strata/model/attention_mma_kernels.hpp):
+// FlashAttention-2 on mma.sync, every product of each tile (Q K^T and P V; in backward
+// Q K^T, dO V^T, dS K, P^T dO and dS^T Q) on the tensor cores with 16-bit operands and
+// fp32 accumulators, the scores of a tile in registers: no [T, T] scratch. bf16 and fp16
+// only, head dimensions multiples of 16 up to 128. Checked on the CPU by an emulation of
+// its thread blocks; this version NOT yet run on a GPU: the default stays gemm until
+// scripts/gpu-check.sh attn has checked it against the cpu model and timed it.
 #include <cuda_runtime.h>
 
 #include <algorithm>

@@ -155,11 +155,12 @@ enum class AttentionKernels {
   // but slow at large head dimensions and long sequences, and limited by shared memory
   // (attention_tile). Selected with STRATA_ATTENTION=flash, to compare the two.
   Flash,
-  // The flash kernels' tiles and rounding with both products of each tile on the tensor
-  // cores (WMMA): no scratch, no [T, T] scores. bf16 and fp16 only, head dimensions that
-  // are multiples of 16 up to kMmaMaxHeadDim (strata/model/attention_mma_plan.hpp),
-  // compute capability 8.0 or newer. Selected with STRATA_ATTENTION=mma. Compiled, NOT
-  // yet run on a GPU.
+  // FlashAttention-2 on the tensor cores (mma.sync, the scores in registers;
+  // strata/model/attention_mma_kernels.hpp): no scratch, no [T, T] scores. bf16 and fp16
+  // only, head dimensions that are multiples of 16 up to kMmaMaxHeadDim
+  // (strata/model/attention_mma_plan.hpp), compute capability 8.0 or newer. Selected with
+  // STRATA_ATTENTION=mma. This version checked on the CPU by emulation, NOT yet run on a
+  // GPU.
   Mma,
 };
 

@@ -441,11 +441,12 @@ TEST_P(GptCudaBf16VsCpu, LlamaLossLogitsGradients) {
                    DType::BF16, kBf16);
 }
 
-// The tensor-core attention (STRATA_ATTENTION=mma, attention_mma_cuda.cu; NOT yet run on
-// a GPU when these were written): the flash kernels' 16-bit path with its products on
-// WMMA, so it is held against the cpu model in the same precision at the same tolerances
-// (its fp32 sums run in another order than the flash kernels' loops: fp32 rounding, far
-// below them), and against the cpu model in fp32 at kBf16VsF32. bf16 and fp16 only. Head
+// The tensor-core attention (STRATA_ATTENTION=mma, attention_mma_kernels.hpp; its
+// mma.sync version NOT yet run on a GPU when these were written): FlashAttention-2's
+// rounding points (P from the running max, rounded to 16 bits before P V; O divided by
+// the row sum once at the end) rather than the cpu model's, so it is held against the cpu
+// model in the same precision at the same 16-bit tolerances, and against the cpu model in
+// fp32 at kBf16VsF32. bf16 and fp16 only. Head
 // dimension 16 in the default shape (80 tokens: the second 64-row tile cut by T), with
 // and without checkpointing; 64 and 128 (GPT-2's and the 1.1B GPT's) at T = 100; Llama's
 // grouped-query shape.
