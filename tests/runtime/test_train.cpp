@@ -28,6 +28,7 @@
 #include "strata/collectives/communicator.hpp"
 #include "strata/core/error.hpp"
 #include "strata/runtime/formats/checkpoint.hpp"
+#include "strata/runtime/train/rank.hpp"
 #include "strata/runtime/train/train.hpp"
 #include "strata/runtime/engine/zero_engine.hpp"
 
@@ -663,6 +664,22 @@ TEST(Train, ANonFiniteLossWithNvmeAndNoChecksumsNamesCorruptedOffloadData) {
 // the loss falls, and a save at step 5 resumed to step 10 continues the run. Stage 3 with
 // parameters and optimizer on NVMe, and stage 2 with the optimizer in pinned memory.
 // Needs a GPU: skipped with the reason elsewhere (CI); passed on an H100 (docs/training.md).
+// MFU's peak is measured once per GPU: with ranks taking GPU local_rank % gpus, the first
+// of each GPU's ranks measures and the rest add nothing (two ranks timing one H200 at once
+// summed 1.48 PFLOP/s, each timing the whole GPU between the other's time slices).
+TEST(Train, OneRankPerGpuMeasuresTheMatmulPeak) {
+  for (int gpus : {1, 2, 8}) {
+    for (int world : {1, 2, 4, 8, 16}) {
+      std::vector<int> measuring(gpus, 0);
+      for (int local = 0; local < world; ++local)
+        if (first_rank_on_its_gpu(local, gpus)) ++measuring[local % gpus];
+      for (int g = 0; g < gpus; ++g)
+        EXPECT_EQ(measuring[g], g < world ? 1 : 0) << gpus << " GPUs, " << world << " ranks, GPU " << g;
+    }
+  }
+  EXPECT_TRUE(first_rank_on_its_gpu(3, 0));  // no GPU: make_device refuses, nothing is shared
+}
+
 TEST(Train, CudaBackendMatchesTheCpuBackend) {
   std::string why;
   if (!cuda_available(&why)) GTEST_SKIP() << "no cuda backend here: " << why;

@@ -102,6 +102,7 @@ enum class DeviceCommChoice { Host, Nccl, Staged };
 struct DeviceCommPlan {
   DeviceCommChoice choice = DeviceCommChoice::Host;
   int ordinal = 0;
+  bool first_on_gpu = true;  // first_rank_on_its_gpu
   std::string why;  // for the log line
 };
 
@@ -122,6 +123,7 @@ DeviceCommPlan plan_device_comm(const Config& config, const coll::Communicator& 
   const int gpus = cuda_device_count();
   // No GPU: make_device says so, with the fix.
   p.ordinal = gpus > 0 ? host.local_rank() % gpus : host.local_rank();
+  p.first_on_gpu = first_rank_on_its_gpu(host.local_rank(), gpus);
   const std::string shape = ranks + ", " + std::to_string(gpus) + " visible GPU(s)";
   const bool shared = gpus > 0 && host.local_size() > gpus;
   switch (asked) {
@@ -157,6 +159,8 @@ const char* describe(DeviceCommChoice c, const coll::Communicator& host) {
 
 }  // namespace
 
+bool first_rank_on_its_gpu(int local_rank, int gpus) { return gpus <= 0 || local_rank < gpus; }
+
 RankContext open_rank(const Config& config) {
   RankContext r;
   coll::set_collective_timeout(config.strata.collective_timeout);
@@ -168,6 +172,7 @@ RankContext open_rank(const Config& config) {
   d.backend = config.strata.backend;
   d.ordinal = plan.ordinal;
   r.device_ordinal = d.ordinal;
+  r.measures_device_peak = plan.first_on_gpu;
   r.device = make_device(d);
   switch (plan.choice) {
     case DeviceCommChoice::Nccl:

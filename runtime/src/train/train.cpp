@@ -163,12 +163,13 @@ StartPoint resume_from(ZeroEngine& engine, coll::Communicator& comm, const std::
   return start;
 }
 
-// The matmul peak that MFU is measured against, FLOP/s: every rank measures at once (on
-// the cpu they share the machine's cores when they share a machine; on cuda each its own
-// GPU) and the peaks are summed.
-double measure_peak_flops(coll::Communicator& comm, Backend backend, DType precision) {
+// The matmul peak that MFU is measured against, FLOP/s: the ranks that measure
+// (RankContext::measures_device_peak: on cpu all, at once, sharing a machine's cores; on
+// cuda one per GPU) measure at once, and the peaks are summed.
+double measure_peak_flops(coll::Communicator& comm, Backend backend, DType precision, bool measures) {
   comm.barrier().wait();
-  double peak = measure_matmul_peak(backend, precision, 0.3);  // of the precision the model computes in
+  // Of the precision the model computes in.
+  double peak = measures ? measure_matmul_peak(backend, precision, 0.3) : 0.0;
   comm.all_reduce(std::span<double>(&peak, 1)).wait();
   return peak;
 }
@@ -666,7 +667,7 @@ TrainResult train(const Config& cfg, const TrainOptions& topts) {
   init_weights(cfg, *engine, source, ctx.engine_host_comm(), init_dir, start_dir.empty());
   res.first_step = start.step;
   DataPosition pos = start.pos;
-  res.peak_flops = measure_peak_flops(*comm, cfg.strata.backend, cfg.precision());
+  res.peak_flops = measure_peak_flops(*comm, cfg.strata.backend, cfg.precision(), ctx.measures_device_peak);
   const StepCost cost{static_cast<uint64_t>(micro) * accum * world * shape.seq_len, gpt_flops_per_token(shape),
                       res.peak_flops};
   step_log.header(shape, world, *ctx.device, eo, *engine, *model, mo, cost);

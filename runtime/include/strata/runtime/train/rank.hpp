@@ -22,6 +22,12 @@ struct RankContext {
   std::unique_ptr<Device> device;
   std::unique_ptr<coll::Communicator> dev_comm;  // nccl or staged; null: host_comm serves device buffers
   int device_ordinal = 0;                        // cuda: the GPU this rank uses
+  // Whether this rank measures its device's matmul peak (MFU's denominator, summed over
+  // the ranks): on cuda the first local rank on each GPU alone, since ranks that share a
+  // GPU would each time the whole of it between the others' time slices (two ranks on an
+  // H200 summed 1.48 PFLOP/s); every rank on cpu, where ranks on one machine measure at
+  // once and each gets its share of the cores.
+  bool measures_device_peak = true;
   // zero_optimization.mics_shard_size (cpu backend): `shard` spans this rank's group
   // (consecutive ranks), `replicas` the ranks with its index in every group.
   std::unique_ptr<coll::Communicator> shard;
@@ -52,5 +58,9 @@ struct RankContext {
 // share a GPU, a build without NCCL, MiCS groups that straddle nodes, MiCS on cuda or
 // with the staged communicator).
 RankContext open_rank(const Config& config);
+
+// Whether local rank `local_rank` is the first of the ranks on its GPU when each takes GPU
+// local_rank % gpus (open_rank's rule); with no GPU visible, every rank is.
+bool first_rank_on_its_gpu(int local_rank, int gpus);
 
 }  // namespace strata
