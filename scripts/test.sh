@@ -45,9 +45,13 @@ fi
 # run; the import under mpirun, likewise torch's; MiCS at 4 ranks, whose engine paths
 # hpz.mpi.np4 runs at every stage (its planner test); the crash-and-resume script, whose
 # save and resume paths Train.SaveAtStepTen... and the checkpoint tests run; the
-# collective watchdog, which waits out its timeouts), and run in the ordinary build.
+# collective watchdog, which waits out its timeouts; GptEngine's checkpoints off the
+# device and its per-tensor gathers and tiles, each six trainings beside six references
+# (about 50 s apiece here), whose engine paths Train.CpuCheckpointingTrains...,
+# Train.TilingTrains... and Train.TileSize... run through strata train), and run in the
+# ordinary build.
 # (Parameterised tests' names go on with their parameter, so that pattern is unanchored.)
-exclude=(-E '^(train\.crash_resume|coll\.watchdog|mics\.mpi\.np4|import\.mpi_np2|gpt\.mpi\.np4|engine\.mpi\.np4|gpt\.staged\.np4|train\.staged_mpi|train\.hybrid_mpi|scripts\.two_nodes|bench\.lora_step_tiny|bench\.capacity_search|import\.hf_transformers|export\.pytorch_loss(\.bf16)?|Train\.StatesHundredTimesTheDeviceBudgetAndFourTimesPinnedTrain|Train\.Bf16FollowsTheFp32LossCurveFor200StepsOnText|Plan\.TheCpuPresetIsMeasuredAndPlansTheCpuBackend)$|^StagesAndPrecisions/Speculative\.BitIdenticalToThePlainStepInEveryRegime/Stage[123]bf16')
+exclude=(-E '^(train\.crash_resume|coll\.watchdog|mics\.mpi\.np4|import\.mpi_np2|gpt\.mpi\.np4|engine\.mpi\.np4|gpt\.staged\.np4|train\.staged_mpi|train\.hybrid_mpi|scripts\.two_nodes|bench\.lora_step_tiny|bench\.capacity_search|import\.hf_transformers|export\.pytorch_loss(\.bf16)?|Train\.StatesHundredTimesTheDeviceBudgetAndFourTimesPinnedTrain|GptEngine\.CpuCheckpointingMovesTheCheckpointsOffTheDeviceWithTheSameLosses|GptEngine\.PerTensorGathersAndTilesMatchWholeBlocksWithALowerDevicePeak|Train\.Bf16FollowsTheFp32LossCurveFor200StepsOnText|Plan\.TheCpuPresetIsMeasuredAndPlansTheCpuBackend)$|^StagesAndPrecisions/Speculative\.BitIdenticalToThePlainStepInEveryRegime/Stage[123]bf16')
 # Two passes, for LeakSanitizer's stacks. Open MPI's libraries have no frame pointers, so
 # the suppressions (scripts/lsan.supp) find their frames only with full (DWARF) unwinding
 # of every allocation, which made allocation-heavy tests up to 20x slower (the planner's
