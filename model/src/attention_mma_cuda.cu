@@ -192,17 +192,19 @@ int compute_capability_major() {
   return major;
 }
 
-// After the checks (ConfigError naming the fix), the layout of `kernel` on this GPU.
-AttentionMmaLayout checked_layout(AttentionMmaKernel kernel, const void* a, const void* b, DType t, int d, int H) {
-  const int hd = d / H;
+// After the checks (ConfigError naming the fix), this GPU's per-block shared memory.
+uint64_t checked_shared(const void* a, const void* b, DType t, int hd) {
   std::string why = attention_mma_refusal(hd, t);
   if (why.empty()) why = attention_mma_gpu_refusal(hd);
   if (!why.empty()) throw ConfigError(why);
   // 16-byte copies of rows that start hd (a multiple of 16) elements apart.
   STRATA_CHECK(reinterpret_cast<uintptr_t>(a) % 16 == 0 && reinterpret_cast<uintptr_t>(b) % 16 == 0,
                "the mma attention's 16-bit operands must be 16-byte aligned");
-  const int bc = attention_mma_inner(kernel, hd, static_cast<uint64_t>(max_shared_bytes()));
-  return attention_mma_layout(kernel, bc, hd);
+  return static_cast<uint64_t>(max_shared_bytes());
+}
+
+AttentionMmaLayout layout_for(AttentionMmaKernel kernel, int hd, uint64_t shared) {
+  return attention_mma_layout(kernel, attention_mma_inner(kernel, hd, shared), hd);
 }
 
 template <class Kernel, class... Args>
@@ -231,7 +233,8 @@ std::string attention_mma_gpu_refusal(int head_dim) {
 
 void attention_mma_forward(const void* qkv, void* out, DType t, float* lse, int B, int T, int d, int H,
                            cudaStream_t s) {
-  const AttentionMmaLayout lay = checked_layout(AttentionMmaKernel::Forward, qkv, out, t, d, H);
+  const int hd = d / H;
+  const AttentionMmaLayout lay = layout_for(AttentionMmaKernel::Forward, hd, checked_shared(qkv, out, t, hd));
   const float scale = 1.0f / sqrtf(static_cast<float>(lay.head_dim));
   with_shape(t, lay.inner, lay.head_dim, [&](auto shape) {
     using Sh = decltype(shape);
@@ -242,8 +245,10 @@ void attention_mma_forward(const void* qkv, void* out, DType t, float* lse, int 
 
 void attention_mma_backward(const void* qkv, DType t, const float* lse, const void* dout, float* dqkv,
                             const float* dotp, int B, int T, int d, int H, cudaStream_t s) {
-  const AttentionMmaLayout dq = checked_layout(AttentionMmaKernel::Dq, qkv, dout, t, d, H);
-  const AttentionMmaLayout dkv = checked_layout(AttentionMmaKernel::Dkv, qkv, dout, t, d, H);
+  const int hd = d / H;
+  const uint64_t shared = checked_shared(qkv, dout, t, hd);
+  const AttentionMmaLayout dq = layout_for(AttentionMmaKernel::Dq, hd, shared);
+  const AttentionMmaLayout dkv = layout_for(AttentionMmaKernel::Dkv, hd, shared);
   const float scale = 1.0f / sqrtf(static_cast<float>(dq.head_dim));
   const auto* q = static_cast<const uint16_t*>(qkv);
   const auto* g = static_cast<const uint16_t*>(dout);

@@ -446,10 +446,9 @@ TEST_P(GptCudaBf16VsCpu, LlamaLossLogitsGradients) {
 // rounding points (P from the running max, rounded to 16 bits before P V; O divided by
 // the row sum once at the end) rather than the cpu model's, so it is held against the cpu
 // model in the same precision at the same 16-bit tolerances, and against the cpu model in
-// fp32 at kBf16VsF32. bf16 and fp16 only. Head
-// dimension 16 in the default shape (80 tokens: the second 64-row tile cut by T), with
-// and without checkpointing; 64 and 128 (GPT-2's and the 1.1B GPT's) at T = 100; Llama's
-// grouped-query shape.
+// fp32 at kBf16VsF32. bf16 and fp16 only. Head dimension 16 in the default shape (80
+// tokens: the second 64-row tile cut by T), with and without checkpointing; 64 and 128
+// (GPT-2's and the 1.1B GPT's) at T = 100; Llama's grouped-query shape.
 TEST(GptCudaMma, Bf16) {
   std::string why;
   if (!cuda_available(&why)) GTEST_SKIP() << why;

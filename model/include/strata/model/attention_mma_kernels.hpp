@@ -186,6 +186,20 @@ STRATA_MMA_UNROLL
   }
 }
 
+// The warp's [16, hd] fp32 fragments times `scale` into rows r0 .. r0 + 15 of dst (ld
+// floats apart), those before T: dQ, dK, dV.
+template <int NP>
+STRATA_MMA_BODY void store_rows(const float (&acc)[2 * NP][4], float scale, float* dst, long ld, int r0, int T, int hd,
+                                int lane) {
+  for_pairs<NP>(acc, hd, lane, [&](int r, int c, float lo, float hi) {
+    if (r0 + r < T) {
+      float* at = dst + static_cast<long>(r0 + r) * ld + c;
+      at[0] = lo * scale;
+      at[1] = hi * scale;
+    }
+  });
+}
+
 template <class Gpu>
 STRATA_MMA_BODY uint16_t* buf16(Gpu& g, uint32_t off) {
   return reinterpret_cast<uint16_t*>(g.shared() + off);
@@ -361,15 +375,7 @@ STRATA_MMA_UNROLL
     g.sync();
   }
   g.wait_all();
-  float* dQ = dqkv + qoff;
-  const int r0 = q0 + kMmaWarpRows * warp;
-  for_pairs<NP>(acc, hd, lane, [&](int r, int c, float lo, float hi) {
-    if (r0 + r < T) {
-      float* at = dQ + static_cast<long>(r0 + r) * ld + c;
-      at[0] = lo * scale;
-      at[1] = hi * scale;
-    }
-  });
+  store_rows<NP>(acc, scale, dqkv + qoff, ld, q0 + kMmaWarpRows * warp, T, hd, lane);  // dQ
 }
 
 // dV_k = sum_{q >= k} round(P_qk) dO_q and dK_k = scale sum_{q >= k} dS_qk Q_q, with the
@@ -442,22 +448,8 @@ STRATA_MMA_UNROLL
   }
   g.wait_all();
   const int r0 = k0 + kMmaWarpRows * warp;
-  float* dK = dqkv + qoff + d;
-  float* dV = dqkv + qoff + 2 * d;
-  for_pairs<NP>(dk, hd, lane, [&](int r, int c, float lo, float hi) {
-    if (r0 + r < T) {
-      float* at = dK + static_cast<long>(r0 + r) * ld + c;
-      at[0] = lo * scale;
-      at[1] = hi * scale;
-    }
-  });
-  for_pairs<NP>(dv, hd, lane, [&](int r, int c, float lo, float hi) {
-    if (r0 + r < T) {
-      float* at = dV + static_cast<long>(r0 + r) * ld + c;
-      at[0] = lo;
-      at[1] = hi;
-    }
-  });
+  store_rows<NP>(dk, scale, dqkv + qoff + d, ld, r0, T, hd, lane);
+  store_rows<NP>(dv, 1.0f, dqkv + qoff + 2 * d, ld, r0, T, hd, lane);  // x 1: exact
 }
 
 }  // namespace strata::mma_attention
