@@ -6,6 +6,7 @@
 #include <chrono>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "strata/collectives/nccl.hpp"
 #include "strata/core/device.hpp"
@@ -56,8 +57,10 @@ struct NcclState {
 // ncclCommGetAsyncError too, so a failed or vanished peer surfaces as an error.
 class NcclEvent final : public ::strata::detail::EventImpl {
  public:
-  NcclEvent(std::shared_ptr<NcclState> st, const char* op, std::exception_ptr dep_error)
-      : st_(std::move(st)), op_(op), dep_error_(dep_error) {
+  // `gpu_deps`: the events the stream waited for on the GPU before the operation; their
+  // errors (a core stream's host tasks) are this event's, seen when it is waited for.
+  NcclEvent(std::shared_ptr<NcclState> st, const char* op, std::exception_ptr dep_error, std::vector<Event> gpu_deps)
+      : st_(std::move(st)), op_(op), dep_error_(dep_error), gpu_deps_(std::move(gpu_deps)) {
     STRATA_CHECK_CUDA_NCCL(cudaEventCreateWithFlags(&ev_, cudaEventDisableTiming));
     STRATA_CHECK_CUDA_NCCL(cudaEventRecord(ev_, st_->stream));
   }
@@ -69,9 +72,13 @@ class NcclEvent final : public ::strata::detail::EventImpl {
       std::this_thread::sleep_for(sleep);
       sleep = std::min(sleep * 2, std::chrono::microseconds(200));
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    if (error_) std::rethrow_exception(error_);
-    if (dep_error_) std::rethrow_exception(dep_error_);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (error_) std::rethrow_exception(error_);
+      if (dep_error_) std::rethrow_exception(dep_error_);
+    }
+    for (const Event& d : gpu_deps_)
+      if (std::exception_ptr e = d.result()) std::rethrow_exception(e);
   }
   bool ready() override { return poll(); }
   cudaEvent_t handle() const { return ev_; }
@@ -108,6 +115,7 @@ class NcclEvent final : public ::strata::detail::EventImpl {
   std::mutex mu_;
   std::exception_ptr error_;
   std::exception_ptr dep_error_;
+  std::vector<Event> gpu_deps_;
 };
 
 class NcclCommunicator final : public Communicator {
@@ -168,27 +176,37 @@ class NcclCommunicator final : public Communicator {
   Event enqueue(const char* op, const Event& after, const char* call, Launch launch) {
     STRATA_CHECK_CUDA_NCCL(cudaSetDevice(st_->ordinal));
     std::exception_ptr dep_error;
-    auto* mine = dynamic_cast<NcclEvent*>(after.impl());
-    if (mine != nullptr && mine->state() == st_.get()) {
-      // Same stream: already ordered after it.
-    } else if (mine != nullptr) {
-      STRATA_CHECK_CUDA_NCCL(cudaStreamWaitEvent(st_->stream, mine->handle(), 0));
-    } else {
-      // A host event or a core stream's event: wait here (see nccl.hpp).
-      try {
-        after.wait();
-      } catch (...) {
-        dep_error = std::current_exception();
-      }
-    }
+    std::vector<Event> gpu_deps;
+    order_after(after, false, dep_error, gpu_deps);
     ncclResult_t rc = launch();
-    auto ev = std::make_shared<NcclEvent>(st_, op, dep_error);
+    auto ev = std::make_shared<NcclEvent>(st_, op, dep_error, std::move(gpu_deps));
     if (rc != ncclSuccess && rc != ncclInProgress) {
       auto [fail, host] = HostEvent::make();
       host->complete(std::make_exception_ptr(CollectiveError(call, op, rank(), size(), rc, ncclGetErrorString(rc))));
       return fail;
     }
     return Event(ev);
+  }
+
+  // Orders the communicator's stream after e (nccl.hpp): its CUDA events on the GPU, the
+  // rest on this thread. A fence part (when_done) orders only: its error is not ours.
+  void order_after(const Event& e, bool fence, std::exception_ptr& dep_error, std::vector<Event>& gpu_deps) {
+    ::strata::detail::EventImpl* impl = e.impl();
+    if (impl == nullptr) return;
+    if (auto* mine = dynamic_cast<NcclEvent*>(impl); mine != nullptr && mine->state() == st_.get())
+      return;  // same stream: already ordered after it
+    if (void* native = impl->cuda_event_handle()) {
+      STRATA_CHECK_CUDA_NCCL(cudaStreamWaitEvent(st_->stream, static_cast<cudaEvent_t>(native), 0));
+      if (!fence) gpu_deps.push_back(e);
+      return;
+    }
+    if (impl->for_each_part([&](Event& part, bool part_fence) {
+          order_after(part, fence || part_fence, dep_error, gpu_deps);
+        }))
+      return;
+    // A host event (I/O, MPI): wait here.
+    std::exception_ptr err = e.result();
+    if (err && !fence && !dep_error) dep_error = err;
   }
 
   std::shared_ptr<NcclState> st_;

@@ -548,6 +548,14 @@ void cuda_event_synchronize(void* event) {
   STRATA_CHECK_CUDA(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
 }
 
+// device.cpp's record_cuda_event: a stream that runs no host tasks of ours has no errors
+// to hand its events, so the event is settled when made.
+Event cuda_stream_event(void* stream) {
+  auto ev = std::make_shared<CudaEvent>(static_cast<cudaStream_t>(stream));
+  ev->settlement()->settle(nullptr);
+  return Event(ev);
+}
+
 void cuda_profiler_capture(bool on) {
   if (on) {
     STRATA_CHECK_CUDA(cudaProfilerStart());

@@ -11,6 +11,7 @@ std::unique_ptr<Device> make_cuda_device(int ordinal);
 bool cuda_device_present(std::string* reason);
 int cuda_visible_device_count();
 void cuda_profiler_capture(bool on);
+Event cuda_stream_event(void* stream);  // cuda_device.cu
 #endif
 
 const char* to_string(Backend b) {
@@ -45,6 +46,15 @@ int cuda_device_count() {
   return cuda_visible_device_count();
 #else
   return 0;
+#endif
+}
+
+Event record_cuda_event(void* cuda_stream) {
+#ifdef STRATA_HAVE_CUDA
+  return cuda_stream_event(cuda_stream);
+#else
+  (void)cuda_stream;
+  throw Unavailable("cuda events: Strata was built without CUDA; rebuild with nvcc on PATH (-DSTRATA_CUDA=ON)");
 #endif
 }
 

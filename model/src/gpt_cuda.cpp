@@ -316,15 +316,13 @@ struct GptCuda::Impl {
     cu::column_sums_rows(dY, db, t, norm_partials, M, N, plan_norm(M, N, sms, false), stream);
   }
   void bind_adapters(const void* a, void*) { STRATA_CHECK(!a, "the cuda GPT has no LoRA adapters"); }
-  // The WeightSource contract: the model is done with a buffer when it hands it back.
-  void release(WeightSource& ws, int g) {
-    sync();
-    ws.release_params(g);
-  }
-  void ready(WeightSource& ws, int g) {
-    sync();
-    ws.grads_ready(g);
-  }
+  // The point the stream has reached: the kernels queued so far.
+  Event queued() { return record_cuda_event(stream); }
+  // The WeightSource contract: the model is done with a buffer when it hands it back. It
+  // hands it back with an event of the kernels still using it, and goes on queueing: the
+  // source orders its own reuse of the memory after the event (release_params_after).
+  void release(WeightSource& ws, int g) { ws.release_params_after(g, queued()); }
+  void ready(WeightSource& ws, int g) { ws.grads_ready_after(g, queued()); }
   void bind_resid(int i, float* p) { resid[i] = p; }
 
   // Row-major C[M,N] = op(A) op(B) + beta C over operands of type t (fp32 accumulation);
@@ -346,31 +344,30 @@ struct GptCuda::Impl {
     if (tgt) STRATA_CHECK_CUDA(cudaMemcpyAsync(targets, tgt, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
   }
   // A block's parameters and gradient come through its views (group_view.hpp): whole, or
-  // in parts (per-tensor gathers, tiles). Before a part goes back to the source the view
-  // waits for the kernels queued on it (a stream synchronisation per part, as whole blocks
-  // have one per block): the source may free or reuse its memory at once.
+  // in parts (per-tensor gathers, tiles). A part goes back to the source with an event of
+  // the kernels queued on it so far, with no synchronisation: the source waits for it
+  // before it frees or reuses the memory.
   void block_forward(int l, detail::ParamView& pv, bool keep_output, int B, int T) {
-    pv.set_fence([this] { sync(); });
+    pv.set_fence([this] { return queued(); });
     float* out = keep_output ? resid[l + 1] : nullptr;
     if (llama) return llama_block_forward(pv, resid[l], acts_for(l), out, B, T);
     block_forward(pv, resid[l], acts_for(l), out, B, T);
   }
   void block_backward(int l, detail::ParamView& pv, detail::GradView& gv, int B, int T) {
-    pv.set_fence([this] { sync(); });
-    gv.set_fence([this] { sync(); });
+    pv.set_fence([this] { return queued(); });
+    gv.set_fence([this] { return queued(); });
     if (llama) return llama_block_backward(pv, resid[l], acts_for(l), gv, B, T);
     block_backward(pv, resid[l], acts_for(l), gv, B, T);
   }
-  // Synchronises even when the views hold nothing more: kernels queued after the last
-  // part went back (the residual adds) still write the checkpoint the driver hands on.
+  // With a checkpoint store (checkpoints_from_source) the driver hands the block's
+  // checkpoint back to the store after release(): the kernels queued after the last part
+  // went back (the residual adds) still write it, and backward's still read it, so the
+  // stream is synchronised first. The model's own checkpoints need no wait: stream order.
   void release(detail::ParamView& pv) {
-    STRATA_CHECK_CUDA(cudaStreamSynchronize(stream));
+    if (o.checkpoints_from_source) sync();
     pv.release_all();
   }
-  void ready(detail::GradView& gv) {
-    STRATA_CHECK_CUDA(cudaStreamSynchronize(stream));
-    gv.finish();
-  }
+  void ready(detail::GradView& gv) { gv.finish(); }
   // The norms, by strata.cuda_kernels: the reference kernels (one block per row, one thread
   // per gain column) or the fused ones (norm_cuda.cu, laid out by plan_norm). Same math.
   void ln_forward(const float* x, const void* w, const void* b, DType ty, void* y, float* mean, float* rstd, long rows,

@@ -237,6 +237,9 @@ const void* Gatherer::acquire(int g) {
     start_gather(g, false);
     if (!departed_ && !schedule_.empty()) prefetch_after(here);
     wait_gathered(g);
+    // The holder's pin (release() lets it go with the model's readers); the copy is valid.
+    Acquired held = c_.store.acquire(gr.gathered, Tier::Device);
+    STRATA_CHECK(held.data == s.data, "gatherer: group '" + gr.spec.name + "' moved while gathered");
   } else {
     const double t0 = c_.device.now();
     Acquired f = c_.store.acquire(gr.gathered, Tier::Device);
@@ -262,15 +265,16 @@ void Gatherer::drop(int g) {
   live_full_bytes_ -= gr.persistent ? 0 : gr.padded * c_.wb;
 }
 
-void Gatherer::release(int g) {
+void Gatherer::release(int g, const Event& after) {
   const GroupState& gr = c_.groups.at(g);
   Slot& s = slots_[g];
   if (s.holders <= 0) throw Error("release_params: group '" + gr.spec.name + "' is not acquired");
   --s.holders;
-  if (c_.opts.stage < 3) {
-    c_.store.release(gr.gathered, Tier::Device);
-    return;
-  }
+  // Each holder pins the copy in the store (acquire): its reads still running are the
+  // copy's last readers there, which fence its memory however it goes (dropped, discarded,
+  // gathered into again).
+  c_.store.release(gr.gathered, Tier::Device, Access::Read, after);
+  if (c_.opts.stage < 3) return;
   if (s.holders > 0 || gr.persistent) return;
   // Keep the gathered parameters when they are needed again soon, room permitting.
   const size_t here = pos_ == 0 ? 0 : pos_ - 1;

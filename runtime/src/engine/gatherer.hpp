@@ -31,7 +31,9 @@ class Gatherer {
   void begin_micro_step();
 
   const void* acquire(int g);
-  void release(int g);
+  // `after`: the model's work still reading the parameters (none: done). Its memory is
+  // not written again, by a gather or whoever is given it next, before that work is.
+  void release(int g, const Event& after);
   bool held(int g) const { return slots_[g].holders > 0; }
   // Stage 3: a group's gathered copy is dropped (its values changed or are about to).
   void drop(int g);

@@ -236,11 +236,14 @@ void* GradientReducer::gradient_buffer(int g) {
   return s.grad;
 }
 
-void GradientReducer::grads_ready(int g, int micro, bool last) {
+void GradientReducer::grads_ready(int g, int micro, bool last, const Event& after) {
   GroupState& gr = c_.groups.at(g);
   Slot& s = slots_[g];
   if (!s.grad) throw Error("grads_ready: group '" + gr.spec.name + "' has no gradient buffer");
   if (micro < 0) throw Error("grads_ready before begin_micro_step()");
+  // Every reader of the buffer (the reductions, a move of it) waits for its padding to be
+  // zeroed: and now for the model's writes too.
+  s.tail_zeroed = when_all({s.tail_zeroed, after});
   c_.store.release(gr.grad_full, Tier::Device, Access::Write, s.tail_zeroed);
   reduce(g, micro, last);
   s.grad = nullptr;

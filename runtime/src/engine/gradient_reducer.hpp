@@ -21,8 +21,9 @@ class GradientReducer {
   virtual ~GradientReducer() = default;
 
   void* gradient_buffer(int g);
-  // The model wrote group g's gradient of micro-step `micro` (last: the step's last).
-  void grads_ready(int g, int micro, bool last);
+  // The model wrote group g's gradient of micro-step `micro` (last: the step's last), or
+  // will have once `after` completes (its device work still writing it).
+  void grads_ready(int g, int micro, bool last, const Event& after);
   bool outstanding(int g) const { return slots_[g].grad != nullptr; }
   // At step(): every reduction issued and finished (the wait counted as exposed).
   void finish_reduction();

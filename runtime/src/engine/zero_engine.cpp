@@ -253,7 +253,8 @@ bool ZeroEngine::group_frozen(int g) const { return groups_.at(g).frozen; }
 
 void ZeroEngine::set_schedule(std::vector<int> order) { gatherer_->set_schedule(std::move(order)); }
 const void* ZeroEngine::acquire_params(int g) { return gatherer_->acquire(g); }
-void ZeroEngine::release_params(int g) { gatherer_->release(g); }
+void ZeroEngine::release_params(int g) { gatherer_->release(g, Event()); }
+void ZeroEngine::release_params_after(int g, const Event& after) { gatherer_->release(g, after); }
 void* ZeroEngine::gradient_buffer(int g) { return reducer_->gradient_buffer(g); }
 
 void ZeroEngine::begin_micro_step() {
@@ -265,9 +266,11 @@ void ZeroEngine::begin_micro_step() {
   gatherer_->begin_micro_step();
 }
 
-void ZeroEngine::grads_ready(int g) {
+void ZeroEngine::grads_ready(int g) { grads_ready_after(g, Event()); }
+
+void ZeroEngine::grads_ready_after(int g, const Event& after) {
   const bool last = micro_ == opts_.gradient_accumulation_steps - 1;
-  reducer_->grads_ready(g, micro_, last);
+  reducer_->grads_ready(g, micro_, last, after);
   if (!speculation_) {
     // Not while the backward pass reads from the disk (parameters or gradients re-read
     // each micro-step): those reads are on its critical path, the states' are not.

@@ -1,7 +1,8 @@
 // The nccl backend: collectives on device buffers, one NCCL communicator per process
 // and device (Strata runs one process per GPU, so a process drives exactly one).
 //
-// NOTE: compiled and linked in CI; it has not yet run on a GPU.
+// Compiled and linked in CI; run on GPUs when a machine with one is lent
+// (docs/training.md).
 //
 // Bootstrap: rank 0 makes the ncclUniqueId and broadcasts it over a host communicator
 // (mpi under a launcher; self for one process, where no MPI is needed). Operations are
@@ -9,12 +10,12 @@
 // backed by a cudaEvent recorded after them; waiting on one also watches
 // ncclCommGetAsyncError, so a failed peer becomes a CollectiveError, not a hang.
 //
-// `after`: an event of an nccl communicator is waited for on the GPU
-// (cudaStreamWaitEvent). Any other event that is not yet complete is waited for on the
-// calling thread before enqueuing: core's cuda streams do not expose their cudaEvent
-// or cudaStream_t yet, so neither side can wait for the other on the GPU. For the same
-// reason a core cuda Stream::wait() on an nccl event would block in a host callback;
-// until core exposes them, wait for nccl events on the host.
+// `after`: taken apart where it joins several (when_all, when_done); each part that is
+// a CUDA event (an nccl communicator's, a core cuda stream's, the cuda model's:
+// EventImpl::cuda_event_handle) is waited for on the GPU (cudaStreamWaitEvent), and its
+// own error, if any, fails the collective's event when that is waited for. Any other
+// part (a host event: I/O, MPI) is waited for on the calling thread before enqueuing.
+// Core's cuda streams wait for nccl events on the GPU the same way.
 #pragma once
 
 #include <memory>

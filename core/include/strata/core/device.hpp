@@ -152,6 +152,12 @@ bool cuda_available(std::string* reason);
 // GPUs this process can see (CUDA_VISIBLE_DEVICES applies); 0 when the cuda backend is not
 // built or none is present.
 int cuda_device_count();
+// An event that completes when `cuda_stream` (a cudaStream_t of the current device)
+// reaches this point: a CUDA event recorded there. Work of another kind (a model's own
+// stream) hands the engine such an event rather than synchronising; the engine's cuda
+// streams wait for it on the GPU (cudaStreamWaitEvent), host waits block on it.
+// Throws Unavailable when the cuda backend is not built, CudaError when CUDA refuses.
+Event record_cuda_event(void* cuda_stream);
 // Starts (true) or stops (false) CUDA's profiler capture (cudaProfilerStart / Stop): the
 // GPU work in between is what `ncu --profile-from-start off` or `nsys profile
 // --capture-range=cudaProfilerApi` records; with no profiler attached it records nothing.

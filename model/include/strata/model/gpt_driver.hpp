@@ -19,17 +19,19 @@
 //   void block_backward(int l, ParamView& w, GradView& grad, int B, int T)
 //   void embed_backward(void* g0, int B, int T)
 //   void last_logits(const void* wf, const void* wte, int len, float* host_out)
-//   void release(WeightSource&, int g)   // done reading group g's parameters (synchronises on cuda)
-//   void ready(WeightSource&, int g)     // group g's gradient is written (synchronises on cuda)
-//   void release(ParamView&)             // a block's: every part still held (synchronises on cuda)
-//   void ready(GradView&)                // a block's: every part not yet handed back (synchronises on cuda)
+//   void release(WeightSource&, int g)   // done reading group g's parameters (cuda: with an event
+//                                        // of the kernels still reading them, release_params_after)
+//   void ready(WeightSource&, int g)     // group g's gradient is written (cuda: grads_ready_after)
+//   void release(ParamView&)             // a block's: every part still held (cuda: each with an event;
+//                                        // with a checkpoint store, after a synchronisation)
+//   void ready(GradView&)                // a block's: every part not yet handed back (cuda: with events)
 // A block's parameters and gradient go through group_view.hpp's views, so that a source
 // that gathers it in parts (per tensor, tiles) hands each part out and back on its own.
 //   void bind_resid(int i, float* p)     // checkpoint i (block i's input; i = L: the final
 //                                        // residual) is at p from now on: the store's buffer
 // With a checkpoint store (GptOptions::checkpoints_from_source) the driver binds each
 // checkpoint to the store's buffer before the model touches it and hands it back after
-// release() (which has synchronised the model's work on cuda).
+// release() (which synchronises the model's work on cuda when there is a store).
 #pragma once
 
 #include <cstdint>

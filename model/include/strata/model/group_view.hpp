@@ -70,7 +70,7 @@ class ParamView {
   }
   ParamView(const ParamView&) = delete;
   ParamView& operator=(const ParamView&) = delete;
-  ~ParamView() = default;  // release_all() is the caller's (the cuda model synchronises first)
+  ~ParamView() = default;  // release_all() is the caller's
 
   int group() const { return g_; }
   int parts() const { return t_.count(); }
@@ -84,9 +84,11 @@ class ParamView {
     if (!h) h = ws_->acquire_part(g_, p);
     return static_cast<const std::byte*>(h) + (off - t_.begin(p)) * es_;
   }
-  // Called before a part is handed back: the cuda model waits there for the kernels it has
-  // queued that read the part (on cpu the work is done when the call returns: none).
-  void set_fence(std::function<void()> f) { fence_ = std::move(f); }
+  // Called as a part is handed back: the cuda model returns an event of the kernels it has
+  // queued that read the part, and the source orders its reuse of the memory after it
+  // (WeightSource::release_part_after). None (the cpu model, whose work is done when the
+  // call returns): the part goes back with release_part.
+  void set_fence(std::function<Event()> f) { fence_ = std::move(f); }
   // The model has read elements [off, off + n) for the last time in this pass: a part
   // every element of which is done is released (with several parts).
   void done(uint64_t off, uint64_t n) {
@@ -124,8 +126,10 @@ class ParamView {
 
  private:
   void release(int p) {
-    if (fence_) fence_();
-    ws_->release_part(g_, p);
+    if (fence_)
+      ws_->release_part_after(g_, p, fence_());
+    else
+      ws_->release_part(g_, p);
     held_[static_cast<size_t>(p)] = nullptr;
     used_[static_cast<size_t>(p)] = 0;
   }
@@ -135,7 +139,7 @@ class ParamView {
   PartTable t_;
   std::vector<const void*> held_;
   std::vector<uint64_t> used_;
-  std::function<void()> fence_;
+  std::function<Event()> fence_;
 };
 
 class GradView {
@@ -156,9 +160,9 @@ class GradView {
     if (!h) h = ws_->part_gradient(g_, p);
     return static_cast<std::byte*>(h) + (off - t_.begin(p)) * es_;
   }
-  // Called before a part is handed back: the cuda model waits there for the kernels that
-  // write it.
-  void set_fence(std::function<void()> f) { fence_ = std::move(f); }
+  // Called as a part is handed back: the cuda model returns an event of the kernels that
+  // write it (WeightSource::part_grads_ready_after). None: part_grads_ready.
+  void set_fence(std::function<Event()> f) { fence_ = std::move(f); }
   // Elements [off, off + n) are written: a part complete is handed back, unless it is the
   // whole group (handed back at finish, after the block).
   void wrote(uint64_t off, uint64_t n) {
@@ -183,8 +187,10 @@ class GradView {
  private:
   void ready(int p) {
     STRATA_CHECK(held_[static_cast<size_t>(p)], "a gradient part handed back that was never asked for");
-    if (fence_) fence_();
-    ws_->part_grads_ready(g_, p);
+    if (fence_)
+      ws_->part_grads_ready_after(g_, p, fence_());
+    else
+      ws_->part_grads_ready(g_, p);
     held_[static_cast<size_t>(p)] = nullptr;
   }
   WeightSource* ws_;
@@ -194,7 +200,7 @@ class GradView {
   std::vector<void*> held_;
   std::vector<uint64_t> written_;
   bool hold_ = false;
-  std::function<void()> fence_;
+  std::function<Event()> fence_;
 };
 
 }  // namespace strata::detail

@@ -15,6 +15,7 @@
 
 #include "strata/core/dtype.hpp"
 #include "strata/core/error.hpp"
+#include "strata/core/event.hpp"
 #include "strata/model/activation_store.hpp"
 
 namespace strata {
@@ -53,6 +54,30 @@ class WeightSource {
   virtual void release_part(int g, int /*p*/) { release_params(g); }
   virtual void* part_gradient(int g, int /*p*/) { return gradient_buffer(g); }
   virtual void part_grads_ready(int g, int /*p*/) { grads_ready(g); }
+
+  // The same hand-backs, with the model's work still running: `after` completes once the
+  // device work the model queued that reads the parameters (or writes the gradient) is
+  // done. A model on a device stream (the cuda GPT) calls these instead of synchronising
+  // its stream before each hand-back, so the GPU never idles while the host catches up.
+  // A source that orders its own later use of the memory after the event (the ZeRO
+  // engine: its streams wait for it on the GPU, and freed memory is fenced by it) returns
+  // at once; the default waits for `after` on the host, then hands back as above.
+  virtual void release_params_after(int g, const Event& after) {
+    after.wait();
+    release_params(g);
+  }
+  virtual void grads_ready_after(int g, const Event& after) {
+    after.wait();
+    grads_ready(g);
+  }
+  virtual void release_part_after(int g, int p, const Event& after) {
+    after.wait();
+    release_part(g, p);
+  }
+  virtual void part_grads_ready_after(int g, int p, const Event& after) {
+    after.wait();
+    part_grads_ready(g, p);
+  }
 
   // Where the model's activation checkpoints live (activation_store.hpp), when this source
   // holds them; null when the model keeps its own.

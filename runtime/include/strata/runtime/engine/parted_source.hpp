@@ -36,6 +36,12 @@ class PartedSource final : public WeightSource {
   void release_params(int g) override { inner_.release_params(whole(g, "release_params")); }
   void* gradient_buffer(int g) override { return inner_.gradient_buffer(whole(g, "gradient_buffer")); }
   void grads_ready(int g) override { inner_.grads_ready(whole(g, "grads_ready")); }
+  void release_params_after(int g, const Event& after) override {
+    inner_.release_params_after(whole(g, "release_params"), after);
+  }
+  void grads_ready_after(int g, const Event& after) override {
+    inner_.grads_ready_after(whole(g, "grads_ready"), after);
+  }
   ActivationStore* activation_store() override { return inner_.activation_store(); }
 
   int num_parts(int g) const override { return static_cast<int>(parts_.at(static_cast<size_t>(g)).size()); }
@@ -44,6 +50,12 @@ class PartedSource final : public WeightSource {
   void release_part(int g, int p) override { inner_.release_params(inner(g, p)); }
   void* part_gradient(int g, int p) override { return inner_.gradient_buffer(inner(g, p)); }
   void part_grads_ready(int g, int p) override { inner_.grads_ready(inner(g, p)); }
+  void release_part_after(int g, int p, const Event& after) override {
+    inner_.release_params_after(inner(g, p), after);
+  }
+  void part_grads_ready_after(int g, int p, const Event& after) override {
+    inner_.grads_ready_after(inner(g, p), after);
+  }
 
   // The inner group of part p of model group g.
   int inner(int g, int p) const;

@@ -91,6 +91,10 @@ class ZeroEngine final : public WeightSource {
   void release_params(int g) override;
   void* gradient_buffer(int g) override;
   void grads_ready(int g) override;
+  // The model's device work still reading the parameters (writing the gradient) is
+  // `after`: the engine's streams wait for it, and the memory is not reused before it.
+  void release_params_after(int g, const Event& after) override;
+  void grads_ready_after(int g, const Event& after) override;
   ActivationStore* activation_store() override;
 
   // The order in which the model will acquire groups in one micro-step (forward then

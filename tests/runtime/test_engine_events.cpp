@@ -1,0 +1,210 @@
+// A model that hands its buffers back with an event of its work still running
+// (WeightSource::release_params_after / grads_ready_after), as the cuda GPT does instead
+// of synchronising its stream before each hand-back. Here the model's "kernels" run on a
+// cpu stream that a gate holds shut while the host issues a pass, so every read of a
+// parameter and every write of a gradient happens after the engine was handed the
+// buffer back: where the engine wrote gathered memory again, or reduced a gradient, before
+// the model's event, the model reads other values or the engine sums unwritten ones, and
+// the weights differ from the same run with the model synchronised before each hand-back.
+// The gate opens when the host has issued the pass, or, where the host waits for the
+// model's work (acquire waits for a gather that memory fenced by the model's reads holds
+// back), after a moment; the tests count those waits.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "engine_harness.hpp"
+#include "strata/core/device.hpp"
+#include "strata/core/event.hpp"
+
+using namespace strata;
+using namespace strata::testing_engine;
+
+namespace {
+
+constexpr int kGroups = 4;
+constexpr uint64_t kNumel = 4096;
+
+// Holds a stream shut from close() until open(), or until a watchdog opens it when it has
+// stayed shut for 20 ms (the host waiting for the model's work); `forced` counts those.
+class Gate {
+ public:
+  Gate() : watchdog_([this] { watch(); }) {}
+  ~Gate() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    watchdog_.join();
+    open();
+  }
+  void close(Stream& st) {
+    auto [ev, host] = HostEvent::make();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      held_ = host;
+      since_ = std::chrono::steady_clock::now();
+    }
+    st.wait(ev);
+  }
+  void open() {
+    std::shared_ptr<HostEvent> h;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      h = std::exchange(held_, nullptr);
+    }
+    if (h) h->complete();
+  }
+  int forced() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return forced_;
+  }
+
+ private:
+  void watch() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      cv_.wait_for(lock, std::chrono::milliseconds(2));
+      if (held_ && std::chrono::steady_clock::now() - since_ > std::chrono::milliseconds(20)) {
+        ++forced_;
+        std::shared_ptr<HostEvent> h = std::exchange(held_, nullptr);
+        lock.unlock();
+        h->complete();
+        lock.lock();
+      }
+    }
+  }
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::shared_ptr<HostEvent> held_;
+  std::chrono::steady_clock::time_point since_;
+  int forced_ = 0;
+  bool stop_ = false;
+  std::thread watchdog_;
+};
+
+struct PassConfig {
+  std::string label;
+  int stage = 3;
+  OffloadDevice param = OffloadDevice::None;
+  OffloadDevice optimizer = OffloadDevice::None;
+  uint64_t device_budget = 2 << 20;
+  int accum = 2;
+  // Nothing the engine does within a pass needs the model's work done (stage 1: no
+  // collective before step()), so the host issues every pass without waiting. Elsewhere the
+  // host waits where the engine's collectives on this backend run on the calling thread (the
+  // self communicator waits for `after` there) or a gather lands in memory the model is
+  // still reading.
+  bool issues_without_waiting = false;
+};
+
+struct Outcome {
+  std::vector<std::vector<float>> weights;
+  int releases = 0;  // hand-backs with an event
+  int forced = 0;    // passes the host could not issue without the model's work
+};
+
+// Forward over the groups (each read copied aside), a synchronisation (the GPT's loss),
+// backward in reverse (each gradient from the group's values now and in forward), per
+// micro-step; `events`: hand-backs with the model's events and its stream gated, else
+// the stream synchronised before each plain hand-back.
+Outcome run(const PassConfig& c, bool events, int steps, const std::string& nvme_dir) {
+  auto device = make_device({});
+  auto comm = coll::make_host_communicator(coll::HostBackend::Self);
+  RunSpec spec{.stage = c.stage, .param = c.param, .optimizer = c.optimizer, .accum = c.accum};
+  spec.device_budget = c.device_budget;
+  EngineOptions o = test_engine_options(spec, kNumel, nvme_dir);
+  std::vector<GroupSpec> groups;
+  for (int g = 0; g < kGroups; ++g)
+    groups.push_back({"block." + std::to_string(g), kNumel, InitKind::Normal, 0.1f, {}});
+  ZeroEngine engine(*device, *comm, *comm, o, groups);
+  std::vector<int> order;
+  for (int g = 0; g < kGroups; ++g) order.push_back(g);
+  for (int g = kGroups - 1; g >= 0; --g) order.push_back(g);
+  engine.set_schedule(order);
+
+  std::unique_ptr<Stream> st = device->create_stream("model");
+  Gate gate;
+  Outcome out;
+  std::vector<std::vector<float>> saved(kGroups, std::vector<float>(kNumel));
+  auto release = [&](int g) {
+    if (!events) {
+      st->synchronize();
+      return engine.release_params(g);
+    }
+    ++out.releases;
+    engine.release_params_after(g, st->record());
+  };
+  for (int step = 0; step < steps; ++step) {
+    for (int m = 0; m < c.accum; ++m) {
+      engine.begin_micro_step();
+      if (events) gate.close(*st);
+      for (int g = 0; g < kGroups; ++g) {
+        const auto* p = static_cast<const float*>(engine.acquire_params(g));
+        st->compute(0, [p, &s = saved[g]] { std::memcpy(s.data(), p, kNumel * sizeof(float)); });
+        release(g);
+      }
+      gate.open();
+      st->synchronize();  // the loss
+      if (events) gate.close(*st);
+      for (int g = kGroups - 1; g >= 0; --g) {
+        const auto* p = static_cast<const float*>(engine.acquire_params(g));
+        auto* grad = static_cast<float*>(engine.gradient_buffer(g));
+        st->compute(0, [p, grad, &s = saved[g], g, step, m] {
+          for (uint64_t i = 0; i < kNumel; ++i) {
+            const float target = 0.05f * static_cast<float>((i * 7 + static_cast<uint64_t>(g * 13 + step + m)) % 17) - 0.4f;
+            grad[i] = (p[i] - target) + 0.25f * s[i];
+          }
+        });
+        release(g);
+        if (events) {
+          engine.grads_ready_after(g, st->record());
+        } else {
+          st->synchronize();
+          engine.grads_ready(g);
+        }
+      }
+      gate.open();
+    }
+    engine.step();
+  }
+  st->synchronize();
+  for (int g = 0; g < kGroups; ++g) out.weights.push_back(engine.gather_full_params(g));
+  out.forced = gate.forced();
+  return out;
+}
+
+}  // namespace
+
+TEST(EngineEvents, HandBacksAfterTheModelsEventsGiveTheSynchronisedWeights) {
+  TempDir dir("engine-events");
+  // Device budgets: ample (every gathered group fits), and the working set plus one group
+  // (stage 3 gathers into memory the model may still be reading).
+  const std::vector<PassConfig> configs = {
+      {"stage 1", 1, OffloadDevice::None, OffloadDevice::None, 2 << 20, 2, true},
+      {"stage 2, optimizer on cpu", 2, OffloadDevice::None, OffloadDevice::Cpu},
+      {"stage 3", 3},
+      {"stage 3, device memory for two groups", 3, OffloadDevice::None, OffloadDevice::None, 2 * 336 * 1024},
+      {"stage 3, params and optimizer on nvme", 3, OffloadDevice::Nvme, OffloadDevice::Nvme},
+      {"stage 3, one micro-step", 3, OffloadDevice::Cpu, OffloadDevice::Cpu, 2 << 20, 1},
+  };
+  for (const PassConfig& c : configs) {
+    SCOPED_TRACE(c.label);
+    const Outcome ref = run(c, false, 3, dir.path.string());
+    const Outcome got = run(c, true, 3, dir.path.string());
+    EXPECT_EQ(got.releases, 3 * c.accum * 2 * kGroups);
+    ASSERT_EQ(ref.weights.size(), got.weights.size());
+    for (int g = 0; g < kGroups; ++g) {
+      ASSERT_EQ(ref.weights[g].size(), got.weights[g].size());
+      EXPECT_EQ(0, std::memcmp(ref.weights[g].data(), got.weights[g].data(), ref.weights[g].size() * sizeof(float)))
+          << "group " << g;
+    }
+    if (c.issues_without_waiting) EXPECT_EQ(got.forced, 0) << "the host waited for the model's work";
+    std::printf("%s: %d of %d passes waited for the model's work\n", c.label.c_str(), got.forced, 3 * c.accum * 2);
+  }
+}
