@@ -39,6 +39,10 @@
 #              host) with cuda-gdb's backtraces of every thread of each rank 25 s in (bt-RANKPID.txt)
 #              if it still runs then, then world 2 once more with STRATA_CUDA_HOST_EVENT_WAIT=host
 #              (every host event waited for by the issuing thread, not the GPU), within 4 minutes
+#   events     the cuda model handing buffers back with CUDA events (2026-11-28), the engine and NCCL
+#              waiting for them on the GPU: strata train on cuda against the cpu backend (Train.Cuda*:
+#              stages 2 and 3, NVMe and pinned, parts and tiles, checkpoints off the device, Llama, the
+#              speculative and the GPU optimizer) and NCCL's tests, within 8 minutes
 #   attnrace   compute-sanitizer racecheck over every GptCudaMma test, one at a time, within 3 minutes
 #   ranks      2 and 4 ranks on the one GPU (mpirun, strata.device_communicator "staged"): strata train,
 #              every stage, offload none/cpu/nvme, bf16, losses against world 1, a table in ranks.md, within
@@ -59,8 +63,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-known=(tests sanitize train bench bench1b kernels fusedtest fusedsan step1b attn attnrace lane copy peers torch lora7b ranks
-       rankshang profile capacity)
+known=(tests sanitize train bench bench1b kernels fusedtest fusedsan step1b attn events attnrace lane copy peers torch lora7b
+       ranks rankshang profile capacity)
 # The parts asked for are checked before anything is unpacked or run: a typo costs
 # nothing of the machine's time.
 for part in "$@"; do
@@ -247,6 +251,12 @@ for part in "${parts[@]}"; do
     rm -rf "$d"
     grep -E "^\[  (FAILED|PASSED|SKIPPED) |^=== exit|^measured|ERROR SUMMARY|Failure|^(in memory|params|optimizer|PyTorch|bf16 tokens|Strata |MFU)|error" \
       "$out/attn.log" | cut -c1-220 | head -80
+    ;;
+  events)
+    # Limits: 400 + 60 s.
+    run events.log 400 "$B/test_train" --gtest_filter='Train.Cuda*'
+    run events.log 60 "$B/test_collectives_nccl"
+    grep -E "^\[  (FAILED|PASSED|SKIPPED) |^=== exit|worst relative|Failure|Expected|Which is" "$out/events.log" | head -80
     ;;
   attnrace)
     cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
