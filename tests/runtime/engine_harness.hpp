@@ -39,6 +39,8 @@ struct RunSpec {
   bool optimizer_on_stream = false;  // EngineOptions::optimizer_on_stream: the GPU optimizer's path
   bool keep_grads = true;            // EngineAblation::keep_accumulating_grads_on_device
   bool state_prefetch = true;        // EngineAblation::plain_state_prefetch
+  bool params_in_place = true;       // EngineAblation::params_in_place
+  bool grads_in_place = true;        // EngineAblation::grads_in_place
   double optimizer_ratio = 1.0;      // offload_optimizer.ratio
   int quantized_block = 0;           // qwZ: EngineOptions::quantized_weights_block (0: off)
   int quantized_gradients_block = 0; // qgZ: EngineOptions::quantized_gradients_block (0: off)
@@ -65,6 +67,8 @@ struct RunSpec {
            (optimizer_on_stream ? ", optimizer on the stream" : "") +
            (keep_grads ? "" : ", gradients off the device between micro-steps") +
            (state_prefetch ? "" : ", states read at step()") +
+           (params_in_place ? "" : ", gathered on one rank") +
+           (grads_in_place ? "" : ", reduce-scattered on one rank") +
            (optimizer_ratio < 1.0 ? ", ratio " + std::to_string(optimizer_ratio) : "") +
            (checkpoints ? std::string(", checkpoints ") +
                               (*checkpoints == OffloadDevice::None ? "on the device" : to_string(*checkpoints))
@@ -195,6 +199,8 @@ inline EngineAblation test_engine_ablation(const RunSpec& spec) {
   a.speculation_lane = spec.lane;
   a.keep_accumulating_grads_on_device = spec.keep_grads;
   a.plain_state_prefetch = spec.state_prefetch;
+  a.params_in_place = spec.params_in_place;
+  a.grads_in_place = spec.grads_in_place;
   return a;
 }
 

@@ -126,7 +126,9 @@ TEST(ZeroEngine, NvmeOffloadMovesDataAndStaysInBudget) {
 
 TEST(ZeroEngine, LearnsTheOrderAndRecoversFromADeparture) {
   auto comm = self();
-  RunSpec spec{.stage = 3, .give_schedule = false};
+  // Parameters in pinned memory, so each group is gathered (on one rank with them on the
+  // device, each is read in place: nothing to prefetch).
+  RunSpec spec{.stage = 3, .param = OffloadDevice::Cpu, .give_schedule = false};
   RunResult ref = train(*comm, *comm, {.stage = 1}, 6, "");
   RunResult learned = train(*comm, *comm, spec, 6, "");
   expect_same(ref, learned, spec.label(), 0.0, 0.0f);
@@ -155,6 +157,48 @@ TEST(ZeroEngine, LearnsTheOrderAndRecoversFromADeparture) {
   EXPECT_GE(engine.stats().trace_departures, 1u);
   EXPECT_TRUE(std::isfinite(eval));
   engine.step();
+}
+
+// Stage 3 on one rank with the parameters on the device: each shard is the whole group,
+// already in device memory, and the model reads it there. The same weights as gathering it
+// into a buffer of its own (EngineAblation::params_in_place false), bit for bit, with no
+// gather and no gathered memory; with the parameters in pinned memory it still gathers.
+TEST(ZeroEngine, OneRankReadsDeviceShardsInPlace) {
+  auto comm = self();
+  RunSpec in_place{.stage = 3, .accum = 2};
+  RunSpec gathered = in_place;
+  gathered.params_in_place = false;
+  const RunResult a = train(*comm, *comm, in_place, 4, "");
+  const RunResult b = train(*comm, *comm, gathered, 4, "");
+  expect_same(b, a, in_place.label(), 0.0, 0.0f);
+  EXPECT_EQ(a.stats.gathers, 0u);
+  EXPECT_GT(b.stats.gathers, 0u);
+  const int D = int(Tier::Device);
+  EXPECT_EQ(a.stats.store.tiers[D].peak_by_owner.count("gathered"), 0u);
+  EXPECT_GT(b.stats.store.tiers[D].peak_by_owner.at("gathered"), 0u);
+  EXPECT_LT(a.stats.store.tiers[D].peak, b.stats.store.tiers[D].peak);
+  RunSpec pinned = in_place;
+  pinned.param = OffloadDevice::Cpu;
+  EXPECT_GT(train(*comm, *comm, pinned, 2, "").stats.gathers, 0u) << "parameters in pinned memory are gathered";
+}
+
+// Stages 2 and 3 on one rank: a micro-step's gradient is accumulated straight from the
+// model's buffer. The same weights as reduce-scattering it into a buffer first
+// (EngineAblation::grads_in_place false), bit for bit, with no reduce-scatter; with the
+// optimizer states off the device and over micro-steps too.
+TEST(ZeroEngine, OneRankAccumulatesGradientsInPlace) {
+  auto comm = self();
+  for (int stage : {2, 3})
+    for (OffloadDevice opt : {OffloadDevice::None, OffloadDevice::Cpu}) {
+      RunSpec in_place{.stage = stage, .optimizer = opt, .accum = 3};
+      RunSpec reduced = in_place;
+      reduced.grads_in_place = false;
+      const RunResult a = train(*comm, *comm, in_place, 3, "");
+      const RunResult b = train(*comm, *comm, reduced, 3, "");
+      expect_same(b, a, in_place.label(), 0.0, 0.0f);
+      EXPECT_EQ(a.stats.reduce_scatters, 0u) << in_place.label();
+      EXPECT_GT(b.stats.reduce_scatters, 0u) << in_place.label();
+    }
 }
 
 TEST(ZeroEngine, BudgetTooSmallForOneGroupFailsAtStart) {

@@ -274,6 +274,7 @@ TEST(EngineTrace, TheCpuBackendRecordsTheEnginesSpans) {
     auto comm = coll::make_host_communicator(coll::HostBackend::Self);
     EngineOptions o;
     o.stage = 3;
+    o.param_home = Tier::Pinned;  // gathered (on one rank, device shards are read in place)
     o.optimizer_threads = 1;
     o.store.device_budget = 8ull << 20;
     o.store.pinned_budget = 64ull << 20;

@@ -272,7 +272,8 @@ const ConfigSection kZero = {
         {.name = "stage", .type = KeyType::Whole, .min = 1, .max = 3,
          .accepted = "1, 2 or 3 (stage 0, plain data parallelism, is not supported)",
          .help = "ZeRO stage: 1 partitions optimizer state, 2 also gradients, 3 also parameters. DeepSpeed's "
-                 "default is 0; Strata has no stage 0.",
+                 "default is 0; Strata has no stage 0. Stage 3 on one rank with `offload_param` none gathers nothing: "
+                 "the model reads each parameter shard (the whole group) where it is.",
          .field = STRATA_CONFIG_FIELD(Config, zero.stage)},
         {.name = "offload_param", .type = KeyType::Section, .fallback = "device `\"none\"`",
          .help = "Home tier of the parameter shards (table below). Stage 3 only: given with stage 1 or 2 it is an "

@@ -42,7 +42,7 @@ void Gatherer::begin_micro_step() {
 void Gatherer::start_gather(int g, bool ahead) {
   GroupState& gr = c_.groups[g];
   Slot& s = slots_[g];
-  if (s.state != State::Released) return;
+  if (s.state != State::Released || in_place(g)) return;
   // Every rank decides the same way (validity changes at the same points everywhere), so
   // each communicator sees its gathers in the same order on all its ranks.
   const bool from_secondary = gr.param_secondary != 0 && secondary_valid_[g];
@@ -233,7 +233,14 @@ const void* Gatherer::acquire(int g) {
     }
   }
   if (!departed_ && !schedule_.empty()) c_.store.set_position(here);
-  if (c_.opts.stage == 3) {
+  if (in_place(g)) {
+    // The holder's pin on the shard itself; ready once the optimizer's last write is.
+    const double t0 = c_.device.now();
+    Acquired f = c_.store.acquire(gr.param_shard, Tier::Device);
+    f.ready.wait();
+    c_.waited(t0, "wait params", &gr);
+    s.data = f.data;
+  } else if (c_.opts.stage == 3) {
     start_gather(g, false);
     if (!departed_ && !schedule_.empty()) prefetch_after(here);
     wait_gathered(g);
@@ -272,9 +279,9 @@ void Gatherer::release(int g, const Event& after) {
   --s.holders;
   // Each holder pins the copy in the store (acquire): its reads still running are the
   // copy's last readers there, which fence its memory however it goes (dropped, discarded,
-  // gathered into again).
-  c_.store.release(gr.gathered, Tier::Device, Access::Read, after);
-  if (c_.opts.stage < 3) return;
+  // gathered into again) and whatever writes it next (the optimizer, in place).
+  c_.store.release(in_place(g) ? gr.param_shard : gr.gathered, Tier::Device, Access::Read, after);
+  if (c_.opts.stage < 3 || in_place(g)) return;
   if (s.holders > 0 || gr.persistent) return;
   // Keep the gathered parameters when they are needed again soon, room permitting.
   const size_t here = pos_ == 0 ? 0 : pos_ - 1;
@@ -324,6 +331,11 @@ void Gatherer::refresh() {
 const void* Gatherer::acquire_for_host(int g) {
   GroupState& gr = c_.groups.at(g);
   Slot& s = slots_[g];
+  if (in_place(g)) {
+    Acquired f = c_.store.acquire(gr.param_shard, Tier::Device);
+    f.ready.wait();
+    return f.data;
+  }
   if (c_.opts.stage == 3) {
     s.kept_for_host = s.state != State::Released;
     start_gather(g, false);
@@ -337,6 +349,10 @@ const void* Gatherer::acquire_for_host(int g) {
 
 void Gatherer::release_for_host(int g) {
   const GroupState& gr = c_.groups[g];
+  if (in_place(g)) {
+    c_.store.release(gr.param_shard, Tier::Device);
+    return;
+  }
   if (c_.opts.stage != 3) {
     c_.store.release(gr.gathered, Tier::Device);
     return;

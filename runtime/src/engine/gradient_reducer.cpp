@@ -68,9 +68,18 @@ class ReduceScatterEachMicroStep final : public GradientReducer {
   void reduce(int g, int micro, bool last) override {
     GroupState& gr = c_.groups[g];
     Slot& s = slots_[g];
+    if (c_.resolved.grads_in_place) {
+      // One rank: the reduce-scatter would copy the buffer whole. Accumulate from it; it
+      // is free for the next micro-step once that has read it.
+      accumulate(gr, s.grad, c_.work_t, s.tail_zeroed, micro == 0, last, c_.replicas != nullptr);
+      s.consumed = c_.reduce_stream.record();
+      if (gr.grad_full_scratch) c_.store.discard_after(gr.grad_full, s.consumed);
+      return;
+    }
     Acquired out = c_.store.acquire_for_overwrite(gr.grad_reduced, Tier::Device);
     // Written only once the previous accumulation has read the last contents.
     const Event ready = when_all({s.tail_zeroed, s.reduced_consumed, out.ready});
+    ++c_.stats.reduce_scatters;
     const Event reduced = gr.quantized_reduce != 0
                               ? reduce_quantized(gr, s.grad, out.data, ready)
                               : c_.comm.reduce_scatter(view(s.grad, gr.padded, c_.work_t),

@@ -198,6 +198,10 @@ ResolvedLayout resolve_impl(const EngineOptions& options, const EngineAblation& 
   R.ablation = ablation;
   R.world = world;
   settle_options(R, device);
+  R.params_in_place = ablation.params_in_place && R.options.stage == 3 && world == 1 &&
+                      R.options.param_home == Tier::Device && R.options.quantized_weights_block == 0;
+  R.grads_in_place = ablation.grads_in_place && R.options.stage >= 2 && world == 1 &&
+                     R.options.quantized_gradients_block == 0;
   try {
     resolve_budgets(R, groups);
   } catch (const OutOfBudget& e) {
@@ -232,8 +236,10 @@ std::string ResolvedLayout::describe() const {
   std::ostringstream os;
   os << "resolved layout: world " << world << ", stage " << o.stage << ", " << L.groups.size() << " groups, "
      << to_string(L.dtype(StateRole::GatherBuffer)) << " working, " << to_string(L.dtype(StateRole::Grad))
-     << " reduced gradients\n";
+     << " reduced gradients" << (grads_in_place ? " (one rank: accumulated from the model's buffer, nothing to reduce)" : "")
+     << "\n";
   os << "  parameters: " << (o.stage == 3 ? std::string("shards in ") + tier_word(o.param_home) : "replicated on device")
+     << (params_in_place ? ", read in place (one rank: nothing to gather)" : "")
      << "; optimizer states in " << tier_word(o.optimizer_home);
   if (o.optimizer_ratio < 1.0) os << " (ratio " << o.optimizer_ratio << ", the rest on the device)";
   os << ", stepped by " << (gpu_optimizer ? (o.optimizer_ratio < 1.0 ? "CPU Adam and the GPU optimizer" : "the GPU optimizer")

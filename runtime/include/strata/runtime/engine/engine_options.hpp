@@ -163,6 +163,16 @@ struct EngineAblation {
   // on the model's thread between blocks. Stages 1 and 2 step on the model's thread
   // either way.
   bool speculation_lane = true;
+  // Stage 3 on one rank with the parameter shards at home on the device: the shard is the
+  // whole group, in device memory already, and the model reads it where it is
+  // (ResolvedLayout::params_in_place). false: each acquire gathers it into a buffer of its
+  // own, a device-to-device copy of every group twice a micro-step.
+  bool params_in_place = true;
+  // Stages 2 and 3 on one rank: the reduce-scatter of a group's gradient is the gradient
+  // itself, and it is accumulated into the sub-groups straight from the model's buffer
+  // (ResolvedLayout::grads_in_place). false: each micro-step copies it into a reduced
+  // buffer first (a one-rank reduce-scatter), the whole model's gradient a micro-step.
+  bool grads_in_place = true;
 };
 
 // Times are seconds on the device's clock (Device::now()): wall time on cpu and cuda,
@@ -174,6 +184,7 @@ struct EngineStats {
   double optimizer_wait_s = 0;    // of optimizer_s, waiting for states to arrive
   uint64_t gathers = 0;           // all_gathers started
   uint64_t prefetched = 0;        // of which ahead of need
+  uint64_t reduce_scatters = 0;   // stages 2 and 3: gradient reduce-scatters started (qgZ's included)
   uint64_t trace_departures = 0;  // steps that left the recorded acquire order
   double last_grad_norm = 0;      // before clipping, of the averaged gradient (loss scale divided out)
   uint64_t skipped_steps = 0;     // steps whose gradients were not finite (fp16 overflows included)

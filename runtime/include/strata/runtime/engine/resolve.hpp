@@ -63,6 +63,12 @@ struct ResolvedLayout {
   uint64_t kept_grad_bytes = 0;
   // Device bytes the gathered parameters may use beyond the homes and the working set.
   uint64_t prefetch_room = 0;
+  // Stage 3, one rank, the parameter shards at home on the device, no qwZ: the model reads
+  // each shard in place, with nothing gathered (EngineAblation::params_in_place).
+  bool params_in_place = false;
+  // Stages 2 and 3, one rank, no qgZ: each micro-step's gradient is accumulated straight
+  // from the model's buffer, with no reduce-scatter (EngineAblation::grads_in_place).
+  bool grads_in_place = false;
 
   // Empty when the configuration fits; else why not, with the numbers (try_resolve).
   std::string unfit;
