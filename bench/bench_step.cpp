@@ -279,6 +279,7 @@ EngineAblation ablation_of(const StepArgs& a) {
   EngineAblation ablation;
   ablation.speculation_lane = !a.speculation_inline;
   ablation.plain_state_prefetch = !a.no_state_prefetch;
+  ablation.params_in_place = ablation.grads_in_place = !a.no_in_place;
   return ablation;
 }
 
@@ -478,6 +479,10 @@ void add_step(CLI::App& bench, Runner& run) {
               "Without speculation: the optimizer's states read at step(), each while the one before is stepped, "
               "not fetched during the last backward pass (EngineAblation::plain_state_prefetch), to measure what "
               "the prefetch gives");
+  s->add_flag("--no-in-place", a.no_in_place,
+              "Copy on one rank as on several: every configuration reduce-scatters each micro-step's gradient, and "
+              "those with the parameters on the device gather them, rather than reading both where they are "
+              "(EngineAblation::grads_in_place, params_in_place), to measure what that gives");
   s->add_flag("--gpu-optimizer", a.gpu_optimizer,
               "cuda: also parameters and optimizer states on the GPU, stepped there (offload_optimizer none), "
               "and the states split by --optimizer-ratio between CPU Adam and the GPU optimizer");

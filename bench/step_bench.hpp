@@ -46,6 +46,7 @@ struct StepArgs {
   bool speculative = false;       // each engine configuration also with the speculative optimizer
   bool speculation_inline = false;  // its updates on the model's thread, not the optimizer lane
   bool no_state_prefetch = false;   // EngineAblation::plain_state_prefetch off
+  bool no_in_place = false;         // EngineAblation::params_in_place and grads_in_place off
   bool gpu_optimizer = false;     // cuda: also parameters and optimizer states on the GPU (the GPU optimizer)
   unsigned optimizer_threads = 0;  // CPU Adam's threads (EngineOptions::optimizer_threads); 0: every core
   double ratio = 0.5;             // with gpu_optimizer: also offload_optimizer.ratio this (CPU share), concurrently

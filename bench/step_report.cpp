@@ -36,7 +36,7 @@ Report report_head(const Bench& b) {
                 {"dir", a.dir}, {"backend", a.backend},
                 {"precision", precision_name(precision)}, {"nvme", a.nvme}, {"threads", threads},
                 {"speculative", a.speculative},
-                {"speculation_inline", a.speculation_inline}, {"state_prefetch", !a.no_state_prefetch}, {"optimizer_threads", a.optimizer_threads},
+                {"speculation_inline", a.speculation_inline}, {"state_prefetch", !a.no_state_prefetch}, {"in_place", !a.no_in_place}, {"optimizer_threads", a.optimizer_threads},
                 {"fp32_beside", !sixteen || a.f32_beside}, {"peers", a.peers}};
   if (!sixteen || a.f32_beside) rep.config["matmul_peak_gflops"] = peak_of(DType::F32) / 1e9;
   if (sixteen) rep.config[std::string("matmul_peak_gflops_") + precision_name(precision)] = peak_of(precision) / 1e9;

@@ -385,6 +385,23 @@ TEST(BenchStep, PrintsTheResolvedLayoutThePlannerPrints) {
                                                   << bench.out;
 }
 
+// --no-in-place: the engine copies on one rank as on several (the layout says which), so
+// that what reading the parameters and gradients in place gives can be measured.
+TEST(BenchStep, NoInPlaceGathersAndReduceScattersOnOneRank) {
+  Scratch s;
+  const std::string cmd = "bench step --layers 2 --d-model 64 --heads 4 --seq 32 --vocab 256 --micro-batch 2 "
+                          "--no-torch --no-nvme --memory-budget 64M --layout";
+  const Result in_place = run(cmd);
+  ASSERT_EQ(in_place.status, 0) << in_place.out;
+  EXPECT_NE(in_place.out.find("read in place"), std::string::npos) << in_place.out;
+  EXPECT_NE(in_place.out.find("accumulated from the model's buffer"), std::string::npos) << in_place.out;
+  const Result copied = run(cmd + " --no-in-place");
+  ASSERT_EQ(copied.status, 0) << copied.out;
+  EXPECT_NE(copied.out.find("parameters: shards in device;"), std::string::npos) << copied.out;
+  EXPECT_EQ(copied.out.find("in place"), std::string::npos) << copied.out;
+  EXPECT_EQ(copied.out.find("accumulated from"), std::string::npos) << copied.out;
+}
+
 // `bench step --peers`: a peer that cannot start (here: its Python does not exist) is
 // skipped, with the reason said under the table and in the JSON, and Strata's
 // configurations are measured and reported as without it (exit 0). A peer that does start
