@@ -101,6 +101,7 @@ struct PassConfig {
   // self communicator waits for `after` there) or a gather lands in memory the model is
   // still reading.
   bool issues_without_waiting = false;
+  bool optimizer_on_stream = false;  // the GPU optimizer's path: the update on the engine's stream
 };
 
 struct Outcome {
@@ -118,6 +119,7 @@ Outcome run(const PassConfig& c, bool events, int steps, const std::string& nvme
   auto comm = coll::make_host_communicator(coll::HostBackend::Self);
   RunSpec spec{.stage = c.stage, .param = c.param, .optimizer = c.optimizer, .accum = c.accum};
   spec.device_budget = c.device_budget;
+  spec.optimizer_on_stream = c.optimizer_on_stream;
   EngineOptions o = test_engine_options(spec, kNumel, nvme_dir);
   std::vector<GroupSpec> groups;
   for (int g = 0; g < kGroups; ++g)
@@ -184,7 +186,9 @@ Outcome run(const PassConfig& c, bool events, int steps, const std::string& nvme
 TEST(EngineEvents, HandBacksAfterTheModelsEventsGiveTheSynchronisedWeights) {
   TempDir dir("engine-events");
   // Device budgets: ample (every gathered group fits), and the working set plus one group
-  // (stage 3 gathers into memory the model may still be reading).
+  // (stage 3 gathers into memory the model may still be reading). With the parameters on
+  // the device the one rank reads its shards in place, which the optimizer then writes:
+  // on the host (CPU Adam) or on the engine's stream (the GPU optimizer's path).
   const std::vector<PassConfig> configs = {
       {"stage 1", 1, OffloadDevice::None, OffloadDevice::None, 2 << 20, 2, true},
       {"stage 2, optimizer on cpu", 2, OffloadDevice::None, OffloadDevice::Cpu},
@@ -192,6 +196,7 @@ TEST(EngineEvents, HandBacksAfterTheModelsEventsGiveTheSynchronisedWeights) {
       {"stage 3, device memory for two groups", 3, OffloadDevice::None, OffloadDevice::None, 2 * 336 * 1024},
       {"stage 3, params and optimizer on nvme", 3, OffloadDevice::Nvme, OffloadDevice::Nvme},
       {"stage 3, one micro-step", 3, OffloadDevice::Cpu, OffloadDevice::Cpu, 2 << 20, 1},
+      {"stage 3, the GPU optimizer's path", 3, OffloadDevice::None, OffloadDevice::None, 2 << 20, 2, false, true},
   };
   for (const PassConfig& c : configs) {
     SCOPED_TRACE(c.label);
@@ -206,5 +211,94 @@ TEST(EngineEvents, HandBacksAfterTheModelsEventsGiveTheSynchronisedWeights) {
     }
     if (c.issues_without_waiting) EXPECT_EQ(got.forced, 0) << "the host waited for the model's work";
     std::printf("%s: %d of %d passes waited for the model's work\n", c.label.c_str(), got.forced, 3 * c.accum * 2);
+  }
+}
+
+namespace {
+
+// The model reads a group's parameters after handing its gradient back (as a model may
+// that keeps a value of the weights for later), and releases them only then, with the
+// read's event: the engine's fence on the parameters is that event alone, as the
+// gradient's event comes before the read. The last group's late read is held behind the
+// gate across step(), so an engine that wrote the parameters (the optimizer, in place, or a
+// gather into the memory) before it would give that read the new values; the late reads
+// feed the next step's gradients.
+Outcome run_late_read(const PassConfig& c, bool events, int steps, const std::string& nvme_dir) {
+  auto device = make_device({});
+  auto comm = coll::make_host_communicator(coll::HostBackend::Self);
+  RunSpec spec{.stage = c.stage, .param = c.param, .optimizer = c.optimizer, .accum = c.accum};
+  spec.device_budget = c.device_budget;
+  spec.optimizer_on_stream = c.optimizer_on_stream;
+  EngineOptions o = test_engine_options(spec, kNumel, nvme_dir);
+  std::vector<GroupSpec> groups;
+  for (int g = 0; g < kGroups; ++g)
+    groups.push_back({"block." + std::to_string(g), kNumel, InitKind::Normal, 0.1f, {}});
+  ZeroEngine engine(*device, *comm, *comm, o, groups);
+  std::unique_ptr<Stream> st = device->create_stream("model");
+  Gate gate;
+  Outcome out;
+  std::vector<std::vector<float>> late(kGroups, std::vector<float>(kNumel, 0.0f));
+  for (int step = 0; step < steps; ++step) {
+    for (int m = 0; m < c.accum; ++m) {
+      engine.begin_micro_step();
+      for (int g = kGroups - 1; g >= 0; --g) {
+        const auto* p = static_cast<const float*>(engine.acquire_params(g));
+        auto* grad = static_cast<float*>(engine.gradient_buffer(g));
+        st->compute(0, [p, grad, &l = late[g], g, step, m] {
+          for (uint64_t i = 0; i < kNumel; ++i) {
+            const float target = 0.05f * static_cast<float>((i * 5 + static_cast<uint64_t>(g * 11 + step + m)) % 13) - 0.3f;
+            grad[i] = (p[i] - target) + 0.5f * l[i];
+          }
+        });
+        if (events) {
+          engine.grads_ready_after(g, st->record());
+        } else {
+          st->synchronize();
+          engine.grads_ready(g);
+        }
+        const bool held = events && g == 0 && m == c.accum - 1;
+        if (held) gate.close(*st);
+        st->compute(0, [p, &l = late[g]] {
+          for (uint64_t i = 0; i < kNumel; ++i) l[i] = 0.5f * l[i] + p[i];
+        });
+        if (events) {
+          ++out.releases;
+          engine.release_params_after(g, st->record());
+        } else {
+          st->synchronize();
+          engine.release_params(g);
+        }
+      }
+    }
+    engine.step();
+    gate.open();
+  }
+  st->synchronize();
+  for (int g = 0; g < kGroups; ++g) out.weights.push_back(engine.gather_full_params(g));
+  out.forced = gate.forced();
+  return out;
+}
+
+}  // namespace
+
+TEST(EngineEvents, AReadAfterTheGradientIsFencedByItsOwnEvent) {
+  TempDir dir("engine-events-late");
+  const std::vector<PassConfig> configs = {
+      {"stage 1", 1},
+      {"stage 3, read in place, CPU Adam", 3},
+      {"stage 3, read in place, the GPU optimizer's path", 3, OffloadDevice::None, OffloadDevice::None, 2 << 20, 2,
+       false, true},
+      {"stage 3, gathered from pinned memory", 3, OffloadDevice::Cpu, OffloadDevice::Cpu},
+  };
+  for (const PassConfig& c : configs) {
+    SCOPED_TRACE(c.label);
+    const Outcome ref = run_late_read(c, false, 3, dir.path.string());
+    const Outcome got = run_late_read(c, true, 3, dir.path.string());
+    EXPECT_EQ(got.releases, 3 * c.accum * kGroups);
+    ASSERT_EQ(ref.weights.size(), got.weights.size());
+    for (int g = 0; g < kGroups; ++g)
+      EXPECT_EQ(0, std::memcmp(ref.weights[g].data(), got.weights[g].data(), ref.weights[g].size() * sizeof(float)))
+          << "group " << g;
+    std::printf("%s: %d of 3 steps waited for the late read\n", c.label.c_str(), got.forced);
   }
 }
