@@ -110,75 +110,142 @@ struct Outcome {
   int forced = 0;    // passes the host could not issue without the model's work
 };
 
+// One rank's engine of a configuration on the cpu backend, and the model's stream, whose
+// hand-backs carry its events or follow a synchronisation of the stream.
+struct Rig {
+  std::unique_ptr<Device> device = make_device({});
+  std::unique_ptr<coll::Communicator> comm = coll::make_host_communicator(coll::HostBackend::Self);
+  std::unique_ptr<ZeroEngine> engine;
+  std::unique_ptr<Stream> st;
+  bool events;
+  Outcome out;
+
+  Rig(const PassConfig& c, bool events, const std::string& nvme_dir) : events(events) {
+    RunSpec spec{.stage = c.stage, .param = c.param, .optimizer = c.optimizer, .accum = c.accum};
+    spec.device_budget = c.device_budget;
+    spec.optimizer_on_stream = c.optimizer_on_stream;
+    const EngineOptions o = test_engine_options(spec, kNumel, nvme_dir);
+    std::vector<GroupSpec> groups;
+    for (int g = 0; g < kGroups; ++g)
+      groups.push_back({"block." + std::to_string(g), kNumel, InitKind::Normal, 0.1f, {}});
+    engine = std::make_unique<ZeroEngine>(*device, *comm, *comm, o, groups);
+    st = device->create_stream("model");
+  }
+  void release(int g) {
+    if (!events) {
+      st->synchronize();
+      return engine->release_params(g);
+    }
+    ++out.releases;
+    engine->release_params_after(g, st->record());
+  }
+  void grads_ready(int g) {
+    if (!events) {
+      st->synchronize();
+      return engine->grads_ready(g);
+    }
+    engine->grads_ready_after(g, st->record());
+  }
+  // The weights once the model's work is done, and the passes the gate was forced open.
+  Outcome finish(const Gate& gate) {
+    st->synchronize();
+    for (int g = 0; g < kGroups; ++g) out.weights.push_back(engine->gather_full_params(g));
+    out.forced = gate.forced();
+    return out;
+  }
+};
+
+void expect_same_weights(const Outcome& ref, const Outcome& got) {
+  ASSERT_EQ(ref.weights.size(), got.weights.size());
+  for (size_t g = 0; g < ref.weights.size(); ++g) {
+    ASSERT_EQ(ref.weights[g].size(), got.weights[g].size());
+    EXPECT_EQ(0, std::memcmp(ref.weights[g].data(), got.weights[g].data(), ref.weights[g].size() * sizeof(float)))
+        << "group " << g;
+  }
+}
+
 // Forward over the groups (each read copied aside), a synchronisation (the GPT's loss),
 // backward in reverse (each gradient from the group's values now and in forward), per
 // micro-step; `events`: hand-backs with the model's events and its stream gated, else
 // the stream synchronised before each plain hand-back.
 Outcome run(const PassConfig& c, bool events, int steps, const std::string& nvme_dir) {
-  auto device = make_device({});
-  auto comm = coll::make_host_communicator(coll::HostBackend::Self);
-  RunSpec spec{.stage = c.stage, .param = c.param, .optimizer = c.optimizer, .accum = c.accum};
-  spec.device_budget = c.device_budget;
-  spec.optimizer_on_stream = c.optimizer_on_stream;
-  EngineOptions o = test_engine_options(spec, kNumel, nvme_dir);
-  std::vector<GroupSpec> groups;
-  for (int g = 0; g < kGroups; ++g)
-    groups.push_back({"block." + std::to_string(g), kNumel, InitKind::Normal, 0.1f, {}});
-  ZeroEngine engine(*device, *comm, *comm, o, groups);
+  Rig rig(c, events, nvme_dir);
+  ZeroEngine& engine = *rig.engine;
+  Stream& st = *rig.st;
   std::vector<int> order;
   for (int g = 0; g < kGroups; ++g) order.push_back(g);
   for (int g = kGroups - 1; g >= 0; --g) order.push_back(g);
   engine.set_schedule(order);
-
-  std::unique_ptr<Stream> st = device->create_stream("model");
   Gate gate;
-  Outcome out;
   std::vector<std::vector<float>> saved(kGroups, std::vector<float>(kNumel));
-  auto release = [&](int g) {
-    if (!events) {
-      st->synchronize();
-      return engine.release_params(g);
-    }
-    ++out.releases;
-    engine.release_params_after(g, st->record());
-  };
   for (int step = 0; step < steps; ++step) {
     for (int m = 0; m < c.accum; ++m) {
       engine.begin_micro_step();
-      if (events) gate.close(*st);
+      if (events) gate.close(st);
       for (int g = 0; g < kGroups; ++g) {
         const auto* p = static_cast<const float*>(engine.acquire_params(g));
-        st->compute(0, [p, &s = saved[g]] { std::memcpy(s.data(), p, kNumel * sizeof(float)); });
-        release(g);
+        st.compute(0, [p, &s = saved[g]] { std::memcpy(s.data(), p, kNumel * sizeof(float)); });
+        rig.release(g);
       }
       gate.open();
-      st->synchronize();  // the loss
-      if (events) gate.close(*st);
+      st.synchronize();  // the loss
+      if (events) gate.close(st);
       for (int g = kGroups - 1; g >= 0; --g) {
         const auto* p = static_cast<const float*>(engine.acquire_params(g));
         auto* grad = static_cast<float*>(engine.gradient_buffer(g));
-        st->compute(0, [p, grad, &s = saved[g], g, step, m] {
+        st.compute(0, [p, grad, &s = saved[g], g, step, m] {
           for (uint64_t i = 0; i < kNumel; ++i) {
             const float target = 0.05f * static_cast<float>((i * 7 + static_cast<uint64_t>(g * 13 + step + m)) % 17) - 0.4f;
             grad[i] = (p[i] - target) + 0.25f * s[i];
           }
         });
-        release(g);
-        if (events) {
-          engine.grads_ready_after(g, st->record());
-        } else {
-          st->synchronize();
-          engine.grads_ready(g);
-        }
+        rig.release(g);
+        rig.grads_ready(g);
       }
       gate.open();
     }
     engine.step();
   }
-  st->synchronize();
-  for (int g = 0; g < kGroups; ++g) out.weights.push_back(engine.gather_full_params(g));
-  out.forced = gate.forced();
-  return out;
+  return rig.finish(gate);
+}
+
+// The model reads a group's parameters after handing its gradient back (as a model may
+// that keeps a value of the weights for later), and releases them only then, with the
+// read's event: the engine's fence on the parameters is that event alone, as the
+// gradient's event comes before the read. The last group's late read is held behind the
+// gate across step(), so an engine that wrote the parameters (the optimizer, in place, or a
+// gather into the memory) before it would give that read the new values; the late reads
+// feed the next step's gradients.
+Outcome run_late_read(const PassConfig& c, bool events, int steps, const std::string& nvme_dir) {
+  Rig rig(c, events, nvme_dir);
+  ZeroEngine& engine = *rig.engine;
+  Stream& st = *rig.st;
+  Gate gate;
+  std::vector<std::vector<float>> late(kGroups, std::vector<float>(kNumel, 0.0f));
+  for (int step = 0; step < steps; ++step) {
+    for (int m = 0; m < c.accum; ++m) {
+      engine.begin_micro_step();
+      for (int g = kGroups - 1; g >= 0; --g) {
+        const auto* p = static_cast<const float*>(engine.acquire_params(g));
+        auto* grad = static_cast<float*>(engine.gradient_buffer(g));
+        st.compute(0, [p, grad, &l = late[g], g, step, m] {
+          for (uint64_t i = 0; i < kNumel; ++i) {
+            const float target = 0.05f * static_cast<float>((i * 5 + static_cast<uint64_t>(g * 11 + step + m)) % 13) - 0.3f;
+            grad[i] = (p[i] - target) + 0.5f * l[i];
+          }
+        });
+        rig.grads_ready(g);
+        if (events && g == 0 && m == c.accum - 1) gate.close(st);
+        st.compute(0, [p, &l = late[g]] {
+          for (uint64_t i = 0; i < kNumel; ++i) l[i] = 0.5f * l[i] + p[i];
+        });
+        rig.release(g);
+      }
+    }
+    engine.step();
+    gate.open();
+  }
+  return rig.finish(gate);
 }
 
 }  // namespace
@@ -203,83 +270,11 @@ TEST(EngineEvents, HandBacksAfterTheModelsEventsGiveTheSynchronisedWeights) {
     const Outcome ref = run(c, false, 3, dir.path.string());
     const Outcome got = run(c, true, 3, dir.path.string());
     EXPECT_EQ(got.releases, 3 * c.accum * 2 * kGroups);
-    ASSERT_EQ(ref.weights.size(), got.weights.size());
-    for (int g = 0; g < kGroups; ++g) {
-      ASSERT_EQ(ref.weights[g].size(), got.weights[g].size());
-      EXPECT_EQ(0, std::memcmp(ref.weights[g].data(), got.weights[g].data(), ref.weights[g].size() * sizeof(float)))
-          << "group " << g;
-    }
+    expect_same_weights(ref, got);
     if (c.issues_without_waiting) EXPECT_EQ(got.forced, 0) << "the host waited for the model's work";
     std::printf("%s: %d of %d passes waited for the model's work\n", c.label.c_str(), got.forced, 3 * c.accum * 2);
   }
 }
-
-namespace {
-
-// The model reads a group's parameters after handing its gradient back (as a model may
-// that keeps a value of the weights for later), and releases them only then, with the
-// read's event: the engine's fence on the parameters is that event alone, as the
-// gradient's event comes before the read. The last group's late read is held behind the
-// gate across step(), so an engine that wrote the parameters (the optimizer, in place, or a
-// gather into the memory) before it would give that read the new values; the late reads
-// feed the next step's gradients.
-Outcome run_late_read(const PassConfig& c, bool events, int steps, const std::string& nvme_dir) {
-  auto device = make_device({});
-  auto comm = coll::make_host_communicator(coll::HostBackend::Self);
-  RunSpec spec{.stage = c.stage, .param = c.param, .optimizer = c.optimizer, .accum = c.accum};
-  spec.device_budget = c.device_budget;
-  spec.optimizer_on_stream = c.optimizer_on_stream;
-  EngineOptions o = test_engine_options(spec, kNumel, nvme_dir);
-  std::vector<GroupSpec> groups;
-  for (int g = 0; g < kGroups; ++g)
-    groups.push_back({"block." + std::to_string(g), kNumel, InitKind::Normal, 0.1f, {}});
-  ZeroEngine engine(*device, *comm, *comm, o, groups);
-  std::unique_ptr<Stream> st = device->create_stream("model");
-  Gate gate;
-  Outcome out;
-  std::vector<std::vector<float>> late(kGroups, std::vector<float>(kNumel, 0.0f));
-  for (int step = 0; step < steps; ++step) {
-    for (int m = 0; m < c.accum; ++m) {
-      engine.begin_micro_step();
-      for (int g = kGroups - 1; g >= 0; --g) {
-        const auto* p = static_cast<const float*>(engine.acquire_params(g));
-        auto* grad = static_cast<float*>(engine.gradient_buffer(g));
-        st->compute(0, [p, grad, &l = late[g], g, step, m] {
-          for (uint64_t i = 0; i < kNumel; ++i) {
-            const float target = 0.05f * static_cast<float>((i * 5 + static_cast<uint64_t>(g * 11 + step + m)) % 13) - 0.3f;
-            grad[i] = (p[i] - target) + 0.5f * l[i];
-          }
-        });
-        if (events) {
-          engine.grads_ready_after(g, st->record());
-        } else {
-          st->synchronize();
-          engine.grads_ready(g);
-        }
-        const bool held = events && g == 0 && m == c.accum - 1;
-        if (held) gate.close(*st);
-        st->compute(0, [p, &l = late[g]] {
-          for (uint64_t i = 0; i < kNumel; ++i) l[i] = 0.5f * l[i] + p[i];
-        });
-        if (events) {
-          ++out.releases;
-          engine.release_params_after(g, st->record());
-        } else {
-          st->synchronize();
-          engine.release_params(g);
-        }
-      }
-    }
-    engine.step();
-    gate.open();
-  }
-  st->synchronize();
-  for (int g = 0; g < kGroups; ++g) out.weights.push_back(engine.gather_full_params(g));
-  out.forced = gate.forced();
-  return out;
-}
-
-}  // namespace
 
 TEST(EngineEvents, AReadAfterTheGradientIsFencedByItsOwnEvent) {
   TempDir dir("engine-events-late");
@@ -295,10 +290,7 @@ TEST(EngineEvents, AReadAfterTheGradientIsFencedByItsOwnEvent) {
     const Outcome ref = run_late_read(c, false, 3, dir.path.string());
     const Outcome got = run_late_read(c, true, 3, dir.path.string());
     EXPECT_EQ(got.releases, 3 * c.accum * kGroups);
-    ASSERT_EQ(ref.weights.size(), got.weights.size());
-    for (int g = 0; g < kGroups; ++g)
-      EXPECT_EQ(0, std::memcmp(ref.weights[g].data(), got.weights[g].data(), ref.weights[g].size() * sizeof(float)))
-          << "group " << g;
+    expect_same_weights(ref, got);
     std::printf("%s: %d of 3 steps waited for the late read\n", c.label.c_str(), got.forced);
   }
 }
