@@ -280,7 +280,7 @@ void Gatherer::release(int g, const Event& after) {
   // Each holder pins the copy in the store (acquire): its reads still running are the
   // copy's last readers there, which fence its memory however it goes (dropped, discarded,
   // gathered into again) and whatever writes it next (the optimizer, in place).
-  c_.store.release(in_place(g) ? gr.param_shard : gr.gathered, Tier::Device, Access::Read, after);
+  c_.store.release(handed_out(g), Tier::Device, Access::Read, after);
   if (c_.opts.stage < 3 || in_place(g)) return;
   if (s.holders > 0 || gr.persistent) return;
   // Keep the gathered parameters when they are needed again soon, room permitting.
@@ -329,32 +329,22 @@ void Gatherer::refresh() {
 }
 
 const void* Gatherer::acquire_for_host(int g) {
-  GroupState& gr = c_.groups.at(g);
-  Slot& s = slots_[g];
-  if (in_place(g)) {
-    Acquired f = c_.store.acquire(gr.param_shard, Tier::Device);
-    f.ready.wait();
-    return f.data;
-  }
-  if (c_.opts.stage == 3) {
+  Slot& s = slots_.at(g);
+  if (c_.opts.stage == 3 && !in_place(g)) {
     s.kept_for_host = s.state != State::Released;
     start_gather(g, false);
     wait_gathered(g);
     return s.data;
   }
-  Acquired f = c_.store.acquire(gr.gathered, Tier::Device);
+  Acquired f = c_.store.acquire(handed_out(g), Tier::Device);
   f.ready.wait();
   return f.data;
 }
 
 void Gatherer::release_for_host(int g) {
   const GroupState& gr = c_.groups[g];
-  if (in_place(g)) {
-    c_.store.release(gr.param_shard, Tier::Device);
-    return;
-  }
-  if (c_.opts.stage != 3) {
-    c_.store.release(gr.gathered, Tier::Device);
+  if (c_.opts.stage != 3 || in_place(g)) {
+    c_.store.release(handed_out(g), Tier::Device);
     return;
   }
   if (!slots_[g].kept_for_host && !gr.persistent) drop(g);

@@ -3,10 +3,11 @@
 // schedule (given, or learned from the first micro-step's acquire order), bounded by the
 // prefetch bucket, the live-parameter cap and the device room the resolved layout left;
 // stages 1 and 2 hand out the replicated parameters. Stage 3 on one rank with the shards at
-// home on the device hands out each shard where it is (ResolvedLayout::params_in_place). Owns each group's gathered buffer
-// and the schedule. With hpZ (EngineCore::secondary) a group's first gather after its
-// parameters change reads the primary shards over every rank and leaves this rank's slice
-// in its secondary partition; later ones read the secondaries over the hpZ ranks alone.
+// home on the device hands out each shard where it is (ResolvedLayout::params_in_place).
+// Owns each group's gathered buffer and the schedule. With hpZ (EngineCore::secondary) a
+// group's first gather after its parameters change reads the primary shards over every
+// rank and leaves this rank's slice in its secondary partition; later ones read the
+// secondaries over the hpZ ranks alone.
 #pragma once
 
 #include <atomic>
@@ -38,6 +39,9 @@ class Gatherer {
   bool held(int g) const { return slots_[g].holders > 0; }
   // ResolvedLayout::params_in_place: group g's shard is handed out where it is.
   bool in_place(int g) const { return c_.resolved.params_in_place && c_.groups[g].quantized == 0; }
+  // What a holder of the group's parameters is given: the shard read in place, else the
+  // gathered (stages 1 and 2: replicated) buffer.
+  TensorId handed_out(int g) const { return in_place(g) ? c_.groups[g].param_shard : c_.groups[g].gathered; }
   // Stage 3: a group's gathered copy is dropped (its values changed or are about to).
   void drop(int g);
   // After the optimizer step: stage 3 drops every gathered copy (they hold the old values)
