@@ -40,6 +40,7 @@ Report report_head(const Bench& b) {
                 {"fp32_beside", !sixteen || a.f32_beside}, {"peers", a.peers}};
   if (!sixteen || a.f32_beside) rep.config["matmul_peak_gflops"] = peak_of(DType::F32) / 1e9;
   if (sixteen) rep.config[std::string("matmul_peak_gflops_") + precision_name(precision)] = peak_of(precision) / 1e9;
+  if (sixteen && !b.cuda) rep.config[std::string("cpu_matmul_path_") + precision_name(precision)] = cpu_matmul_path(precision);
   rep.table.columns = {{"label", "configuration", ""},       {"step_median_s", "step s", "%.3f"},
                        {"spread", "spread", "%.2f"},          {"tokens_per_s", "tokens/s", "%.0f"},
                        {"mfu", "MFU", "%.3f"},                {"exposed_transfer_s", "exposed s", "%.3f"},
@@ -136,7 +137,7 @@ void report_measures(const Bench& b, Report& rep) {
     mfu_note += ": fp32 against " + peak_f32 + " (" + std::to_string(static_cast<int>(peak_of(DType::F32) / 1e9)) + " GFLOP/s)";
   if (sixteen)
     mfu_note += std::string(a.f32_beside ? ", " : ": ") + precision_name(precision) + " against " +
-                (cuda ? "cublasGemmEx on the tensor cores" : "the 16-bit matmul the cpu model runs (oneDNN, or sgemm where it falls back)") +
+                (cuda ? "cublasGemmEx on the tensor cores" : "the cpu model's own path, " + cpu_matmul_path(precision)) +
                 " (" + std::to_string(static_cast<int>(peak_of(precision) / 1e9)) + " GFLOP/s)";
   rep.notes.push_back(mfu_note + ".");
   rep.notes.push_back("exposed: time the model waited for parameters and gradient buffers, plus the optimizer's wait "

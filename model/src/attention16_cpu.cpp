@@ -477,10 +477,11 @@ void backward(Head head, const uint16_t* qkv, const uint16_t* out, const float* 
   });
 }
 
-// bf16 runs on vdpbf16ps where the CPU has it (the test the matmuls use, gemm_cpu.hpp).
+// bf16 runs on vdpbf16ps where the CPU has it (gemm_cpu.hpp), whichever path the
+// matmuls take.
 bool bf16_pairs(DType t) {
 #if defined(__x86_64__)
-  return t == DType::BF16 && gemm_native(DType::BF16);
+  return t == DType::BF16 && cpu_has_bf16_dot();
 #else
   return false;
 #endif

@@ -8,11 +8,15 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kernels_cpu.hpp"
 #include "parallel.hpp"
@@ -103,29 +107,88 @@ const char* isa_name(dnnl::cpu_isa isa) {
   }
 }
 
-// Decides and logs (once) which path matmuls of a 16-bit type take on this machine.
-bool probe_native(DType t) {
+}  // namespace
+
+std::string gemm16_native_impl(DType t, std::string* why) {
   const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
-  const std::string type = precision_name(t);
-  const std::string fallback = "; its matmuls convert the 16-bit operands to fp32 for sgemm (the same "
-                               "products and fp32 sums; slower)";
-  // The ISA values are bit sets, each containing the ones it extends.
-  const auto bf16_isa = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
-  if (t == DType::BF16 && (static_cast<unsigned>(isa) & bf16_isa) != bf16_isa) {
-    log::warn(std::string("cpu matmuls in bf16: this CPU (oneDNN isa ") + isa_name(isa) +
-              ") has no bf16 dot-product instructions" + fallback);
-    return false;
+  if (t == DType::BF16 && !cpu_has_bf16_dot()) {
+    *why = std::string("this CPU (oneDNN isa ") + isa_name(isa) + ") has no bf16 dot-product instructions";
+    return {};
   }
   const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   const MatRef a{nullptr, t, 64}, b{nullptr, t, 64, true};
-  std::string why;
-  const auto pd = describe(eng, descs(64, 64, 64, a, b, true, t, 64), GemmOutput::Overwrite, &why);
-  if (!pd) {
-    log::warn("cpu matmuls in " + type + ": " + why + fallback);
-    return false;
+  const auto pd = describe(eng, descs(64, 64, 64, a, b, true, t, 64), GemmOutput::Overwrite, why);
+  if (!pd) return {};
+  return std::string(pd->impl_info_str()) + " (isa " + isa_name(isa) + ")";
+}
+
+namespace {
+
+// Floats the converting path takes for a call: each 16-bit operand, and a 16-bit C, as fp32.
+uint64_t converting_floats(long M, long N, long K, DType a, DType b, DType c) {
+  auto floats = [](DType t, long rows, long cols) { return t == DType::F32 ? 0 : static_cast<uint64_t>(rows) * cols; };
+  return floats(a, M, K) + floats(b, K, N) + floats(c, M, N);
+}
+
+// A product of the 16-bit type t at one shape (C = A B^T, fp32 C, as a linear layer's),
+// timed on either path: the best of `rounds` calls after one to warm up.
+class PathTimer {
+ public:
+  PathTimer(DType t, long M, long N, long K)
+      : t_(t), M_(M), N_(N), K_(K), a_(M * K * dtype_size(t)), b_(N * K * dtype_size(t)), c_(M * N),
+        workspace_(converting_floats(M, N, K, t, t, DType::F32)) {
+    std::vector<float> half(std::max(M * K, N * K), 0.5f);
+    convert_from_f32(a_.data(), t, half.data(), M * K);
+    convert_from_f32(b_.data(), t, half.data(), N * K);
+    gemm_.set_workspace(workspace_.data(), workspace_.size());
   }
-  log::info("cpu matmuls in " + type + ": oneDNN " + pd->impl_info_str() + " (isa " + isa_name(isa) + ")");
-  return true;
+  double seconds(bool native) {
+    const auto t0 = std::chrono::steady_clock::now();
+    gemm_.run_on(native, M_, N_, K_, {a_.data(), t_, K_}, {b_.data(), t_, K_, true}, nullptr, c_.data(), DType::F32,
+                 N_, GemmOutput::Overwrite);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  double flops(double seconds) const { return 2.0 * M_ * N_ * static_cast<double>(K_) / seconds; }
+
+ private:
+  DType t_;
+  long M_, N_, K_;
+  std::vector<std::byte> a_, b_;
+  std::vector<float> c_, workspace_;
+  CpuGemm gemm_;
+};
+
+std::string lower(const char* s) {
+  std::string r = s ? s : "";
+  std::transform(r.begin(), r.end(), r.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return r;
+}
+
+Gemm16Choice decide_gemm16(DType t) {
+  const std::string var = gemm16_env_var(t);
+  const char* env = std::getenv(var.c_str());
+  const std::string v = lower(env);
+  std::string why;
+  const std::string impl = gemm16_native_impl(t, &why);
+  double native = 0, sgemm = 0;
+  if (!impl.empty() && (v.empty() || v == "auto")) {
+    // Alternating, so that anything else on the cores slows both alike.
+    PathTimer timer(t, 1024, 1536, 768);
+    double best_native = timer.seconds(true), best_sgemm = timer.seconds(false);
+    for (int round = 0; round < 4; ++round) {
+      best_native = std::min(best_native, timer.seconds(true));
+      best_sgemm = std::min(best_sgemm, timer.seconds(false));
+    }
+    native = timer.flops(best_native);
+    sgemm = timer.flops(best_sgemm);
+  }
+  Gemm16Choice c = choose_gemm16(t, env, impl, why, native, sgemm);
+  const std::string line = std::string("cpu matmuls in ") + precision_name(t) + ": " + c.path + ": " + c.why;
+  if (impl.empty())
+    log::warn(line);
+  else
+    log::info(line);
+  return c;
 }
 
 template <class Fn>
@@ -135,23 +198,58 @@ void rows_parallel(long rows, Fn&& fn) {
 
 }  // namespace
 
-bool gemm_native(DType t) {
-  if (t == DType::F32) return true;
+bool cpu_has_bf16_dot() {
+  // The ISA values are bit sets, each containing the ones it extends.
+  const auto bf16_isa = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+  return (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & bf16_isa) == bf16_isa;
+}
+
+std::string gemm16_env_var(DType t) { return t == DType::F16 ? "STRATA_CPU_GEMM_FP16" : "STRATA_CPU_GEMM_BF16"; }
+
+Gemm16Choice choose_gemm16(DType t, const char* env, const std::string& native_impl, const std::string& unavailable,
+                           double native_flops, double sgemm_flops) {
+  const std::string type = precision_name(t), var = gemm16_env_var(t);
+  const std::string v = lower(env);
+  const std::string converting = "fp32 sgemm over converted operands";
+  if (!v.empty() && v != "auto" && v != "onednn" && v != "sgemm")
+    throw ConfigError(var + " is '" + std::string(env) + "': set it to auto (the default), onednn or sgemm, or unset it");
+  if (native_impl.empty()) {
+    if (v == "onednn")
+      throw ConfigError(var + "=onednn, but oneDNN has no optimised " + type + " matmul on this CPU (" + unavailable +
+                        "): set it to auto or sgemm, or unset it");
+    return {false, converting, unavailable + "; the same products and fp32 sums, slower", 0, 0};
+  }
+  const std::string onednn = "oneDNN " + native_impl;
+  if (v == "onednn") return {true, onednn, var + "=onednn", 0, 0};
+  if (v == "sgemm") return {false, converting, var + "=sgemm", 0, 0};
+  if (native_flops <= 0 || sgemm_flops <= 0) return {true, onednn, "oneDNN has an optimised matmul", 0, 0};
+  auto gflops = [](double f) { return std::to_string(std::lround(f / 1e9)); };
+  const std::string measured = "measured " + gflops(sgemm_flops) + " GFLOP/s converting against " +
+                               gflops(native_flops) + " for oneDNN's at 1024 x 1536 x 768";
+  if (sgemm_flops >= kGemm16ConvertMargin * native_flops)
+    return {false, converting, measured + "; " + var + "=onednn forces oneDNN's", native_flops, sgemm_flops};
+  return {true, onednn, measured + "; " + var + "=sgemm forces converting", native_flops, sgemm_flops};
+}
+
+const Gemm16Choice& gemm16_choice(DType t) {
+  STRATA_CHECK(t == DType::BF16 || t == DType::F16, std::string("no 16-bit matmul choice for ") + to_string(t));
   if (t == DType::BF16) {
-    static const bool bf16 = probe_native(t);
+    static const Gemm16Choice bf16 = decide_gemm16(DType::BF16);
     return bf16;
   }
-  if (t == DType::F16) {
-    static const bool fp16 = probe_native(t);
-    return fp16;
-  }
+  static const Gemm16Choice fp16 = decide_gemm16(DType::F16);
+  return fp16;
+}
+
+bool gemm_native(DType t) {
+  if (t == DType::F32) return true;
+  if (t == DType::BF16 || t == DType::F16) return gemm16_choice(t).native;
   return false;
 }
 
 uint64_t gemm_workspace_floats(long M, long N, long K, DType a, DType b, DType c) {
   if (a == b && gemm_native(a)) return 0;
-  auto floats = [](DType t, long rows, long cols) { return t == DType::F32 ? 0 : static_cast<uint64_t>(rows) * cols; };
-  return floats(a, M, K) + floats(b, K, N) + floats(c, M, N);
+  return converting_floats(M, N, K, a, b, c);
 }
 
 struct CpuGemm::Dnnl {
@@ -218,9 +316,16 @@ CpuGemm::Primitive& CpuGemm::primitive(long M, long N, long K, const MatRef& a, 
 
 void CpuGemm::run(long M, long N, long K, const MatRef& a, const MatRef& b, const float* bias, void* c, DType c_type,
                   long ldc, GemmOutput out) {
+  run_on(a.type == b.type && a.type != DType::F32 && gemm_native(a.type), M, N, K, a, b, bias, c, c_type, ldc, out);
+}
+
+void CpuGemm::run_on(bool native, long M, long N, long K, const MatRef& a, const MatRef& b, const float* bias,
+                     void* c, DType c_type, long ldc, GemmOutput out) {
   STRATA_CHECK(out == GemmOutput::Overwrite || c_type == DType::F32, "only an fp32 C can be accumulated into");
+  STRATA_CHECK(!native || (a.type == b.type && a.type != DType::F32),
+               "oneDNN's 16-bit matmul takes two operands of one 16-bit type");
   if (M == 0 || N == 0) return;
-  if (a.type == b.type && a.type != DType::F32 && gemm_native(a.type)) {
+  if (native) {
     Primitive& p = primitive(M, N, K, a, b, bias != nullptr, c_type, ldc, out);
     if (p.matmul) {
       p.a.set_data_handle(const_cast<void*>(a.data));

@@ -2,14 +2,16 @@
 // operands of F32, BF16 or F16 (docs/mixed-precision.md). Each type takes one path:
 //  - F32: sgemm (OpenBLAS's, or oneDNN's where OpenBLAS's kernels are older than the CPU:
 //    strata/model/cpu_sgemm.hpp), the bias added after by rows (the fp32 model's math).
-//  - BF16 on a CPU with bf16 dot-product instructions (oneDNN's avx512_core_bf16 and up):
-//    oneDNN's matmul, the bias and the rounding of a 16-bit output fused into it. Measured
-//    on an AMD EPYC with AVX512-BF16, 2 cores, at GPT-2 small's shapes: 365-440 GFLOP/s,
-//    sgemm 190.
-//  - anything else (F16: oneDNN 2.6 has no fp16 matmul without AVX512-FP16; BF16 on a CPU
-//    without bf16 instructions, where oneDNN would emulate them): the 16-bit operands are
-//    converted to fp32 in the caller's workspace and multiplied by sgemm, the same products
-//    and fp32 sums. Said once in the log.
+//  - BF16 and F16, where oneDNN has an optimised matmul for the type on this CPU (bf16 dot
+//    products: avx512_core_bf16 and up; fp16: AVX512-FP16) and it is not clearly slower
+//    than converting (gemm16_choice, below, measures both): oneDNN's matmul, the bias and
+//    the rounding of a 16-bit output fused into it. Measured on an AMD EPYC with
+//    AVX512-BF16, 2 cores, at GPT-2 small's shapes: 365-440 GFLOP/s, sgemm 190.
+//  - otherwise (F16 without AVX512-FP16 in oneDNN 2.6; BF16 on a CPU without bf16
+//    instructions; or where converting measured faster, as on an Intel Xeon whose
+//    vdpbf16ps issues at half the rate of its fp32 FMAs: oneDNN's bf16 170 GFLOP/s, sgemm
+//    335): the 16-bit operands are converted to fp32 in the caller's workspace and
+//    multiplied by sgemm, the same products and fp32 sums. Said once in the log.
 // oneDNN primitives are made once per shape and kept (making one takes about a
 // millisecond, as long as a small matmul) with their memory objects, and share one
 // scratchpad, grown as primitives are made (a few MiB, not in the model's
@@ -19,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "strata/core/dtype.hpp"
@@ -40,9 +43,48 @@ enum class GemmOutput {
   Accumulate,  // C += op(A) op(B) (+ bias); C must be F32
 };
 
-// Whether matmuls of operand type t run without converting to fp32 (F32 always; BF16 with
-// oneDNN on a CPU with bf16 instructions). Probed once per process.
+// How this process multiplies 16-bit operands, decided once per type (gemm16_choice).
+struct Gemm16Choice {
+  bool native = false;      // oneDNN's 16-bit matmul; else fp32 sgemm over converted operands
+  std::string path;         // "oneDNN brg:avx512_core_bf16", "fp32 sgemm over converted operands"
+  std::string why;          // one sentence: what decided it, and how to force the other
+  double native_flops = 0;  // the two paths as measured (FLOP/s), 0 where not measured
+  double sgemm_flops = 0;
+};
+
+// Converting is chosen when it measured at least this much faster than oneDNN's matmul:
+// below it the fused bias and rounding and the smaller workspace keep oneDNN's.
+inline constexpr double kGemm16ConvertMargin = 1.2;
+
+// oneDNN's optimised matmul for the 16-bit type t on this CPU: its implementation's name
+// ("brg:avx512_core_bf16 (isa avx512_core_bf16)"), or empty with *why saying why there is
+// none.
+std::string gemm16_native_impl(DType t, std::string* why);
+
+// The environment variable that sets the choice for a 16-bit type: STRATA_CPU_GEMM_BF16 or
+// STRATA_CPU_GEMM_FP16.
+std::string gemm16_env_var(DType t);
+
+// The decision from its inputs (tested without the machine). env is the type's variable's
+// value (null when unset): auto (or unset or empty) measures, onednn or sgemm forces a
+// path, anything else is a ConfigError naming the three. native_impl is oneDNN's
+// implementation for the type, or empty with `unavailable` saying why there is none
+// (forcing onednn then is a ConfigError). The FLOP/s are the measurements (auto only).
+Gemm16Choice choose_gemm16(DType t, const char* env, const std::string& native_impl, const std::string& unavailable,
+                           double native_flops, double sgemm_flops);
+
+// This process's choice for a 16-bit type, made on first use from the environment, what
+// oneDNN offers and (auto) about 50 ms measuring both paths at 1024 x 1536 x 768, and
+// logged once (info).
+const Gemm16Choice& gemm16_choice(DType t);
+
+// Whether matmuls of operand type t run without converting to fp32 (F32 always; BF16 and
+// F16 as gemm16_choice decides).
 bool gemm_native(DType t);
+
+// Whether the CPU has bf16 dot-product instructions (AVX512-BF16, as oneDNN sees it): the
+// 16-bit attention uses vdpbf16ps there, whichever path the matmuls take.
+bool cpu_has_bf16_dot();
 
 // Workspace floats a call of these shapes and types takes when it converts (zero when it
 // does not): each 16-bit operand as fp32, and a 16-bit C's fp32 result.
@@ -68,6 +110,12 @@ class CpuGemm {
   // (fp32; none when null), overwritten or accumulated into. A 16-bit C is rounded once.
   void run(long M, long N, long K, const MatRef& a, const MatRef& b, const float* bias, void* c, DType c_type,
            long ldc, GemmOutput out);
+
+  // The same product on a path given rather than the process's choice (native: oneDNN's
+  // 16-bit matmul, which must exist for the operands; else sgemm, converting what is
+  // 16-bit): for the choice's own measurement and for tests of both paths.
+  void run_on(bool native, long M, long N, long K, const MatRef& a, const MatRef& b, const float* bias, void* c,
+              DType c_type, long ldc, GemmOutput out);
 
  private:
   struct Primitive;

@@ -309,4 +309,9 @@ double measure_matmul_peak(Backend backend, DType precision, double seconds) {
   return detail::measure_gemm_peak(precision, seconds);
 }
 
+std::string cpu_matmul_path(DType precision) {
+  const detail::Gemm16Choice& c = detail::gemm16_choice(precision);
+  return c.path + " (" + c.why + ")";
+}
+
 }  // namespace strata

@@ -1,8 +1,9 @@
 // The cpu model's matmul layer (model/src/gemm_cpu.hpp) against a float64 product of the
-// same (16-bit) values: every operand type (F32: sgemm; BF16: oneDNN where the CPU has
-// bf16 instructions; F16: operands converted to fp32), transposed operands, the bias,
-// accumulating into C, a 16-bit C (rounded once), mixed 16-bit and fp32 operands, and a
-// second call of a cached primitive with other data.
+// same (16-bit) values: every operand type (F32: sgemm; BF16 and F16 on the path this
+// process chose, and again on each path the CPU has: oneDNN's 16-bit matmul and sgemm over
+// converted operands), transposed operands, the bias, accumulating into C, a 16-bit C
+// (rounded once), mixed 16-bit and fp32 operands, and a second call of a cached primitive
+// with other data. Also the choice between the two paths, from its inputs.
 //
 // Tolerance: both sides multiply the same values exactly; Strata sums K products in
 // fp32, so |diff| <= K * 2^-24 * sum|products| bounds it (sum|products| per element);
@@ -10,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -17,6 +19,7 @@
 
 #include "gemm_cpu.hpp"
 #include "strata/core/convert.hpp"
+#include "strata/core/error.hpp"
 
 namespace strata::detail {
 namespace {
@@ -48,7 +51,9 @@ std::string name(const Case& k) {
          (k.tb ? " B^T" : "") + (k.bias ? " +bias" : "") + (k.accumulate ? " +=C" : "");
 }
 
-void check(const Case& k) {
+enum class Path { Chosen, OneDnn, Sgemm };
+
+void check(const Case& k, Path path = Path::Chosen) {
   const int M = 37, N = 53, K = 70;  // not multiples of any block size
   std::mt19937 rng(11);
   const Matrix A(k.a, k.ta ? K : M, k.ta ? M : K, rng), B(k.b, k.tb ? N : K, k.tb ? K : N, rng);
@@ -59,13 +64,18 @@ void check(const Case& k) {
   std::vector<std::byte> c(size_t(M) * N * dtype_size(k.c));
   if (k.accumulate) std::memcpy(c.data(), c0.data(), c.size());
   CpuGemm gemm;
-  std::vector<float> workspace(gemm_workspace_floats(M, N, K, k.a, k.b, k.c));
+  // Forced onto sgemm, every operand may need its fp32 copy.
+  std::vector<float> workspace(path == Path::Sgemm ? size_t(M) * K + size_t(K) * N + size_t(M) * N
+                                                   : gemm_workspace_floats(M, N, K, k.a, k.b, k.c));
   gemm.set_workspace(workspace.data(), workspace.size());
   for (int call = 0; call < 2; ++call) {  // the second call reuses the primitive made by the first
     const GemmOutput out = k.accumulate ? GemmOutput::Accumulate : GemmOutput::Overwrite;
     if (k.accumulate) std::memcpy(c.data(), c0.data(), c.size());
-    gemm.run(M, N, K, {A.bytes.data(), k.a, A.cols, k.ta}, {B.bytes.data(), k.b, B.cols, k.tb},
-             k.bias ? bias.data() : nullptr, c.data(), k.c, N, out);
+    const MatRef a{A.bytes.data(), k.a, A.cols, k.ta}, b{B.bytes.data(), k.b, B.cols, k.tb};
+    if (path == Path::Chosen)
+      gemm.run(M, N, K, a, b, k.bias ? bias.data() : nullptr, c.data(), k.c, N, out);
+    else
+      gemm.run_on(path == Path::OneDnn, M, N, K, a, b, k.bias ? bias.data() : nullptr, c.data(), k.c, N, out);
     std::vector<float> got(size_t(M) * N);
     convert_to_f32(got.data(), c.data(), k.c, got.size());
     // The unit roundoff of a 16-bit C: 2^-8 (bf16), 2^-11 (fp16).
@@ -103,6 +113,66 @@ TEST(CpuGemm, EveryTypeTransposeBiasAndAccumulationMatchesFloat64) {
     check({t, f, f, false, true, false, false});  // 16-bit activations times fp32 weights
   }
   check({f, f, f, false, true, true, true});
+}
+
+TEST(CpuGemm, BothSixteenBitPathsMatchFloat64) {
+  const DType f = DType::F32;
+  for (DType t : {DType::BF16, DType::F16}) {
+    std::string why;
+    const bool onednn = !gemm16_native_impl(t, &why).empty();
+    if (!onednn) std::printf("%s: oneDNN's path not on this CPU (%s)\n", to_string(t), why.c_str());
+    for (Path path : {Path::OneDnn, Path::Sgemm}) {
+      if (path == Path::OneDnn && !onednn) continue;
+      for (bool ta : {false, true})
+        for (bool tb : {false, true}) check({t, t, f, ta, tb, false, false}, path);
+      check({t, t, f, false, true, true, false}, path);
+      check({t, t, t, false, true, true, false}, path);
+      check({t, t, t, true, false, false, false}, path);
+      check({t, t, f, true, false, false, true}, path);
+    }
+  }
+}
+
+TEST(CpuGemm16Choice, ConvertingWinsOnlyByTheMargin) {
+  const std::string impl = "brg:avx512_core_bf16 (isa avx512_core_bf16)";
+  const Gemm16Choice slow = choose_gemm16(DType::BF16, nullptr, impl, "", 168e9, 250e9);
+  EXPECT_FALSE(slow.native);
+  EXPECT_NE(slow.why.find("measured 250 GFLOP/s converting against 168"), std::string::npos) << slow.why;
+  EXPECT_NE(slow.why.find("STRATA_CPU_GEMM_BF16=onednn"), std::string::npos) << slow.why;
+  EXPECT_EQ(slow.native_flops, 168e9);
+  const Gemm16Choice close = choose_gemm16(DType::BF16, "auto", impl, "", 200e9, 230e9);  // 1.15x: not enough
+  EXPECT_TRUE(close.native);
+  EXPECT_NE(close.path.find(impl), std::string::npos) << close.path;
+  EXPECT_NE(close.why.find("STRATA_CPU_GEMM_BF16=sgemm"), std::string::npos) << close.why;
+  EXPECT_TRUE(choose_gemm16(DType::BF16, "", impl, "", 400e9, 190e9).native);  // an AMD EPYC's
+  EXPECT_TRUE(choose_gemm16(DType::F16, nullptr, impl, "", 0, 0).native);       // nothing measured
+}
+
+TEST(CpuGemm16Choice, ForcedPathsAndBadValues) {
+  const std::string impl = "brg:avx512_core_bf16";
+  EXPECT_TRUE(choose_gemm16(DType::BF16, "onednn", impl, "", 100e9, 300e9).native);
+  EXPECT_FALSE(choose_gemm16(DType::BF16, "SGEMM", impl, "", 300e9, 100e9).native);
+  const Gemm16Choice none = choose_gemm16(DType::F16, nullptr, "", "oneDNN cannot make the matmul", 0, 0);
+  EXPECT_FALSE(none.native);
+  EXPECT_NE(none.why.find("oneDNN cannot make the matmul"), std::string::npos) << none.why;
+  EXPECT_FALSE(choose_gemm16(DType::F16, "sgemm", "", "no fp16", 0, 0).native);
+  try {
+    choose_gemm16(DType::F16, "onednn", "", "oneDNN cannot make the matmul", 0, 0);
+    FAIL() << "onednn was accepted where oneDNN has no fp16 matmul";
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("STRATA_CPU_GEMM_FP16=onednn, but oneDNN has no optimised fp16 matmul"), std::string::npos)
+        << what;
+    EXPECT_NE(what.find("set it to auto or sgemm"), std::string::npos) << what;
+  }
+  try {
+    choose_gemm16(DType::BF16, "mkl", impl, "", 0, 0);
+    FAIL() << "mkl was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("STRATA_CPU_GEMM_BF16 is 'mkl': set it to auto (the default), onednn or sgemm"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(CpuGemm, MeasuredPeaksArePositive) {

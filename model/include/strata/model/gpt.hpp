@@ -110,10 +110,16 @@ std::unique_ptr<GptModel> make_gpt(Backend backend, const GptShape& shape, const
 // about `seconds` in total. The peak MFU is measured against.
 double measure_matmul_peak(Backend backend, double seconds = 0.5);
 // The same for a model computing in `precision`: F32 as above; on the cpu, BF16 and F16
-// are the model's own matmul path (model/src/gemm_cpu.hpp: oneDNN's bf16 matmul, or fp32
-// sgemm over converted operands where the CPU has no 16-bit instructions) at a GPT-2-small
-// MLP shape, 4096 x 3072 x 768. Throws ConfigError for 16 bits on other backends.
+// are the model's own matmul path (cpu_matmul_path) at a GPT-2-small MLP shape,
+// 4096 x 3072 x 768. Throws ConfigError for 16 bits on other backends.
 double measure_matmul_peak(Backend backend, DType precision, double seconds);
+
+// The path the cpu model's matmuls over 16-bit operands (BF16, F16) take in this process,
+// and why, in words: oneDNN's 16-bit matmul, or fp32 sgemm over converted operands where
+// oneDNN has none for the type or converting measured faster (model/src/gemm_cpu.hpp;
+// STRATA_CPU_GEMM_BF16 / _FP16 force either). Decided on first use; a bad variable throws
+// ConfigError.
+std::string cpu_matmul_path(DType precision);
 
 // A WeightSource over plain host buffers, one per group (sampling from a checkpoint,
 // tests). The fp32 groups it is given are held as `dtype` (rounded to nearest even when
