@@ -15,6 +15,12 @@ namespace strata {
 
 using nlohmann::json;
 
+std::string ascii_lower(std::string_view s) {
+  std::string r(s);
+  for (char& c : r) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return r;
+}
+
 size_t edit_distance(std::string_view a, std::string_view b) {
   std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
   std::iota(prev.begin(), prev.end(), size_t{0});

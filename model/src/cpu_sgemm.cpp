@@ -6,11 +6,11 @@
 
 #include <algorithm>
 #include <array>
-#include <cctype>
 #include <cstdlib>
 #include <string_view>
 
 #include "parallel.hpp"
+#include "strata/core/config_keys.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/log.hpp"
 
@@ -22,17 +22,11 @@ extern "C" void openblas_set_num_threads(int) __attribute__((weak));
 namespace strata {
 namespace {
 
-std::string lower(std::string_view s) {
-  std::string r(s);
-  std::transform(r.begin(), r.end(), r.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return r;
-}
-
 // OpenBLAS's x86 kernels that use AVX2 and FMA (its corename strings, any case).
 bool openblas_core_uses_avx2(const std::string& core) {
   static constexpr std::array<std::string_view, 5> kAvx2 = {"haswell", "zen", "skylakex", "cooperlake",
                                                             "sapphirerapids"};
-  const std::string c = lower(core);
+  const std::string c = ascii_lower(core);
   return std::find(kAvx2.begin(), kAvx2.end(), c) != kAvx2.end();
 }
 
@@ -49,7 +43,7 @@ bool cpu_has_avx2_fma() {
 CpuSgemmChoice choose_cpu_sgemm(const char* env, const std::string& openblas_core, bool avx2_fma) {
   const std::string core = openblas_core.empty() ? "unknown" : openblas_core;
   const std::string openblas = "OpenBLAS sgemm (" + core + " kernels)";
-  const std::string v = env ? lower(env) : "";
+  const std::string v = env ? ascii_lower(env) : "";
   if (v == "openblas") return {CpuSgemmLibrary::OpenBlas, openblas, "STRATA_CPU_SGEMM=openblas"};
   if (v == "onednn") return {CpuSgemmLibrary::OneDnn, "oneDNN sgemm", "STRATA_CPU_SGEMM=onednn"};
   if (!v.empty() && v != "auto")

@@ -8,7 +8,6 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
-#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -20,6 +19,7 @@
 
 #include "kernels_cpu.hpp"
 #include "parallel.hpp"
+#include "strata/core/config_keys.hpp"
 #include "strata/core/convert.hpp"
 #include "strata/core/error.hpp"
 #include "strata/core/log.hpp"
@@ -130,8 +130,9 @@ uint64_t converting_floats(long M, long N, long K, DType a, DType b, DType c) {
   return floats(a, M, K) + floats(b, K, N) + floats(c, M, N);
 }
 
-// A product of the 16-bit type t at one shape (C = A B^T, fp32 C, as a linear layer's),
-// timed on either path: the best of `rounds` calls after one to warm up.
+// A product of type t at one shape (C = A B^T, fp32 C, as a linear layer's), each call
+// timed on the path asked for (native: oneDNN's 16-bit matmul; else sgemm, converting a
+// 16-bit A and B): the peak's measurement.
 class PathTimer {
  public:
   PathTimer(DType t, long M, long N, long K)
@@ -158,31 +159,23 @@ class PathTimer {
   CpuGemm gemm_;
 };
 
-std::string lower(const char* s) {
-  std::string r = s ? s : "";
-  std::transform(r.begin(), r.end(), r.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return r;
+// Intel cores without AMX, where oneDNN's bf16 matmul runs on vdpbf16ps: it issues at
+// half the rate of the fp32 FMAs there, so it gives no more FLOPs than sgemm.
+bool intel_bf16_without_amx() {
+#if defined(__x86_64__)
+  const auto amx = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_amx);
+  return __builtin_cpu_is("intel") && cpu_has_bf16_dot() &&
+         (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & amx) != amx;
+#else
+  return false;
+#endif
 }
 
 Gemm16Choice decide_gemm16(DType t) {
   const std::string var = gemm16_env_var(t);
-  const char* env = std::getenv(var.c_str());
-  const std::string v = lower(env);
   std::string why;
   const std::string impl = gemm16_native_impl(t, &why);
-  double native = 0, sgemm = 0;
-  if (!impl.empty() && (v.empty() || v == "auto")) {
-    // Alternating, so that anything else on the cores slows both alike.
-    PathTimer timer(t, 1024, 1536, 768);
-    double best_native = timer.seconds(true), best_sgemm = timer.seconds(false);
-    for (int round = 0; round < 4; ++round) {
-      best_native = std::min(best_native, timer.seconds(true));
-      best_sgemm = std::min(best_sgemm, timer.seconds(false));
-    }
-    native = timer.flops(best_native);
-    sgemm = timer.flops(best_sgemm);
-  }
-  Gemm16Choice c = choose_gemm16(t, env, impl, why, native, sgemm);
+  Gemm16Choice c = choose_gemm16(t, std::getenv(var.c_str()), impl, why, t == DType::BF16 && intel_bf16_without_amx());
   const std::string line = std::string("cpu matmuls in ") + precision_name(t) + ": " + c.path + ": " + c.why;
   if (impl.empty())
     log::warn(line);
@@ -200,16 +193,19 @@ void rows_parallel(long rows, Fn&& fn) {
 
 bool cpu_has_bf16_dot() {
   // The ISA values are bit sets, each containing the ones it extends.
-  const auto bf16_isa = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
-  return (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & bf16_isa) == bf16_isa;
+  static const bool has = [] {
+    const auto bf16_isa = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+    return (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & bf16_isa) == bf16_isa;
+  }();
+  return has;
 }
 
 std::string gemm16_env_var(DType t) { return t == DType::F16 ? "STRATA_CPU_GEMM_FP16" : "STRATA_CPU_GEMM_BF16"; }
 
 Gemm16Choice choose_gemm16(DType t, const char* env, const std::string& native_impl, const std::string& unavailable,
-                           double native_flops, double sgemm_flops) {
+                           bool intel_bf16_without_amx) {
   const std::string type = precision_name(t), var = gemm16_env_var(t);
-  const std::string v = lower(env);
+  const std::string v = ascii_lower(env ? env : "");
   const std::string converting = "fp32 sgemm over converted operands";
   if (!v.empty() && v != "auto" && v != "onednn" && v != "sgemm")
     throw ConfigError(var + " is '" + std::string(env) + "': set it to auto (the default), onednn or sgemm, or unset it");
@@ -217,18 +213,17 @@ Gemm16Choice choose_gemm16(DType t, const char* env, const std::string& native_i
     if (v == "onednn")
       throw ConfigError(var + "=onednn, but oneDNN has no optimised " + type + " matmul on this CPU (" + unavailable +
                         "): set it to auto or sgemm, or unset it");
-    return {false, converting, unavailable + "; the same products and fp32 sums, slower", 0, 0};
+    return {false, converting, unavailable + "; the same products and fp32 sums, slower"};
   }
   const std::string onednn = "oneDNN " + native_impl;
-  if (v == "onednn") return {true, onednn, var + "=onednn", 0, 0};
-  if (v == "sgemm") return {false, converting, var + "=sgemm", 0, 0};
-  if (native_flops <= 0 || sgemm_flops <= 0) return {true, onednn, "oneDNN has an optimised matmul", 0, 0};
-  auto gflops = [](double f) { return std::to_string(std::lround(f / 1e9)); };
-  const std::string measured = "measured " + gflops(sgemm_flops) + " GFLOP/s converting against " +
-                               gflops(native_flops) + " for oneDNN's at 1024 x 1536 x 768";
-  if (sgemm_flops >= kGemm16ConvertMargin * native_flops)
-    return {false, converting, measured + "; " + var + "=onednn forces oneDNN's", native_flops, sgemm_flops};
-  return {true, onednn, measured + "; " + var + "=sgemm forces converting", native_flops, sgemm_flops};
+  if (v == "onednn") return {true, onednn, var + "=onednn"};
+  if (v == "sgemm") return {false, converting, var + "=sgemm"};
+  if (intel_bf16_without_amx)
+    return {false, converting,
+            "an Intel CPU without AMX, whose vdpbf16ps gives no more FLOPs than its fp32 FMAs (measured on one: "
+            "oneDNN's bf16 matmul 168-172 GFLOP/s, this path 317); " +
+                var + "=onednn forces oneDNN's"};
+  return {true, onednn, "oneDNN has an optimised matmul; " + var + "=sgemm forces converting"};
 }
 
 const Gemm16Choice& gemm16_choice(DType t) {
@@ -396,27 +391,13 @@ void gemm_threads_flush_denormals() {
 }
 
 double measure_gemm_peak(DType t, double seconds) {
-  const long M = 4096, N = 3072, K = 768;
-  const size_t es = dtype_size(t);
-  std::vector<std::byte> a(M * K * es), b(N * K * es);
-  std::vector<float> half(std::max(M * K, N * K), 0.5f), c(M * N);
-  convert_from_f32(a.data(), t, half.data(), M * K);
-  convert_from_f32(b.data(), t, half.data(), N * K);
-  CpuGemm gemm;
-  std::vector<float> workspace(gemm_workspace_floats(M, N, K, t, t, DType::F32));
-  gemm.set_workspace(workspace.data(), workspace.size());
-  auto once = [&] {
-    gemm.run(M, N, K, {a.data(), t, K}, {b.data(), t, K, true}, nullptr, c.data(), DType::F32, N,
-             GemmOutput::Overwrite);
-  };
-  once();  // makes the primitive, warms the caches and threads
+  PathTimer timer(t, 4096, 3072, 768);
+  const bool native = t != DType::F32 && gemm_native(t);
+  timer.seconds(native);  // makes the primitive, warms the caches and threads
   double best = 0;
   const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   do {
-    const auto t0 = std::chrono::steady_clock::now();
-    once();
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::max(best, 2.0 * M * N * static_cast<double>(K) / dt);
+    best = std::max(best, timer.flops(timer.seconds(native)));
   } while (std::chrono::steady_clock::now() < until);
   return best;
 }

@@ -3,12 +3,12 @@
 //  - F32: sgemm (OpenBLAS's, or oneDNN's where OpenBLAS's kernels are older than the CPU:
 //    strata/model/cpu_sgemm.hpp), the bias added after by rows (the fp32 model's math).
 //  - BF16 and F16, where oneDNN has an optimised matmul for the type on this CPU (bf16 dot
-//    products: avx512_core_bf16 and up; fp16: AVX512-FP16) and it is not clearly slower
-//    than converting (gemm16_choice, below, measures both): oneDNN's matmul, the bias and
+//    products: avx512_core_bf16 and up; fp16: AVX512-FP16) and the rule below does not
+//    prefer converting (choose_gemm16): oneDNN's matmul, the bias and
 //    the rounding of a 16-bit output fused into it. Measured on an AMD EPYC with
 //    AVX512-BF16, 2 cores, at GPT-2 small's shapes: 365-440 GFLOP/s, sgemm 190.
 //  - otherwise (F16 without AVX512-FP16 in oneDNN 2.6; BF16 on a CPU without bf16
-//    instructions; or where converting measured faster, as on an Intel Xeon whose
+//    instructions; or bf16 on an Intel CPU without AMX, as the Intel Xeon VM whose
 //    vdpbf16ps issues at half the rate of its fp32 FMAs: oneDNN's bf16 170 GFLOP/s, sgemm
 //    335): the 16-bit operands are converted to fp32 in the caller's workspace and
 //    multiplied by sgemm, the same products and fp32 sums. Said once in the log.
@@ -45,16 +45,10 @@ enum class GemmOutput {
 
 // How this process multiplies 16-bit operands, decided once per type (gemm16_choice).
 struct Gemm16Choice {
-  bool native = false;      // oneDNN's 16-bit matmul; else fp32 sgemm over converted operands
-  std::string path;         // "oneDNN brg:avx512_core_bf16", "fp32 sgemm over converted operands"
-  std::string why;          // one sentence: what decided it, and how to force the other
-  double native_flops = 0;  // the two paths as measured (FLOP/s), 0 where not measured
-  double sgemm_flops = 0;
+  bool native = false;  // oneDNN's 16-bit matmul; else fp32 sgemm over converted operands
+  std::string path;     // "oneDNN brg:avx512_core_bf16 (...)", "fp32 sgemm over converted operands"
+  std::string why;      // one sentence: what decided it, and how to force the other
 };
-
-// Converting is chosen when it measured at least this much faster than oneDNN's matmul:
-// below it the fused bias and rounding and the smaller workspace keep oneDNN's.
-inline constexpr double kGemm16ConvertMargin = 1.2;
 
 // oneDNN's optimised matmul for the 16-bit type t on this CPU: its implementation's name
 // ("brg:avx512_core_bf16 (isa avx512_core_bf16)"), or empty with *why saying why there is
@@ -66,16 +60,19 @@ std::string gemm16_native_impl(DType t, std::string* why);
 std::string gemm16_env_var(DType t);
 
 // The decision from its inputs (tested without the machine). env is the type's variable's
-// value (null when unset): auto (or unset or empty) measures, onednn or sgemm forces a
-// path, anything else is a ConfigError naming the three. native_impl is oneDNN's
+// value (null when unset): auto (or unset or empty) follows the rule, onednn or sgemm
+// forces a path, anything else is a ConfigError naming the three. native_impl is oneDNN's
 // implementation for the type, or empty with `unavailable` saying why there is none
-// (forcing onednn then is a ConfigError). The FLOP/s are the measurements (auto only).
+// (forcing onednn then is a ConfigError). The rule, where oneDNN has one: its matmul,
+// except bf16 on an Intel CPU without AMX (intel_bf16_without_amx), whose vdpbf16ps gives
+// no more FLOPs than its fp32 FMAs, so sgemm over converted operands is faster (1.9x on
+// the VM measured, docs/mixed-precision.md). A rule from the CPU's identity, not a timing,
+// so that every process on a machine (ranks, a resumed run) takes the same path.
 Gemm16Choice choose_gemm16(DType t, const char* env, const std::string& native_impl, const std::string& unavailable,
-                           double native_flops, double sgemm_flops);
+                           bool intel_bf16_without_amx);
 
 // This process's choice for a 16-bit type, made on first use from the environment, what
-// oneDNN offers and (auto) about 50 ms measuring both paths at 1024 x 1536 x 768, and
-// logged once (info).
+// oneDNN offers and the CPU, and logged once (info).
 const Gemm16Choice& gemm16_choice(DType t);
 
 // Whether matmuls of operand type t run without converting to fp32 (F32 always; BF16 and

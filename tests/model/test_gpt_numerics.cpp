@@ -289,11 +289,16 @@ TEST(LlamaNumerics, TenAdamWStepsThroughTheEngineMatchPyTorch) {
 // CTest runs the bf16 tests again with each matmul path forced (STRATA_CPU_GEMM_BF16,
 // gemm_cpu.hpp); oneDNN's exists only on a CPU with bf16 instructions.
 // Why this process cannot run: the path forced does not exist here (empty when it can).
+// Where a path is forced and exists, it is the one the model takes.
 std::string forced_path_missing() {
   const char* forced = std::getenv("STRATA_CPU_GEMM_BF16");
+  if (!forced) return {};
+  const std::string path = forced;
   std::string why;
-  if (forced && std::string(forced) == "onednn" && detail::gemm16_native_impl(DType::BF16, &why).empty())
+  if (path == "onednn" && detail::gemm16_native_impl(DType::BF16, &why).empty())
     return "STRATA_CPU_GEMM_BF16=onednn, and oneDNN has no bf16 matmul here: " + why;
+  if (path == "onednn" || path == "sgemm")
+    EXPECT_EQ(detail::gemm16_choice(DType::BF16).native, path == "onednn") << "STRATA_CPU_GEMM_BF16=" << path;
   return {};
 }
 

@@ -29,6 +29,10 @@
 
 namespace strata {
 
+// s with ASCII letters in lower case: a value read without regard to case (environment
+// variables such as STRATA_CPU_SGEMM).
+std::string ascii_lower(std::string_view s);
+
 // Edit distance between two keys.
 size_t edit_distance(std::string_view a, std::string_view b);
 
